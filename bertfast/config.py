@@ -1,0 +1,162 @@
+"""Model configuration parsed from a Hugging Face ``config.json``.
+
+`ModelConfig` holds only what the engine needs, validated once: an unknown family, activation or
+position-embedding type raises `ConfigError` naming the field, so nothing downstream has to guess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields, replace
+
+# Hugging Face activation names -> the engine's activation ids. `gelu_new` and `gelu_pytorch_tanh`
+# are the same function (tanh approximation), computed by torch in one case and spelled out in the other.
+ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+}
+
+# Families whose config and tensor names this version parses. Others raise ConfigError.
+SUPPORTED_FAMILIES = ("bert",)
+# Families we know of and plan for: they get a specific "not yet supported" message.
+KNOWN_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert")
+
+POSITION_EMBEDDING_TYPES = ("absolute",)
+
+
+class ConfigError(ValueError):
+    """A config.json value the engine cannot serve; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    family: str
+    hidden_size: int
+    num_attention_heads: int
+    num_hidden_layers: int
+    intermediate_size: int
+    activation: str  # engine id: "gelu" | "gelu_tanh" | "relu"
+    layer_norm_eps: float
+    vocab_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    pad_token_id: int
+    position_embedding_type: str = "absolute"
+    hidden_act: str = "gelu"  # the Hugging Face spelling, kept for round trips
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def with_(self, **changes) -> "ModelConfig":
+        return replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """Parse a Hugging Face config dict; raises ConfigError naming the offending field."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"config must be a JSON object, got {type(d).__name__}")
+        family = d.get("model_type")
+        if family is None:
+            raise ConfigError("config field 'model_type' is missing (expected e.g. 'bert')")
+        if family not in SUPPORTED_FAMILIES:
+            if family in KNOWN_FAMILIES:
+                raise ConfigError(
+                    f"config field 'model_type' = {family!r}: this family is not supported yet "
+                    f"(supported: {', '.join(SUPPORTED_FAMILIES)})"
+                )
+            raise ConfigError(
+                f"config field 'model_type' = {family!r} is not a BERT-family encoder "
+                f"(supported: {', '.join(SUPPORTED_FAMILIES)})"
+            )
+
+        def need(name, kind=int, default=None, positive=True):
+            if name not in d or d[name] is None:
+                if default is None:
+                    raise ConfigError(f"config field {name!r} is missing")
+                return default
+            value = d[name]
+            if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"config field {name!r} must be an integer, got {value!r}")
+            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ConfigError(f"config field {name!r} must be a number, got {value!r}")
+            if positive and not value > 0:
+                raise ConfigError(f"config field {name!r} must be positive, got {value!r}")
+            return kind(value)
+
+        hidden = need("hidden_size")
+        heads = need("num_attention_heads")
+        if hidden % heads:
+            raise ConfigError(
+                f"config field 'hidden_size' = {hidden} is not a multiple of "
+                f"'num_attention_heads' = {heads}"
+            )
+        act = d.get("hidden_act", "gelu")
+        if not isinstance(act, str) or act not in ACTIVATIONS:
+            raise ConfigError(
+                f"config field 'hidden_act' = {act!r} is not supported "
+                f"(supported: {', '.join(ACTIVATIONS)})"
+            )
+        pos_type = d.get("position_embedding_type", "absolute") or "absolute"
+        if pos_type not in POSITION_EMBEDDING_TYPES:
+            raise ConfigError(
+                f"config field 'position_embedding_type' = {pos_type!r} is not supported "
+                f"(supported: {', '.join(POSITION_EMBEDDING_TYPES)})"
+            )
+        if d.get("is_decoder") or d.get("add_cross_attention"):
+            raise ConfigError("config field 'is_decoder'/'add_cross_attention' is set: bertfast serves encoders only")
+        pad = d.get("pad_token_id", 0)
+        if pad is None:
+            pad = 0
+        return cls(
+            family=family,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_hidden_layers=need("num_hidden_layers"),
+            intermediate_size=need("intermediate_size"),
+            activation=ACTIVATIONS[act],
+            layer_norm_eps=need("layer_norm_eps", float, default=1e-12),
+            vocab_size=need("vocab_size"),
+            max_position_embeddings=need("max_position_embeddings", default=512),
+            type_vocab_size=need("type_vocab_size", default=2),
+            pad_token_id=int(pad),
+            position_embedding_type=pos_type,
+            hidden_act=act,
+        )
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "ModelConfig":
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                d = json.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"no config.json at {path}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        return cls.from_dict(d)
+
+    def to_hf_dict(self) -> dict:
+        """The Hugging Face config fields this config came from (for building reference models)."""
+        return {
+            "model_type": self.family,
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_hidden_layers": self.num_hidden_layers,
+            "intermediate_size": self.intermediate_size,
+            "hidden_act": self.hidden_act,
+            "layer_norm_eps": self.layer_norm_eps,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "type_vocab_size": self.type_vocab_size,
+            "pad_token_id": self.pad_token_id,
+            "position_embedding_type": self.position_embedding_type,
+        }
+
+
+CONFIG_FIELDS = tuple(f.name for f in fields(ModelConfig))

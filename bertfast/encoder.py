@@ -1,0 +1,223 @@
+"""`Encoder`: the drop-in for `transformers.BertModel` at inference.
+
+It validates inputs (raising ValueError with a message), then hands them to one `Engine` built at
+load time with the chosen backend. Outputs mirror Hugging Face's: `.last_hidden_state`,
+`.pooler_output`, `.hidden_states`, also reachable as `out[0]`, `out[1]` and `out["..."]`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from .backends import get_backend
+from .engine import Engine
+from .loading import ModelWeights, load_hf_model, load_pretrained
+
+
+class EncoderOutput:
+    """Like transformers' ModelOutput: attributes, integer and key indexing over non-None fields."""
+
+    _fields = ("last_hidden_state", "pooler_output", "hidden_states")
+
+    def __init__(self, last_hidden_state, pooler_output=None, hidden_states=None):
+        self.last_hidden_state = last_hidden_state
+        self.pooler_output = pooler_output
+        self.hidden_states = hidden_states
+
+    def to_tuple(self):
+        return tuple(getattr(self, f) for f in self._fields if getattr(self, f) is not None)
+
+    def keys(self):
+        return [f for f in self._fields if getattr(self, f) is not None]
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            if key not in self.keys():
+                raise KeyError(key)
+            return getattr(self, key)
+        return self.to_tuple()[key]
+
+    def __iter__(self):
+        return iter(self.to_tuple())
+
+    def __len__(self):
+        return len(self.to_tuple())
+
+    def __repr__(self):
+        parts = ", ".join(f"{k}={tuple(getattr(self, k).shape) if torch.is_tensor(getattr(self, k)) else '...'}"
+                          for k in self.keys())
+        return f"EncoderOutput({parts})"
+
+
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def check_inputs(config, input_ids, attention_mask, token_type_ids, position_ids, has_pooler, device):
+    """Validate and normalise forward inputs; returns int64 tensors on `device` (mask as int64)."""
+    if not torch.is_tensor(input_ids):
+        raise ValueError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
+    B, S = input_ids.shape
+    if B == 0 or S == 0:
+        raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
+    if input_ids.dtype not in _INT_DTYPES:
+        raise ValueError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+
+    def as_ids(t, name, limit, what):
+        if t is None:
+            return None
+        if not torch.is_tensor(t):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != (B, S):
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has {(B, S)}")
+        if t.dtype not in _INT_DTYPES:
+            raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+        t = t.to(device=device, dtype=torch.int64)
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi >= limit:
+            raise ValueError(f"{name} values must be in [0, {limit}) ({what}), found [{lo}, {hi}]")
+        return t
+
+    ids = as_ids(input_ids, "input_ids", config.vocab_size, "vocab_size")
+    types = as_ids(token_type_ids, "token_type_ids", config.type_vocab_size, "type_vocab_size")
+    positions = as_ids(position_ids, "position_ids", config.max_position_embeddings,
+                       "max_position_embeddings")
+    if position_ids is None and S > config.max_position_embeddings:
+        raise ValueError(
+            f"sequence length {S} exceeds max_position_embeddings = {config.max_position_embeddings}"
+        )
+    if attention_mask is None:
+        mask = torch.ones(B, S, dtype=torch.int64, device=device)
+    else:
+        if not torch.is_tensor(attention_mask):
+            raise ValueError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+        if tuple(attention_mask.shape) != (B, S):
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has {(B, S)}"
+            )
+        if attention_mask.dtype.is_complex:
+            raise ValueError(f"attention_mask must be 0/1 (bool, int or float), got {attention_mask.dtype}")
+        mask = attention_mask.to(device)
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("attention_mask must contain only 0 and 1")
+        mask = mask.to(torch.int64)
+    if has_pooler:
+        cls_masked = (mask[:, 0] == 0) & (mask.sum(1) > 0)
+        if bool(cls_masked.any()):
+            rows = cls_masked.nonzero().flatten().tolist()[:5]
+            raise ValueError(
+                f"attention_mask masks position 0 of rows {rows} that hold real tokens (left padding): "
+                "pooler_output reads position 0, which this engine does not compute for padding. "
+                "Pad on the right, or load with add_pooling_layer=False."
+            )
+    return ids, mask, types, positions
+
+
+class Encoder(nn.Module):
+    """A BERT-family encoder run by a bertfast backend; build it with `from_pretrained` or `from_hf`."""
+
+    def __init__(self, weights: ModelWeights, backend: str = "auto", add_pooling_layer: bool = True,
+                 model_dir: str | None = None):
+        super().__init__()
+        if not add_pooling_layer:
+            weights.pooler_weight = weights.pooler_bias = None
+        self.config = weights.config
+        self.engine = Engine(weights, get_backend(backend, weights.device))
+        self.model_dir = model_dir
+        self._tokenizer = None
+
+    # --- construction ---
+    @classmethod
+    def from_pretrained(cls, path, *, backend: str = "auto", dtype=None, add_pooling_layer: bool = True):
+        """Load a Hugging Face model directory. dtype None keeps the checkpoint's dtype."""
+        path = os.fspath(path)
+        return cls(load_pretrained(path, dtype), backend, add_pooling_layer, model_dir=path)
+
+    @classmethod
+    def from_hf(cls, model, *, backend: str = "auto", dtype=None, add_pooling_layer: bool = True):
+        """Wrap the encoder weights of an in-memory transformers model (shared, not copied, when
+        dtype is unchanged)."""
+        return cls(load_hf_model(model, dtype), backend, add_pooling_layer)
+
+    # --- properties ---
+    @property
+    def backend(self) -> str:
+        return self.engine.backend.name
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.engine.weights.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.weights.device
+
+    def extra_repr(self):
+        c = self.config
+        return (f"family={c.family}, layers={c.num_hidden_layers}, hidden={c.hidden_size}, "
+                f"heads={c.num_attention_heads}, dtype={self.dtype}, backend={self.backend!r}")
+
+    # --- inference ---
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                output_hidden_states: bool = False, return_dict: bool = True):
+        """input_ids: (B, S) integer; attention_mask: (B, S) 0/1; token_type_ids, position_ids: (B, S).
+
+        Returns EncoderOutput(last_hidden_state (B, S, H), pooler_output (B, H) or None,
+        hidden_states (embeddings + each layer) when output_hidden_states). Padded positions are 0.
+        """
+        ids, mask, types, positions = check_inputs(
+            self.config, input_ids, attention_mask, token_type_ids, position_ids,
+            self.engine.weights.pooler_weight is not None, self.device,
+        )
+        last, pooled, states = self.engine.forward(ids, mask, types, positions, output_hidden_states)
+        out = EncoderOutput(last, pooled, states)
+        return out if return_dict else out.to_tuple()
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from .tokenization import load_tokenizer
+
+            tok = load_tokenizer(self.model_dir, self.config.max_position_embeddings) if self.model_dir else None
+            if tok is None:
+                raise ValueError("this Encoder has no tokenizer: load it with from_pretrained(dir) "
+                                 "where dir holds tokenizer.json or vocab.txt")
+            self._tokenizer = tok
+        return self._tokenizer
+
+    def tokenize(self, texts: list[str]):
+        """texts -> (input_ids, attention_mask, token_type_ids), each (N, longest) int64."""
+        enc = self.tokenizer.encode_batch(list(texts))
+        ids = torch.tensor([e.ids for e in enc], dtype=torch.int64, device=self.device)
+        mask = torch.tensor([e.attention_mask for e in enc], dtype=torch.int64, device=self.device)
+        types = torch.tensor([e.type_ids for e in enc], dtype=torch.int64, device=self.device)
+        return ids, mask, types
+
+    @torch.inference_mode()
+    def encode(self, texts, *, pooling: str = "mean", normalize: bool = False, batch_size: int = 32):
+        """Sentence embeddings (N, H) in fp32. pooling: 'mean' over real tokens or 'cls'."""
+        if isinstance(texts, str):
+            texts = [texts]
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        texts = list(texts)
+        if not texts:
+            return torch.zeros(0, self.config.hidden_size)
+        outs = []
+        for start in range(0, len(texts), batch_size):
+            ids, mask, types = self.tokenize(texts[start:start + batch_size])
+            last = self(ids, mask, types).last_hidden_state.float()
+            if pooling == "cls":
+                emb = last[:, 0]
+            else:
+                m = mask.unsqueeze(-1).to(last.dtype)
+                emb = (last * m).sum(1) / m.sum(1).clamp(min=1e-9)
+            outs.append(emb)
+        emb = torch.cat(outs)
+        return torch.nn.functional.normalize(emb, dim=-1) if normalize else emb

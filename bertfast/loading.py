@@ -1,0 +1,326 @@
+"""Weight loading: checkpoint files or an in-memory Hugging Face model -> `ModelWeights`.
+
+Everything is checked before anything is returned: each tensor is looked up by name, its shape is
+compared with what the config implies, and its dtype must be a float type. Q, K and V are fused
+into one ``[3H, H]`` matrix (and ``[3H]`` bias) here, once. A failure raises `LoadError` naming the
+tensor or file; no partially loaded object ever escapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+
+from .config import ConfigError, ModelConfig
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
+               "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+               "fp64": torch.float64, "float64": torch.float64}
+
+# Prefixes under which task checkpoints keep the encoder, per family.
+PREFIXES = {"bert": ("", "bert.")}
+
+
+class LoadError(ValueError):
+    """A checkpoint that cannot be loaded; the message names the tensor or file."""
+
+
+@dataclass
+class EmbeddingWeights:
+    word: torch.Tensor  # [V, H]
+    position: torch.Tensor  # [P, H]
+    token_type: torch.Tensor | None  # [TT, H]
+    ln_weight: torch.Tensor  # [H]
+    ln_bias: torch.Tensor  # [H]
+
+
+@dataclass
+class LayerWeights:
+    qkv_weight: torch.Tensor  # [3H, H], rows q | k | v
+    qkv_bias: torch.Tensor  # [3H]
+    attn_out_weight: torch.Tensor  # [H, H]
+    attn_out_bias: torch.Tensor  # [H]
+    attn_ln_weight: torch.Tensor  # [H]
+    attn_ln_bias: torch.Tensor  # [H]
+    ffn_in_weight: torch.Tensor  # [I, H]
+    ffn_in_bias: torch.Tensor  # [I]
+    ffn_out_weight: torch.Tensor  # [H, I]
+    ffn_out_bias: torch.Tensor  # [H]
+    ffn_ln_weight: torch.Tensor  # [H]
+    ffn_ln_bias: torch.Tensor  # [H]
+
+
+@dataclass
+class ModelWeights:
+    config: ModelConfig
+    embeddings: EmbeddingWeights
+    layers: list[LayerWeights]
+    pooler_weight: torch.Tensor | None = None  # [H, H]
+    pooler_bias: torch.Tensor | None = None  # [H]
+    extra: dict = field(default_factory=dict)  # backend-packed forms (e.g. prepacked GEMM weights)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embeddings.word.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embeddings.word.device
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "ModelWeights":
+        """A new ModelWeights with `fn` applied to every tensor (shared layers stay shared)."""
+
+        def conv(obj):
+            kw = {}
+            for name, value in vars(obj).items():
+                kw[name] = fn(value) if isinstance(value, torch.Tensor) else value
+            return type(obj)(**kw)
+
+        seen: dict[int, LayerWeights] = {}
+        layers = []
+        for layer in self.layers:
+            if id(layer) not in seen:
+                seen[id(layer)] = conv(layer)
+            layers.append(seen[id(layer)])
+        return ModelWeights(
+            config=self.config,
+            embeddings=conv(self.embeddings),
+            layers=layers,
+            pooler_weight=None if self.pooler_weight is None else fn(self.pooler_weight),
+            pooler_bias=None if self.pooler_bias is None else fn(self.pooler_bias),
+        )
+
+    def to(self, dtype: torch.dtype | None = None, device=None) -> "ModelWeights":
+        return self.map(lambda t: t.to(device=device, dtype=dtype).contiguous())
+
+
+def resolve_dtype(dtype) -> torch.dtype | None:
+    """Accepts None, a torch float dtype, or a name like 'bf16'; raises ValueError otherwise."""
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype in FLOAT_DTYPES:
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype.lower()]
+    raise ValueError(
+        f"dtype {dtype!r} is not supported (use one of torch.float32, torch.float16, torch.bfloat16, "
+        f"or the names {', '.join(sorted(DTYPE_NAMES))})"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Reading tensors from files
+
+
+class _TensorSource:
+    """Name -> tensor lookup over one checkpoint (lazy for safetensors)."""
+
+    def __init__(self, names: Mapping[str, str], read: Callable[[str], torch.Tensor]):
+        self.names = names  # tensor name -> file it lives in (for messages)
+        self._read = read
+
+    def __contains__(self, name):
+        return name in self.names
+
+    def get(self, name: str) -> torch.Tensor:
+        try:
+            return self._read(name)
+        except Exception as e:  # corrupt or truncated data surfaces here for lazy formats
+            raise LoadError(f"cannot read tensor {name!r} from {self.names[name]}: {e}") from None
+
+
+def _safetensors_source(files: list[str]) -> _TensorSource:
+    from safetensors import safe_open
+
+    handles, names = {}, {}
+    for path in files:
+        if not os.path.isfile(path):
+            raise LoadError(f"weights file {path} is missing")
+        try:
+            handle = safe_open(path, framework="pt")
+            keys = list(handle.keys())
+        except Exception as e:
+            raise LoadError(f"{path} is not a valid safetensors file (corrupt or truncated?): {e}") from None
+        size = os.path.getsize(path)
+        for k in keys:
+            names[k] = path
+            handles[k] = handle
+        # safetensors maps lazily; a truncated file is caught by checking the data end offsets.
+        _check_safetensors_extent(path, size)
+    return _TensorSource(names, lambda k: handles[k].get_tensor(k))
+
+
+def _check_safetensors_extent(path: str, size: int) -> None:
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise LoadError(f"{path} is truncated (no safetensors header)")
+        n = int.from_bytes(head, "little")
+        if n <= 0 or 8 + n > size:
+            raise LoadError(f"{path} is truncated or corrupt (header of {n} bytes, file of {size})")
+        try:
+            header = json.loads(f.read(n))
+        except Exception as e:
+            raise LoadError(f"{path} has a corrupt safetensors header: {e}") from None
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        raise LoadError(f"{path} is truncated: tensors need {8 + n + end} bytes, the file has {size}")
+
+
+def _torch_bin_source(files: list[str]) -> _TensorSource:
+    tensors, names = {}, {}
+    for path in files:
+        if not os.path.isfile(path):
+            raise LoadError(f"weights file {path} is missing")
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise LoadError(f"cannot load {path} (corrupt, truncated, or not a plain state dict): {e}") from None
+        if not isinstance(sd, Mapping):
+            raise LoadError(f"{path} does not hold a state dict (found {type(sd).__name__})")
+        for k, v in sd.items():
+            if isinstance(v, torch.Tensor):
+                tensors[k], names[k] = v, path
+    return _TensorSource(names, tensors.__getitem__)
+
+
+def _sharded_files(index_path: str) -> list[str]:
+    try:
+        with open(index_path, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+    except Exception as e:
+        raise LoadError(f"{index_path} is not a valid shard index: {e}") from None
+    folder = os.path.dirname(index_path)
+    return [os.path.join(folder, name) for name in dict.fromkeys(weight_map.values())]
+
+
+def open_checkpoint(directory: str) -> _TensorSource:
+    """Find the weights in a Hugging Face model directory and open them for lookup."""
+    candidates = [
+        ("model.safetensors", lambda p: _safetensors_source([p])),
+        ("model.safetensors.index.json", lambda p: _safetensors_source(_sharded_files(p))),
+        ("pytorch_model.bin", lambda p: _torch_bin_source([p])),
+        ("pytorch_model.bin.index.json", lambda p: _torch_bin_source(_sharded_files(p))),
+    ]
+    for name, opener in candidates:
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            return opener(path)
+    raise LoadError(
+        f"no weights in {directory}: expected one of {', '.join(n for n, _ in candidates)}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Assembling ModelWeights
+
+
+def _lookup(src, prefix: str, name: str) -> str | None:
+    """Full tensor name for `name` under `prefix`, accepting old LayerNorm gamma/beta spellings."""
+    full = prefix + name
+    if full in src:
+        return full
+    for new, old in ((".weight", ".gamma"), (".bias", ".beta")):
+        if "LayerNorm" in name and name.endswith(new):
+            legacy = prefix + name[: -len(new)] + old
+            if legacy in src:
+                return legacy
+    return None
+
+
+def _detect_prefix(src, config: ModelConfig) -> str:
+    probe = "embeddings.word_embeddings.weight"
+    for prefix in PREFIXES[config.family]:
+        if prefix + probe in src:
+            return prefix
+    raise LoadError(
+        f"tensor {probe!r} not found under any of the prefixes "
+        f"{', '.join(repr(p) for p in PREFIXES[config.family])}: this is not a {config.family} checkpoint"
+    )
+
+
+def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> ModelWeights:
+    """Build ModelWeights from a tensor source, checking names, shapes and dtypes."""
+    prefix = _detect_prefix(src, config)
+    H, I, nL = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+
+    def get(name, shape, optional=False):
+        full = _lookup(src, prefix, name)
+        if full is None:
+            if optional:
+                return None
+            raise LoadError(f"tensor {prefix + name!r} is missing from the checkpoint")
+        t = src.get(full)
+        if tuple(t.shape) != tuple(shape):
+            raise LoadError(
+                f"tensor {full!r} has shape {tuple(t.shape)}, expected {tuple(shape)} from config.json"
+            )
+        if t.dtype not in FLOAT_DTYPES:
+            raise LoadError(f"tensor {full!r} has dtype {t.dtype}, expected a floating point dtype")
+        return t
+
+    embeddings = EmbeddingWeights(
+        word=get("embeddings.word_embeddings.weight", (config.vocab_size, H)),
+        position=get("embeddings.position_embeddings.weight", (config.max_position_embeddings, H)),
+        token_type=get("embeddings.token_type_embeddings.weight", (config.type_vocab_size, H)),
+        ln_weight=get("embeddings.LayerNorm.weight", (H,)),
+        ln_bias=get("embeddings.LayerNorm.bias", (H,)),
+    )
+    layers = []
+    for i in range(nL):
+        p = f"encoder.layer.{i}."
+        q_w, k_w, v_w = (get(p + f"attention.self.{n}.weight", (H, H)) for n in ("query", "key", "value"))
+        q_b, k_b, v_b = (get(p + f"attention.self.{n}.bias", (H,)) for n in ("query", "key", "value"))
+        layers.append(LayerWeights(
+            qkv_weight=torch.cat([q_w, k_w, v_w], 0),
+            qkv_bias=torch.cat([q_b, k_b, v_b], 0),
+            attn_out_weight=get(p + "attention.output.dense.weight", (H, H)),
+            attn_out_bias=get(p + "attention.output.dense.bias", (H,)),
+            attn_ln_weight=get(p + "attention.output.LayerNorm.weight", (H,)),
+            attn_ln_bias=get(p + "attention.output.LayerNorm.bias", (H,)),
+            ffn_in_weight=get(p + "intermediate.dense.weight", (I, H)),
+            ffn_in_bias=get(p + "intermediate.dense.bias", (I,)),
+            ffn_out_weight=get(p + "output.dense.weight", (H, I)),
+            ffn_out_bias=get(p + "output.dense.bias", (H,)),
+            ffn_ln_weight=get(p + "output.LayerNorm.weight", (H,)),
+            ffn_ln_bias=get(p + "output.LayerNorm.bias", (H,)),
+        ))
+    pooler_w = get("pooler.dense.weight", (H, H), optional=True)
+    pooler_b = get("pooler.dense.bias", (H,), optional=True)
+    if (pooler_w is None) != (pooler_b is None):
+        raise LoadError(f"pooler is half present: need both {prefix}pooler.dense.weight and .bias")
+    weights = ModelWeights(config, embeddings, layers, pooler_w, pooler_b)
+    # One dtype throughout: the checkpoint's (of the word embeddings) unless asked otherwise.
+    target = dtype or weights.dtype
+    return weights.to(dtype=target)
+
+
+def load_pretrained(directory: str | os.PathLike, dtype=None) -> ModelWeights:
+    """Load a Hugging Face model directory (config.json + safetensors / pytorch_model.bin)."""
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        raise LoadError(f"model directory {directory} does not exist")
+    dtype = resolve_dtype(dtype)
+    config = ModelConfig.from_json(directory)
+    return assemble(open_checkpoint(directory), config, dtype)
+
+
+def load_hf_model(model, dtype=None) -> ModelWeights:
+    """Load the encoder weights of an in-memory `transformers` model (base or task model)."""
+    hf_config = getattr(model, "config", None)
+    if hf_config is None or not hasattr(model, "state_dict"):
+        raise LoadError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
+    dtype = resolve_dtype(dtype)
+    config = ModelConfig.from_dict(hf_config.to_dict())
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    src = _TensorSource({k: "the in-memory model" for k in sd}, sd.__getitem__)
+    return assemble(src, config, dtype)
+
+
+__all__ = [
+    "EmbeddingWeights", "LayerWeights", "ModelWeights", "LoadError", "ConfigError",
+    "load_pretrained", "load_hf_model", "assemble", "open_checkpoint", "resolve_dtype",
+]

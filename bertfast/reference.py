@@ -1,0 +1,182 @@
+"""Eager reference: the exact math of Hugging Face's `BertModel`, in plain torch, in any dtype.
+
+This module is the oracle. Its op functions (`embed`, `qkv`, `attention`, `linear_gelu`,
+`linear_residual`, `layernorm`, `pooler`) define what every backend's op must compute, and
+`forward` runs the whole padded model the way `transformers` does (additive key-padding mask,
+position ids ``0..S-1``). Tests check `forward` against `transformers` itself; kernels and backends
+are checked against the op functions. Nothing here is tuned for speed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .loading import EmbeddingWeights, LayerWeights, ModelWeights
+
+ACTIVATION_IDS = ("gelu", "gelu_tanh", "relu")
+
+
+def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """kind: 'gelu' (exact erf), 'gelu_tanh' (tanh approximation) or 'relu'."""
+    if kind == "gelu":
+        return F.gelu(x)
+    if kind == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if kind == "relu":
+        return F.relu(x)
+    raise ValueError(f"unknown activation {kind!r} (expected one of {', '.join(ACTIVATION_IDS)})")
+
+
+# ----------------------------------------------------------------------------------------------
+# Ops on the packed token layout: x is [T, H] (T tokens of any number of sequences).
+
+
+def embed(input_ids, position_ids, token_type_ids, emb: EmbeddingWeights, eps: float) -> torch.Tensor:
+    """LayerNorm(word[ids] + token_type[tt] + position[pos]).
+
+    input_ids, position_ids, token_type_ids: (T,) int64 (token_type_ids may be None when the model
+    has no token-type table). Returns (T, H) in the weights' dtype.
+    """
+    x = emb.word[input_ids]
+    if emb.token_type is not None:
+        x = x + emb.token_type[token_type_ids]
+    x = x + emb.position[position_ids]
+    return F.layer_norm(x, (x.shape[-1],), emb.ln_weight, emb.ln_bias, eps)
+
+
+def qkv(x, weight, bias, num_heads: int):
+    """Fused projection. x: (T, H); weight: (3H, H); bias: (3H,). Returns q, k, v: (T, heads, d)."""
+    T = x.shape[0]
+    out = F.linear(x, weight, bias).view(T, 3, num_heads, -1)
+    return out[:, 0], out[:, 1], out[:, 2]
+
+
+def attention_padded(q, k, v, key_mask, scale: float) -> torch.Tensor:
+    """Softmax attention with a key-padding mask, Hugging Face style.
+
+    q, k, v: (B, heads, S, d); key_mask: (B, S) bool or 0/1, True = real token.
+    Masked keys get the dtype's most negative value added, so a fully masked row is uniform,
+    never NaN. Returns (B, heads, S, d).
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if key_mask is not None:
+        neg = torch.finfo(scores.dtype).min
+        additive = (1.0 - key_mask.to(scores.dtype))[:, None, None, :] * neg
+        scores = scores + additive
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v)
+
+
+def attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tensor:
+    """Variable-length attention on packed tokens.
+
+    q, k, v: (T, heads, d); cu_seqlens: (B+1,) int32 sequence starts; max_seqlen: longest sequence.
+    Each sequence attends to itself only. Returns (T, heads * d).
+    """
+    T, heads, d = q.shape
+    B = cu_seqlens.numel() - 1
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    mask = torch.arange(max_seqlen, device=q.device)[None, :] < lengths[:, None]  # [B, S]
+    idx = mask.flatten().nonzero().squeeze(1)
+
+    def to_padded(t):
+        buf = t.new_zeros(B * max_seqlen, heads, d)
+        buf[idx] = t
+        return buf.view(B, max_seqlen, heads, d).transpose(1, 2)
+
+    out = attention_padded(to_padded(q), to_padded(k), to_padded(v), mask, scale)
+    out = out.transpose(1, 2).reshape(B * max_seqlen, heads * d)
+    return out[idx]
+
+
+def attention_loop(q, k, v, cu_seqlens, scale: float) -> torch.Tensor:
+    """The same as `attention`, one sequence at a time (an independent check of the packing)."""
+    outs = []
+    bounds = cu_seqlens.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end == start:
+            continue
+        qs, ks, vs = (t[start:end].transpose(0, 1)[None] for t in (q, k, v))
+        o = attention_padded(qs, ks, vs, None, scale)[0].transpose(0, 1)
+        outs.append(o.reshape(end - start, -1))
+    if not outs:
+        return q.new_zeros(0, q.shape[1] * q.shape[2])
+    return torch.cat(outs, 0)
+
+
+def linear(x, weight, bias) -> torch.Tensor:
+    """x: (T, K); weight: (N, K); bias: (N,). Returns (T, N)."""
+    return F.linear(x, weight, bias)
+
+
+def linear_gelu(x, weight, bias, act: str = "gelu") -> torch.Tensor:
+    """activation(x @ weight.T + bias); act in ACTIVATION_IDS."""
+    return activation(F.linear(x, weight, bias), act)
+
+
+def linear_residual(x, weight, bias, residual) -> torch.Tensor:
+    """(x @ weight.T + bias) + residual; residual: (T, N)."""
+    return F.linear(x, weight, bias) + residual
+
+
+def layernorm(x, weight, bias, eps: float, residual=None) -> torch.Tensor:
+    """LayerNorm over the last dim of (x + residual) (residual optional)."""
+    if residual is not None:
+        x = x + residual
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def pooler(cls_hidden, weight, bias) -> torch.Tensor:
+    """tanh(cls_hidden @ weight.T + bias); cls_hidden: (B, H)."""
+    return torch.tanh(F.linear(cls_hidden, weight, bias))
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole model, padded, exactly as transformers computes it.
+
+
+def layer_forward(x, mask, layer: LayerWeights, num_heads: int, act: str, eps: float):
+    """One encoder layer on a padded batch. x: (B, S, H); mask: (B, S) bool."""
+    B, S, H = x.shape
+    d = H // num_heads
+    q, k, v = (t.reshape(B, S, num_heads, d).transpose(1, 2)
+               for t in F.linear(x, layer.qkv_weight, layer.qkv_bias).split(H, dim=-1))
+    ctx = attention_padded(q, k, v, mask, 1.0 / math.sqrt(d)).transpose(1, 2).reshape(B, S, H)
+    x = layernorm(linear_residual(ctx, layer.attn_out_weight, layer.attn_out_bias, x),
+                  layer.attn_ln_weight, layer.attn_ln_bias, eps)
+    h = linear_gelu(x, layer.ffn_in_weight, layer.ffn_in_bias, act)
+    return layernorm(linear_residual(h, layer.ffn_out_weight, layer.ffn_out_bias, x),
+                     layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
+
+
+def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_ids=None,
+            position_ids=None, output_hidden_states: bool = False):
+    """Padded forward pass of the reference model.
+
+    input_ids: (B, S) int64; attention_mask: (B, S) 0/1 (None = all real); token_type_ids and
+    position_ids: (B, S) int64 or None (zeros / 0..S-1 like transformers).
+    Returns (last_hidden_state (B, S, H), pooler_output (B, H) or None, hidden_states tuple or None),
+    hidden_states holding the embedding output and every layer's output when asked for.
+    """
+    cfg = weights.config
+    B, S = input_ids.shape
+    dev = weights.device
+    if attention_mask is None:
+        attention_mask = torch.ones(B, S, dtype=torch.long, device=dev)
+    if token_type_ids is None:
+        token_type_ids = torch.zeros(B, S, dtype=torch.long, device=dev)
+    if position_ids is None:
+        position_ids = torch.arange(S, device=dev).expand(B, S)
+    mask = attention_mask.bool()
+    x = embed(input_ids, position_ids, token_type_ids, weights.embeddings, cfg.layer_norm_eps)
+    hidden = [x]
+    for layer in weights.layers:
+        x = layer_forward(x, mask, layer, cfg.num_attention_heads, cfg.activation, cfg.layer_norm_eps)
+        hidden.append(x)
+    pooled = None
+    if weights.pooler_weight is not None:
+        pooled = pooler(x[:, 0], weights.pooler_weight, weights.pooler_bias)
+    return x, pooled, (tuple(hidden) if output_hidden_states else None)

@@ -1,0 +1,45 @@
+"""Tokenizer loading for `Encoder.encode`: `tokenizer.json` (tokenizers library) or `vocab.txt`.
+
+Batches are padded to their longest sequence (never to a fixed length) and truncated to the
+model's limit, so the engine only ever sees real tokens plus the padding a batch needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def load_tokenizer(directory: str, max_positions: int):
+    """A `tokenizers.Tokenizer` for the model in `directory`, or None when it ships none."""
+    from tokenizers import Tokenizer
+
+    tok_json = os.path.join(directory, "tokenizer.json")
+    vocab = os.path.join(directory, "vocab.txt")
+    tok_cfg = _read_json(os.path.join(directory, "tokenizer_config.json"))
+    if os.path.isfile(tok_json):
+        tokenizer = Tokenizer.from_file(tok_json)
+    elif os.path.isfile(vocab):
+        from tokenizers.implementations import BertWordPieceTokenizer
+
+        tokenizer = BertWordPieceTokenizer(vocab, lowercase=bool(tok_cfg.get("do_lower_case", True)))
+    else:
+        return None
+    limit = max_positions
+    st_cfg = _read_json(os.path.join(directory, "sentence_bert_config.json"))
+    for value in (st_cfg.get("max_seq_length"), tok_cfg.get("model_max_length")):
+        if isinstance(value, int) and 0 < value < limit:
+            limit = value
+            break
+    tokenizer.enable_truncation(max_length=limit)
+    pad_id = tokenizer.token_to_id("[PAD]")
+    tokenizer.enable_padding(pad_id=0 if pad_id is None else pad_id, pad_token="[PAD]")
+    return tokenizer

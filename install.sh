@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs bertfast and its dependencies into the current Python environment.
+#   bash install.sh          runtime dependencies + the package (builds the native CPU extension)
+#   bash install.sh --test   also the test/benchmark extras (transformers, onnxruntime, ...)
+# torch is chosen first: the CPU wheel when no NVIDIA GPU is present (never a multi-GB CUDA build),
+# a CUDA build when one is.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+PIP="$PY -m pip install --disable-pip-version-check -q"
+TORCH_VERSION=${BERTFAST_TORCH_VERSION:-2.13.0}
+
+have_torch=$($PY -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    if ! $PY -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null; then
+        echo "[install] NVIDIA GPU found: installing CUDA torch==$TORCH_VERSION"
+        $PIP "torch==$TORCH_VERSION"
+    fi
+elif [[ "$have_torch" != *cpu* && "$have_torch" != "$TORCH_VERSION"* ]] || [[ -z "$have_torch" ]]; then
+    echo "[install] no NVIDIA GPU: installing the CPU build of torch==$TORCH_VERSION"
+    # A local CPU wheel (pip's find-links) or the PyTorch CPU index; never PyPI's CUDA build.
+    $PIP "torch==$TORCH_VERSION+cpu" 2>/dev/null \
+        || $PIP "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
+fi
+
+$PIP setuptools wheel pybind11 numpy
+extras=""
+[[ "${1:-}" == "--test" ]] && extras="[test]"
+echo "[install] building bertfast$extras (native CPU extension: a minute or two)"
+$PIP --no-build-isolation -e ".$extras"
+$PY -c 'import bertfast, torch; print("[install] bertfast", bertfast.__version__, "torch", torch.__version__, "backends", bertfast.available_backends())'
