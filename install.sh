@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs bertfast and its dependencies into the current Python environment.
 #   bash install.sh          runtime dependencies + the package (builds the native CPU extension)
+#   bash install.sh --demo   also the embedded default model and transformers (for `bertfast demo`)
 #   bash install.sh --test   also the test/benchmark extras (transformers, onnxruntime, ...)
 # torch is chosen first: the CPU wheel when no NVIDIA GPU is present (never a multi-GB CUDA build),
 # a CUDA build when one is.
@@ -25,7 +26,12 @@ fi
 
 $PIP setuptools wheel pybind11 numpy
 extras=""
-[[ "${1:-}" == "--test" ]] && extras="[test]"
+case "${1:-}" in
+    --test) extras="[test]" ;;
+    --demo) extras="[demo]" ;;
+    "") ;;
+    *) echo "usage: bash install.sh [--demo|--test]" >&2; exit 2 ;;
+esac
 echo "[install] building bertfast$extras (native CPU extension: a minute or two)"
 $PIP --no-build-isolation -e ".$extras"
 $PY -c 'import bertfast, torch; print("[install] bertfast", bertfast.__version__, "torch", torch.__version__, "backends", bertfast.available_backends())'

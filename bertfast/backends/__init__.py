@@ -63,8 +63,11 @@ def get_backend(name: str = "auto", device="cpu") -> Backend:
         raise ValueError(
             f"unknown backend {name!r}; known backends: {', '.join(REGISTRY)} (or 'auto')"
         )
-    cls = _backend_class(name) if name in REGISTRY else None
-    reason = cls.unavailable_reason(device)
+    try:
+        cls = _backend_class(name)
+        reason = cls.unavailable_reason(device)
+    except BackendUnavailable as e:
+        reason = str(e)
     if reason is not None:
         usable = [n for n, r in available_backends(device).items() if r is None]
         raise ValueError(

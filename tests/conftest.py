@@ -1,0 +1,52 @@
+"""Shared builders for the model-level tests: random Hugging Face BERTs and ragged batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def rel_err(ours: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """max |ours - ref| / max |ref|, over real positions only when a (B, S) mask is given."""
+    ours, ref = ours.double(), ref.double()
+    if mask is not None:
+        ours, ref = ours[mask.bool()], ref[mask.bool()]
+    return ((ours - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def hf_bert(seed=0, attn="eager", **overrides):
+    """A randomly initialised transformers BertModel (fp32, eval) with a small default config."""
+    transformers = pytest.importorskip("transformers")
+    cfg = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=96, max_position_embeddings=40, type_vocab_size=2,
+               hidden_act="gelu", layer_norm_eps=1e-12)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = transformers.BertModel(transformers.BertConfig(**cfg, attn_implementation=attn)).eval()
+    # Random init leaves LayerNorm at identity and biases at zero: perturb them so they are tested.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def ragged_batch(lengths, seqlen=None, vocab=97, type_vocab=2, seed=0):
+    """input_ids, attention_mask (right padded), token_type_ids for the given real lengths."""
+    g = torch.Generator().manual_seed(seed)
+    B, S = len(lengths), seqlen or max(lengths)
+    ids = torch.randint(1, vocab, (B, S), generator=g)
+    mask = (torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]).long()
+    types = torch.randint(0, type_vocab, (B, S), generator=g)
+    ids = ids * mask  # pad id 0 at padded positions, as tokenizers produce
+    return ids, mask, types * mask
+
+
+@pytest.fixture(scope="session")
+def minilm_path():
+    import bertfast
+
+    try:
+        return bertfast.default_model_path()
+    except RuntimeError as e:
+        pytest.skip(f"default model package not installed: {e}")
