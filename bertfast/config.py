@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 # Hugging Face activation names -> the engine's activation ids. `gelu_new` and `gelu_pytorch_tanh`
 # are the same function (tanh approximation), computed by torch in one case and spelled out in the other.
@@ -20,9 +20,12 @@ ACTIVATIONS = {
 }
 
 # Families whose config and tensor names this version parses. Others raise ConfigError.
-SUPPORTED_FAMILIES = ("bert",)
-# Families we know of and plan for: they get a specific "not yet supported" message.
-KNOWN_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert")
+SUPPORTED_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert")
+# Families that derive position ids from input_ids (fairseq style: start after the pad id, skip pads).
+POSITIONS_FROM_INPUT_IDS = ("roberta", "xlm-roberta")
+# DistilBERT spells its config differently: its names -> the BERT names used here.
+DISTILBERT_FIELDS = {"dim": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
+                     "hidden_dim": "intermediate_size", "activation": "hidden_act"}
 
 POSITION_EMBEDDING_TYPES = ("absolute",)
 
@@ -46,13 +49,29 @@ class ModelConfig:
     pad_token_id: int
     position_embedding_type: str = "absolute"
     hidden_act: str = "gelu"  # the Hugging Face spelling, kept for round trips
+    embedding_size: int = 0  # ELECTRA / ALBERT factorised embeddings; 0 means hidden_size
+    num_hidden_groups: int = 1  # ALBERT: distinct layer groups shared across the depth
+    inner_group_num: int = 1  # ALBERT: layers per group
+
+    def __post_init__(self):
+        if not self.embedding_size:
+            object.__setattr__(self, "embedding_size", self.hidden_size)
+
+    @property
+    def positions_from_input_ids(self) -> bool:
+        """RoBERTa/XLM-R: position ids count real tokens from pad_token_id + 1 (not columns)."""
+        return self.family in POSITIONS_FROM_INPUT_IDS
+
+    @property
+    def max_sequence_length(self) -> int:
+        """Longest input a row may have with default position ids."""
+        if self.positions_from_input_ids:
+            return self.max_position_embeddings - self.pad_token_id - 1
+        return self.max_position_embeddings
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
-
-    def with_(self, **changes) -> "ModelConfig":
-        return replace(self, **changes)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
@@ -63,15 +82,13 @@ class ModelConfig:
         if family is None:
             raise ConfigError("config field 'model_type' is missing (expected e.g. 'bert')")
         if family not in SUPPORTED_FAMILIES:
-            if family in KNOWN_FAMILIES:
-                raise ConfigError(
-                    f"config field 'model_type' = {family!r}: this family is not supported yet "
-                    f"(supported: {', '.join(SUPPORTED_FAMILIES)})"
-                )
             raise ConfigError(
                 f"config field 'model_type' = {family!r} is not a BERT-family encoder "
                 f"(supported: {', '.join(SUPPORTED_FAMILIES)})"
             )
+        if family == "distilbert":
+            d = {**d, **{ours: d[theirs] for theirs, ours in DISTILBERT_FIELDS.items() if theirs in d},
+                 "layer_norm_eps": 1e-12, "type_vocab_size": 0}
 
         def need(name, kind=int, default=None, positive=True):
             if name not in d or d[name] is None:
@@ -94,7 +111,7 @@ class ModelConfig:
                 f"config field 'hidden_size' = {hidden} is not a multiple of "
                 f"'num_attention_heads' = {heads}"
             )
-        act = d.get("hidden_act", "gelu")
+        act = d.get("hidden_act", "gelu_new" if family == "albert" else "gelu")
         if not isinstance(act, str) or act not in ACTIVATIONS:
             raise ConfigError(
                 f"config field 'hidden_act' = {act!r} is not supported "
@@ -121,10 +138,13 @@ class ModelConfig:
             layer_norm_eps=need("layer_norm_eps", float, default=1e-12),
             vocab_size=need("vocab_size"),
             max_position_embeddings=need("max_position_embeddings", default=512),
-            type_vocab_size=need("type_vocab_size", default=2),
+            type_vocab_size=need("type_vocab_size", default=2, positive=False),
             pad_token_id=int(pad),
             position_embedding_type=pos_type,
             hidden_act=act,
+            embedding_size=need("embedding_size", default=hidden) if family in ("electra", "albert") else hidden,
+            num_hidden_groups=need("num_hidden_groups", default=1) if family == "albert" else 1,
+            inner_group_num=need("inner_group_num", default=1) if family == "albert" else 1,
         )
 
     @classmethod
@@ -140,23 +160,3 @@ class ModelConfig:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path} is not valid JSON: {e}") from None
         return cls.from_dict(d)
-
-    def to_hf_dict(self) -> dict:
-        """The Hugging Face config fields this config came from (for building reference models)."""
-        return {
-            "model_type": self.family,
-            "hidden_size": self.hidden_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_hidden_layers": self.num_hidden_layers,
-            "intermediate_size": self.intermediate_size,
-            "hidden_act": self.hidden_act,
-            "layer_norm_eps": self.layer_norm_eps,
-            "vocab_size": self.vocab_size,
-            "max_position_embeddings": self.max_position_embeddings,
-            "type_vocab_size": self.type_vocab_size,
-            "pad_token_id": self.pad_token_id,
-            "position_embedding_type": self.position_embedding_type,
-        }
-
-
-CONFIG_FIELDS = tuple(f.name for f in fields(ModelConfig))

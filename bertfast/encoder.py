@@ -83,12 +83,15 @@ def check_inputs(config, input_ids, attention_mask, token_type_ids, position_ids
         return t
 
     ids = as_ids(input_ids, "input_ids", config.vocab_size, "vocab_size")
+    if token_type_ids is not None and config.type_vocab_size == 0:
+        raise ValueError(f"token_type_ids given, but {config.family} models have no token types")
     types = as_ids(token_type_ids, "token_type_ids", config.type_vocab_size, "type_vocab_size")
     positions = as_ids(position_ids, "position_ids", config.max_position_embeddings,
                        "max_position_embeddings")
-    if position_ids is None and S > config.max_position_embeddings:
+    if position_ids is None and S > config.max_sequence_length:
         raise ValueError(
-            f"sequence length {S} exceeds max_position_embeddings = {config.max_position_embeddings}"
+            f"sequence length {S} exceeds the model's limit of {config.max_sequence_length} tokens "
+            f"(max_position_embeddings = {config.max_position_embeddings})"
         )
     if attention_mask is None:
         mask = torch.ones(B, S, dtype=torch.int64, device=device)
@@ -212,7 +215,7 @@ class Encoder(nn.Module):
         outs = []
         for start in range(0, len(texts), batch_size):
             ids, mask, types = self.tokenize(texts[start:start + batch_size])
-            last = self(ids, mask, types).last_hidden_state.float()
+            last = self(ids, mask, types if self.config.type_vocab_size else None).last_hidden_state.float()
             if pooling == "cls":
                 emb = last[:, 0]
             else:

@@ -1,6 +1,6 @@
 """The layer pipeline, written once for every backend.
 
-embed -> per layer: qkv -> attention (varlen) -> linear_residual -> layernorm -> linear_gelu ->
+embed (-> projection) -> per layer: qkv -> attention (varlen) -> linear_residual -> layernorm -> linear_gelu ->
 linear_residual -> layernorm -> pooler. The pipeline runs on the packed real tokens only
 (`padding.unpad` at the start, `padding.pad` at the end); the backend supplies the ops.
 Inputs are assumed validated (see `encoder.check_inputs`).
@@ -15,6 +15,7 @@ import torch
 from .backends import Backend
 from .loading import ModelWeights
 from .padding import pad, unpad
+from .reference import default_position_ids
 
 
 class Engine:
@@ -35,15 +36,16 @@ class Engine:
         B, S = input_ids.shape
         ids, indices, cu_seqlens, max_seqlen = unpad(input_ids, attention_mask)
         if position_ids is None:
-            positions = indices % S  # a token keeps its column, as transformers does
-        else:
-            positions = position_ids.reshape(-1)[indices]
+            position_ids = default_position_ids(cfg, input_ids)
+        positions = position_ids.reshape(-1)[indices]
         types = None
         if w.embeddings.token_type is not None:
             types = (torch.zeros_like(ids) if token_type_ids is None
                      else token_type_ids.reshape(-1)[indices])
 
         x = ops.embed(ids, positions, types, w.embeddings, cfg.layer_norm_eps)
+        if w.embeddings.projection_weight is not None:  # factorised embeddings (ELECTRA, ALBERT)
+            x = ops.linear(x, w.embeddings.projection_weight, w.embeddings.projection_bias)
         hidden = [x] if output_hidden_states else None
         heads, eps, act = cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation
         scale = 1.0 / math.sqrt(cfg.head_dim)

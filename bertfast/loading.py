@@ -22,8 +22,26 @@ DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.fl
                "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
                "fp64": torch.float64, "float64": torch.float64}
 
-# Prefixes under which task checkpoints keep the encoder, per family.
-PREFIXES = {"bert": ("", "bert.")}
+# Where each family keeps its encoder inside task checkpoints (base checkpoints use no prefix).
+BASE_PREFIX = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta.", "electra": "electra.",
+               "albert": "albert.", "distilbert": "distilbert."}
+
+# Per family: module names (without .weight/.bias) of one layer's parts, relative to the layer.
+_BERT_LAYER = dict(query="attention.self.query", key="attention.self.key", value="attention.self.value",
+                   attn_out="attention.output.dense", attn_ln="attention.output.LayerNorm",
+                   ffn_in="intermediate.dense", ffn_out="output.dense", ffn_ln="output.LayerNorm")
+LAYER_NAMES = {
+    "bert": _BERT_LAYER, "roberta": _BERT_LAYER, "xlm-roberta": _BERT_LAYER, "electra": _BERT_LAYER,
+    "albert": dict(query="attention.query", key="attention.key", value="attention.value",
+                   attn_out="attention.dense", attn_ln="attention.LayerNorm",
+                   ffn_in="ffn", ffn_out="ffn_output", ffn_ln="full_layer_layer_norm"),
+    "distilbert": dict(query="attention.q_lin", key="attention.k_lin", value="attention.v_lin",
+                       attn_out="attention.out_lin", attn_ln="sa_layer_norm",
+                       ffn_in="ffn.lin1", ffn_out="ffn.lin2", ffn_ln="output_layer_norm"),
+}
+# Embedding -> hidden projection (factorised embeddings) and pooler module names, per family.
+PROJECTION = {"electra": "embeddings_project", "albert": "encoder.embedding_hidden_mapping_in"}
+POOLER = {"bert": "pooler.dense", "roberta": "pooler.dense", "xlm-roberta": "pooler.dense", "albert": "pooler"}
 
 
 class LoadError(ValueError):
@@ -32,11 +50,13 @@ class LoadError(ValueError):
 
 @dataclass
 class EmbeddingWeights:
-    word: torch.Tensor  # [V, H]
-    position: torch.Tensor  # [P, H]
-    token_type: torch.Tensor | None  # [TT, H]
-    ln_weight: torch.Tensor  # [H]
-    ln_bias: torch.Tensor  # [H]
+    word: torch.Tensor  # [V, E], E = embedding_size (= hidden_size outside ELECTRA/ALBERT)
+    position: torch.Tensor  # [P, E]
+    token_type: torch.Tensor | None  # [TT, E]; None for DistilBERT
+    ln_weight: torch.Tensor  # [E]
+    ln_bias: torch.Tensor  # [E]
+    projection_weight: torch.Tensor | None = None  # [H, E] when embedding_size != hidden (ELECTRA, ALBERT)
+    projection_bias: torch.Tensor | None = None  # [H]
 
 
 @dataclass
@@ -76,10 +96,8 @@ class ModelWeights:
         """A new ModelWeights with `fn` applied to every tensor (shared layers stay shared)."""
 
         def conv(obj):
-            kw = {}
-            for name, value in vars(obj).items():
-                kw[name] = fn(value) if isinstance(value, torch.Tensor) else value
-            return type(obj)(**kw)
+            return type(obj)(**{name: fn(value) if isinstance(value, torch.Tensor) else value
+                                for name, value in vars(obj).items()})
 
         seen: dict[int, LayerWeights] = {}
         layers = []
@@ -233,19 +251,31 @@ def _lookup(src, prefix: str, name: str) -> str | None:
 
 def _detect_prefix(src, config: ModelConfig) -> str:
     probe = "embeddings.word_embeddings.weight"
-    for prefix in PREFIXES[config.family]:
+    prefixes = ("", BASE_PREFIX[config.family])
+    for prefix in prefixes:
         if prefix + probe in src:
             return prefix
     raise LoadError(
-        f"tensor {probe!r} not found under any of the prefixes "
-        f"{', '.join(repr(p) for p in PREFIXES[config.family])}: this is not a {config.family} checkpoint"
+        f"tensor {probe!r} not found under any of the prefixes {', '.join(repr(p) for p in prefixes)}: "
+        f"this is not a {config.family} checkpoint"
     )
+
+
+def _layer_prefixes(config: ModelConfig) -> list[str]:
+    """Prefix of each executed layer's tensors, in execution order (ALBERT repeats its groups)."""
+    if config.family == "distilbert":
+        return [f"transformer.layer.{i}." for i in range(config.num_hidden_layers)]
+    if config.family != "albert":
+        return [f"encoder.layer.{i}." for i in range(config.num_hidden_layers)]
+    L, G = config.num_hidden_layers, config.num_hidden_groups
+    return [f"encoder.albert_layer_groups.{int(i / (L / G))}.albert_layers.{j}."
+            for i in range(L) for j in range(config.inner_group_num)]
 
 
 def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> ModelWeights:
     """Build ModelWeights from a tensor source, checking names, shapes and dtypes."""
     prefix = _detect_prefix(src, config)
-    H, I, nL = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    H, I, E = config.hidden_size, config.intermediate_size, config.embedding_size
 
     def get(name, shape, optional=False):
         full = _lookup(src, prefix, name)
@@ -262,40 +292,53 @@ def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> Mode
             raise LoadError(f"tensor {full!r} has dtype {t.dtype}, expected a floating point dtype")
         return t
 
+    def linear(module, out_features, in_features=None, optional=False):
+        """(weight, bias) of a Linear, or of a LayerNorm when in_features is None."""
+        w_shape = (out_features,) if in_features is None else (out_features, in_features)
+        w = get(module + ".weight", w_shape, optional)
+        b = get(module + ".bias", (out_features,), optional)
+        if (w is None) != (b is None):
+            raise LoadError(f"{prefix}{module} is half present: need both .weight and .bias")
+        return w, b
+
+    projection = (None, None)
+    if config.family in PROJECTION and (config.family == "albert" or E != H):
+        projection = linear(PROJECTION[config.family], H, E)
     embeddings = EmbeddingWeights(
-        word=get("embeddings.word_embeddings.weight", (config.vocab_size, H)),
-        position=get("embeddings.position_embeddings.weight", (config.max_position_embeddings, H)),
-        token_type=get("embeddings.token_type_embeddings.weight", (config.type_vocab_size, H)),
-        ln_weight=get("embeddings.LayerNorm.weight", (H,)),
-        ln_bias=get("embeddings.LayerNorm.bias", (H,)),
+        word=get("embeddings.word_embeddings.weight", (config.vocab_size, E)),
+        position=get("embeddings.position_embeddings.weight", (config.max_position_embeddings, E)),
+        token_type=(get("embeddings.token_type_embeddings.weight", (config.type_vocab_size, E))
+                    if config.type_vocab_size else None),
+        ln_weight=get("embeddings.LayerNorm.weight", (E,)),
+        ln_bias=get("embeddings.LayerNorm.bias", (E,)),
+        projection_weight=projection[0],
+        projection_bias=projection[1],
     )
+    names = LAYER_NAMES[config.family]
+    built: dict[str, LayerWeights] = {}  # shared (ALBERT) layers are built once and reused
     layers = []
-    for i in range(nL):
-        p = f"encoder.layer.{i}."
-        q_w, k_w, v_w = (get(p + f"attention.self.{n}.weight", (H, H)) for n in ("query", "key", "value"))
-        q_b, k_b, v_b = (get(p + f"attention.self.{n}.bias", (H,)) for n in ("query", "key", "value"))
-        layers.append(LayerWeights(
-            qkv_weight=torch.cat([q_w, k_w, v_w], 0),
-            qkv_bias=torch.cat([q_b, k_b, v_b], 0),
-            attn_out_weight=get(p + "attention.output.dense.weight", (H, H)),
-            attn_out_bias=get(p + "attention.output.dense.bias", (H,)),
-            attn_ln_weight=get(p + "attention.output.LayerNorm.weight", (H,)),
-            attn_ln_bias=get(p + "attention.output.LayerNorm.bias", (H,)),
-            ffn_in_weight=get(p + "intermediate.dense.weight", (I, H)),
-            ffn_in_bias=get(p + "intermediate.dense.bias", (I,)),
-            ffn_out_weight=get(p + "output.dense.weight", (H, I)),
-            ffn_out_bias=get(p + "output.dense.bias", (H,)),
-            ffn_ln_weight=get(p + "output.LayerNorm.weight", (H,)),
-            ffn_ln_bias=get(p + "output.LayerNorm.bias", (H,)),
-        ))
-    pooler_w = get("pooler.dense.weight", (H, H), optional=True)
-    pooler_b = get("pooler.dense.bias", (H,), optional=True)
-    if (pooler_w is None) != (pooler_b is None):
-        raise LoadError(f"pooler is half present: need both {prefix}pooler.dense.weight and .bias")
-    weights = ModelWeights(config, embeddings, layers, pooler_w, pooler_b)
+    for p in _layer_prefixes(config):
+        if p not in built:
+            q, k, v = (linear(p + names[n], H, H) for n in ("query", "key", "value"))
+            attn_out, ffn_in, ffn_out = (linear(p + names["attn_out"], H, H), linear(p + names["ffn_in"], I, H),
+                                         linear(p + names["ffn_out"], H, I))
+            attn_ln, ffn_ln = linear(p + names["attn_ln"], H), linear(p + names["ffn_ln"], H)
+            built[p] = LayerWeights(
+                qkv_weight=torch.cat([q[0], k[0], v[0]], 0),
+                qkv_bias=torch.cat([q[1], k[1], v[1]], 0),
+                attn_out_weight=attn_out[0], attn_out_bias=attn_out[1],
+                attn_ln_weight=attn_ln[0], attn_ln_bias=attn_ln[1],
+                ffn_in_weight=ffn_in[0], ffn_in_bias=ffn_in[1],
+                ffn_out_weight=ffn_out[0], ffn_out_bias=ffn_out[1],
+                ffn_ln_weight=ffn_ln[0], ffn_ln_bias=ffn_ln[1],
+            )
+        layers.append(built[p])
+    pooler = (None, None)
+    if config.family in POOLER:
+        pooler = linear(POOLER[config.family], H, H, optional=True)
+    weights = ModelWeights(config, embeddings, layers, *pooler)
     # One dtype throughout: the checkpoint's (of the word embeddings) unless asked otherwise.
-    target = dtype or weights.dtype
-    return weights.to(dtype=target)
+    return weights.to(dtype=dtype or weights.dtype)
 
 
 def load_pretrained(directory: str | os.PathLike, dtype=None) -> ModelWeights:

@@ -34,8 +34,21 @@ def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
 # Ops on the packed token layout: x is [T, H] (T tokens of any number of sequences).
 
 
+def default_position_ids(config, input_ids: torch.Tensor) -> torch.Tensor:
+    """Position ids transformers uses when none are given. input_ids: (B, S) -> (B, S) int64.
+
+    Columns 0..S-1, except RoBERTa/XLM-R: real tokens (ids != pad) count up from pad_token_id + 1
+    and pad tokens get pad_token_id (fairseq's make_positions).
+    """
+    B, S = input_ids.shape
+    if config.positions_from_input_ids:
+        real = input_ids.ne(config.pad_token_id).long()
+        return torch.cumsum(real, dim=1) * real + config.pad_token_id
+    return torch.arange(S, device=input_ids.device).expand(B, S)
+
+
 def embed(input_ids, position_ids, token_type_ids, emb: EmbeddingWeights, eps: float) -> torch.Tensor:
-    """LayerNorm(word[ids] + token_type[tt] + position[pos]).
+    """LayerNorm(word[ids] + token_type[tt] + position[pos]) (the embedding projection is separate).
 
     input_ids, position_ids, token_type_ids: (T,) int64 (token_type_ids may be None when the model
     has no token-type table). Returns (T, H) in the weights' dtype.
@@ -159,7 +172,7 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
     input_ids: (B, S) int64; attention_mask: (B, S) 0/1 (None = all real); token_type_ids and
     position_ids: (B, S) int64 or None (zeros / 0..S-1 like transformers).
     Returns (last_hidden_state (B, S, H), pooler_output (B, H) or None, hidden_states tuple or None),
-    hidden_states holding the embedding output and every layer's output when asked for.
+    hidden_states holding the (projected) embedding output and every layer's output when asked for.
     """
     cfg = weights.config
     B, S = input_ids.shape
@@ -169,9 +182,13 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
     if token_type_ids is None:
         token_type_ids = torch.zeros(B, S, dtype=torch.long, device=dev)
     if position_ids is None:
-        position_ids = torch.arange(S, device=dev).expand(B, S)
+        position_ids = default_position_ids(cfg, input_ids)
     mask = attention_mask.bool()
-    x = embed(input_ids, position_ids, token_type_ids, weights.embeddings, cfg.layer_norm_eps)
+    emb = weights.embeddings
+    x = embed(input_ids, position_ids, token_type_ids if emb.token_type is not None else None, emb,
+              cfg.layer_norm_eps)
+    if emb.projection_weight is not None:
+        x = linear(x, emb.projection_weight, emb.projection_bias)
     hidden = [x]
     for layer in weights.layers:
         x = layer_forward(x, mask, layer, cfg.num_attention_heads, cfg.activation, cfg.layer_norm_eps)

@@ -31,7 +31,7 @@ def test_defaults_for_optional_fields():
 @pytest.mark.parametrize("change, field", [
     ({"hidden_act": "swish"}, "hidden_act"),
     ({"model_type": "gpt2"}, "model_type"),
-    ({"model_type": "roberta"}, "model_type"),
+    ({"model_type": "t5"}, "model_type"),
     ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
     ({"hidden_size": 66}, "hidden_size"),
     ({"num_hidden_layers": 0}, "num_hidden_layers"),
@@ -59,3 +59,19 @@ def test_from_json_errors(tmp_path):
         ModelConfig.from_json(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(BASE))
     assert ModelConfig.from_json(tmp_path).hidden_size == 64
+
+
+def test_family_specific_fields():
+    distil = ModelConfig.from_dict({"model_type": "distilbert", "dim": 64, "n_heads": 4, "n_layers": 3,
+                                    "hidden_dim": 96, "activation": "gelu", "vocab_size": 50,
+                                    "max_position_embeddings": 20})
+    assert (distil.hidden_size, distil.num_attention_heads, distil.num_hidden_layers) == (64, 4, 3)
+    assert distil.intermediate_size == 96 and distil.type_vocab_size == 0 and distil.layer_norm_eps == 1e-12
+    roberta = ModelConfig.from_dict({**BASE, "model_type": "roberta", "pad_token_id": 1})
+    assert roberta.positions_from_input_ids and roberta.max_sequence_length == 30
+    electra = ModelConfig.from_dict({**BASE, "model_type": "electra", "embedding_size": 16})
+    assert electra.embedding_size == 16 and not electra.positions_from_input_ids
+    albert = ModelConfig.from_dict({**BASE, "model_type": "albert", "embedding_size": 8, "num_hidden_groups": 2,
+                                    "inner_group_num": 1, "hidden_act": "gelu_new"})
+    assert (albert.embedding_size, albert.num_hidden_groups, albert.inner_group_num) == (8, 2, 1)
+    assert ModelConfig.from_dict(BASE).embedding_size == 64

@@ -133,7 +133,7 @@ def tiny():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(input_ids=torch.tensor([[1, 2, 97]])), r"input_ids values must be in \[0, 97\)"),
     (dict(input_ids=torch.tensor([[1, -2]])), r"input_ids values"),
-    (dict(input_ids=torch.ones(1, 41, dtype=torch.long)), "exceeds max_position_embeddings = 40"),
+    (dict(input_ids=torch.ones(1, 41, dtype=torch.long)), "exceeds the model.s limit of 40 tokens"),
     (dict(input_ids=torch.ones(2, 3, dtype=torch.long), attention_mask=torch.ones(2, 4)), "attention_mask has shape"),
     (dict(input_ids=torch.ones(2, 3, dtype=torch.long), attention_mask=torch.full((2, 3), 2)), "only 0 and 1"),
     (dict(input_ids=torch.ones(2, 3, dtype=torch.long), token_type_ids=torch.ones(2, 3, dtype=torch.long) * 2),

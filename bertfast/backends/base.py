@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import reference
 from ..loading import ModelWeights
 
 
@@ -56,3 +57,6 @@ class Backend:
 
     def pooler(self, cls_hidden, weight, bias):
         raise NotImplementedError
+
+    # Used once per forward (embedding projection of ELECTRA/ALBERT); backends may override.
+    linear = staticmethod(reference.linear)
