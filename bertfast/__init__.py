@@ -4,6 +4,7 @@ from .backends import available_backends, get_backend
 from .config import ConfigError, ModelConfig
 from .encoder import Encoder, EncoderOutput
 from .loading import LoadError, ModelWeights, load_hf_model, load_pretrained
+from .optimize import EngineUnsupported, optimize
 
 __version__ = "0.1.0"
 
@@ -21,6 +22,6 @@ def default_model_path() -> str:
 
 
 __all__ = [
-    "Encoder", "EncoderOutput", "ModelConfig", "ModelWeights", "ConfigError", "LoadError",
+    "Encoder", "EncoderOutput", "optimize", "EngineUnsupported", "ModelConfig", "ModelWeights", "ConfigError", "LoadError",
     "load_pretrained", "load_hf_model", "get_backend", "available_backends", "default_model_path",
 ]

@@ -1,0 +1,131 @@
+"""`bertfast.optimize(model)`: run a Hugging Face model's encoder on the bertfast engine, in place.
+
+The model object is returned itself: its task head, its modules and its state dict are untouched
+(`save_pretrained` keeps working). Only its base model (`model.base_model`, e.g. the `BertModel`
+inside `BertForSequenceClassification`) changes class, to a thin subclass of its own class whose
+`forward` sends supported calls to the engine and returns the same output type. Calls the engine
+does not serve (training mode, `output_attentions`, `head_mask`, `inputs_embeds`, cross-attention,
+caches, left padding under a pooler) run the original modules after a one-time warning, or raise
+under `strict=True`: never a silently different answer.
+
+The engine reads the weights at optimize time: after changing them, call `optimize` again.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import torch
+
+from .encoder import Encoder
+from .loading import load_hf_model
+
+# The output class each family's base model returns (from transformers.modeling_outputs).
+OUTPUT_CLASS = {
+    "bert": "BaseModelOutputWithPoolingAndCrossAttentions",
+    "roberta": "BaseModelOutputWithPoolingAndCrossAttentions",
+    "xlm-roberta": "BaseModelOutputWithPoolingAndCrossAttentions",
+    "albert": "BaseModelOutputWithPooling",
+    "electra": "BaseModelOutputWithPastAndCrossAttentions",
+    "distilbert": "BaseModelOutput",
+}
+# Arguments the engine serves; any other argument given a non-default value means fallback.
+SERVED = {"input_ids", "attention_mask", "token_type_ids", "position_ids", "output_hidden_states",
+          "return_dict", "use_cache", "output_attentions"}
+
+
+class EngineUnsupported(RuntimeError):
+    """Raised under strict=True for a call the bertfast engine does not serve."""
+
+
+class _EngineForward:
+    """Mixin placed in front of the base model's class; see the module docstring."""
+
+    _bertfast_encoder: Encoder
+    _bertfast_strict: bool
+    _bertfast_warned: set
+
+    def forward(self, *args, **kwargs):
+        original = self._bertfast_original_class
+        bound = inspect.signature(original.forward).bind(self, *args, **kwargs).arguments
+        extra = bound.pop("kwargs", {}) or {}
+        call = {**{k: v for k, v in bound.items() if k != "self"}, **extra}
+        reason = self._bertfast_unsupported(call)
+        if reason is not None:
+            if self._bertfast_strict:
+                raise EngineUnsupported(f"bertfast engine cannot serve this call: {reason}")
+            if reason not in self._bertfast_warned:
+                self._bertfast_warned.add(reason)
+                warnings.warn(f"bertfast: {reason}; running the original modules", stacklevel=2)
+            return original.forward(self, *args, **kwargs)
+        return self._bertfast_run(call)
+
+    def _bertfast_unsupported(self, call) -> str | None:
+        if self.training:
+            return "the model is in training mode"
+        if call.get("input_ids") is None:
+            return "no input_ids (inputs_embeds are not served)"
+        cfg = self.config
+        if call.get("output_attentions") or (call.get("output_attentions") is None
+                                             and getattr(cfg, "output_attentions", False)):
+            return "output_attentions=True"
+        if call.get("use_cache"):
+            return "use_cache=True"
+        for name, value in call.items():
+            if name not in SERVED and value is not None and value is not False:
+                return f"argument {name!r} is set"
+        mask = call.get("attention_mask")
+        if (mask is not None and self._bertfast_encoder.engine.weights.pooler_weight is not None
+                and bool(((mask[..., 0] == 0) & (mask.sum(-1) > 0)).any())):
+            return "left padding with a pooler (pooler_output reads position 0)"
+        return None
+
+    def _bertfast_run(self, call):
+        from transformers import modeling_outputs
+
+        want_hidden = call.get("output_hidden_states")
+        if want_hidden is None:
+            want_hidden = bool(getattr(self.config, "output_hidden_states", False))
+        out = self._bertfast_encoder(call["input_ids"], call.get("attention_mask"), call.get("token_type_ids"),
+                                     call.get("position_ids"), output_hidden_states=want_hidden)
+        dtype = self._bertfast_dtype  # the head expects the model's own dtype
+        fields = {"last_hidden_state": out.last_hidden_state.to(dtype)}
+        cls = getattr(modeling_outputs, OUTPUT_CLASS[self._bertfast_encoder.config.family])
+        if "pooler_output" in cls.__dataclass_fields__:
+            fields["pooler_output"] = None if out.pooler_output is None else out.pooler_output.to(dtype)
+        if want_hidden:
+            fields["hidden_states"] = tuple(h.to(dtype) for h in out.hidden_states)
+        result = cls(**fields)
+        return result if call.get("return_dict", True) is not False else result.to_tuple()
+
+
+def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False):
+    """Run `model`'s encoder on bertfast; returns `model` itself.
+
+    model: a transformers base or task model of a supported family (BERT, RoBERTa, XLM-R, ELECTRA,
+    ALBERT, DistilBERT). dtype: the engine's dtype (None: the model's); outputs are cast back to the
+    model's dtype for its head. strict: raise EngineUnsupported instead of falling back.
+    """
+    base = getattr(model, "base_model", None)
+    if base is None or not hasattr(base, "config"):
+        raise ValueError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
+    original = getattr(base, "_bertfast_original_class", type(base))
+    encoder = Encoder.from_hf(base, backend=backend, dtype=dtype)
+    try:
+        param = next(base.parameters())
+    except StopIteration:
+        raise ValueError("the model has no parameters") from None
+    if param.device != encoder.device:
+        raise ValueError(f"model parameters on {param.device} but the engine runs on {encoder.device}")
+    base.__class__ = type(original.__name__, (_EngineForward, original),
+                          {"__module__": original.__module__, "__qualname__": original.__qualname__,
+                           "_bertfast_original_class": original})
+    # Plain attributes, not submodules: the model's modules and state dict stay exactly as they were.
+    for name, value in (("_bertfast_encoder", encoder), ("_bertfast_strict", strict),
+                        ("_bertfast_warned", set()), ("_bertfast_dtype", param.dtype)):
+        object.__setattr__(base, name, value)
+    return model
+
+
+__all__ = ["optimize", "EngineUnsupported"]
