@@ -5,6 +5,7 @@ from .config import ConfigError, ModelConfig
 from .encoder import Encoder, EncoderOutput
 from .loading import LoadError, ModelWeights, load_hf_model, load_pretrained
 from .optimize import EngineUnsupported, optimize
+from .heads import TaskModel, TaskOutput, load, supported_architectures
 
 __version__ = "0.1.0"
 
@@ -22,6 +23,7 @@ def default_model_path() -> str:
 
 
 __all__ = [
-    "Encoder", "EncoderOutput", "optimize", "EngineUnsupported", "ModelConfig", "ModelWeights", "ConfigError", "LoadError",
+    "Encoder", "EncoderOutput", "optimize", "EngineUnsupported", "load", "TaskModel", "TaskOutput",
+    "supported_architectures", "ModelConfig", "ModelWeights", "ConfigError", "LoadError",
     "load_pretrained", "load_hf_model", "get_backend", "available_backends", "default_model_path",
 ]

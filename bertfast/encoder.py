@@ -49,7 +49,7 @@ class EncoderOutput:
     def __repr__(self):
         parts = ", ".join(f"{k}={tuple(getattr(self, k).shape) if torch.is_tensor(getattr(self, k)) else '...'}"
                           for k in self.keys())
-        return f"EncoderOutput({parts})"
+        return f"{type(self).__name__}({parts})"
 
 
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -115,7 +115,7 @@ def check_inputs(config, input_ids, attention_mask, token_type_ids, position_ids
             raise ValueError(
                 f"attention_mask masks position 0 of rows {rows} that hold real tokens (left padding): "
                 "pooler_output reads position 0, which this engine does not compute for padding. "
-                "Pad on the right, or load with add_pooling_layer=False."
+                "Pad on the right (or, for a bare encoder, load with add_pooling_layer=False)."
             )
     return ids, mask, types, positions
 

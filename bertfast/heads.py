@@ -1,0 +1,473 @@
+"""Task heads on top of the engine, and `load(path_or_model)`: encoder + head from one checkpoint.
+
+Every head transformers offers for the supported families is one row of `HEADS`: per output field,
+which encoder output it reads (the pooler, token 0, or every real token) and a short list of steps
+(linear by tensor name, activation, LayerNorm, tied decoder) that spell out the transformers
+forward pass in eval mode (dropout is the identity there). The table is resolved once at load time
+into tensors: every head tensor is looked up by name and checked against the shape config.json
+implies before anything is returned, so a missing or misshapen tensor raises `LoadError` naming it
+and nothing half-loaded escapes.
+
+Per-token outputs (token classification, QA, masked LM, ELECTRA discriminator) are computed on the
+real tokens only; at padded positions they are 0 (the head is not run there), like the encoder's
+`last_hidden_state`. `transformers` is not needed at run time: an in-memory transformers model is
+read through its `config.to_dict()` and `state_dict()` only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .encoder import Encoder, EncoderOutput
+from .loading import BASE_PREFIX, LoadError, _TensorSource, assemble, open_checkpoint, resolve_dtype
+from .loading import POOLER as POOLER_MODULES
+from .padding import pad, unpad
+from .reference import activation
+
+# ------------------------------------------------------------------------------------------------
+# The table. Sources: what a head reads from the encoder.
+POOLER = "pooler"  # pooler_output (B, H): tanh(dense(token 0)), computed by the engine
+FIRST = "first"  # last_hidden_state[:, 0] (B, H)
+TOKENS = "tokens"  # last_hidden_state at every real token (T, H)
+
+
+# Steps. Dimensions are symbols resolved from config.json: "H" hidden_size, "E" embedding_size,
+# "L" num_labels, "V" vocab_size, or a literal int.
+def lin(name, out="H", inp="H"):
+    """nn.Linear `name` (`name.weight` [out, inp], `name.bias` [out])."""
+    return ("linear", name, out, inp)
+
+
+def act(kind):
+    """Activation: "hidden_act" (the config's), "summary_activation" (ELECTRA's config), or fixed."""
+    return ("act", kind)
+
+
+def ln(name, dim="H"):
+    """nn.LayerNorm `name` over `dim`, eps = config.layer_norm_eps."""
+    return ("layernorm", name, dim)
+
+
+def decoder(weight, biases, inp="H"):
+    """Vocabulary projection [V, inp]. With tie_word_embeddings (the default) the weight is the word
+    embedding matrix and `weight` is ignored, as transformers does; the bias is the first present of
+    `biases` (transformers aliases the decoder's bias to the first). Untied: `weight` and the decoder's
+    own bias (the last of `biases`) come first."""
+    return ("decoder", weight, tuple(biases), inp)
+
+
+SQUEEZE = ("squeeze",)  # drop the trailing size-1 dim (ELECTRA discriminator: [T, 1] -> [T])
+ELECTRA_SUMMARY = ("electra_summary",)  # ElectraSequenceSummary: expanded from the config at load
+
+BERT_MLM = [lin("cls.predictions.transform.dense"), act("hidden_act"), ln("cls.predictions.transform.LayerNorm"),
+            decoder("cls.predictions.decoder.weight", ["cls.predictions.bias", "cls.predictions.decoder.bias"])]
+ALBERT_MLM = [lin("predictions.dense", "E"), act("hidden_act"), ln("predictions.LayerNorm", "E"),
+              decoder("predictions.decoder.weight", ["predictions.bias", "predictions.decoder.bias"], "E")]
+ROBERTA = {
+    "SequenceClassification": {"logits": (FIRST, [lin("classifier.dense"), act("tanh"),
+                                                  lin("classifier.out_proj", "L")])},
+    "TokenClassification": {"logits": (TOKENS, [lin("classifier", "L")])},
+    "QuestionAnswering": {"logits": (TOKENS, [lin("qa_outputs", "L")])},
+    "MultipleChoice": {"logits": (POOLER, [lin("classifier", 1)])},
+    "MaskedLM": {"logits": (TOKENS, [lin("lm_head.dense"), act("gelu"), ln("lm_head.layer_norm"),
+                                     decoder("lm_head.decoder.weight", ["lm_head.bias", "lm_head.decoder.bias"])])},
+}
+
+# family -> task -> {output field: (source, steps)}; the task is the class name after "<Family>For".
+HEADS = {
+    "bert": {
+        "SequenceClassification": {"logits": (POOLER, [lin("classifier", "L")])},
+        "TokenClassification": {"logits": (TOKENS, [lin("classifier", "L")])},
+        "QuestionAnswering": {"logits": (TOKENS, [lin("qa_outputs", "L")])},
+        "MultipleChoice": {"logits": (POOLER, [lin("classifier", 1)])},
+        "MaskedLM": {"logits": (TOKENS, BERT_MLM)},
+        "NextSentencePrediction": {"logits": (POOLER, [lin("cls.seq_relationship", 2)])},
+        "PreTraining": {"prediction_logits": (TOKENS, BERT_MLM),
+                        "seq_relationship_logits": (POOLER, [lin("cls.seq_relationship", 2)])},
+    },
+    "roberta": ROBERTA,
+    "xlm-roberta": ROBERTA,
+    "electra": {
+        "SequenceClassification": {"logits": (FIRST, [lin("classifier.dense"), act("gelu"),
+                                                      lin("classifier.out_proj", "L")])},
+        "TokenClassification": {"logits": (TOKENS, [lin("classifier", "L")])},
+        "QuestionAnswering": {"logits": (TOKENS, [lin("qa_outputs", "L")])},
+        "MultipleChoice": {"logits": (FIRST, [ELECTRA_SUMMARY, lin("classifier", 1)])},
+        "MaskedLM": {"logits": (TOKENS, [lin("generator_predictions.dense", "E"), act("gelu"),
+                                         ln("generator_predictions.LayerNorm", "E"),
+                                         decoder("generator_lm_head.weight", ["generator_lm_head.bias"], "E")])},
+        "PreTraining": {"logits": (TOKENS, [lin("discriminator_predictions.dense"), act("hidden_act"),
+                                            lin("discriminator_predictions.dense_prediction", 1), SQUEEZE])},
+    },
+    "albert": {
+        "SequenceClassification": {"logits": (POOLER, [lin("classifier", "L")])},
+        "TokenClassification": {"logits": (TOKENS, [lin("classifier", "L")])},
+        "QuestionAnswering": {"logits": (TOKENS, [lin("qa_outputs", "L")])},
+        "MultipleChoice": {"logits": (POOLER, [lin("classifier", 1)])},
+        "MaskedLM": {"logits": (TOKENS, ALBERT_MLM)},
+        "PreTraining": {"prediction_logits": (TOKENS, ALBERT_MLM),
+                        "sop_logits": (POOLER, [lin("sop_classifier.classifier", "L")])},
+    },
+    "distilbert": {
+        "SequenceClassification": {"logits": (FIRST, [lin("pre_classifier"), act("relu"), lin("classifier", "L")])},
+        "TokenClassification": {"logits": (TOKENS, [lin("classifier", "L")])},
+        "QuestionAnswering": {"logits": (TOKENS, [lin("qa_outputs", "L")])},
+        "MultipleChoice": {"logits": (FIRST, [lin("pre_classifier"), act("relu"), lin("classifier", 1)])},
+        "MaskedLM": {"logits": (TOKENS, [lin("vocab_transform"), act("hidden_act"), ln("vocab_layer_norm"),
+                                         decoder("vocab_projector.weight", ["vocab_projector.bias"])])},
+    },
+}
+# Class-name prefix of each family in transformers (`BertForMaskedLM`, `XLMRobertaModel`, ...).
+CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
+                "albert": "Albert", "distilbert": "DistilBert"}
+
+# Activations a head may name: the engine's three, plus tanh and identity (ELECTRA summary).
+_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
+                "relu": "relu", "tanh": "tanh", "linear": None}
+
+
+def supported_architectures(family: str | None = None) -> list[str]:
+    """Supported transformers class names (all families, or one): base models and task models."""
+    families = [family] if family else list(HEADS)
+    return [CLASS_PREFIX[f] + name for f in families
+            for name in ["Model"] + [f"For{task}" for task in HEADS[f]]]
+
+
+def _task_of(family: str, arch: str) -> str | None:
+    """'BertForMaskedLM' -> 'MaskedLM'; the base model -> None; anything else raises LoadError."""
+    prefix = CLASS_PREFIX[family]
+    if arch == prefix + "Model":
+        return None
+    task = arch[len(prefix) + 3:] if arch.startswith(prefix + "For") else None
+    if task not in HEADS[family]:
+        raise LoadError(
+            f"architecture {arch!r} is not supported for model_type {family!r} "
+            f"(supported: {', '.join(supported_architectures(family))})"
+        )
+    return task
+
+
+# ------------------------------------------------------------------------------------------------
+# Resolving the table against a checkpoint.
+
+
+def _num_labels(d: dict) -> int:
+    # config.json stores id2label (num_labels is derived from it); transformers' default is 2.
+    if isinstance(d.get("id2label"), dict) and d["id2label"]:
+        return len(d["id2label"])
+    return int(d.get("num_labels") or 2)
+
+
+def _expand(steps, d: dict, family: str, task: str):
+    """Replace config-dependent steps (ELECTRA's sequence summary) by plain ones."""
+    out = []
+    for step in steps:
+        if step is not ELECTRA_SUMMARY:
+            out.append(step)
+            continue
+        summary_type = d.get("summary_type", "first")
+        if summary_type != "first":
+            # "last"/"mean"/"cls_index" read padded positions, which the engine does not compute.
+            raise LoadError(f"{family} {task}: config field 'summary_type' = {summary_type!r} is not supported "
+                            "(supported: 'first')")
+        if d.get("summary_use_proj", True):
+            to_labels = d.get("summary_proj_to_labels", False) and _num_labels(d) > 0
+            out.append(lin("sequence_summary.summary", "L" if to_labels else "H"))
+        if d.get("summary_activation", "gelu"):
+            out.append(act("summary_activation"))
+    return out
+
+
+class _Resolver:
+    """Looks head tensors up by name and checks their shapes; one instance per load."""
+
+    def __init__(self, src, config: ModelConfig, d: dict, word_embeddings: torch.Tensor, task: str):
+        self.src, self.config, self.d, self.task = src, config, d, task
+        self.word = word_embeddings  # [V, E], already in the engine's dtype and device
+        self.dims = {"H": config.hidden_size, "E": config.embedding_size, "L": _num_labels(d),
+                     "V": config.vocab_size}
+        self.tied = bool(d.get("tie_word_embeddings", True))
+
+    def dim(self, sym):
+        return sym if isinstance(sym, int) else self.dims[sym]
+
+    def tensor(self, name: str, shape) -> torch.Tensor:
+        full = name if name in self.src else None
+        if full is None and "LayerNorm" in name:  # old checkpoints: LayerNorm.gamma / .beta
+            stem, _, suffix = name.rpartition(".")
+            legacy = stem + {"weight": ".gamma", "bias": ".beta"}.get(suffix, "." + suffix)
+            full = legacy if legacy in self.src else None
+        if full is None:
+            raise LoadError(f"head tensor {name!r} ({self.config.family} {self.task}) is missing from the checkpoint")
+        t = self.src.get(full)
+        if tuple(t.shape) != tuple(shape):
+            raise LoadError(f"head tensor {full!r} has shape {tuple(t.shape)}, expected {tuple(shape)} "
+                            f"from config.json")
+        if not t.is_floating_point():
+            raise LoadError(f"head tensor {full!r} has dtype {t.dtype}, expected a floating point dtype")
+        return t.detach().to(device=self.word.device, dtype=self.word.dtype).contiguous()
+
+    def activation(self, kind: str):
+        if kind == "hidden_act":
+            return self.config.activation  # already validated and mapped by ModelConfig
+        name = self.d.get("summary_activation") if kind == "summary_activation" else kind
+        if name not in _ACTIVATIONS:
+            raise LoadError(f"{self.config.family} {self.task}: activation {name!r} is not supported "
+                            f"(supported: {', '.join(_ACTIVATIONS)})")
+        return _ACTIVATIONS[name]
+
+    def step(self, step):
+        """A table step -> an executable step: ("linear", W, b) | ("act", id) | ("layernorm", w, b) | ("squeeze",)."""
+        kind = step[0]
+        if kind == "linear":
+            _, name, out, inp = step
+            out, inp = self.dim(out), self.dim(inp)
+            return ("linear", self.tensor(name + ".weight", (out, inp)), self.tensor(name + ".bias", (out,)))
+        if kind == "layernorm":
+            _, name, dim = step
+            dim = self.dim(dim)
+            return ("layernorm", self.tensor(name + ".weight", (dim,)), self.tensor(name + ".bias", (dim,)))
+        if kind == "decoder":
+            _, weight_name, biases, inp = step
+            V, inp = self.config.vocab_size, self.dim(inp)
+            if self.tied:
+                if tuple(self.word.shape) != (V, inp):
+                    raise LoadError(f"tied decoder {weight_name!r} needs word embeddings of shape {(V, inp)}, "
+                                    f"found {tuple(self.word.shape)}")
+                weight = self.word
+            else:
+                weight = self.tensor(weight_name, (V, inp))
+                biases = biases[::-1]
+            present = [b for b in biases if b in self.src]
+            if not present:
+                also = ", ".join(map(repr, biases[1:])) or "nothing else"
+                raise LoadError(f"head tensor {biases[0]!r} ({self.config.family} {self.task}) is missing from "
+                                f"the checkpoint (also looked for {also})")
+            return ("linear", weight, self.tensor(present[0], (V,)))
+        if kind == "act":
+            return ("act", self.activation(step[1]))
+        if kind == "squeeze":
+            return step
+        raise AssertionError(f"unknown head step {step!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Modules.
+
+
+class Head(nn.Module):
+    """One task head: output field -> (source, executable steps), run on the encoder's outputs."""
+
+    def __init__(self, branches: dict, eps: float):
+        super().__init__()
+        self.branches = branches
+        self.eps = eps
+
+    def extra_repr(self):
+        return ", ".join(f"{field}<-{source}({len(steps)} steps)" for field, (source, steps) in self.branches.items())
+
+    @property
+    def sources(self) -> set[str]:
+        return {source for source, _ in self.branches.values()}
+
+    def run(self, x: torch.Tensor, steps) -> torch.Tensor:
+        for step in steps:
+            kind = step[0]
+            if kind == "linear":
+                x = F.linear(x, step[1], step[2])
+            elif kind == "layernorm":
+                x = F.layer_norm(x, (x.shape[-1],), step[1], step[2], self.eps)
+            elif kind == "act":
+                x = torch.tanh(x) if step[1] == "tanh" else x if step[1] is None else activation(x, step[1])
+            else:  # squeeze
+                x = x.squeeze(-1)
+        return x
+
+    def forward(self, last_hidden_state, pooler_output, attention_mask) -> dict[str, torch.Tensor]:
+        """last_hidden_state: (B, S, H); pooler_output: (B, H) or None; attention_mask: (B, S) 0/1.
+
+        Returns field -> tensor: (B, ...) for sequence-level fields, (B, S, ...) for per-token ones
+        (0 at padded positions).
+        """
+        B, S = attention_mask.shape
+        out = {}
+        for field, (source, steps) in self.branches.items():
+            if source == POOLER:
+                out[field] = self.run(pooler_output, steps)
+            elif source == FIRST:
+                out[field] = self.run(last_hidden_state[:, 0], steps)
+            else:  # per token: run on the real tokens only, scatter back with zeros at padding
+                packed, indices, _, _ = unpad(last_hidden_state, attention_mask)
+                out[field] = pad(self.run(packed, steps), indices, B, S)
+        return out
+
+
+class TaskOutput(EncoderOutput):
+    """transformers' field names in transformers' order (without loss and attentions), then
+    `last_hidden_state`: attribute, integer and key access over the non-None fields."""
+
+    def __init__(self, fields: dict, hidden_states=None, last_hidden_state=None):
+        self._fields = tuple(fields) + ("hidden_states", "last_hidden_state")
+        for name, value in fields.items():
+            setattr(self, name, value)
+        self.hidden_states = hidden_states
+        self.last_hidden_state = last_hidden_state
+        self.pooler_output = None
+
+
+class TaskModel(nn.Module):
+    """A bertfast `Encoder` plus the task head of the same checkpoint (see `load`).
+
+    forward(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states) takes
+    (B, S) tensors, or (B, C, S) for multiple choice, and returns a `TaskOutput`:
+      sequence classification / NSP / SOP: logits (B, num_labels or 2); multiple choice: logits (B, C);
+      token classification: logits (B, S, num_labels); QA: start_logits, end_logits (B, S);
+      masked LM: logits (B, S, V); BERT pre-training: prediction_logits (B, S, V),
+      seq_relationship_logits (B, 2); ALBERT: prediction_logits, sop_logits (B, num_labels);
+      ELECTRA discriminator: logits (B, S).
+    Per-token outputs are 0 at padded positions. hidden_states / last_hidden_state are (B*C, S, H)
+    for multiple choice, as in transformers. Outputs have the engine's dtype.
+    """
+
+    def __init__(self, encoder: Encoder, head: Head, architecture: str, id2label: dict | None = None):
+        super().__init__()
+        self.encoder = encoder
+        self.head = head
+        self.config = encoder.config
+        self.architecture = architecture
+        self.task = architecture.split("For", 1)[1]
+        self.id2label = id2label
+
+    def extra_repr(self):
+        return f"architecture={self.architecture!r}"
+
+    @torch.inference_mode()
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                output_hidden_states: bool = False, return_dict: bool = True):
+        choices = None
+        if self.task == "MultipleChoice":
+            input_ids, attention_mask, token_type_ids, position_ids, choices = _flatten_choices(
+                input_ids, attention_mask, token_type_ids, position_ids)
+        if FIRST in self.head.sources:
+            _check_first_token(attention_mask, self.architecture)
+        enc = self.encoder(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states)
+        last = enc.last_hidden_state
+        mask = (torch.ones(last.shape[:2], dtype=torch.int64, device=last.device) if attention_mask is None
+                else attention_mask.to(last.device))
+        fields = self.head(last, enc.pooler_output, mask)
+        if self.task == "QuestionAnswering":
+            logits = fields.pop("logits")
+            fields = {"start_logits": logits[..., 0].contiguous(), "end_logits": logits[..., 1].contiguous()}
+        if choices is not None:
+            fields["logits"] = fields["logits"].view(-1, choices)
+        out = TaskOutput(fields, enc.hidden_states, last)
+        return out if return_dict else out.to_tuple()
+
+
+def _flatten_choices(input_ids, attention_mask, token_type_ids, position_ids):
+    """(B, C, S) inputs -> (B*C, S), and C. Raises ValueError for anything else."""
+    if not torch.is_tensor(input_ids) or input_ids.dim() != 3:
+        shape = tuple(input_ids.shape) if torch.is_tensor(input_ids) else type(input_ids).__name__
+        raise ValueError(f"multiple choice input_ids must have shape (batch, num_choices, seq_len), got {shape}")
+    flat = []
+    for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
+                    ("position_ids", position_ids)):
+        if t is not None:
+            if not torch.is_tensor(t) or t.shape != input_ids.shape:
+                shape = tuple(t.shape) if torch.is_tensor(t) else type(t).__name__
+                raise ValueError(f"{name} has shape {shape} but input_ids has {tuple(input_ids.shape)}")
+            t = t.reshape(-1, t.shape[-1])
+        flat.append(t)
+    return (input_ids.reshape(-1, input_ids.shape[-1]), *flat, input_ids.shape[1])
+
+
+def _check_first_token(attention_mask, architecture):
+    """Heads reading token 0 need it computed: reject left padding (the engine zeroes padding)."""
+    if not (torch.is_tensor(attention_mask) and attention_mask.dim() == 2 and attention_mask.shape[1] > 0):
+        return  # absent (all real) or malformed: the Encoder's own checks report the latter
+    masked = (attention_mask[:, 0] == 0) & (attention_mask.sum(1) > 0)
+    if bool(masked.any()):
+        rows = masked.nonzero().flatten().tolist()[:5]
+        raise ValueError(f"attention_mask masks position 0 of rows {rows} that hold real tokens (left padding): "
+                         f"the {architecture} head reads position 0, which this engine does not compute for "
+                         "padding. Pad on the right.")
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry point.
+
+
+def _read_config(path: str) -> dict:
+    file = os.path.join(path, "config.json")
+    try:
+        with open(file, encoding="utf-8") as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        raise LoadError(f"no config.json in {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LoadError(f"{file} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise LoadError(f"{file} must hold a JSON object, got {type(d).__name__}")
+    return d
+
+
+def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: str | None = None):
+    """Encoder + task head from a Hugging Face checkpoint directory or an in-memory transformers model.
+
+    The head follows `architectures[0]` of config.json (for a directory) or the model's class name (for
+    an in-memory model); `architecture` overrides both, e.g. "BertForMaskedLM". A base-model
+    architecture (e.g. "BertModel") or a config without `architectures` gives a plain `Encoder`;
+    a task architecture gives a `TaskModel`. dtype None keeps the checkpoint's dtype; the head runs in
+    the engine's dtype. Raises LoadError naming the architecture, tensor or file that cannot be served
+    (`supported_architectures()` lists the supported ones); ConfigError for an unsupported config.json field.
+    """
+    dtype = resolve_dtype(dtype)
+    model_dir = None
+    if isinstance(path_or_hf_model, (str, os.PathLike)):
+        model_dir = os.fspath(path_or_hf_model)
+        if not os.path.isdir(model_dir):
+            raise LoadError(f"model directory {model_dir} does not exist")
+        d = _read_config(model_dir)
+        archs = d.get("architectures") or []
+        arch = architecture or (archs[0] if archs else None)
+    elif hasattr(path_or_hf_model, "state_dict") and hasattr(getattr(path_or_hf_model, "config", None), "to_dict"):
+        d = path_or_hf_model.config.to_dict()
+        arch = architecture or type(path_or_hf_model).__name__
+    else:
+        raise LoadError("expected a model directory or an in-memory transformers model, got "
+                        f"{type(path_or_hf_model).__name__}")
+    config = ModelConfig.from_dict(d)
+    task = _task_of(config.family, arch) if arch else None  # unknown architecture fails before any read
+    if model_dir is not None:
+        src = open_checkpoint(model_dir)
+    else:
+        sd = {k: v.detach() for k, v in path_or_hf_model.state_dict().items()}
+        src = _TensorSource({k: "the in-memory model" for k in sd}, sd.__getitem__)
+    weights = assemble(src, config, dtype)
+    if task is None:
+        return Encoder(weights, backend, model_dir=model_dir)
+
+    branches = HEADS[config.family][task]
+    if task == "QuestionAnswering" and _num_labels(d) != 2:
+        raise LoadError(f"{arch}: num_labels is {_num_labels(d)} in config.json, question answering needs 2 "
+                        "(start and end logits)")
+    resolver = _Resolver(src, config, d, weights.embeddings.word, task)
+    resolved = {field: (source, [resolver.step(s) for s in _expand(steps, d, config.family, task)])
+                for field, (source, steps) in branches.items()}
+    needs_pooler = any(source == POOLER for source, _ in resolved.values())
+    if needs_pooler and weights.pooler_weight is None:
+        raise LoadError(f"{arch} reads the pooler, but tensor "
+                        f"{BASE_PREFIX[config.family] + POOLER_MODULES[config.family] + '.weight'!r} "
+                        "is missing from the checkpoint")
+    encoder = Encoder(weights, backend, add_pooling_layer=needs_pooler, model_dir=model_dir)
+    id2label = d.get("id2label") if isinstance(d.get("id2label"), dict) else None
+    return TaskModel(encoder, Head(resolved, config.layer_norm_eps), arch, id2label)
+
+
+__all__ = ["load", "supported_architectures", "TaskModel", "TaskOutput", "Head", "HEADS"]

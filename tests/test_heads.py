@@ -1,0 +1,259 @@
+"""Task heads: `load(dir or model)` against the transformers task model, for every family and head."""
+
+import json
+
+import pytest
+import torch
+
+import bertfast
+from bertfast.heads import TaskModel, load, supported_architectures
+from conftest import rel_err
+from test_families import COMMON, batch_for
+
+transformers = pytest.importorskip("transformers")
+
+CPU_BACKENDS = [n for n, r in bertfast.available_backends("cpu").items() if r is None and n != "triton"]
+PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
+          "albert": "Albert", "distilbert": "DistilBert"}
+TASKS = {
+    "bert": ["SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice", "MaskedLM",
+             "NextSentencePrediction", "PreTraining"],
+    "roberta": ["SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice", "MaskedLM"],
+    "electra": ["SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice", "MaskedLM",
+                "PreTraining"],
+    "albert": ["SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice", "MaskedLM",
+               "PreTraining"],
+    "distilbert": ["SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice",
+                   "MaskedLM"],
+}
+TASKS["xlm-roberta"] = TASKS["roberta"]
+
+
+def _config(family, **kw):
+    """Small configs whose hidden_act differs from the activations some heads fix (RoBERTa lm_head
+    and ELECTRA classifier: gelu; DistilBERT pre_classifier: relu), so a mix-up shows."""
+    kw.setdefault("num_labels", 3)
+    if family == "bert":
+        return transformers.BertConfig(**COMMON, **kw)
+    if family == "roberta":
+        return transformers.RobertaConfig(**{**COMMON, "type_vocab_size": 1, "hidden_act": "relu"}, pad_token_id=1,
+                                          **kw)
+    if family == "xlm-roberta":
+        return transformers.XLMRobertaConfig(**{**COMMON, "type_vocab_size": 1, "hidden_act": "gelu_new"},
+                                             pad_token_id=1, **kw)
+    if family == "electra":
+        return transformers.ElectraConfig(**{**COMMON, "hidden_act": "relu"}, embedding_size=32, **kw)
+    if family == "albert":
+        return transformers.AlbertConfig(**{**COMMON, "num_hidden_layers": 3}, embedding_size=16,
+                                         num_hidden_groups=2, **kw)
+    return transformers.DistilBertConfig(vocab_size=97, dim=64, n_layers=2, n_heads=4, hidden_dim=96,
+                                         max_position_embeddings=40, activation="gelu_new", **kw)
+
+
+def build(family, task, seed=0, **kw):
+    if task == "QuestionAnswering":
+        kw.setdefault("num_labels", 2)
+    torch.manual_seed(seed)
+    model = getattr(transformers, PREFIX[family] + "For" + task)(_config(family, **kw)).eval()
+    with torch.no_grad():  # random init leaves LayerNorms at identity and biases at zero
+        for name, p in model.named_parameters():
+            if "norm" in name.lower() or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def inputs_for(model, task):
+    """Ragged batch (lengths 40, 1, 9, 23, 5, 17); multiple choice: 3 questions x 2 choices."""
+    kwargs, mask = batch_for(model, [40, 1, 9, 23, 5, 17], seed=4)
+    if task == "MultipleChoice":
+        kwargs = {k: v.view(3, 2, -1) for k, v in kwargs.items()}
+    return kwargs, mask
+
+
+def check_against(ours, ref, mask):
+    """Every transformers field at <= 1e-5 relative, real positions only; per-token fields are 0 at
+    padded positions; tuple order starts like transformers' (no loss, no attentions)."""
+    keys = list(ref.keys())
+    assert list(ours.keys())[:len(keys)] == keys
+    for i, key in enumerate(keys):
+        a, b = ours[key], ref[key]
+        assert ours[i] is a
+        if isinstance(b, tuple):  # hidden_states
+            assert len(a) == len(b)
+            for x, y in zip(a, b):
+                assert rel_err(x, y, mask) <= 1e-5, key
+        elif b.dim() >= 2 and b.shape[:2] == mask.shape:  # per token
+            assert a.shape == b.shape, key
+            assert rel_err(a, b, mask) <= 1e-5, key
+            assert not a[~mask.bool()].any(), f"{key} is not 0 at padded positions"
+        else:
+            assert a.shape == b.shape, key
+            assert rel_err(a, b) <= 1e-5, key
+    assert rel_err(ours.last_hidden_state, ref.hidden_states[-1], mask) <= 1e-5
+
+
+CASES = [(f, t, True) for f in TASKS for t in TASKS[f]] + [
+    # Untied decoders: the checkpoint's own decoder weight and bias, not the embeddings'.
+    (f, t, False) for f, t in [("bert", "PreTraining"), ("roberta", "MaskedLM"), ("electra", "MaskedLM"),
+                               ("albert", "MaskedLM"), ("distilbert", "MaskedLM")]]
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("family, task, tied", CASES,
+                         ids=[f"{PREFIX[f]}For{t}" + ("" if tied else "-untied") for f, t, tied in CASES])
+def test_head_matches_transformers(tmp_path, family, task, tied, backend):
+    model = build(family, task, tie_word_embeddings=tied)
+    model.save_pretrained(tmp_path)
+    kwargs, mask = inputs_for(model, task)
+    with torch.no_grad():
+        ref = model(**kwargs, output_hidden_states=True)
+    for source in (tmp_path, model):  # from the saved directory and from the in-memory model
+        ours = load(source, backend=backend)
+        assert isinstance(ours, TaskModel) and ours.architecture == type(model).__name__
+        check_against(ours(**kwargs, output_hidden_states=True), ref, mask)
+
+
+def test_outputs_without_hidden_states_and_as_tuple():
+    model = build("bert", "QuestionAnswering")
+    kwargs, mask = inputs_for(model, "QuestionAnswering")
+    with torch.no_grad():
+        ref = model(**kwargs)
+    ours = load(model, backend="torch")
+    out = ours(**kwargs)
+    assert out.keys() == ["start_logits", "end_logits", "last_hidden_state"] and out.hidden_states is None
+    start, end, _ = ours(**kwargs, return_dict=False)
+    assert rel_err(start, ref.start_logits, mask) <= 1e-5 and rel_err(end, ref.end_logits, mask) <= 1e-5
+
+
+def test_every_transformers_head_of_the_families_is_listed():
+    ours, names = set(supported_architectures()), dir(transformers)
+    for family, prefix in PREFIX.items():
+        theirs = {n for n in names if n.startswith(prefix + "For") and not n.endswith("CausalLM")}
+        assert theirs | {prefix + "Model"} == {a for a in ours if a.startswith(prefix) and
+                                               (a.startswith(prefix + "For") or a == prefix + "Model")}, family
+
+
+def test_per_token_heads_accept_left_padding():
+    model = build("bert", "TokenClassification")
+    ids = torch.randint(1, 97, (2, 7))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).logits
+    out = load(model, backend="torch")(ids, mask).logits
+    assert rel_err(out, ref, mask) <= 1e-5
+
+
+def test_first_token_heads_reject_left_padding():
+    ours = load(build("roberta", "SequenceClassification"), backend="torch")
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    with pytest.raises(ValueError, match=r"left padding.*RobertaForSequenceClassification"):
+        ours(torch.full((2, 3), 5), mask)
+
+
+def test_multiple_choice_needs_three_dim_inputs():
+    ours = load(build("bert", "MultipleChoice"), backend="torch")
+    with pytest.raises(ValueError, match="num_choices"):
+        ours(torch.ones(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        ours(torch.ones(2, 3, 5, dtype=torch.long), torch.ones(6, 5, dtype=torch.long))
+
+
+def test_base_architectures_give_an_encoder(tmp_path):
+    transformers.BertModel(transformers.BertConfig(**COMMON)).save_pretrained(tmp_path)
+    assert isinstance(load(tmp_path, backend="torch"), bertfast.Encoder)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["architectures"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert isinstance(load(tmp_path, backend="torch"), bertfast.Encoder)
+
+
+def test_architecture_override(tmp_path):
+    build("bert", "PreTraining").save_pretrained(tmp_path)
+    ref_model = transformers.BertForMaskedLM.from_pretrained(tmp_path).eval()
+    kwargs, mask = inputs_for(ref_model, "MaskedLM")
+    with torch.no_grad():
+        ref = ref_model(**kwargs).logits
+    ours = load(tmp_path, backend="torch", architecture="BertForMaskedLM")
+    assert rel_err(ours(**kwargs).logits, ref, mask) <= 1e-5
+
+
+# --- error paths --------------------------------------------------------------------------------
+
+
+def _saved(tmp_path, family, task, drop=(), **config_changes):
+    """Save a task model, then remove tensors from its weights and change fields of its config."""
+    from safetensors.torch import load_file, save_file
+
+    build(family, task).save_pretrained(tmp_path)
+    if drop:
+        tensors = load_file(tmp_path / "model.safetensors")
+        assert all(name in tensors for name in drop)
+        save_file({k: v for k, v in tensors.items() if k not in drop}, tmp_path / "model.safetensors",
+                  metadata={"format": "pt"})
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.update(config_changes)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+@pytest.mark.parametrize("arch, family", [("BertForFancyTask", "bert"), ("RobertaForNextSentencePrediction", "roberta"),
+                                          ("RobertaForMaskedLM", "bert"), ("DistilBertForPreTraining", "distilbert")])
+def test_unsupported_architecture_is_named_with_the_supported_ones(tmp_path, arch, family):
+    path = _saved(tmp_path, family, "SequenceClassification", architectures=[arch])
+    prefix = PREFIX[family]
+    with pytest.raises(bertfast.LoadError, match=rf"{arch}.*{family}.*{prefix}ForSequenceClassification"):
+        load(path, backend="torch")
+
+
+def test_unsupported_in_memory_class_is_named():
+    model = transformers.BertLMHeadModel(transformers.BertConfig(**COMMON))
+    with pytest.raises(bertfast.LoadError, match="BertLMHeadModel.*BertForMaskedLM"):
+        load(model, backend="torch")
+
+
+@pytest.mark.parametrize("family, task, drop, match", [
+    ("bert", "SequenceClassification", ["classifier.weight"], "'classifier.weight'.*missing"),
+    ("roberta", "SequenceClassification", ["classifier.out_proj.bias"], "'classifier.out_proj.bias'.*missing"),
+    ("bert", "MultipleChoice", ["bert.pooler.dense.weight", "bert.pooler.dense.bias"], "'bert.pooler.dense.weight'"),
+    ("albert", "MaskedLM", ["predictions.bias"], "'predictions.bias'.*missing"),
+    ("electra", "PreTraining", ["discriminator_predictions.dense_prediction.weight"], "dense_prediction.weight"),
+], ids=["classifier", "roberta-out-proj", "pooler", "mlm-bias", "electra-discriminator"])
+def test_missing_head_tensor_is_named(tmp_path, family, task, drop, match):
+    with pytest.raises(bertfast.LoadError, match=match):
+        load(_saved(tmp_path, family, task, drop=drop), backend="torch")
+
+
+def test_untied_decoder_weight_is_required(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    build("distilbert", "MaskedLM", tie_word_embeddings=False).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["vocab_projector.weight"]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(bertfast.LoadError, match="'vocab_projector.weight'.*missing"):
+        load(tmp_path, backend="torch")
+
+
+def test_head_tensor_of_wrong_shape_is_named(tmp_path):
+    path = _saved(tmp_path, "bert", "TokenClassification", id2label={str(i): f"L{i}" for i in range(5)})
+    with pytest.raises(bertfast.LoadError, match=r"'classifier.weight' has shape \(3, 64\), expected \(5, 64\)"):
+        load(path, backend="torch")
+
+
+def test_question_answering_needs_two_labels(tmp_path):
+    path = _saved(tmp_path, "bert", "SequenceClassification", architectures=["BertForQuestionAnswering"])
+    with pytest.raises(bertfast.LoadError, match="num_labels is 3.*needs 2"):
+        load(path, backend="torch")
+
+
+def test_electra_summary_reading_padding_is_rejected(tmp_path):
+    path = _saved(tmp_path, "electra", "MultipleChoice", summary_type="last")
+    with pytest.raises(bertfast.LoadError, match="summary_type.*'last'"):
+        load(path, backend="torch")
+
+
+def test_not_a_model(tmp_path):
+    with pytest.raises(bertfast.LoadError, match="does not exist"):
+        load(tmp_path / "nowhere")
+    with pytest.raises(bertfast.LoadError, match="expected a model directory"):
+        load(42)
