@@ -1,0 +1,205 @@
+"""`bertfast bench` end to end on the tiny config, its validation gate, and the shared input builders.
+
+Timings are never asserted (the machine is shared); what is checked is the code path: every
+requested row is present with a status, valid rows are timed and consistent, a wrong provider is
+refused before timing, and an uninstallable one is reported as skipped with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+import zlib
+
+import pytest
+import torch
+
+from bertfast import bench, workloads
+from bertfast.cli import main
+
+pytest.importorskip("transformers", reason="bench compares with transformers' BertModel")
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    # The CLI runs with --threads 1 (OpenMP barriers stall under a loaded machine and make tiny
+    # models crawl); it sets torch's global thread count, which other tests must get back.
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def _run_cli(args) -> int:
+    return main(["bench", "--config", "tiny", "--threads", "1", "--repeats", "3", "--budget", "5", *args])
+
+
+def _rows(path):
+    with open(path) as f:
+        report = json.load(f)
+    return report, {(r["workload"], r["dtype"], r["provider"]): r for r in report["rows"]}
+
+
+def _png_size(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    length, kind = struct.unpack(">I4s", data[8:16])
+    assert kind == b"IHDR"
+    assert zlib.crc32(data[12:16 + length]) & 0xFFFFFFFF == struct.unpack(">I", data[16 + length:20 + length])[0]
+    return struct.unpack(">II", data[16:24])
+
+
+def test_bench_end_to_end_tiny(tmp_path, capsys):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    try:
+        import onnxruntime  # noqa: F401
+        has_ort = True
+    except ImportError:
+        has_ort = False
+    rc = _run_cli(["--workloads", "b2xs16,b3xs24-uniform", "--dtypes", "fp32,bf16",
+                   "--providers", "bertfast-torch,hf-sdpa,hf-eager,onnxruntime",
+                   "--json", str(out_json), "--plot", str(out_png)])
+    assert rc == 0
+    report, rows = _rows(out_json)
+    assert len(report["rows"]) == 2 * 2 * 4
+    assert report["machine"]["torch_threads"] == 1
+    assert report["versions"]["torch"] == torch.__version__
+    for wl, real in (("b2xs16", 32), ("b3xs24-uniform", sum(workloads.sample_lengths(3, 24, "uniform")))):
+        for dtype in ("fp32", "bf16"):
+            for prov in ("bertfast-torch", "hf-sdpa", "hf-eager"):
+                r = rows[(wl, dtype, prov)]
+                assert r["status"] == "ok", r["reason"]
+                assert r["real_tokens"] == real
+                assert len(r["times_ms"]) == r["repeats"] >= 3
+                assert r["ms_min"] <= r["ms_median"] <= r["ms_p90"]
+                assert r["tokens_per_s"] == pytest.approx(real / (r["ms_median"] / 1e3))
+                assert r["max_abs_err"] <= r["tolerance"]
+                assert r["warmup_s"] > 0
+            assert rows[(wl, dtype, "hf-sdpa")]["speedup_vs_hf_sdpa"] == pytest.approx(1.0)
+            ratio = rows[(wl, dtype, "hf-sdpa")]["ms_median"] / rows[(wl, dtype, "bertfast-torch")]["ms_median"]
+            assert rows[(wl, dtype, "bertfast-torch")]["speedup_vs_hf_sdpa"] == pytest.approx(ratio)
+        # Only the fp32 tolerance is tight; bf16 adds twice HF's own bf16 error.
+        assert rows[(wl, "fp32", "bertfast-torch")]["max_abs_err"] < 1e-4
+        ort_fp32, ort_bf16 = rows[(wl, "fp32", "onnxruntime")], rows[(wl, "bf16", "onnxruntime")]
+        assert ort_bf16["status"] == "skipped" and "fp32 only" in ort_bf16["reason"]
+        if has_ort:
+            assert ort_fp32["status"] == "ok", ort_fp32["reason"]
+            assert ort_fp32["max_abs_err"] < 1e-4
+        else:
+            assert ort_fp32["status"] == "skipped" and "not installed" in ort_fp32["reason"]
+    width, height = _png_size(out_png)
+    assert width > 200 and height > 200
+    table = capsys.readouterr().out
+    assert "tokens/s" in table and "vs sdpa" in table
+    assert sum(line.startswith("b3xs24-uniform") for line in table.splitlines()) == 8
+
+
+def _wrong_mask_provider(source, dtype):
+    """bertfast's torch backend called without the attention mask: right for full rows only."""
+    from bertfast import Encoder
+
+    enc = Encoder.from_hf(source.reference, backend="torch", dtype=dtype)
+    return bench.Provider("wrong-mask", dtype, lambda b: enc(b.input_ids, None, b.token_type_ids).last_hidden_state)
+
+
+def test_validation_refuses_a_wrong_provider_before_timing(tmp_path, monkeypatch):
+    monkeypatch.setitem(bench.FACTORIES, "wrong-mask", _wrong_mask_provider)
+    out_json = tmp_path / "bench.json"
+    rc = _run_cli(["--workloads", "b2xs16,b4xs16-uniform", "--dtypes", "fp32",
+                   "--providers", "bertfast-torch,hf-sdpa,wrong-mask", "--json", str(out_json)])
+    assert rc == 1  # an error row makes the run fail
+    _, rows = _rows(out_json)
+    # Full rows: ignoring the mask changes nothing, and the gate lets it through.
+    assert rows[("b2xs16", "fp32", "wrong-mask")]["status"] == "ok"
+    bad = rows[("b4xs16-uniform", "fp32", "wrong-mask")]
+    assert bad["status"] == "error"
+    assert "wrong output" in bad["reason"]
+    assert bad["max_abs_err"] > bad["tolerance"]
+    assert bad["times_ms"] == [] and bad["ms_median"] is None and bad["speedup_vs_hf_sdpa"] is None
+    assert rows[("b4xs16-uniform", "fp32", "bertfast-torch")]["status"] == "ok"
+
+
+def test_failed_or_missing_providers_are_skipped_with_reason(monkeypatch, tmp_path):
+    def broken(source, dtype):
+        raise RuntimeError("no such device")
+
+    monkeypatch.setitem(bench.FACTORIES, "broken", broken)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
+    source = bench.load_source(config_name="tiny")
+    rows = bench.run_bench(source, [workloads.Workload.parse("b1xs8")], ["fp32"],
+                           ["bertfast-torch", "broken", "onnxruntime", "hf-sdpa"], repeats=1, min_repeats=1,
+                           progress=None)
+    by = {r.provider: r for r in rows}
+    assert [r.provider for r in rows] == ["bertfast-torch", "broken", "onnxruntime", "hf-sdpa"]
+    assert by["broken"].status == "skipped" and "RuntimeError: no such device" in by["broken"].reason
+    assert by["onnxruntime"].status == "skipped" and "not installed" in by["onnxruntime"].reason
+    assert by["bertfast-torch"].status == by["hf-sdpa"].status == "ok"
+    table = bench.format_table(rows)
+    assert "SKIPPED: set-up failed: RuntimeError: no such device" in table
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(["--providers", "nope"], "unknown provider 'nope'", id="unknown-provider"),
+    pytest.param(["--workloads", "b8s128"], "is not of the form", id="bad-workload"),
+    pytest.param(["--dtypes", "fp8"], "unknown dtype 'fp8'", id="bad-dtype"),
+    pytest.param(["--repeats", "0"], "--repeats must be >= 1", id="zero-repeats"),
+])
+def test_bad_arguments_exit_2_with_message(args, message, capsys):
+    assert _run_cli(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_peak_memory_sees_a_large_temporary():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pytest.skip("/proc/self/clear_refs is not writable here: peak RSS cannot be reset")
+    with bench.PeakMemory("cpu") as mem:
+        t = torch.ones(64 * 2**20 // 4)  # 64 MB, touched
+        del t
+    assert 56 <= mem.mb <= 200
+
+
+# --- shared input builders ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("dist", workloads.LENGTH_DISTRIBUTIONS)
+def test_make_batch_lengths_and_mask(dist):
+    b = workloads.make_batch(16, 48, dist, vocab_size=30522, seed=3)
+    assert b.shape == (16, 48)
+    assert b.attention_mask.sum(1).tolist() == b.lengths
+    lo = {"full": 48, "uniform": 12, "short": 4}[dist]
+    assert all(lo <= n <= 48 for n in b.lengths)
+    real = b.attention_mask.bool()
+    assert bool((b.input_ids[~real] == 0).all()) and bool((b.token_type_ids[~real] == 0).all())
+    assert bool((b.input_ids[:, 0] == 101).all())
+    assert int(b.input_ids[real].min()) >= 101 and int(b.input_ids.max()) < 30522
+    again = workloads.make_batch(16, 48, dist, vocab_size=30522, seed=3)
+    assert torch.equal(again.input_ids, b.input_ids)
+
+
+def test_short_distribution_is_short():
+    lengths = workloads.sample_lengths(2000, 512, "short")
+    median = sorted(lengths)[1000]
+    assert 16 <= median <= 24 and max(lengths) < 512 / 2
+
+
+def test_random_weights_match_random_hf_model():
+    model = workloads.random_hf_model("tiny", seed=5)
+    w = workloads.random_weights("tiny", seed=5)
+    sd = model.state_dict()
+    assert torch.equal(w.layers[1].qkv_weight[:64], sd["encoder.layer.1.attention.self.query.weight"])
+    assert torch.equal(w.layers[0].ffn_ln_bias, sd["encoder.layer.0.output.LayerNorm.bias"])
+    assert not torch.equal(w.layers[0].ffn_ln_bias, torch.zeros_like(w.layers[0].ffn_ln_bias))
+
+
+@pytest.mark.parametrize("text", ["b8s128", "b0xs16", "b8xs128-long", "8x128"])
+def test_workload_parse_rejects(text):
+    with pytest.raises(ValueError, match="b<batch>xs<seqlen>"):
+        workloads.Workload.parse(text)
+
+
+def test_workload_parse_roundtrip():
+    for name in workloads.DEFAULT_WORKLOADS + workloads.QUICK_WORKLOADS:
+        assert workloads.Workload.parse(name).name == name
