@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Kernel tests run Triton on CPU through its interpreter; set it before anything imports triton so
+# test order never matters (tests that need it unset use monkeypatch).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 import torch
 

@@ -1,0 +1,82 @@
+"""The "triton" backend: every op is a Triton kernel from `bertfast.ops`.
+
+On CUDA this is the fast path. On CPU it runs under the Triton interpreter, which must be switched
+on with TRITON_INTERPRET=1 before `bertfast.ops` is imported; that mode is for validation (slow,
+and fp32/fp16 only: the interpreter cannot compute in bf16).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .base import Backend
+
+
+def _triton_import_error() -> str | None:
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        return f"triton cannot be imported ({e})"
+    return None
+
+
+class TritonBackend(Backend):
+    name = "triton"
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)  # tl.dot has no fp64 path worth having
+
+    @classmethod
+    def unavailable_reason(cls, device):
+        reason = _triton_import_error()
+        if reason is not None:
+            return reason
+        if device == "cuda":
+            return None
+        if device == "cpu":
+            if os.environ.get("TRITON_INTERPRET", "0") != "1":
+                return ("on CPU the triton backend runs only under the Triton interpreter: "
+                        "set TRITON_INTERPRET=1 before importing bertfast")
+            import sys
+
+            ops = sys.modules.get("bertfast.ops")
+            if ops is not None and not ops.INTERPRET:
+                return ("bertfast.ops was imported before TRITON_INTERPRET=1 was set, so its kernels "
+                        "were built for GPU; set the variable before the first import")
+            return None
+        return f"device type {device!r} is not supported (cuda, or cpu under TRITON_INTERPRET=1)"
+
+    def __init__(self):
+        from .. import ops
+
+        self._ops = ops
+
+    def prepare(self, weights):
+        self.check_dtype(weights.dtype)
+        if weights.device.type == "cpu" and weights.dtype not in self._ops.INTERPRETER_DTYPES:
+            raise ValueError(f"backend 'triton' on CPU (Triton interpreter) supports float32 and float16, "
+                             f"not {weights.dtype}; load with dtype='fp16' or 'fp32', or run on CUDA")
+        return weights
+
+    # The engine hands over cu_seqlens from `padding.unpad` and ids that `encoder.check_inputs`
+    # validated, so the launchers skip their device-to-host value checks (validate/check_ids=False).
+    def embed(self, input_ids, position_ids, token_type_ids, emb, eps):
+        return self._ops.embedding.embed(input_ids, position_ids, token_type_ids, emb, eps, check_ids=False)
+
+    def qkv(self, x, weight, bias, num_heads):
+        return self._ops.qkv.qkv(x, weight, bias, num_heads)
+
+    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale):
+        return self._ops.attention.attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, validate=False)
+
+    def linear_residual(self, x, weight, bias, residual):
+        return self._ops.linear.linear_residual(x, weight, bias, residual)
+
+    def layernorm(self, x, weight, bias, eps):
+        return self._ops.layernorm.layernorm(x, weight, bias, eps)
+
+    def linear_gelu(self, x, weight, bias, act):
+        return self._ops.linear.linear_gelu(x, weight, bias, act)
+
+    def pooler(self, cls_hidden, weight, bias):
+        return self._ops.linear.linear(cls_hidden, weight, bias, activation="tanh")

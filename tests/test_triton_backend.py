@@ -1,0 +1,146 @@
+"""The triton backend end to end: Encoder(backend="triton") under the Triton interpreter vs the
+reference model, on tiny random BERTs with ragged batches.
+
+TRITON_INTERPRET=1 is set before bertfast is imported (Triton fixes the mode when the kernels are
+defined). If something imported `bertfast.ops` earlier without it, the tests are skipped, naming
+that condition.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from bertfast import Encoder, ModelConfig, reference  # noqa: E402
+from bertfast.loading import EmbeddingWeights, LayerWeights, ModelWeights  # noqa: E402
+
+_ops = pytest.importorskip("bertfast.ops")
+pytestmark = pytest.mark.skipif(not _ops.INTERPRET, reason="bertfast.ops was imported before TRITON_INTERPRET=1 "
+                                "was set in this process, so its kernels were built for GPU")
+
+
+def random_weights(hidden, heads, layers=1, inter=None, vocab=41, maxpos=12, act="gelu", seed=0) -> ModelWeights:
+    """Random fp64 BERT weights (biases and LayerNorm perturbed so every term is exercised)."""
+    inter = inter or 2 * hidden
+    cfg = ModelConfig.from_dict(dict(model_type="bert", hidden_size=hidden, num_attention_heads=heads,
+                                     num_hidden_layers=layers, intermediate_size=inter, hidden_act=act,
+                                     vocab_size=vocab, max_position_embeddings=maxpos, type_vocab_size=2,
+                                     layer_norm_eps=1e-12))
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, scale=1.0, offset=0.0):
+        return torch.randn(*shape, generator=g, dtype=torch.float64) * scale + offset
+
+    H, I = hidden, inter
+    emb = EmbeddingWeights(r(vocab, H), r(maxpos, H, scale=0.3), r(2, H, scale=0.3), r(H, scale=0.1, offset=1),
+                           r(H, scale=0.1))
+    layer_list = [LayerWeights(r(3 * H, H, scale=H ** -0.5), r(3 * H, scale=0.1), r(H, H, scale=H ** -0.5),
+                               r(H, scale=0.1), r(H, scale=0.1, offset=1), r(H, scale=0.1),
+                               r(I, H, scale=H ** -0.5), r(I, scale=0.1), r(H, I, scale=I ** -0.5), r(H, scale=0.1),
+                               r(H, scale=0.1, offset=1), r(H, scale=0.1))
+                  for _ in range(layers)]
+    return ModelWeights(cfg, emb, layer_list, r(H, H, scale=H ** -0.5), r(H, scale=0.1))
+
+
+def ragged(lengths, S, vocab=41, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]).long()
+    ids = torch.randint(1, vocab, (len(lengths), S), generator=g) * mask
+    types = torch.randint(0, 2, (len(lengths), S), generator=g) * mask
+    return ids, mask, types
+
+
+def errors(out, weights64, ids, mask, types):
+    """(max abs error of last_hidden_state on real tokens, of pooler_output) vs the fp64 reference."""
+    last, pooled, _ = reference.forward(weights64, ids, mask, types)
+    real = mask.bool()
+    e_last = (out.last_hidden_state.double()[real] - last[real]).abs().max().item()
+    e_pool = (out.pooler_output.double() - pooled).abs().max().item()
+    return e_last, e_pool
+
+
+# (hidden, heads): head dims 26 (odd) and 32; lengths: ragged with a length-1 row and one at the
+# position limit (maxpos = 12).
+CONFIGS = [pytest.param(52, 2, "gelu", id="H52-h2-d26-gelu"), pytest.param(64, 2, "gelu_new", id="H64-h2-d32-tanh")]
+LENGTHS = [12, 1, 7, 3]
+
+
+@pytest.mark.parametrize("hidden,heads,act", CONFIGS)
+def test_fp32_matches_reference(hidden, heads, act):
+    w64 = random_weights(hidden, heads, layers=2, act=act)
+    enc = Encoder(w64.to(torch.float32), backend="triton")
+    assert enc.backend == "triton"
+    ids, mask, types = ragged(LENGTHS, 12)
+    out = enc(ids, mask, types, output_hidden_states=True)
+    e_last, e_pool = errors(out, w64, ids, mask, types)
+    # Padded positions are defined as 0 by the engine; they are checked as such, not compared.
+    assert torch.equal(out.last_hidden_state[~mask.bool()], torch.zeros_like(out.last_hidden_state[~mask.bool()]))
+    assert e_last < 1e-5 and e_pool < 1e-5, (e_last, e_pool)
+    assert len(out.hidden_states) == 3
+
+
+def test_fp16_no_worse_than_twice_reference_fp16():
+    w64 = random_weights(64, 2, layers=2)
+    ids, mask, types = ragged(LENGTHS, 12, seed=1)
+    ours = Encoder(w64.to(torch.float16), backend="triton")(ids, mask, types)
+    ref16_last, ref16_pool, _ = reference.forward(w64.to(torch.float16), ids, mask, types)
+
+    class _Ref:  # the reference's own fp16 output, scored the same way
+        last_hidden_state, pooler_output = ref16_last, ref16_pool
+
+    e_ours, e_ref = errors(ours, w64, ids, mask, types), errors(_Ref, w64, ids, mask, types)
+    for name, eo, er in zip(("last_hidden_state", "pooler_output"), e_ours, e_ref):
+        assert eo <= 2 * er + 1e-3, f"{name}: ours {eo:.3g} vs reference fp16 {er:.3g}"
+
+
+def test_sequence_alone_equals_sequence_in_batch():
+    w = random_weights(52, 2, seed=3).to(torch.float32)
+    enc = Encoder(w, backend="triton")
+    ids, mask, types = ragged([9, 4, 1], 9, seed=2)
+    batch = enc(ids, mask, types).last_hidden_state
+    alone = enc(ids[1:2, :4], mask[1:2, :4], types[1:2, :4]).last_hidden_state
+    assert torch.equal(alone[0], batch[1, :4])
+
+
+def test_backend_reports_interpreter_requirement(monkeypatch):
+    from bertfast.backends.triton import TritonBackend
+
+    assert TritonBackend.unavailable_reason("cpu") is None
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert "TRITON_INTERPRET=1" in TritonBackend.unavailable_reason("cpu")
+
+
+def test_bf16_on_cpu_is_rejected_with_a_reason():
+    w = random_weights(32, 2).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="Triton interpreter.*float16"):
+        Encoder(w, backend="triton")
+
+
+def test_kernels_built_for_gpu_reject_cpu_tensors_with_a_reason():
+    # Imported without the interpreter, the kernels are GPU builds: CPU tensors raise ValueError
+    # (not a Triton crash) and the backend reports why it is unavailable.
+    import subprocess
+    import sys
+
+    code = "\n".join([
+        "import os, torch",
+        "from bertfast.ops.linear import linear",
+        "from bertfast.backends.triton import TritonBackend",
+        "try:",
+        "    linear(torch.ones(2, 3), torch.ones(4, 3))",
+        "except ValueError as e:",
+        "    print('ValueError:', e)",
+        "os.environ['TRITON_INTERPRET'] = '1'",
+        "print('reason:', TritonBackend.unavailable_reason('cpu'))",
+    ])
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ValueError: linear: CPU tensors need the Triton interpreter" in proc.stdout
+    assert "reason: bertfast.ops was imported before TRITON_INTERPRET=1" in proc.stdout
