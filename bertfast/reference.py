@@ -96,13 +96,12 @@ def attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tenso
     idx = mask.flatten().nonzero().squeeze(1)
 
     def to_padded(t):
-        buf = t.new_zeros(B * max_seqlen, heads, d)
-        buf[idx] = t
+        buf = t.new_zeros(B * max_seqlen, heads, d).index_copy_(0, idx, t)
         return buf.view(B, max_seqlen, heads, d).transpose(1, 2)
 
     out = attention_padded(to_padded(q), to_padded(k), to_padded(v), mask, scale)
     out = out.transpose(1, 2).reshape(B * max_seqlen, heads * d)
-    return out[idx]
+    return out.index_select(0, idx)
 
 
 def attention_loop(q, k, v, cu_seqlens, scale: float) -> torch.Tensor:
