@@ -149,14 +149,21 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "ModelConfig":
-        path = os.fspath(path)
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                d = json.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"no config.json at {path}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path} is not valid JSON: {e}") from None
-        return cls.from_dict(d)
+        return cls.from_dict(read_config_json(path))
+
+
+def read_config_json(path: str | os.PathLike) -> dict:
+    """The JSON object in `path` (a config.json, or a directory holding one); ConfigError otherwise."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"no config.json at {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path} must hold a JSON object, got {type(d).__name__}")
+    return d

@@ -16,14 +16,13 @@ read through its `config.to_dict()` and `state_dict()` only.
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
+from .config import ModelConfig, read_config_json
 from .encoder import Encoder, EncoderOutput
 from .loading import BASE_PREFIX, LoadError, _TensorSource, assemble, open_checkpoint, resolve_dtype
 from .loading import POOLER as POOLER_MODULES
@@ -403,20 +402,6 @@ def _check_first_token(attention_mask, architecture):
 # Entry point.
 
 
-def _read_config(path: str) -> dict:
-    file = os.path.join(path, "config.json")
-    try:
-        with open(file, encoding="utf-8") as f:
-            d = json.load(f)
-    except FileNotFoundError:
-        raise LoadError(f"no config.json in {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LoadError(f"{file} is not valid JSON: {e}") from None
-    if not isinstance(d, dict):
-        raise LoadError(f"{file} must hold a JSON object, got {type(d).__name__}")
-    return d
-
-
 def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: str | None = None):
     """Encoder + task head from a Hugging Face checkpoint directory or an in-memory transformers model.
 
@@ -433,7 +418,7 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
         model_dir = os.fspath(path_or_hf_model)
         if not os.path.isdir(model_dir):
             raise LoadError(f"model directory {model_dir} does not exist")
-        d = _read_config(model_dir)
+        d = read_config_json(model_dir)
         archs = d.get("architectures") or []
         arch = architecture or (archs[0] if archs else None)
     elif hasattr(path_or_hf_model, "state_dict") and hasattr(getattr(path_or_hf_model, "config", None), "to_dict"):
