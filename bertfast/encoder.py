@@ -52,6 +52,15 @@ class EncoderOutput:
         return f"{type(self).__name__}({parts})"
 
 
+def split_quantization(dtype):
+    """dtype argument -> (float dtype to load the weights in, quantization scheme or None).
+
+    "int8" / torch.int8 means: weights loaded in fp32, then quantized by the backend at load."""
+    if dtype in ("int8", torch.int8):
+        return torch.float32, "int8"
+    return dtype, None
+
+
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
@@ -124,27 +133,31 @@ class Encoder(nn.Module):
     """A BERT-family encoder run by a bertfast backend; build it with `from_pretrained` or `from_hf`."""
 
     def __init__(self, weights: ModelWeights, backend: str = "auto", add_pooling_layer: bool = True,
-                 model_dir: str | None = None):
+                 model_dir: str | None = None, quantize: str | None = None):
         super().__init__()
         if not add_pooling_layer:
             weights.pooler_weight = weights.pooler_bias = None
         self.config = weights.config
-        self.engine = Engine(weights, get_backend(backend, weights.device))
+        self.quantize = quantize
+        self.engine = Engine(weights, get_backend(backend, weights.device, quantize))
         self.model_dir = model_dir
         self._tokenizer = None
 
     # --- construction ---
     @classmethod
     def from_pretrained(cls, path, *, backend: str = "auto", dtype=None, add_pooling_layer: bool = True):
-        """Load a Hugging Face model directory. dtype None keeps the checkpoint's dtype."""
+        """Load a Hugging Face model directory. dtype None keeps the checkpoint's dtype; "int8"
+        quantizes the GEMM weights at load (backends that offer it) with fp32 activations."""
         path = os.fspath(path)
-        return cls(load_pretrained(path, dtype), backend, add_pooling_layer, model_dir=path)
+        dtype, quantize = split_quantization(dtype)
+        return cls(load_pretrained(path, dtype), backend, add_pooling_layer, model_dir=path, quantize=quantize)
 
     @classmethod
     def from_hf(cls, model, *, backend: str = "auto", dtype=None, add_pooling_layer: bool = True):
         """Wrap the encoder weights of an in-memory transformers model (shared, not copied, when
         dtype is unchanged)."""
-        return cls(load_hf_model(model, dtype), backend, add_pooling_layer)
+        dtype, quantize = split_quantization(dtype)
+        return cls(load_hf_model(model, dtype), backend, add_pooling_layer, quantize=quantize)
 
     # --- properties ---
     @property
@@ -161,8 +174,9 @@ class Encoder(nn.Module):
 
     def extra_repr(self):
         c = self.config
+        quant = f", quantize={self.quantize!r}" if self.quantize else ""
         return (f"family={c.family}, layers={c.num_hidden_layers}, hidden={c.hidden_size}, "
-                f"heads={c.num_attention_heads}, dtype={self.dtype}, backend={self.backend!r}")
+                f"heads={c.num_attention_heads}, dtype={self.dtype}{quant}, backend={self.backend!r}")
 
     # --- inference ---
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,

@@ -196,3 +196,9 @@ def test_encode_mean_and_cls_pooling(minilm_path):
 def test_encode_without_tokenizer_raises():
     with pytest.raises(ValueError, match="no tokenizer"):
         Encoder.from_hf(hf_bert(seed=35), backend="torch").encode(["hello"])
+
+
+def test_int8_needs_a_backend_that_offers_it():
+    model = hf_bert(seed=36)
+    with pytest.raises(ValueError, match="backend 'torch' does not support 'int8' quantization"):
+        Encoder.from_hf(model, backend="torch", dtype="int8")

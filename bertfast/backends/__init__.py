@@ -47,8 +47,9 @@ def _device_type(device) -> str:
     return device if isinstance(device, str) and ":" not in device else str(device).split(":")[0]
 
 
-def get_backend(name: str = "auto", device="cpu") -> Backend:
-    """Instantiate backend `name` for `device`; raises ValueError naming the available ones."""
+def get_backend(name: str = "auto", device="cpu", quantize: str | None = None) -> Backend:
+    """Instantiate backend `name` for `device` (with weight quantization `quantize`, e.g. "int8");
+    raises ValueError naming the available ones."""
     device = _device_type(device)
     if name == "auto":
         for candidate in AUTO_ORDER.get(device, ("torch",)):
@@ -56,9 +57,10 @@ def get_backend(name: str = "auto", device="cpu") -> Backend:
                 cls = _backend_class(candidate)
             except BackendUnavailable:
                 continue
-            if cls.unavailable_reason(device) is None:
-                return cls()
-        raise ValueError(f"no backend is available for device {device!r}")
+            if cls.unavailable_reason(device) is None and (quantize is None or quantize in cls.quantizations):
+                return cls(quantize=quantize)
+        what = f" with {quantize!r} quantization" if quantize else ""
+        raise ValueError(f"no backend is available for device {device!r}{what}")
     if name not in REGISTRY:
         raise ValueError(
             f"unknown backend {name!r}; known backends: {', '.join(REGISTRY)} (or 'auto')"
@@ -74,7 +76,7 @@ def get_backend(name: str = "auto", device="cpu") -> Backend:
             f"backend {name!r} is not available on {device}: {reason}. "
             f"Available here: {', '.join(usable)}"
         )
-    return cls()
+    return cls(quantize=quantize)
 
 
 __all__ = ["Backend", "BackendUnavailable", "REGISTRY", "get_backend", "available_backends"]

@@ -20,6 +20,14 @@ class BackendUnavailable(RuntimeError):
 class Backend:
     name = "base"
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+    quantizations: tuple[str, ...] = ()  # weight quantization schemes `prepare` can apply, e.g. "int8"
+
+    def __init__(self, quantize: str | None = None):
+        if quantize is not None and quantize not in self.quantizations:
+            offered = ", ".join(self.quantizations) or "none"
+            raise ValueError(f"backend {self.name!r} does not support {quantize!r} quantization "
+                             f"(it offers: {offered})")
+        self.quantize = quantize
 
     @classmethod
     def unavailable_reason(cls, device: str) -> str | None:

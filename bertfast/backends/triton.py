@@ -46,7 +46,8 @@ class TritonBackend(Backend):
             return None
         return f"device type {device!r} is not supported (cuda, or cpu under TRITON_INTERPRET=1)"
 
-    def __init__(self):
+    def __init__(self, quantize=None):
+        super().__init__(quantize)
         from .. import ops
 
         self._ops = ops
