@@ -144,3 +144,32 @@ def test_kernels_built_for_gpu_reject_cpu_tensors_with_a_reason():
     assert proc.returncode == 0, proc.stderr
     assert "ValueError: linear: CPU tensors need the Triton interpreter" in proc.stdout
     assert "reason: bertfast.ops was imported before TRITON_INTERPRET=1" in proc.stdout
+
+
+# Issue 4's parity bar: transformers itself, fp32, head dims 26/32/64/80 (hidden 312, 384, 768 at 2
+# layers; 160 at 1 layer), ragged lengths with a length-1 row and a row at the position limit.
+HF_CONFIGS = [pytest.param(312, 12, 2, id="H312-d26"), pytest.param(384, 12, 2, id="H384-d32"),
+              pytest.param(768, 12, 2, id="H768-d64"), pytest.param(160, 2, 1, id="H160-d80")]
+
+
+@pytest.mark.parametrize("hidden,heads,layers", HF_CONFIGS)
+def test_fp32_matches_transformers(hidden, heads, layers):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(7)
+    cfg = transformers.BertConfig(vocab_size=41, hidden_size=hidden, num_hidden_layers=layers,
+                                  num_attention_heads=heads, intermediate_size=2 * hidden,
+                                  max_position_embeddings=12, attn_implementation="eager")
+    model = transformers.BertModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    ids, mask, types = ragged(LENGTHS, 12, seed=5)
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    out = Encoder.from_hf(model, backend="triton")(ids, mask, types)
+    real = mask.bool()
+    rel = ((out.last_hidden_state[real] - ref.last_hidden_state[real]).abs().max()
+           / ref.last_hidden_state[real].abs().max()).item()
+    rel_pool = ((out.pooler_output - ref.pooler_output).abs().max() / ref.pooler_output.abs().max()).item()
+    assert rel <= 1e-5 and rel_pool <= 1e-5, (rel, rel_pool)
