@@ -2,6 +2,11 @@
 
 Set BERTFAST_NO_EXT=1 to skip it (the torch and triton backends need no native code).
 A failed compile fails the install: no half-built module is ever shipped.
+
+The kernels are compiled for the baseline ISA of the target (x86-64, aarch64); their AVX-512 variants are
+compiled per function (`__attribute__((target(...)))`, see csrc/cpu/common.h) and chosen at run time from
+the CPU's features, so one build runs on any x86-64 and on aarch64. Only csrc/bindings.cpp includes the
+torch headers, which keeps a full build to ~1.5 min on 2 cores (~2 min without ninja).
 """
 
 import glob
@@ -19,10 +24,21 @@ if sources and os.environ.get("BERTFAST_NO_EXT") != "1":
             "bertfast._C",
             sources,
             include_dirs=[os.path.abspath("csrc")],
-            extra_compile_args=["-O3", "-fopenmp", "-std=c++17"],
+            # -fno-math-errno and -fno-trapping-math (as torch itself builds) let loops with sqrt and
+            # branch-free selects (exp, erf-GELU) vectorize; no -ffast-math: NaN/Inf must propagate.
+            extra_compile_args=["-O3", "-fopenmp", "-std=c++20", "-fno-math-errno", "-fno-trapping-math",
+                                "-Wno-unused-function"],
             extra_link_args=["-fopenmp"],
+            depends=sorted(glob.glob(os.path.join("csrc", "**", "*.h"), recursive=True)),
         )
     ]
-    cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}
+    # ninja compiles the sources in parallel when it is installed; plain setuptools otherwise.
+    try:
+        import ninja  # noqa: F401
+
+        use_ninja = True
+    except ImportError:
+        use_ninja = False
+    cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=use_ninja)}
 
 setup(ext_modules=ext_modules, cmdclass=cmdclass)

@@ -1,0 +1,335 @@
+// The one Python module of the native CPU backend, `bertfast._C`: validates every input at the boundary
+// (device, dtype, shape, strides, index ranges) and raises ValueError with a message before any kernel
+// runs, then calls the kernels in csrc/cpu/ on raw pointers with the GIL released.
+#include <torch/extension.h>
+
+#include <cstdlib>
+#include <string>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "cpu/common.h"
+
+namespace bc = bertfast::cpu;
+
+namespace {
+
+#define BF_CHECK(cond, ...) TORCH_CHECK_VALUE(cond, __VA_ARGS__)
+
+void check_tensor(const at::Tensor& t, const char* name) {
+  BF_CHECK(t.defined(), name, " is undefined");
+  BF_CHECK(t.device().is_cpu(), name, " must be a CPU tensor, got device ", t.device());
+  BF_CHECK(t.layout() == at::kStrided, name, " must be a dense (strided) tensor");
+}
+
+void check_float(const at::Tensor& t, const char* name) {
+  check_tensor(t, name);
+  BF_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+           " must be float32 or bfloat16, got ", t.scalar_type());
+}
+
+void check_like(const at::Tensor& t, const at::Tensor& ref, const char* name) {
+  check_tensor(t, name);
+  BF_CHECK(t.scalar_type() == ref.scalar_type(), name, " has dtype ", t.scalar_type(), " but the input has ",
+           ref.scalar_type());
+}
+
+void check_contig(const at::Tensor& t, const char* name) {
+  BF_CHECK(t.is_contiguous(), name, " must be contiguous (got strides ", t.strides(), ")");
+}
+
+void check_vector(const at::Tensor& t, const at::Tensor& ref, int64_t n, const char* name) {
+  check_like(t, ref, name);
+  BF_CHECK(t.dim() == 1 && t.size(0) == n, name, " must have shape (", n, "), got ", t.sizes());
+  check_contig(t, name);
+}
+
+// Rows of `ids` must index into a table of `rows` rows.
+void check_index(const at::Tensor& ids, int64_t n, int64_t rows, const char* name) {
+  check_tensor(ids, name);
+  BF_CHECK(ids.scalar_type() == at::kLong, name, " must be int64, got ", ids.scalar_type());
+  BF_CHECK(ids.dim() == 1 && ids.size(0) == n, name, " must have shape (", n, "), got ", ids.sizes());
+  check_contig(ids, name);
+  const int64_t* p = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    BF_CHECK(p[i] >= 0 && p[i] < rows, name, "[", i, "] = ", p[i], " is out of range [0, ", rows, ")");
+}
+
+bc::Act parse_act(const std::string& act) {
+  if (act == "none") return bc::Act::None;
+  if (act == "gelu") return bc::Act::Gelu;
+  if (act == "gelu_tanh") return bc::Act::GeluTanh;
+  if (act == "relu") return bc::Act::Relu;
+  if (act == "tanh") return bc::Act::Tanh;
+  BF_CHECK(false, "unknown activation '", act, "' (expected none, gelu, gelu_tanh, relu or tanh)");
+  return bc::Act::None;
+}
+
+template <typename T>
+T* ptr(const at::Tensor& t) {
+  return t.defined() ? reinterpret_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+template <typename F>
+void dispatch(at::ScalarType dt, F&& f) {
+  if (dt == at::kFloat)
+    f(float{});
+  else
+    f(bc::bf16{});
+}
+
+at::Tensor embed(const at::Tensor& ids, const at::Tensor& positions, const c10::optional<at::Tensor>& types,
+                 const at::Tensor& word, const at::Tensor& position_table,
+                 const c10::optional<at::Tensor>& type_table, const at::Tensor& gamma, const at::Tensor& beta,
+                 double eps) {
+  check_float(word, "word");
+  BF_CHECK(word.dim() == 2, "word must be (vocab, hidden), got ", word.sizes());
+  check_contig(word, "word");
+  const int64_t H = word.size(1);
+  BF_CHECK(H > 0, "hidden size must be positive, got word of shape ", word.sizes());
+  BF_CHECK(ids.dim() == 1, "input_ids must be 1-D (tokens,), got ", ids.sizes());
+  const int64_t T = ids.size(0);
+  check_index(ids, T, word.size(0), "input_ids");
+  check_like(position_table, word, "position");
+  BF_CHECK(position_table.dim() == 2 && position_table.size(1) == H, "position must be (max_positions, ", H,
+           "), got ", position_table.sizes());
+  check_contig(position_table, "position");
+  check_index(positions, T, position_table.size(0), "position_ids");
+  BF_CHECK(types.has_value() == type_table.has_value(),
+           "token_type_ids and the token type table must be given together");
+  at::Tensor ty, tt;
+  if (types.has_value()) {
+    ty = *types;
+    tt = *type_table;
+    check_like(tt, word, "token_type");
+    BF_CHECK(tt.dim() == 2 && tt.size(1) == H, "token_type must be (types, ", H, "), got ", tt.sizes());
+    check_contig(tt, "token_type");
+    check_index(ty, T, tt.size(0), "token_type_ids");
+  }
+  check_vector(gamma, word, H, "ln_weight");
+  check_vector(beta, word, H, "ln_bias");
+  at::Tensor out = at::empty({T, H}, word.options());
+  {
+    py::gil_scoped_release nogil;
+    dispatch(word.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::embed<T_>(ids.data_ptr<int64_t>(), positions.data_ptr<int64_t>(),
+                    ty.defined() ? ty.data_ptr<int64_t>() : nullptr, ptr<T_>(word), ptr<T_>(position_table),
+                    ptr<T_>(tt), ptr<T_>(gamma), ptr<T_>(beta), float(eps), T, H, ptr<T_>(out));
+    });
+  }
+  return out;
+}
+
+at::Tensor layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, double eps,
+                     const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& bias,
+                     const c10::optional<at::Tensor>& out_opt) {
+  check_float(x, "x");
+  BF_CHECK(x.dim() == 2, "x must be (tokens, hidden), got ", x.sizes());
+  check_contig(x, "x");
+  const int64_t T = x.size(0), H = x.size(1);
+  BF_CHECK(H > 0, "hidden size must be positive");
+  check_vector(gamma, x, H, "weight");
+  check_vector(beta, x, H, "bias");
+  at::Tensor r, b;
+  if (residual.has_value()) {
+    r = *residual;
+    check_like(r, x, "residual");
+    BF_CHECK(r.sizes() == x.sizes(), "residual has shape ", r.sizes(), " but x has ", x.sizes());
+    check_contig(r, "residual");
+  }
+  if (bias.has_value()) {
+    b = *bias;
+    check_vector(b, x, H, "residual bias");
+  }
+  at::Tensor out;
+  if (out_opt.has_value()) {
+    out = *out_opt;
+    check_like(out, x, "out");
+    BF_CHECK(out.sizes() == x.sizes(), "out has shape ", out.sizes(), " but x has ", x.sizes());
+    check_contig(out, "out");
+  } else {
+    out = at::empty_like(x);
+  }
+  {
+    py::gil_scoped_release nogil;
+    dispatch(x.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::layernorm<T_>(ptr<T_>(x), ptr<T_>(r), ptr<T_>(b), ptr<T_>(gamma), ptr<T_>(beta), float(eps), T, H,
+                        ptr<T_>(out));
+    });
+  }
+  return out;
+}
+
+at::Tensor bias_act_(at::Tensor x, const c10::optional<at::Tensor>& bias, const std::string& act) {
+  check_float(x, "x");
+  BF_CHECK(x.dim() == 2, "x must be (tokens, features), got ", x.sizes());
+  check_contig(x, "x");
+  const bc::Act a = parse_act(act);
+  at::Tensor b;
+  if (bias.has_value()) {
+    b = *bias;
+    check_vector(b, x, x.size(1), "bias");
+  }
+  {
+    py::gil_scoped_release nogil;
+    dispatch(x.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::bias_act<T_>(ptr<T_>(x), ptr<T_>(b), x.size(0), x.size(1), a);
+    });
+  }
+  return x;
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                     int64_t max_seqlen, double scale) {
+  check_float(q, "q");
+  BF_CHECK(q.dim() == 3, "q must be (tokens, heads, head_dim), got ", q.sizes());
+  check_like(k, q, "k");
+  check_like(v, q, "v");
+  BF_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "q, k, v must have the same shape, got ", q.sizes(),
+           ", ", k.sizes(), ", ", v.sizes());
+  for (const auto* t : {&q, &k, &v})
+    BF_CHECK(t->stride(2) == 1 || t->size(2) == 1,
+             "q, k and v must be contiguous along head_dim (stride 1), got strides ", t->strides());
+  const int64_t T = q.size(0), heads = q.size(1), d = q.size(2);
+  BF_CHECK(heads > 0 && d > 0, "heads and head_dim must be positive, got ", q.sizes());
+  check_tensor(cu_seqlens, "cu_seqlens");
+  BF_CHECK(cu_seqlens.scalar_type() == at::kInt, "cu_seqlens must be int32, got ", cu_seqlens.scalar_type());
+  BF_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 1, "cu_seqlens must be (batch+1,), got ",
+           cu_seqlens.sizes());
+  check_contig(cu_seqlens, "cu_seqlens");
+  const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
+  const int64_t B = cu_seqlens.size(0) - 1;
+  BF_CHECK(cu[0] == 0, "cu_seqlens[0] must be 0, got ", cu[0]);
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    BF_CHECK(cu[b + 1] >= cu[b], "cu_seqlens must be non-decreasing, but cu_seqlens[", b + 1, "] = ", cu[b + 1],
+             " < ", cu[b]);
+    longest = std::max<int64_t>(longest, cu[b + 1] - cu[b]);
+  }
+  BF_CHECK(cu[B] == T, "cu_seqlens[-1] = ", cu[B], " but q has ", T, " tokens");
+  BF_CHECK(max_seqlen >= longest, "max_seqlen = ", max_seqlen, " is less than the longest sequence (", longest,
+           ")");
+  const bc::AttnStrides st{q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1)};
+  at::Tensor out = at::empty({T, heads * d}, q.options());
+  {
+    py::gil_scoped_release nogil;
+    dispatch(q.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::attention<T_>(ptr<T_>(q), ptr<T_>(k), ptr<T_>(v), st, cu, B, heads, d, float(scale), ptr<T_>(out));
+    });
+  }
+  return out;
+}
+
+// Packed weights are streamed once per forward: on 4 KB pages that is a TLB miss every 4 KB of a
+// 100+ MB stream. Large packed weights get their own 2 MB aligned block, marked for transparent huge
+// pages (Linux, THP "madvise" or "always"); elsewhere, or if that fails, torch's allocator.
+at::Tensor empty_streamed(int64_t numel, const at::TensorOptions& options) {
+#if defined(__linux__)
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t bytes = size_t(numel) * options.dtype().itemsize();
+  if (bytes >= kHuge) {
+    const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+    void* p = nullptr;
+    if (posix_memalign(&p, kHuge, rounded) == 0) {
+      madvise(p, rounded, MADV_HUGEPAGE);  // a hint: failure leaves ordinary pages
+      return torch::from_blob(p, {numel}, [](void* q) { std::free(q); }, options);
+    }
+  }
+#endif
+  return at::empty({numel}, options);
+}
+
+at::Tensor pack_linear(const at::Tensor& weight) {
+  check_float(weight, "weight");
+  BF_CHECK(weight.dim() == 2, "weight must be (out_features, in_features), got ", weight.sizes());
+  const at::Tensor w = weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1);
+  const bool is_bf16 = w.scalar_type() == at::kBFloat16;
+  at::Tensor packed = empty_streamed(bc::packed_numel(N, K, is_bf16), w.options());
+  dispatch(w.scalar_type(), [&](auto tag) {
+    using T_ = decltype(tag);
+    bc::pack_linear<T_>(ptr<T_>(w), N, K, ptr<T_>(packed));
+  });
+  return packed;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                  const c10::optional<at::Tensor>& bias, const std::string& act,
+                  const c10::optional<at::Tensor>& residual) {
+  check_float(x, "x");
+  BF_CHECK(x.dim() == 2, "x must be (rows, in_features), got ", x.sizes());
+  BF_CHECK(x.stride(1) == 1 || x.size(1) <= 1, "x must be contiguous along in_features, got strides ",
+           x.strides());
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  BF_CHECK(N > 0 && K > 0, "in_features and out_features must be positive, got ", K, " and ", N);
+  check_like(packed, x, "packed weight");
+  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
+  BF_CHECK(packed.dim() == 1 && packed.numel() == bc::packed_numel(N, K, is_bf16),
+           "packed weight does not match (", N, ", ", K, "): expected ", bc::packed_numel(N, K, is_bf16),
+           " elements from pack_linear, got ", packed.sizes());
+  check_contig(packed, "packed weight");
+  const bc::Act a = parse_act(act);
+  at::Tensor b, r;
+  if (bias.has_value()) {
+    b = *bias;
+    check_vector(b, x, N, "bias");
+  }
+  if (residual.has_value()) {
+    r = *residual;
+    check_like(r, x, "residual");
+    BF_CHECK(r.dim() == 2 && r.size(0) == M && r.size(1) == N, "residual must have shape (", M, ", ", N,
+             "), got ", r.sizes());
+    BF_CHECK(r.stride(1) == 1, "residual must be contiguous along features, got strides ", r.strides());
+  }
+  at::Tensor out = at::empty({M, N}, x.options());
+  const int64_t ldx = M > 1 ? x.stride(0) : K;
+  {
+    py::gil_scoped_release nogil;
+    dispatch(x.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::linear_small_m<T_>(ptr<T_>(x), ldx, ptr<T_>(packed), ptr<T_>(b), ptr<T_>(r), r.defined() ? r.stride(0) : 0,
+                             M, N, K, a, ptr<T_>(out), N);
+    });
+  }
+  return out;
+}
+
+std::string isa() { return bc::active_isa() == bc::Isa::Avx512 ? "avx512" : "generic"; }
+
+bool set_isa(const std::string& name) {
+  BF_CHECK(name == "generic" || name == "avx512", "unknown ISA '", name, "' (expected generic or avx512)");
+  return bc::set_isa(name == "avx512" ? bc::Isa::Avx512 : bc::Isa::Generic);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "bertfast native CPU kernels (fp32 and bf16, packed [T, H] token layout)";
+  m.def("embed", &embed, "LayerNorm(word[ids] + type[types] + position[positions]) -> (T, H)",
+        py::arg("input_ids"), py::arg("position_ids"), py::arg("token_type_ids"), py::arg("word"),
+        py::arg("position"), py::arg("token_type"), py::arg("ln_weight"), py::arg("ln_bias"), py::arg("eps"));
+  m.def("layernorm", &layernorm, "LayerNorm(x + bias + residual) over the last dim, fp32 statistics",
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("residual") = py::none(),
+        py::arg("residual_bias") = py::none(), py::arg("out") = py::none());
+  m.def("bias_act_", &bias_act_, "x = act(x + bias) in place; act in none|gelu|gelu_tanh|relu|tanh",
+        py::arg("x"), py::arg("bias"), py::arg("act"));
+  m.def("attention", &attention, "varlen attention on packed q, k, v (T, heads, d) -> (T, heads * d)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"));
+  m.def("pack_linear", &pack_linear, "pack a (N, K) weight for `linear` (small-M GEMM)", py::arg("weight"));
+  m.def("linear", &linear, "act(x @ w.T + bias) + residual on a packed weight (small M)", py::arg("x"),
+        py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(), py::arg("act") = "none",
+        py::arg("residual") = py::none());
+  m.def("isa", &isa, "the ISA the kernels dispatch to: 'avx512' or 'generic'");
+  m.def("set_isa", &set_isa, "force 'generic' or 'avx512'; returns False if the CPU lacks it", py::arg("isa"));
+  m.def("has_avx512_bf16", &bc::has_avx512_bf16, "whether the bf16 GEMM uses AVX-512 BF16 dot products");
+  m.def("num_threads", &bc::num_threads, "OpenMP threads the kernels use");
+  m.def("amx_enabled", &bc::amx_enabled, "whether the bf16 small-M GEMM may use AMX tiles");
+  m.def("set_amx_enabled", &bc::set_amx_enabled, "allow (True) or forbid (False) AMX in the bf16 small-M GEMM",
+        py::arg("enabled"));
+}

@@ -1,0 +1,88 @@
+// Embedding gather (word + token type + position) fused with the embedding LayerNorm: one pass per token,
+// the sum kept in fp32 (the reference rounds each partial sum in bf16; this is at least as accurate).
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common.h"
+
+namespace bertfast {
+namespace cpu {
+namespace {
+
+template <typename T>
+BF_INLINE void embed_thread(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word,
+                            const T* pos, const T* type, const T* gamma, const T* beta, float eps,
+                            int64_t tokens, int64_t H, T* out) {
+  int64_t lo, hi;
+  split_range(tokens, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+  std::vector<float> buf(H);
+  float* row = buf.data();
+  for (int64_t t = lo; t < hi; ++t) {
+    const T* w = word + ids[t] * H;
+    const T* p = pos + positions[t] * H;
+    const T* y = types != nullptr ? type + types[t] * H : nullptr;
+    // Shifted by the first element, as in layernorm.cpp, so the statistics do not cancel.
+    const float shift = to_float(w[0]) + (y != nullptr ? to_float(y[0]) : 0.f) + to_float(p[0]);
+    float sum = 0.f;
+    if (y != nullptr) {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t i = 0; i < H; ++i) {
+        row[i] = (to_float(w[i]) + to_float(y[i]) + to_float(p[i])) - shift;
+        sum += row[i];
+      }
+    } else {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t i = 0; i < H; ++i) {
+        row[i] = (to_float(w[i]) + to_float(p[i])) - shift;
+        sum += row[i];
+      }
+    }
+    const float mean = sum / float(H);
+    float var = 0.f;
+#pragma omp simd reduction(+ : var)
+    for (int64_t i = 0; i < H; ++i) {
+      float c = row[i] - mean;
+      var += c * c;
+    }
+    const float rstd = 1.0f / std::sqrt(var / float(H) + eps);
+    T* o = out + t * H;
+#pragma omp simd
+    for (int64_t i = 0; i < H; ++i) o[i] = from_float<T>((row[i] - mean) * rstd * to_float(gamma[i]) + to_float(beta[i]));
+  }
+}
+
+#if BF_X86
+template <typename T>
+BF_TARGET_AVX512 void embed_avx512(const int64_t* ids, const int64_t* positions, const int64_t* types,
+                                   const T* word, const T* pos, const T* type, const T* gamma, const T* beta,
+                                   float eps, int64_t tokens, int64_t H, T* out) {
+#pragma omp parallel num_threads(threads_for(tokens * H))
+  embed_thread(ids, positions, types, word, pos, type, gamma, beta, eps, tokens, H, out);
+}
+#endif
+
+template <typename T>
+void embed_generic(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word,
+                   const T* pos, const T* type, const T* gamma, const T* beta, float eps, int64_t tokens,
+                   int64_t H, T* out) {
+#pragma omp parallel num_threads(threads_for(tokens * H))
+  embed_thread(ids, positions, types, word, pos, type, gamma, beta, eps, tokens, H, out);
+}
+
+}  // namespace
+
+template <typename T>
+void embed(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word, const T* pos,
+           const T* type, const T* gamma, const T* beta, float eps, int64_t tokens, int64_t hidden, T* out) {
+  BF_DISPATCH(embed, ids, positions, types, word, pos, type, gamma, beta, eps, tokens, hidden, out);
+}
+
+template void embed<float>(const int64_t*, const int64_t*, const int64_t*, const float*, const float*,
+                           const float*, const float*, const float*, float, int64_t, int64_t, float*);
+template void embed<bf16>(const int64_t*, const int64_t*, const int64_t*, const bf16*, const bf16*, const bf16*,
+                          const bf16*, const bf16*, float, int64_t, int64_t, bf16*);
+
+}  // namespace cpu
+}  // namespace bertfast

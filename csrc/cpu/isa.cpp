@@ -1,0 +1,68 @@
+// Run-time ISA selection for the CPU kernels: the best the CPU supports, overridable for tests and by
+// the BERTFAST_CPU_ISA environment variable ("generic" or "avx512").
+#include <omp.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "common.h"
+
+namespace bertfast {
+namespace cpu {
+
+bool isa_supported(Isa isa) {
+  if (isa == Isa::Generic) return true;
+#if BF_X86
+  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                             __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+  return avx512;
+#else
+  return false;
+#endif
+}
+
+bool has_avx512_bf16() {
+#if BF_X86
+  static const bool bf = isa_supported(Isa::Avx512) && __builtin_cpu_supports("avx512bf16");
+  return bf;
+#else
+  return false;
+#endif
+}
+
+static Isa initial_isa() {
+  const char* env = std::getenv("BERTFAST_CPU_ISA");
+  if (env != nullptr && std::strcmp(env, "generic") == 0) return Isa::Generic;
+  return isa_supported(Isa::Avx512) ? Isa::Avx512 : Isa::Generic;
+}
+
+static std::atomic<int>& isa_state() {
+  static std::atomic<int> state{static_cast<int>(initial_isa())};
+  return state;
+}
+
+Isa active_isa() { return static_cast<Isa>(isa_state().load(std::memory_order_relaxed)); }
+
+bool set_isa(Isa isa) {
+  if (!isa_supported(isa)) return false;
+  isa_state().store(static_cast<int>(isa));
+  return true;
+}
+
+static std::atomic<bool>& amx_state() {
+  static std::atomic<bool> state{[] {
+    const char* env = std::getenv("BERTFAST_CPU_AMX");
+    return !(env != nullptr && std::strcmp(env, "0") == 0);
+  }()};
+  return state;
+}
+
+bool amx_enabled() { return amx_state().load(std::memory_order_relaxed); }
+void set_amx_enabled(bool enabled) { amx_state().store(enabled); }
+
+int num_threads() { return omp_get_max_threads(); }
+
+}  // namespace cpu
+}  // namespace bertfast

