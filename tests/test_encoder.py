@@ -1,5 +1,7 @@
 """`bertfast.Encoder` as a drop-in for transformers.BertModel: parity, batch invariance, errors."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -202,3 +204,16 @@ def test_int8_needs_a_backend_that_offers_it():
     model = hf_bert(seed=36)
     with pytest.raises(ValueError, match="backend 'torch' does not support 'int8' quantization"):
         Encoder.from_hf(model, backend="torch", dtype="int8")
+
+
+def test_auto_warns_once_when_it_passes_over_a_faster_backend(monkeypatch):
+    from bertfast import backends
+
+    monkeypatch.setitem(backends.REGISTRY, "missing", "bertfast.backends.not_built:Nothing")
+    monkeypatch.setitem(backends.AUTO_ORDER, "cpu", ("missing", "torch"))
+    monkeypatch.setattr(backends, "_warned", set())
+    with pytest.warns(UserWarning, match="using 'torch', not the faster 'missing'"):
+        assert backends.get_backend("auto", "cpu").name == "torch"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backends.get_backend("auto", "cpu")  # once only

@@ -8,6 +8,7 @@ available backend in `AUTO_ORDER` for the device.
 from __future__ import annotations
 
 import importlib
+import warnings
 
 from .base import Backend, BackendUnavailable
 
@@ -43,6 +44,15 @@ def available_backends(device="cpu") -> dict[str, str | None]:
     return out
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
 def _device_type(device) -> str:
     return device if isinstance(device, str) and ":" not in device else str(device).split(":")[0]
 
@@ -52,13 +62,22 @@ def get_backend(name: str = "auto", device="cpu", quantize: str | None = None) -
     raises ValueError naming the available ones."""
     device = _device_type(device)
     if name == "auto":
-        for candidate in AUTO_ORDER.get(device, ("torch",)):
+        order = AUTO_ORDER.get(device, ("torch",))
+        passed_over = []
+        for candidate in order:
             try:
                 cls = _backend_class(candidate)
-            except BackendUnavailable:
-                continue
-            if cls.unavailable_reason(device) is None and (quantize is None or quantize in cls.quantizations):
+                reason = cls.unavailable_reason(device)
+            except BackendUnavailable as e:
+                cls, reason = None, str(e)
+            if reason is None and quantize is not None and quantize not in cls.quantizations:
+                reason = f"no {quantize!r} quantization"
+            if reason is None:
+                if passed_over:
+                    _warn_once(f"bertfast: backend 'auto' on {device} is using {candidate!r}, not the faster "
+                               + "; ".join(passed_over))
                 return cls(quantize=quantize)
+            passed_over.append(f"{candidate!r} ({reason})")
         what = f" with {quantize!r} quantization" if quantize else ""
         raise ValueError(f"no backend is available for device {device!r}{what}")
     if name not in REGISTRY:
