@@ -173,3 +173,18 @@ def test_fp32_matches_transformers(hidden, heads, layers):
            / ref.last_hidden_state[real].abs().max()).item()
     rel_pool = ((out.pooler_output - ref.pooler_output).abs().max() / ref.pooler_output.abs().max()).item()
     assert rel <= 1e-5 and rel_pool <= 1e-5, (rel, rel_pool)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert"])
+def test_each_family_matches_transformers(family):
+    pytest.importorskip("transformers")
+    from test_families import batch_for, build
+
+    model = build(family, seed=8)
+    kwargs, mask = batch_for(model, [12, 1, 7], seed=9)
+    with torch.no_grad():
+        ref = model(**kwargs).last_hidden_state
+    out = Encoder.from_hf(model, backend="triton")(**kwargs).last_hidden_state
+    real = mask.bool()
+    rel = ((out[real] - ref[real]).abs().max() / ref[real].abs().max()).item()
+    assert rel <= 1e-5, rel
