@@ -588,7 +588,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backend", default="auto",
                         help="backend to check: triton, cpu, torch or auto (default: auto)")
     parser.add_argument("--dtype", default=DEFAULT_DTYPES,
-                        help=f"comma-separated dtypes to check (default: {DEFAULT_DTYPES})")
+                        help=f"comma-separated dtypes to check (default: {DEFAULT_DTYPES}); 'int8' alone, "
+                             "with --model: the int8 accuracy report (per layer and sentence embeddings vs fp32)")
     parser.add_argument("--model", default=None, metavar="DIR",
                         help="check a whole checkpoint layer by layer instead of the op sweep "
                              "('default' = the embedded all-MiniLM-L6-v2)")
@@ -617,6 +618,8 @@ def parse_dtypes(text: str) -> list[torch.dtype]:
 def run(args) -> int:
     from .backends import BackendUnavailable, get_backend
 
+    if "int8" in [d.strip() for d in args.dtype.split(",")]:
+        return run_int8(args)
     try:
         dtypes = parse_dtypes(args.dtype)
         ops = None
@@ -678,6 +681,43 @@ def run_with_backend(backend, args, dtypes=None, device="cpu", ops=None, out=Non
         print("bertfast validate: nothing was checked (every dtype or case was skipped)", file=out)
         return 2
     return 1 if any(r.status == "FAIL" for r in rows) else 0
+
+
+def run_int8(args, out=None) -> int:
+    """`--dtype int8 --model DIR`: the int8 accuracy report (bertfast.quant_report)."""
+    from . import quant_report
+    from .backends import BackendUnavailable, get_backend
+    from .loading import load_pretrained
+
+    out = out or sys.stdout
+    if [d.strip() for d in args.dtype.split(",") if d.strip()] != ["int8"]:
+        return _usage_error("--dtype int8 runs alone (it is compared with fp32 itself)")
+    if args.model is None:
+        return _usage_error("--dtype int8 needs --model DIR: the int8 report checks a whole checkpoint")
+    if args.ops or args.quick:
+        return _usage_error("--ops and --quick shape the op sweep; they do not apply with --model")
+    device = args.device or "cpu"
+    try:
+        backend = get_backend(args.backend, device, quantize="int8")
+        directory = _model_dir(args.model)
+        weights = load_pretrained(directory, torch.float32)
+    except (ValueError, BackendUnavailable, RuntimeError, OSError) as e:
+        return _usage_error(str(e))
+    print(f"bertfast validate: int8 report for model {directory}, backend {backend.name!r} on {device}; "
+          "rel = max|out - fp64 oracle| / max|oracle| (oracle on the fp32 weights); ref = the fp32 "
+          "reference's own rel error; a stage passes with min token cosine >= "
+          f"{quant_report.LAYER_MIN_COSINE}", file=out)
+    rows = quant_report.layer_rows(backend, weights, directory, device)
+    print(format_table(rows), file=out)
+    print(summary(rows), file=out)
+    failed = any(r.status == "FAIL" for r in rows)
+    rep = quant_report.sentence_report(directory, args.backend)
+    if rep is None:
+        print("sentence embeddings: skipped (the checkpoint has no tokenizer)", file=out)
+    else:
+        print(quant_report.format_sentence_report(rep), file=out)
+        failed = failed or not rep["passed"]
+    return 1 if failed else 0
 
 
 def _model_dir(model: str) -> str:

@@ -309,6 +309,154 @@ bool set_isa(const std::string& name) {
 
 }  // namespace
 
+// ---- int8 dynamic quantization (csrc/cpu/quant.cpp; used by bertfast/quant.py) ----
+namespace bertfast {
+namespace cpu {
+// Per-token asymmetric int8 quantization of x (M, K) fp32 with row stride ldx: q (M, K) int8 contiguous,
+// scale (M,) fp32 and zero point (M,) int32 per row (the math of quant.quantize_rows_reference).
+void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp);
+// out (M, N) fp32 in place: act(xs[m] * (out - zp[m] * colsum[n]) + bias[n]) + residual[m, n] (row stride ldr);
+// bias and residual may be null.
+void int8_epilogue(float* out, int64_t M, int64_t N, const float* xs, const int32_t* zp, const float* colsum,
+                   const float* bias, Act act, const float* residual, int64_t ldr);
+// Small-M int8 GEMM: weights packed once by pack_int8 ([N/16][K/4][16][4] int8, zero padded); out (M, N) fp32 =
+// act(xs[m] * (ws[n] * sum_k (q[m, k] + 128) w[n, k] - (zp[m] + 128) * colsum[n]) + bias[n]) + residual[m, n].
+int64_t int8_packed_numel(int64_t n, int64_t k);
+// Whether int8_linear_small may use AMX-int8 tiles where the CPU has them (tests switch it off to cover VNNI).
+bool amx_int8_enabled();
+void set_amx_int8_enabled(bool on);
+void pack_int8(const int8_t* w, int64_t n, int64_t k, int8_t* packed);
+void int8_linear_small(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
+                       const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias, Act act,
+                       const float* residual, int64_t ldr, float* out);
+}  // namespace cpu
+}  // namespace bertfast
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
+  check_tensor(x, "x");
+  BF_CHECK(x.scalar_type() == at::kFloat, "x must be float32, got ", x.scalar_type());
+  BF_CHECK(x.dim() == 2, "x must be (tokens, features), got ", x.sizes());
+  BF_CHECK(x.stride(1) == 1 || x.size(1) <= 1, "x must be contiguous along features, got strides ", x.strides());
+  const int64_t M = x.size(0), K = x.size(1);
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor scale = at::empty({M}, x.options());
+  at::Tensor zp = at::empty({M}, x.options().dtype(at::kInt));
+  if (M > 0) {
+    py::gil_scoped_release nogil;
+    bc::quantize_rows(x.data_ptr<float>(), M > 1 ? x.stride(0) : K, M, K, q.data_ptr<int8_t>(),
+                      scale.data_ptr<float>(), zp.data_ptr<int32_t>());
+  }
+  return {q, scale, zp};
+}
+
+at::Tensor int8_epilogue_(at::Tensor out, const at::Tensor& x_scale, const at::Tensor& x_zero_point,
+                          const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
+                          const c10::optional<at::Tensor>& residual) {
+  check_tensor(out, "out");
+  BF_CHECK(out.scalar_type() == at::kFloat, "out must be float32, got ", out.scalar_type());
+  BF_CHECK(out.dim() == 2, "out must be (tokens, features), got ", out.sizes());
+  check_contig(out, "out");
+  const int64_t M = out.size(0), N = out.size(1);
+  check_vector(x_scale, out, M, "x_scale");
+  check_tensor(x_zero_point, "x_zero_point");
+  BF_CHECK(x_zero_point.scalar_type() == at::kInt && x_zero_point.dim() == 1 && x_zero_point.size(0) == M,
+           "x_zero_point must be (", M, ",) int32, got ", x_zero_point.scalar_type(), " ", x_zero_point.sizes());
+  check_contig(x_zero_point, "x_zero_point");
+  check_vector(colsum, out, N, "colsum");
+  const bc::Act a = parse_act(act);
+  at::Tensor b, r;
+  if (bias.has_value()) {
+    b = *bias;
+    check_vector(b, out, N, "bias");
+  }
+  if (residual.has_value()) {
+    r = *residual;
+    check_like(r, out, "residual");
+    BF_CHECK(r.dim() == 2 && r.size(0) == M && r.size(1) == N, "residual must have shape (", M, ", ", N, "), got ",
+             r.sizes());
+    BF_CHECK(r.stride(1) == 1 || N <= 1, "residual must be contiguous along features, got strides ", r.strides());
+  }
+  if (M > 0) {
+    py::gil_scoped_release nogil;
+    bc::int8_epilogue(out.data_ptr<float>(), M, N, x_scale.data_ptr<float>(), x_zero_point.data_ptr<int32_t>(),
+                      colsum.data_ptr<float>(), ptr<float>(b), a, ptr<float>(r), r.defined() ? r.stride(0) : 0);
+  }
+  return out;
+}
+
+at::Tensor pack_int8(const at::Tensor& weight) {
+  check_tensor(weight, "weight");
+  BF_CHECK(weight.scalar_type() == at::kChar, "weight must be int8, got ", weight.scalar_type());
+  BF_CHECK(weight.dim() == 2, "weight must be (out_features, in_features), got ", weight.sizes());
+  const at::Tensor w = weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1);
+  at::Tensor packed = at::empty({bc::int8_packed_numel(N, K)}, w.options());
+  bc::pack_int8(w.data_ptr<int8_t>(), N, K, packed.data_ptr<int8_t>());
+  return packed;
+}
+
+at::Tensor int8_linear_small(const at::Tensor& qx, const at::Tensor& x_scale, const at::Tensor& x_zero_point,
+                             const at::Tensor& packed, const at::Tensor& w_scale, const at::Tensor& colsum,
+                             const c10::optional<at::Tensor>& bias, const std::string& act,
+                             const c10::optional<at::Tensor>& residual) {
+  check_tensor(qx, "qx");
+  BF_CHECK(qx.scalar_type() == at::kChar, "qx must be int8, got ", qx.scalar_type());
+  BF_CHECK(qx.dim() == 2, "qx must be (tokens, in_features), got ", qx.sizes());
+  BF_CHECK(qx.stride(1) == 1 || qx.size(1) <= 1, "qx must be contiguous along features, got strides ", qx.strides());
+  const int64_t M = qx.size(0), K = qx.size(1);
+  check_float(w_scale, "w_scale");
+  BF_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.dim() == 1, "w_scale must be (N,) float32, got ",
+           w_scale.scalar_type(), " ", w_scale.sizes());
+  const int64_t N = w_scale.size(0);
+  check_contig(w_scale, "w_scale");
+  check_vector(colsum, w_scale, N, "colsum");
+  check_vector(x_scale, w_scale, M, "x_scale");
+  check_tensor(x_zero_point, "x_zero_point");
+  BF_CHECK(x_zero_point.scalar_type() == at::kInt && x_zero_point.dim() == 1 && x_zero_point.size(0) == M,
+           "x_zero_point must be (", M, ",) int32, got ", x_zero_point.scalar_type(), " ", x_zero_point.sizes());
+  check_contig(x_zero_point, "x_zero_point");
+  check_tensor(packed, "packed");
+  BF_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 1 && packed.numel() == bc::int8_packed_numel(N, K),
+           "packed weight does not match (", N, ", ", K, "): expected ", bc::int8_packed_numel(N, K),
+           " int8 elements from pack_int8, got ", packed.scalar_type(), " ", packed.sizes());
+  check_contig(packed, "packed");
+  const bc::Act a = parse_act(act);
+  at::Tensor b, r;
+  if (bias.has_value()) {
+    b = *bias;
+    check_vector(b, w_scale, N, "bias");
+  }
+  if (residual.has_value()) {
+    r = *residual;
+    check_like(r, w_scale, "residual");
+    BF_CHECK(r.dim() == 2 && r.size(0) == M && r.size(1) == N, "residual must have shape (", M, ", ", N, "), got ",
+             r.sizes());
+    BF_CHECK(r.stride(1) == 1 || N <= 1, "residual must be contiguous along features, got strides ", r.strides());
+  }
+  at::Tensor out = at::empty({M, N}, w_scale.options());
+  if (M > 0) {
+    py::gil_scoped_release nogil;
+    bc::int8_linear_small(qx.data_ptr<int8_t>(), M > 1 ? qx.stride(0) : K, M, K, x_scale.data_ptr<float>(),
+                          x_zero_point.data_ptr<int32_t>(), packed.data_ptr<int8_t>(), N, w_scale.data_ptr<float>(),
+                          colsum.data_ptr<float>(), ptr<float>(b), a, ptr<float>(r), r.defined() ? r.stride(0) : 0,
+                          out.data_ptr<float>());
+  }
+  return out;
+}
+
+// quantize_rows + int8_linear_small in one call: the whole int8 linear of a small batch from fp32 x.
+at::Tensor quant_linear_small(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
+                              const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
+                              const c10::optional<at::Tensor>& residual) {
+  auto q = quantize_rows(x);
+  return int8_linear_small(std::get<0>(q), std::get<1>(q), std::get<2>(q), packed, w_scale, colsum, bias, act,
+                           residual);
+}
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "bertfast native CPU kernels (fp32 and bf16, packed [T, H] token layout)";
   m.def("embed", &embed, "LayerNorm(word[ids] + type[types] + position[positions]) -> (T, H)",
@@ -331,5 +479,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("num_threads", &bc::num_threads, "OpenMP threads the kernels use");
   m.def("amx_enabled", &bc::amx_enabled, "whether the bf16 small-M GEMM may use AMX tiles");
   m.def("set_amx_enabled", &bc::set_amx_enabled, "allow (True) or forbid (False) AMX in the bf16 small-M GEMM",
+        py::arg("enabled"));
+  // int8 dynamic quantization (csrc/cpu/quant.cpp, bertfast/quant.py)
+  m.def("quantize_rows", &quantize_rows, "per-token asymmetric int8 quantization: x (M, K) fp32 -> (q int8, scale, zero_point)",
+        py::arg("x"));
+  m.def("int8_epilogue_", &int8_epilogue_,
+        "out = act(x_scale * (out - x_zero_point * colsum) + bias) + residual in place, after the int8 GEMM",
+        py::arg("out"), py::arg("x_scale"), py::arg("x_zero_point"), py::arg("colsum"), py::arg("bias") = py::none(),
+        py::arg("act") = "none", py::arg("residual") = py::none());
+  m.def("pack_int8", &pack_int8, "pack an int8 (N, K) weight for int8_linear_small", py::arg("weight"));
+  m.def("int8_linear_small", &int8_linear_small,
+        "small-M int8 GEMM (AMX-int8 / AVX512-VNNI / portable) with the dequantization epilogue fused",
+        py::arg("qx"), py::arg("x_scale"), py::arg("x_zero_point"), py::arg("packed"), py::arg("w_scale"),
+        py::arg("colsum"), py::arg("bias") = py::none(), py::arg("act") = "none", py::arg("residual") = py::none());
+  m.def("quant_linear_small", &quant_linear_small,
+        "quantize_rows then int8_linear_small: act(x @ W.T + bias) + residual for fp32 x (M, K), small M",
+        py::arg("x"), py::arg("packed"), py::arg("w_scale"), py::arg("colsum"), py::arg("bias") = py::none(),
+        py::arg("act") = "none", py::arg("residual") = py::none());
+  m.def("amx_int8_enabled", &bc::amx_int8_enabled, "whether int8_linear_small may use AMX-int8 tiles");
+  m.def("set_amx_int8_enabled", &bc::set_amx_int8_enabled, "allow (True) or forbid (False) AMX in int8_linear_small",
         py::arg("enabled"));
 }

@@ -6,7 +6,9 @@ LayerNorm run in C++ (OpenMP, AVX-512 with a portable fallback chosen at run tim
 at load near memory bandwidth (AMX for bf16) with bias, GELU and residual fused into its epilogue;
 larger GEMMs go to torch (MKL sgemm for fp32, prepacked oneDNN with AMX for bf16, residual add fused)
 followed by an in-place activation. Both forms of every weight are made once, in `prepare`.
-fp32 and bf16; fp16 raises ValueError (this CPU path has no fast fp16 GEMM).
+fp32 and bf16; fp16 raises ValueError (this CPU path has no fast fp16 GEMM). With quantize="int8"
+(`dtype="int8"` at load) the four per-layer GEMMs run int8 (`bertfast.quant.QuantLinear`: weights per
+channel, activations per token); everything else, the pooler included, stays fp32.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dataclasses
 
 import torch
 
+from .. import quant
 from ..loading import LayerWeights, ModelWeights
 from .base import Backend
 
@@ -91,6 +94,7 @@ class CpuBackend(Backend):
     # GEMM (MKL fp32 / prepacked oneDNN with AMX bf16) is faster. Measured on Sapphire Rapids (BERT-base
     # shapes): fp32 ours ~1.2x MKL at M=128, even at 512; bf16 (AMX both) ours ahead up to M=64.
     small_m = {torch.float32: 256, torch.bfloat16: 64}
+    quantizations = ("int8",)
 
     @classmethod
     def unavailable_reason(cls, device):
@@ -108,21 +112,25 @@ class CpuBackend(Backend):
             )
 
     def prepare(self, weights: ModelWeights) -> ModelWeights:
-        """Pack every linear weight once (PackedLinear); everything else is made contiguous."""
+        """Pack every linear weight once (PackedLinear, or QuantLinear for the layers' GEMMs under
+        int8); everything else is made contiguous."""
         self.check_dtype(weights.dtype)
         if weights.device.type != "cpu":
             raise ValueError(f"backend 'cpu' needs weights on the CPU, got {weights.device}")
+        if self.quantize == "int8" and weights.dtype != torch.float32:
+            raise ValueError(f"int8 quantization starts from float32 weights, got {weights.dtype}")
         contiguous = weights.map(lambda t: t.contiguous())
+        pack = quant.QuantLinear.from_float if self.quantize == "int8" else PackedLinear
         seen: dict[int, LayerWeights] = {}
         layers = []
         for layer in contiguous.layers:
             if id(layer) not in seen:  # shared layers stay shared
                 seen[id(layer)] = dataclasses.replace(
                     layer,
-                    qkv_weight=PackedLinear(layer.qkv_weight),
-                    attn_out_weight=PackedLinear(layer.attn_out_weight),
-                    ffn_in_weight=PackedLinear(layer.ffn_in_weight),
-                    ffn_out_weight=PackedLinear(layer.ffn_out_weight),
+                    qkv_weight=pack(layer.qkv_weight),
+                    attn_out_weight=pack(layer.attn_out_weight),
+                    ffn_in_weight=pack(layer.ffn_in_weight),
+                    ffn_out_weight=pack(layer.ffn_out_weight),
                 )
             layers.append(seen[id(layer)])
         pooler = None if contiguous.pooler_weight is None else PackedLinear(contiguous.pooler_weight)
@@ -130,7 +138,10 @@ class CpuBackend(Backend):
 
     # --- the one GEMM entry point ---
     def linear(self, x, weight, bias, act: str = "none", residual=None):
-        """act(x @ weight.T + bias) + residual. x: (M, K); weight: (N, K) or PackedLinear; bias: (N,)."""
+        """act(x @ weight.T + bias) + residual. x: (M, K); weight: (N, K), PackedLinear or QuantLinear
+        (int8 GEMM, fp32 x); bias: (N,)."""
+        if isinstance(weight, quant.QuantLinear):
+            return quant.linear(x, weight, bias, act, residual)
         w = _packed(weight)
         if x.dim() != 2 or x.shape[1] != w.in_features:
             raise ValueError(f"x must be (M, {w.in_features}), got {tuple(x.shape)}")

@@ -1,0 +1,95 @@
+"""Int8 GEMM building blocks at BERT-base shapes: which library kernel to use, and what our epilogue costs.
+
+For each linear of a BERT-base layer (QKV 768->2304, attention out 768->768, FFN in 768->3072 + GELU, FFN
+out 3072->768 + residual) and token counts M, one interleaved run times:
+  fp32     torch.addmm (MKL sgemm)
+  bf16     F.linear in bf16 (oneDNN, AMX-bf16 where present)
+  int_mm   torch._int_mm int8 x int8 -> int32 (no epilogue)
+  onednn   oneDNN qlinear_pointwise int8 GEMM alone (quant.int8_gemm: int32 acc * per-channel scale)
+  quant    quant.quantize_rows (per-token asymmetric) alone
+  epilog   the rest of quant.linear after the oneDNN GEMM (zero point, row scale, bias, activation,
+           residual), timed on a fresh copy of the GEMM output (one clone included)
+  linear   quant.linear end to end, the op the cpu backend runs: up to quant.SMALL_M tokens the native
+           fused kernel (quantize + AMX/VNNI GEMM + epilogue in one call), above quantize + onednn + epilog
+Medians of interleaved rounds, ms, and effective TOP/s (2 M N K / time).
+
+    python benchmarks/bench_int8.py [--m 16,128,1024] [--rounds 20] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from bertfast import quant
+
+SHAPES = [("qkv", 768, 2304, "none", False), ("attn_out", 768, 768, "none", True),
+          ("ffn_in", 768, 3072, "gelu", False), ("ffn_out", 3072, 768, "none", True)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", default="16,128,1024", help="comma list of token counts")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ms = [int(v) for v in args.m.split(",")]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, native quant kernels: "
+          f"{quant._has_native('quantize_rows')}, oneDNN int8 linear: {quant._onednn_available()}")
+    head = ("shape", "M", "fp32", "bf16", "int_mm", "onednn", "quant", "epilog", "linear", "linear TOP/s")
+    print("  ".join(f"{h:>12}" for h in head))
+    g = torch.Generator().manual_seed(0)
+    for M in ms:
+        for name, K, N, act, has_res in SHAPES:
+            w = torch.randn(N, K, generator=g) * K ** -0.5
+            x = torch.randn(M, K, generator=g)
+            bias = torch.randn(N, generator=g) * 0.1
+            res = torch.randn(M, N, generator=g) if has_res else None
+            ql = quant.QuantLinear.from_float(w)
+            w_t, w_bf, x_bf = w.t(), w.bfloat16(), x.bfloat16()
+            qx, xs, zp = quant.quantize_rows(x)
+            w_q_t = ql.q.t()
+            acc = quant.int8_gemm(qx, ql)
+
+            def epilogue():
+                out = acc.clone()
+                quant._epilogue_torch(out, ql, xs, zp, bias, act, res) if not quant._has_native(
+                    "int8_epilogue_") else quant._native.int8_epilogue_(out, xs, zp, ql.colsum, bias, "none", None)
+                if act == "gelu":
+                    torch.ops.aten.gelu_(out)
+                if res is not None:
+                    out.add_(res)
+
+            fns = {
+                "fp32": lambda: torch.addmm(bias, x, w_t),
+                "bf16": lambda: F.linear(x_bf, w_bf),
+                "int_mm": lambda: torch._int_mm(qx, w_q_t),
+                "onednn": lambda: quant.int8_gemm(qx, ql),
+                "quant": lambda: quant.quantize_rows(x),
+                "epilog": epilogue,
+                "linear": lambda: quant.linear(x, ql, bias, act, res),
+            }
+            times = {k: [] for k in fns}
+            for f in fns.values():
+                f()
+            for r in range(args.rounds):
+                order = list(fns.items())
+                k0 = r % len(order)
+                for k, f in order[k0:] + order[:k0]:
+                    t0 = time.perf_counter()
+                    f()
+                    times[k].append(time.perf_counter() - t0)
+            med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+            tops = 2 * M * N * K / (med["linear"] * 1e-3) / 1e12
+            cells = [name, str(M)] + [f"{med[k]:.3f}" for k in fns] + [f"{tops:.2f}"]
+            print("  ".join(f"{c:>12}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
