@@ -34,6 +34,8 @@ bool set_isa(Isa isa);
 bool isa_supported(Isa isa);
 // AVX-512 BF16 dot products (vdpbf16ps) on top of AVX-512F/BW/VL/DQ.
 bool has_avx512_bf16();
+// Whether the CPU has AMX tiles and the OS granted this process their state (requested once).
+bool amx_tiles_permitted();
 // Whether the bf16 small-M GEMM may use AMX tiles when the CPU has them (default yes; tests switch it off
 // to cover the AVX-512 BF16 path; BERTFAST_CPU_AMX=0 does too).
 bool amx_enabled();

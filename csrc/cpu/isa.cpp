@@ -8,6 +8,11 @@
 
 #include "common.h"
 
+#if BF_X86 && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace bertfast {
 namespace cpu {
 
@@ -27,6 +32,21 @@ bool has_avx512_bf16() {
 #if BF_X86
   static const bool bf = isa_supported(Isa::Avx512) && __builtin_cpu_supports("avx512bf16");
   return bf;
+#else
+  return false;
+#endif
+}
+
+bool amx_tiles_permitted() {
+#if BF_X86 && defined(__linux__)
+  // Linux hands out the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA);
+  // asked once per process, for every AMX kernel (bf16 and int8).
+  static const bool permitted = [] {
+    if (!__builtin_cpu_supports("amx-tile")) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return permitted;
 #else
   return false;
 #endif

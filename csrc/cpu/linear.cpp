@@ -16,10 +16,6 @@
 
 #if BF_X86
 #include <immintrin.h>
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 #endif
 
 namespace bertfast {
@@ -449,16 +445,7 @@ BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, in
 
 // AMX needs the CPU feature and the kernel's permission to use the tile state (Linux: arch_prctl).
 bool amx_usable() {
-  static const bool usable = [] {
-    if (!has_avx512_bf16() || !__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16"))
-      return false;
-#if defined(__linux__)
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-    return false;
-#endif
-  }();
+  static const bool usable = has_avx512_bf16() && __builtin_cpu_supports("amx-bf16") && amx_tiles_permitted();
   return usable;
 }
 #endif

@@ -8,10 +8,6 @@
 // int8_linear_small: the whole int8 linear for small token counts, epilogue fused, on weights packed at
 // load: AMX-int8 tiles, AVX512-VNNI, or a portable loop, chosen at run time; threads via HelperPool.
 #include <omp.h>
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #include <cmath>
 #include <algorithm>
@@ -440,15 +436,7 @@ BF_TARGET_AMX_INT8 void amx_int8_config(int rows) {
 }
 
 bool amx_int8_usable() {
-  static const bool usable = [] {
-    if (!has_vnni() || !__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8")) return false;
-#if defined(__linux__)
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-    return false;
-#endif
-  }();
+  static const bool usable = has_vnni() && __builtin_cpu_supports("amx-int8") && amx_tiles_permitted();
   return usable;
 }
 
