@@ -7,6 +7,7 @@
 // fp32 whatever the storage type; bf16 is rounded to nearest even once, on store.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -81,6 +82,23 @@ BF_INLINE bf16 from_float<bf16>(float f) {
 
 // exp(x) in fp32, ~1 ulp on the range softmax/GELU use; branch-free so loops over it vectorize.
 // Inputs below -87.3 return ~1e-38 instead of 0 (harmless for softmax weights and erfc tails).
+// The end of a portable LayerNorm row: `row` holds the H values shifted by a constant and `sum` their
+// sum; two-pass variance on the shifted row, then out = (row - mean) * rstd * gamma + beta.
+template <typename T>
+BF_INLINE void normalize_row(const float* row, float sum, int64_t H, float eps, const T* gamma, const T* beta,
+                             T* out) {
+  const float mean = sum / float(H);
+  float var = 0.f;
+#pragma omp simd reduction(+ : var)
+  for (int64_t i = 0; i < H; ++i) {
+    float c = row[i] - mean;
+    var += c * c;
+  }
+  const float rstd = 1.0f / std::sqrt(var / float(H) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < H; ++i) out[i] = from_float<T>((row[i] - mean) * rstd * to_float(gamma[i]) + to_float(beta[i]));
+}
+
 BF_INLINE float exp_f(float x) {
   x = x < -87.3f ? -87.3f : x;
   x = x > 88.7f ? 88.7f : x;

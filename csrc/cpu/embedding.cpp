@@ -39,17 +39,7 @@ BF_INLINE void embed_thread(const int64_t* ids, const int64_t* positions, const 
         sum += row[i];
       }
     }
-    const float mean = sum / float(H);
-    float var = 0.f;
-#pragma omp simd reduction(+ : var)
-    for (int64_t i = 0; i < H; ++i) {
-      float c = row[i] - mean;
-      var += c * c;
-    }
-    const float rstd = 1.0f / std::sqrt(var / float(H) + eps);
-    T* o = out + t * H;
-#pragma omp simd
-    for (int64_t i = 0; i < H; ++i) o[i] = from_float<T>((row[i] - mean) * rstd * to_float(gamma[i]) + to_float(beta[i]));
+    normalize_row(row, sum, H, eps, gamma, beta, out + t * H);
   }
 }
 
