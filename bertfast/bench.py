@@ -215,17 +215,23 @@ def _onnxruntime_factory(source: Source, dtype: torch.dtype) -> Provider:
                                                  hidden_size=cfg.hidden_size)
             fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
             optimized.save_model_to_file(opt)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = torch.get_num_threads()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session = ort.InferenceSession(opt, opts, providers=["CPUExecutionProvider"])
+        fn = _ort_forward(ort, opt, names)
     build = time.perf_counter() - t0
+    return Provider("onnxruntime", dtype, fn, build, {"fused_ops": fused, "opset": 17})
+
+
+def _ort_forward(ort, path: str, names: list[str]):
+    """An ONNX Runtime CPU session on the model at `path` (loaded now), as a Batch -> last_hidden_state."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = torch.get_num_threads()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
     def fn(b: Batch):
         feeds = {n: t.numpy() for n, t in zip(names, (b.input_ids, b.attention_mask, b.token_type_ids))}
         return torch.from_numpy(session.run(["last_hidden_state"], feeds)[0])
 
-    return Provider("onnxruntime", dtype, fn, build, {"fused_ops": fused, "opset": 17})
+    return fn
 
 
 def _int8_only_fp32(dtype: torch.dtype) -> None:
@@ -279,16 +285,8 @@ def _onnxruntime_int8_factory(source: Source, dtype: torch.dtype) -> Provider:
             quantize_dynamic(raw, q8, weight_type=QuantType.QInt8)
         finally:
             logging.getLogger().setLevel(level)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = torch.get_num_threads()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session = ort.InferenceSession(q8, opts, providers=["CPUExecutionProvider"])
+        fn = _ort_forward(ort, q8, names)
     build = time.perf_counter() - t0
-
-    def fn(b: Batch):
-        feeds = {n: t.numpy() for n, t in zip(names, (b.input_ids, b.attention_mask, b.token_type_ids))}
-        return torch.from_numpy(session.run(["last_hidden_state"], feeds)[0])
-
     return Provider("onnxruntime-int8", dtype, fn, build,
                     {"quantized": "int8", "scheme": "quantize_dynamic, QInt8 weights per tensor"})
 
