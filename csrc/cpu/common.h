@@ -173,6 +173,31 @@ BF_INLINE float apply_act(float x, Act act) {
 #if BF_X86
 // ---- 16-lane AVX-512 versions of the above (same algorithms) and fp32 <-> storage conversions ----
 
+// The tile configuration both AMX GEMMs (bf16 and int8) use: tmm0-2 accumulators and tmm3 the A tile,
+// `rows` rows of 64 bytes; tmm4-6 B tiles, 16 rows of 64 bytes. Inlined into the AMX kernels.
+struct alignas(64) AmxTileConfig {  // the 64-byte operand of LDTILECFG (palette 1)
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+__attribute__((target("amx-tile"))) BF_INLINE void amx_load_tile_config(int rows) {
+  AmxTileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 4; ++t) {
+    cfg.rows[t] = uint8_t(rows);
+    cfg.colsb[t] = 64;
+  }
+  for (int t = 4; t < 7; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
 BF_TARGET_AVX512 BF_INLINE __m512 exp512(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
   x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));

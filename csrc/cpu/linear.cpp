@@ -368,32 +368,10 @@ BF_TARGET_AVX512BF16 void linear_avx512(const T* x, int64_t ldx, const T* packed
   __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c," \
                         "bmi2,prefer-vector-width=512")))
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 constexpr int kAmxRows = 16;
 constexpr int64_t kAmxK = 32;                           // bf16 elements of K per tile step
 constexpr int64_t kAmxPrefetch = 2 * 16 * kPanel * 4;  // bytes ahead in the weight stream: two steps
 
-BF_TARGET_AMX void amx_config(int rows) {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int t = 0; t < 4; ++t) {  // tmm0-2: C [rows x 16 fp32]; tmm3: A [rows x 32 bf16]
-    cfg.rows[t] = uint8_t(rows);
-    cfg.colsb[t] = 64;
-  }
-  for (int t = 4; t < 7; ++t) {  // tmm4-6: B [16 k pairs x 16 columns x 2]
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
 
 BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N, int64_t K,
                               const Epilogue& ep, int nt) {
@@ -413,7 +391,7 @@ BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, in
       for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {
         const int mr = int(std::min<int64_t>(kAmxRows, M - m0));
         if (mr != configured) {
-          amx_config(mr);
+          amx_load_tile_config(mr);
           configured = mr;
         }
         _tile_zero(0);

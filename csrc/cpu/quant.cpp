@@ -412,28 +412,6 @@ BF_TARGET_VNNI void small_panels_vnni(const SmallArgs& a, int64_t p0, int64_t p1
   __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c," \
                         "bmi2,prefer-vector-width=512")))
 
-struct alignas(64) Int8TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-BF_TARGET_AMX_INT8 void amx_int8_config(int rows) {
-  Int8TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int t = 0; t < 4; ++t) {  // tmm0-2: C [rows x 16 int32]; tmm3: A [rows x 64 int8]
-    cfg.rows[t] = uint8_t(rows);
-    cfg.colsb[t] = 64;
-  }
-  for (int t = 4; t < 7; ++t) {  // tmm4-6: B [16 groups of 4 along K x 16 columns x 4]
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
 
 bool amx_int8_usable() {
   static const bool usable = has_vnni() && __builtin_cpu_supports("amx-int8") && amx_tiles_permitted();
@@ -480,7 +458,7 @@ BF_TARGET_AMX_INT8 void small_panels_amx(const SmallArgs& a, int64_t p0, int64_t
     for (int64_t m0 = 0; m0 < a.M; m0 += 16) {
       const int mr = int(std::min<int64_t>(16, a.M - m0));
       if (mr != configured) {
-        amx_int8_config(mr);
+        amx_load_tile_config(mr);
         configured = mr;
       }
       _tile_zero(0);
