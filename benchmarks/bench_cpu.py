@@ -28,16 +28,13 @@ WORKLOADS = ("b1xs16", "b8xs128", "b8xs128-ragged")
 
 
 def make_inputs(workload: str, vocab: int, seed: int = 0):
-    """(input_ids, attention_mask) of a workload; ragged lengths are uniform in [16, 128]."""
-    g = torch.Generator().manual_seed(seed)
-    batch, seqlen = (1, 16) if workload == "b1xs16" else (8, 128)
-    ids = torch.randint(1000, vocab, (batch, seqlen), generator=g)
-    mask = torch.ones(batch, seqlen, dtype=torch.long)
-    if workload.endswith("ragged"):
-        lengths = torch.randint(16, seqlen + 1, (batch,), generator=g)
-        lengths[0] = seqlen  # the batch keeps its padded width
-        mask = (torch.arange(seqlen)[None, :] < lengths[:, None]).long()
-    return ids, mask
+    """(input_ids, attention_mask) of a workload (bertfast.workloads: 'ragged' lengths are the evenly
+    spaced quantiles of uniform [16, 128], i.e. the distribution's mean fill)."""
+    from bertfast.workloads import Workload, make_batch
+
+    wl = Workload.parse(workload)
+    batch = make_batch(wl.batch, wl.seqlen, wl.lengths, vocab_size=vocab, seed=seed)
+    return batch.input_ids, batch.attention_mask
 
 
 def setup(provider: str, hf_fp32, dtype: torch.dtype):

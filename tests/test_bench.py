@@ -169,7 +169,7 @@ def test_make_batch_lengths_and_mask(dist):
     b = workloads.make_batch(16, 48, dist, vocab_size=30522, seed=3)
     assert b.shape == (16, 48)
     assert b.attention_mask.sum(1).tolist() == b.lengths
-    lo = {"full": 48, "uniform": 12, "short": 4}[dist]
+    lo = {"full": 48, "uniform": 12, "ragged": 16, "short": 4}[dist]
     assert all(lo <= n <= 48 for n in b.lengths)
     real = b.attention_mask.bool()
     assert bool((b.input_ids[~real] == 0).all()) and bool((b.token_type_ids[~real] == 0).all())
@@ -177,6 +177,17 @@ def test_make_batch_lengths_and_mask(dist):
     assert int(b.input_ids[real].min()) >= 101 and int(b.input_ids.max()) < 30522
     again = workloads.make_batch(16, 48, dist, vocab_size=30522, seed=3)
     assert torch.equal(again.input_ids, b.input_ids)
+
+
+def test_ragged_distribution_is_stratified_uniform_16_to_seqlen():
+    # The batch's lengths are the evenly spaced quantiles of U{16..128}: its fill is the mean's.
+    lengths = workloads.sample_lengths(8, 128, "ragged", seed=1)
+    assert sorted(lengths) == [23, 37, 51, 65, 79, 93, 107, 121]
+    assert sum(lengths) / (8 * 128) == pytest.approx(72 / 128)
+    assert workloads.sample_lengths(8, 128, "ragged", seed=2) != lengths  # order shuffled by seed
+    big = workloads.sample_lengths(1000, 128, "ragged")
+    assert min(big) == 16 and max(big) == 128
+    assert workloads.sample_lengths(3, 10, "ragged") == [10, 10, 10]  # seqlen below 16: full
 
 
 def test_short_distribution_is_short():

@@ -146,3 +146,23 @@ def test_fp16_rejected():
 def test_auto_picks_cpu():
     hf = hf_model(dict(hidden_size=64, num_attention_heads=2, intermediate_size=128))
     assert Encoder.from_hf(hf).backend == "cpu"
+
+
+@pytest.mark.parametrize("rows", [385, 1000])
+@pytest.mark.parametrize("shape", [(48, 96), (96, 48)], ids=["narrow-out", "wide-out"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_large_m_bf16_linear_row_blocks(rows, shape, residual):
+    # Above _ONEDNN_MAX_ROWS tokens a bf16 GEMM whose output is no wider than its input runs on oneDNN
+    # in row blocks: the result must be the one-call result's math, every row in its place.
+    n, k = shape
+    g = torch.Generator().manual_seed(rows + n)
+    w = (torch.randn(n, k, generator=g) * 0.1).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16()
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    r = torch.randn(rows, n, generator=g).bfloat16() if residual else None
+    backend = CpuBackend()
+    out = backend.linear(x, w, b, "none", r)
+    ref = x.double() @ w.double().t() + b.double() + (r.double() if residual else 0)
+    assert out.shape == (rows, n) and out.dtype == torch.bfloat16
+    # bf16 output rounding (2^-8 relative) plus fp32 accumulation order.
+    assert ((out.double() - ref).abs() / (ref.abs() + 1)).max().item() < 1e-2
