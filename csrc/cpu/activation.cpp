@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include "common.h"
+#include "pool.h"
 
 namespace bertfast {
 namespace cpu {
@@ -22,10 +23,10 @@ BF_INLINE void bias_act_rows(T* x, const T* bias, int64_t lo, int64_t hi, int64_
 }
 
 template <typename T>
-BF_INLINE void bias_act_thread(T* x, const T* bias, int64_t tokens, int64_t N, Act act) {
+BF_INLINE void bias_act_thread(T* x, const T* bias, int64_t tokens, int64_t N, Act act, int part, int parts) {
   DenormalGuard ftz;
   int64_t lo, hi;
-  split_range(tokens, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+  split_range(tokens, part, parts, &lo, &hi);
   // One loop per activation so each inner loop is a straight vectorizable body.
   switch (act) {
     case Act::Gelu:
@@ -48,10 +49,11 @@ BF_INLINE void bias_act_thread(T* x, const T* bias, int64_t tokens, int64_t N, A
 #if BF_X86
 // Exact GELU with intrinsics (gelu_erf512): the hot activation of BERT's FFN after a large GEMM.
 template <typename T>
-BF_TARGET_AVX512 BF_INLINE void bias_gelu_thread_avx512(T* x, const T* bias, int64_t tokens, int64_t N) {
+BF_TARGET_AVX512 BF_INLINE void bias_gelu_thread_avx512(T* x, const T* bias, int64_t tokens, int64_t N, int part,
+                                                        int parts) {
   DenormalGuard ftz;
   int64_t lo, hi;
-  split_range(tokens, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+  split_range(tokens, part, parts, &lo, &hi);
   for (int64_t t = lo; t < hi; ++t) {
     T* r = x + t * N;
     for (int64_t i = 0; i < N; i += 16) {
@@ -64,28 +66,28 @@ BF_TARGET_AVX512 BF_INLINE void bias_gelu_thread_avx512(T* x, const T* bias, int
 }
 
 template <typename T>
-BF_TARGET_AVX512 void bias_act_avx512(T* x, const T* bias, int64_t tokens, int64_t N, Act act) {
+BF_TARGET_AVX512 void bias_act_avx512(T* x, const T* bias, int64_t tokens, int64_t N, Act act, int part, int parts) {
   if (act == Act::Gelu) {
-#pragma omp parallel num_threads(threads_for(tokens * N * 8))
-    bias_gelu_thread_avx512(x, bias, tokens, N);
+    bias_gelu_thread_avx512(x, bias, tokens, N, part, parts);
     return;
   }
-#pragma omp parallel num_threads(threads_for(tokens * N * 8))
-  bias_act_thread(x, bias, tokens, N, act);
+  bias_act_thread(x, bias, tokens, N, act, part, parts);
 }
 #endif
 
 template <typename T>
-void bias_act_generic(T* x, const T* bias, int64_t tokens, int64_t N, Act act) {
-#pragma omp parallel num_threads(threads_for(tokens * N * 8))
-  bias_act_thread(x, bias, tokens, N, act);
+void bias_act_generic(T* x, const T* bias, int64_t tokens, int64_t N, Act act, int part, int parts) {
+  bias_act_thread(x, bias, tokens, N, act, part, parts);
 }
 
 }  // namespace
 
 template <typename T>
 void bias_act(T* x, const T* bias, int64_t tokens, int64_t features, Act act) {
-  BF_DISPATCH(bias_act, x, bias, tokens, features, act);
+  const int nt = threads_for(tokens * features * 8);
+  parallel_for(tokens, nt, nt, [&](int64_t part) {
+    BF_DISPATCH(bias_act, x, bias, tokens, features, act, int(part), nt);
+  });
 }
 
 template void bias_act<float>(float*, const float*, int64_t, int64_t, Act);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common.h"
+#include "pool.h"
 
 
 namespace bertfast {
@@ -275,19 +276,16 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
 #if BF_X86
 template <typename T>
 BF_TARGET_AVX512 void attention_avx512(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu,
-                                       int64_t batch, int64_t heads, int64_t d, float scale, T* out, int nt) {
-  std::atomic<int64_t> next{0};
-#pragma omp parallel num_threads(nt)
-  attention_thread<T, Avx512Block>(q, k, v, st, cu, batch, heads, d, scale, out, &next);
+                                       int64_t batch, int64_t heads, int64_t d, float scale, T* out,
+                                       std::atomic<int64_t>* next) {
+  attention_thread<T, Avx512Block>(q, k, v, st, cu, batch, heads, d, scale, out, next);
 }
 #endif
 
 template <typename T>
 void attention_generic(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu, int64_t batch,
-                       int64_t heads, int64_t d, float scale, T* out, int nt) {
-  std::atomic<int64_t> next{0};
-#pragma omp parallel num_threads(nt)
-  attention_thread<T, GenericBlock>(q, k, v, st, cu, batch, heads, d, scale, out, &next);
+                       int64_t heads, int64_t d, float scale, T* out, std::atomic<int64_t>* next) {
+  attention_thread<T, GenericBlock>(q, k, v, st, cu, batch, heads, d, scale, out, next);
 }
 
 }  // namespace
@@ -303,7 +301,11 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
   if (work == 0) return;
   // Work items are whole (sequence, head) pairs: worth a second thread from a few of them on.
   const int nt = int(std::min<int64_t>(batch * heads, threads_for(work * heads * head_dim)));
-  BF_DISPATCH(attention, q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, nt);
+  // Every thread claims (sequence, head) items from one counter until none are left.
+  std::atomic<int64_t> next{0};
+  parallel_for(cu_seqlens[batch], nt, nt, [&](int64_t) {
+    BF_DISPATCH(attention, q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
+  });
 }
 
 template void attention<float>(const float*, const float*, const float*, const AttnStrides&, const int32_t*,

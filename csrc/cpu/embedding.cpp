@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common.h"
+#include "pool.h"
 
 namespace bertfast {
 namespace cpu {
@@ -14,9 +15,9 @@ namespace {
 template <typename T>
 BF_INLINE void embed_thread(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word,
                             const T* pos, const T* type, const T* gamma, const T* beta, float eps,
-                            int64_t tokens, int64_t H, T* out) {
+                            int64_t tokens, int64_t H, T* out, int part, int parts) {
   int64_t lo, hi;
-  split_range(tokens, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+  split_range(tokens, part, parts, &lo, &hi);
   std::vector<float> buf(H);
   float* row = buf.data();
   for (int64_t t = lo; t < hi; ++t) {
@@ -47,18 +48,16 @@ BF_INLINE void embed_thread(const int64_t* ids, const int64_t* positions, const 
 template <typename T>
 BF_TARGET_AVX512 void embed_avx512(const int64_t* ids, const int64_t* positions, const int64_t* types,
                                    const T* word, const T* pos, const T* type, const T* gamma, const T* beta,
-                                   float eps, int64_t tokens, int64_t H, T* out) {
-#pragma omp parallel num_threads(threads_for(tokens * H))
-  embed_thread(ids, positions, types, word, pos, type, gamma, beta, eps, tokens, H, out);
+                                   float eps, int64_t tokens, int64_t H, T* out, int part, int parts) {
+  embed_thread(ids, positions, types, word, pos, type, gamma, beta, eps, tokens, H, out, part, parts);
 }
 #endif
 
 template <typename T>
 void embed_generic(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word,
                    const T* pos, const T* type, const T* gamma, const T* beta, float eps, int64_t tokens,
-                   int64_t H, T* out) {
-#pragma omp parallel num_threads(threads_for(tokens * H))
-  embed_thread(ids, positions, types, word, pos, type, gamma, beta, eps, tokens, H, out);
+                   int64_t H, T* out, int part, int parts) {
+  embed_thread(ids, positions, types, word, pos, type, gamma, beta, eps, tokens, H, out, part, parts);
 }
 
 }  // namespace
@@ -66,7 +65,10 @@ void embed_generic(const int64_t* ids, const int64_t* positions, const int64_t* 
 template <typename T>
 void embed(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word, const T* pos,
            const T* type, const T* gamma, const T* beta, float eps, int64_t tokens, int64_t hidden, T* out) {
-  BF_DISPATCH(embed, ids, positions, types, word, pos, type, gamma, beta, eps, tokens, hidden, out);
+  const int nt = threads_for(tokens * hidden);
+  parallel_for(tokens, nt, nt, [&](int64_t part) {
+    BF_DISPATCH(embed, ids, positions, types, word, pos, type, gamma, beta, eps, tokens, hidden, out, int(part), nt);
+  });
 }
 
 template void embed<float>(const int64_t*, const int64_t*, const int64_t*, const float*, const float*,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common.h"
+#include "pool.h"
 
 namespace bertfast {
 namespace cpu {
@@ -53,9 +54,9 @@ BF_INLINE void layernorm_rows(const T* x, const T* residual, const T* bias, cons
 
 template <typename T>
 BF_INLINE void layernorm_thread(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta,
-                                float eps, int64_t tokens, int64_t H, T* out) {
+                                float eps, int64_t tokens, int64_t H, T* out, int part, int parts) {
   int64_t lo, hi;
-  split_range(tokens, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+  split_range(tokens, part, parts, &lo, &hi);
   std::vector<float> row(H);
   layernorm_rows(x, residual, bias, gamma, beta, eps, lo, hi, H, out, row.data());
 }
@@ -63,17 +64,16 @@ BF_INLINE void layernorm_thread(const T* x, const T* residual, const T* bias, co
 #if BF_X86
 template <typename T>
 BF_TARGET_AVX512 void layernorm_avx512(const T* x, const T* residual, const T* bias, const T* gamma,
-                                       const T* beta, float eps, int64_t tokens, int64_t H, T* out) {
-#pragma omp parallel num_threads(threads_for(tokens * H))
-  layernorm_thread(x, residual, bias, gamma, beta, eps, tokens, H, out);
+                                       const T* beta, float eps, int64_t tokens, int64_t H, T* out, int part,
+                                       int parts) {
+  layernorm_thread(x, residual, bias, gamma, beta, eps, tokens, H, out, part, parts);
 }
 #endif
 
 template <typename T>
 void layernorm_generic(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta, float eps,
-                       int64_t tokens, int64_t H, T* out) {
-#pragma omp parallel num_threads(threads_for(tokens * H))
-  layernorm_thread(x, residual, bias, gamma, beta, eps, tokens, H, out);
+                       int64_t tokens, int64_t H, T* out, int part, int parts) {
+  layernorm_thread(x, residual, bias, gamma, beta, eps, tokens, H, out, part, parts);
 }
 
 }  // namespace
@@ -81,7 +81,10 @@ void layernorm_generic(const T* x, const T* residual, const T* bias, const T* ga
 template <typename T>
 void layernorm(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta, float eps,
                int64_t tokens, int64_t hidden, T* out) {
-  BF_DISPATCH(layernorm, x, residual, bias, gamma, beta, eps, tokens, hidden, out);
+  const int nt = threads_for(tokens * hidden);
+  parallel_for(tokens, nt, nt, [&](int64_t part) {
+    BF_DISPATCH(layernorm, x, residual, bias, gamma, beta, eps, tokens, hidden, out, int(part), nt);
+  });
 }
 
 template void layernorm<float>(const float*, const float*, const float*, const float*, const float*, float,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common.h"
+#include "pool.h"
 
 #if BF_X86
 #include <immintrin.h>
@@ -142,13 +143,13 @@ BF_INLINE void tile_generic(const bf16* x, int64_t ldx, const bf16* wp, int64_t 
 }
 
 template <typename T>
-BF_INLINE void linear_thread_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
-                                     const Epilogue& ep) {
+void linear_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K, const Epilogue& ep,
+                    int part, int parts) {
   DenormalGuard ftz;
   const int64_t panels = (N + kPanel - 1) / kPanel;
   const int64_t panel_elems = (sizeof(T) == 2 ? 2 * ((K + 1) / 2) : K) * kPanel;
   int64_t lo, hi;
-  split_range(panels, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+  split_range(panels, part, parts, &lo, &hi);
   alignas(64) float tile[kMaxRows * kPanel];
   for (int64_t p = lo; p < hi; ++p) {
     const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
@@ -158,13 +159,6 @@ BF_INLINE void linear_thread_generic(const T* x, int64_t ldx, const T* packed, i
       store_tile<T>(tile, mr, m0, p * kPanel, nvalid, ep);
     }
   }
-}
-
-template <typename T>
-void linear_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K, const Epilogue& ep,
-                    int nt) {
-#pragma omp parallel num_threads(nt)
-  linear_thread_generic(x, ldx, packed, M, N, K, ep);
 }
 
 #if BF_X86
@@ -320,9 +314,8 @@ BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512_rows(const T* x, int64_t ldx, co
 // dot-product one runs only when the CPU has AVX-512 BF16 (`dot`).
 template <typename T>
 BF_TARGET_AVX512BF16 void linear_avx512(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
-                                        const Epilogue& ep, int nt) {
+                                        const Epilogue& ep, int part, int parts) {
   const bool dot = has_avx512_bf16();
-#pragma omp parallel num_threads(nt)
   {
     DenormalGuard ftz;
     const int64_t panels = (N + kPanel - 1) / kPanel;
@@ -330,7 +323,7 @@ BF_TARGET_AVX512BF16 void linear_avx512(const T* x, int64_t ldx, const T* packed
     const int64_t steps = kPairs ? (K + 1) / 2 : K;  // k steps (bf16: k pairs) per sweep
     const int64_t panel_elems = (kPairs ? 2 * steps : K) * kPanel;
     int64_t lo, hi;
-    split_range(panels, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+    split_range(panels, part, parts, &lo, &hi);
     const int64_t passes = (M + kMaxRows - 1) / kMaxRows;
     std::vector<float> acc(passes * kMaxRows * kPanel);
     // A panel is processed in K chunks so the rows of x a sweep reads (8 x kKChunk) stay in L1; the
@@ -374,15 +367,14 @@ constexpr int64_t kAmxPrefetch = 2 * 16 * kPanel * 4;  // bytes ahead in the wei
 
 
 BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N, int64_t K,
-                              const Epilogue& ep, int nt) {
+                              const Epilogue& ep, int part, int parts) {
   static_assert(kPanel == 48, "the AMX kernel holds a panel in three 16-column tiles");
-#pragma omp parallel num_threads(nt)
   {
     DenormalGuard ftz;
     const int64_t panels = (N + kPanel - 1) / kPanel;
     const int64_t panel_elems = K * kPanel;  // K is even here
     int64_t lo, hi;
-    split_range(panels, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+    split_range(panels, part, parts, &lo, &hi);
     alignas(64) float tile[kAmxRows * kPanel];
     int configured = -1;
     for (int64_t p = lo; p < hi; ++p) {
@@ -438,14 +430,20 @@ void linear_small_m(const T* x, int64_t ldx, const T* packed, const T* bias, con
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int nt = int(std::min<int64_t>(panels, threads_for(m * n * k / 4)));
 #if BF_X86
-  if constexpr (sizeof(T) == 2) {
-    if (active_isa() == Isa::Avx512 && k % kAmxK == 0 && amx_usable() && amx_enabled()) {
-      linear_amx(x, ldx, packed, m, n, k, ep, nt);
-      return;
-    }
-  }
+  const bool amx = sizeof(T) == 2 && active_isa() == Isa::Avx512 && k % kAmxK == 0 && amx_usable() && amx_enabled();
 #endif
-  BF_DISPATCH(linear, x, ldx, packed, m, n, k, ep, nt);
+  // One part per thread: each streams a contiguous range of panels.
+  parallel_for(m, nt, nt, [&](int64_t part) {
+#if BF_X86
+    if constexpr (sizeof(T) == 2) {
+      if (amx) {
+        linear_amx(x, ldx, packed, m, n, k, ep, int(part), nt);
+        return;
+      }
+    }
+#endif
+    BF_DISPATCH(linear, x, ldx, packed, m, n, k, ep, int(part), nt);
+  });
 }
 
 template void linear_small_m<float>(const float*, int64_t, const float*, const float*, const float*, int64_t,

@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "common.h"
+#include "pool.h"
 
 namespace bertfast {
 namespace cpu {
@@ -189,12 +190,12 @@ BF_TARGET_AVX512 void epilogue_range_avx512(float* out, int64_t lo_row, int64_t 
 }  // namespace
 
 void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp) {
-// Threads only for large inputs: a short call is not worth an OpenMP fork-join.
-#pragma omp parallel num_threads(M * K >= (int64_t(1) << 20) ? num_threads() : 1)
-  {
+  // Threads only for large inputs: a short call is not worth waking another thread.
+  const int nt = M * K >= (int64_t(1) << 20) ? num_threads() : 1;
+  parallel_for(M, nt, nt, [&](int64_t part) {
     DenormalGuard ftz;
     int64_t lo, hi;
-    split_range(M, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+    split_range(M, int(part), nt, &lo, &hi);
 #if BF_X86
     if (active_isa() == Isa::Avx512) {
       quantize_rows_range_avx512(x, ldx, lo, hi, K, q, scale, zp);
@@ -204,17 +205,17 @@ void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q,
 #else
     quantize_rows_range_generic(x, ldx, lo, hi, K, q, scale, zp);
 #endif
-  }
+  });
 }
 
 void int8_epilogue(float* out, int64_t M, int64_t N, const float* xs, const int32_t* zp, const float* colsum,
                    const float* bias, Act act, const float* residual, int64_t ldr) {
   const int64_t cost = act == Act::None || act == Act::Relu ? 4 : 16;
-#pragma omp parallel num_threads(threads_for(M * N * cost))
-  {
+  const int nt = threads_for(M * N * cost);
+  parallel_for(M, nt, nt, [&](int64_t part) {
     DenormalGuard ftz;
     int64_t lo, hi;
-    split_range(M, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+    split_range(M, int(part), nt, &lo, &hi);
 #if BF_X86
     if (active_isa() == Isa::Avx512) {
       epilogue_range_avx512(out, lo, hi, N, xs, zp, colsum, bias, act, residual, ldr);
@@ -224,7 +225,7 @@ void int8_epilogue(float* out, int64_t M, int64_t N, const float* xs, const int3
 #else
     epilogue_range_generic(out, lo, hi, N, xs, zp, colsum, bias, act, residual, ldr);
 #endif
-  }
+  });
 }
 
 }  // namespace cpu
@@ -525,13 +526,7 @@ void int8_linear_small(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const
     small_panels_generic(*x.a, p0, p1);
 #endif
   };
-  // The same OpenMP team as every other op of the forward: a second thread pool would compete with
-  // OpenMP's workers, which spin for a while after each parallel region, for the machine's cores
-  // (measured on 2 cores: a helper pool made b1 x s16 int8 forwards ~1.3x slower). Chunks are claimed
-  // dynamically, so a thread that joins late takes less.
-  std::atomic<int64_t> next{0};
-#pragma omp parallel num_threads(M * N * K < (int64_t(1) << 18) ? 1 : int(std::min<int64_t>(groups, num_threads())))
-  for (int64_t g = next.fetch_add(1); g < groups; g = next.fetch_add(1)) chunk(&ctx, g);
+  parallel_for(M, M * N * K < (int64_t(1) << 18) ? 1 : num_threads(), groups, [&](int64_t g) { chunk(&ctx, g); });
 }
 
 }  // namespace cpu
