@@ -44,6 +44,15 @@ ATOL = {torch.float32: 1e-3, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 # A dropped bias, mask or zero point falls far below it (measured: bertfast int8 >= 0.999 on random
 # BERT-base; ONNX Runtime int8 >= 0.99).
 INT8_MIN_COSINE = 0.98
+# How a round isolates its providers: before each timed call, this many idle seconds, then one untimed
+# call of the same provider. The providers' thread pools keep spinning after a call (torch's and
+# CTranslate2's OpenMP workers, ONNX Runtime's intra-op threads: several ms each) and would take the
+# cores of whichever provider is timed next; after the pause they are asleep. The untimed call then
+# wakes this provider's own threads and caches, so the timed call runs as in back-to-back serving of
+# that provider alone, whatever ran before it. Measured here (BERT-base b1 x s16, 2 cores): back to
+# back with no pause, ONNX Runtime's spinning made the OpenMP providers timed after it 1.5-2.6x slower;
+# a pause alone (no untimed call) made every call pay its pool's wake-up and a cold cache.
+SETTLE_S = 0.05
 
 
 class ProviderSkipped(Exception):
@@ -562,13 +571,14 @@ def _log(msg: str, progress) -> None:
 
 def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10, min_repeats: int = 3,
               budget_s: float = 60.0, warmup: int = 1, seed: int = 0, progress=sys.stderr,
-              preskipped: dict | None = None) -> list[Row]:
+              preskipped: dict | None = None, settle_s: float = SETTLE_S) -> list[Row]:
     """Run every (workload, dtype, provider); returns one Row each, ordered workload, dtype, provider.
 
     Per workload and dtype: each provider is set up (once per dtype), warmed up (first call timed
     as set-up), checked against the fp32 reference on real positions (peak memory measured on
     that call), then timed over `repeats` rounds (fewer, at least `min_repeats`, when one round
-    would overrun `budget_s`), each round calling every valid provider once in rotated order.
+    would overrun `budget_s`), each round calling every valid provider once in rotated order, each
+    timed call preceded by `settle_s` seconds idle and one untimed call (see SETTLE_S; 0: neither).
     """
     device = source.device
     preskipped = dict(preskipped or {})
@@ -650,6 +660,8 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
                 continue
             # Round length from one more call each, so the budget bounds the slowest workloads.
             round_s = sum(time_call(p.fn, batch, device)[0] for p, _ in active)
+            if settle_s > 0:  # each timed call also costs a pause and an untimed call
+                round_s = 2 * round_s + settle_s * len(active)
             reps = max(min_repeats, min(repeats, int(budget_s / max(round_s, 1e-9))))
             _log(f"{tag}: timing {reps} interleaved rounds x {len(active)} providers "
                  f"(~{reps * round_s:.0f} s)", progress)
@@ -661,6 +673,9 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
                     k = r % len(active)
                     for prov, row in active[k:] + active[:k]:
                         try:
+                            if settle_s > 0:
+                                time.sleep(settle_s)
+                                time_call(prov.fn, batch, device)
                             dt, _ = time_call(prov.fn, batch, device)
                         except Exception as e:
                             row.reason = f"failed while timing: {type(e).__name__}: {e}"
@@ -842,6 +857,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--budget", type=float, help="seconds per workload and dtype that bound the "
                         "rounds, never below 3 (default 60, --quick 20)")
     parser.add_argument("--threads", type=int, help="intra-op threads for torch and ONNX Runtime")
+    parser.add_argument("--settle-ms", type=float, default=SETTLE_S * 1e3,
+                        help=f"idle ms, then one untimed call, before each timed call, so the providers do "
+                        f"not slow each other down (default {SETTLE_S * 1e3:.0f}; 0: plain back-to-back rounds)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and random weights")
     parser.add_argument("--json", metavar="F", help="write machine-readable results to F")
@@ -884,6 +902,8 @@ def _parse(args):
         providers = defaults + list(preskipped)
     repeats = args.repeats if args.repeats is not None else (10 if args.quick else 20)
     budget = args.budget if args.budget is not None else (20.0 if args.quick else 60.0)
+    if args.settle_ms < 0:
+        raise ValueError(f"--settle-ms must be >= 0, got {args.settle_ms:g}")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     if args.threads is not None and args.threads < 1:
@@ -921,12 +941,13 @@ def run(args) -> int:
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     t0 = time.perf_counter()
     rows = run_bench(source, workloads, dtypes, providers, repeats=repeats, budget_s=budget,
-                     seed=args.seed, preskipped=preskipped)
+                     seed=args.seed, preskipped=preskipped, settle_s=args.settle_ms / 1e3)
     elapsed = time.perf_counter() - t0
     env = environment(device)
     print(f"\n{source.label} on {env['machine']['cpu'] or device}, {env['machine']['torch_threads']} threads, "
           f"torch {env['versions']['torch']}; median/p90 of interleaved rounds; tokens/s counts real "
-          f"tokens; 'vs sdpa' = hf-sdpa median / row median (same dtype); max err = max abs "
+          f"tokens; {args.settle_ms:g} ms idle and an untimed call before each timed one; 'vs sdpa' = hf-sdpa median / row median "
+          f"(same dtype); max err = max abs "
           f"difference from the fp32 HF model on real positions")
     print(format_table(rows))
     loads = [x for x in (load_before, env["machine"]["load_average_1m"]) if x is not None]
@@ -944,6 +965,7 @@ def run(args) -> int:
                   "model": {"label": source.label, "dir": source.model_dir, "config": asdict(source.config)},
                   "settings": {"workloads": [w.name for w in workloads], "dtypes": dtypes,
                                "providers": providers, "repeats": repeats, "budget_s": budget,
+                               "settle_ms": args.settle_ms,
                                "seed": args.seed, "baseline": BASELINE, "tolerance_atol":
                                {str(k).replace("torch.", ""): v for k, v in ATOL.items()}},
                   "elapsed_s": elapsed, "load_average_1m_at_start": load_before,

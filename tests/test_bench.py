@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import time
 import zlib
 
 import pytest
@@ -139,11 +140,41 @@ def test_failed_or_missing_providers_are_skipped_with_reason(monkeypatch, tmp_pa
     assert "SKIPPED: set-up failed: RuntimeError: no such device" in table
 
 
+@pytest.mark.parametrize("settle_ms", [0.0, 1.0])
+def test_settle_pause_and_untimed_call_before_each_timed_call(settle_ms, tmp_path, monkeypatch):
+    # With a settle time every timed call is preceded by a pause and one untimed call of the same
+    # provider (so the previous provider's threads are asleep and this one's are awake); without, plain
+    # back-to-back rounds.
+    calls = []
+
+    def counting(source, dtype):
+        from bertfast import Encoder
+
+        enc = Encoder.from_hf(source.reference, backend="torch", dtype=dtype)
+
+        def fn(b):
+            calls.append(time.perf_counter())
+            return enc(b.input_ids, b.attention_mask, b.token_type_ids).last_hidden_state
+
+        return bench.Provider("counting", dtype, fn)
+
+    monkeypatch.setitem(bench.FACTORIES, "counting", counting)
+    out_json = tmp_path / "bench.json"
+    assert _run_cli(["--workloads", "b2xs16", "--dtypes", "fp32", "--providers", "counting",
+                     "--settle-ms", str(settle_ms), "--json", str(out_json)]) == 0
+    report, rows = _rows(out_json)
+    row = rows[("b2xs16", "fp32", "counting")]
+    assert report["settings"]["settle_ms"] == settle_ms
+    # Set-up: first call, 1 warm-up, the validated call, the round-length call; then the rounds.
+    assert len(calls) == 4 + row["repeats"] * (2 if settle_ms else 1)
+
+
 @pytest.mark.parametrize("args, message", [
     pytest.param(["--providers", "nope"], "unknown provider 'nope'", id="unknown-provider"),
     pytest.param(["--workloads", "b8s128"], "is not of the form", id="bad-workload"),
     pytest.param(["--dtypes", "fp8"], "unknown dtype 'fp8'", id="bad-dtype"),
     pytest.param(["--repeats", "0"], "--repeats must be >= 1", id="zero-repeats"),
+    pytest.param(["--settle-ms", "-1"], "--settle-ms must be >= 0", id="negative-settle"),
 ])
 def test_bad_arguments_exit_2_with_message(args, message, capsys):
     assert _run_cli(args) == 2

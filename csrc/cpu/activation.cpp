@@ -2,7 +2,7 @@
 #include <omp.h>
 
 #include "common.h"
-#include "pool.h"
+#include "parallel.h"
 
 namespace bertfast {
 namespace cpu {
@@ -85,7 +85,7 @@ void bias_act_generic(T* x, const T* bias, int64_t tokens, int64_t N, Act act, i
 template <typename T>
 void bias_act(T* x, const T* bias, int64_t tokens, int64_t features, Act act) {
   const int nt = threads_for(tokens * features * 8);
-  parallel_for(tokens, nt, nt, [&](int64_t part) {
+  parallel_for(nt, nt, [&](int64_t part) {
     BF_DISPATCH(bias_act, x, bias, tokens, features, act, int(part), nt);
   });
 }

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common.h"
-#include "pool.h"
+#include "parallel.h"
 
 
 namespace bertfast {
@@ -303,7 +303,7 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
   const int nt = int(std::min<int64_t>(batch * heads, threads_for(work * heads * head_dim)));
   // Every thread claims (sequence, head) items from one counter until none are left.
   std::atomic<int64_t> next{0};
-  parallel_for(cu_seqlens[batch], nt, nt, [&](int64_t) {
+  parallel_for(nt, nt, [&](int64_t) {
     BF_DISPATCH(attention, q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
   });
 }

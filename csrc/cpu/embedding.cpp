@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "common.h"
-#include "pool.h"
+#include "parallel.h"
 
 namespace bertfast {
 namespace cpu {
@@ -66,7 +66,7 @@ template <typename T>
 void embed(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word, const T* pos,
            const T* type, const T* gamma, const T* beta, float eps, int64_t tokens, int64_t hidden, T* out) {
   const int nt = threads_for(tokens * hidden);
-  parallel_for(tokens, nt, nt, [&](int64_t part) {
+  parallel_for(nt, nt, [&](int64_t part) {
     BF_DISPATCH(embed, ids, positions, types, word, pos, type, gamma, beta, eps, tokens, hidden, out, int(part), nt);
   });
 }

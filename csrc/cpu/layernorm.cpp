@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "common.h"
-#include "pool.h"
+#include "parallel.h"
 
 namespace bertfast {
 namespace cpu {
@@ -82,7 +82,7 @@ template <typename T>
 void layernorm(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta, float eps,
                int64_t tokens, int64_t hidden, T* out) {
   const int nt = threads_for(tokens * hidden);
-  parallel_for(tokens, nt, nt, [&](int64_t part) {
+  parallel_for(nt, nt, [&](int64_t part) {
     BF_DISPATCH(layernorm, x, residual, bias, gamma, beta, eps, tokens, hidden, out, int(part), nt);
   });
 }

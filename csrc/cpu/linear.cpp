@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common.h"
-#include "pool.h"
+#include "parallel.h"
 
 #if BF_X86
 #include <immintrin.h>
@@ -433,7 +433,7 @@ void linear_small_m(const T* x, int64_t ldx, const T* packed, const T* bias, con
   const bool amx = sizeof(T) == 2 && active_isa() == Isa::Avx512 && k % kAmxK == 0 && amx_usable() && amx_enabled();
 #endif
   // One part per thread: each streams a contiguous range of panels.
-  parallel_for(m, nt, nt, [&](int64_t part) {
+  parallel_for(nt, nt, [&](int64_t part) {
 #if BF_X86
     if constexpr (sizeof(T) == 2) {
       if (amx) {

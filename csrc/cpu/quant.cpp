@@ -16,7 +16,7 @@
 #include <limits>
 
 #include "common.h"
-#include "pool.h"
+#include "parallel.h"
 
 namespace bertfast {
 namespace cpu {
@@ -192,7 +192,7 @@ BF_TARGET_AVX512 void epilogue_range_avx512(float* out, int64_t lo_row, int64_t 
 void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp) {
   // Threads only for large inputs: a short call is not worth waking another thread.
   const int nt = M * K >= (int64_t(1) << 20) ? num_threads() : 1;
-  parallel_for(M, nt, nt, [&](int64_t part) {
+  parallel_for(nt, nt, [&](int64_t part) {
     DenormalGuard ftz;
     int64_t lo, hi;
     split_range(M, int(part), nt, &lo, &hi);
@@ -212,7 +212,7 @@ void int8_epilogue(float* out, int64_t M, int64_t N, const float* xs, const int3
                    const float* bias, Act act, const float* residual, int64_t ldr) {
   const int64_t cost = act == Act::None || act == Act::Relu ? 4 : 16;
   const int nt = threads_for(M * N * cost);
-  parallel_for(M, nt, nt, [&](int64_t part) {
+  parallel_for(nt, nt, [&](int64_t part) {
     DenormalGuard ftz;
     int64_t lo, hi;
     split_range(M, int(part), nt, &lo, &hi);
@@ -526,7 +526,7 @@ void int8_linear_small(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const
     small_panels_generic(*x.a, p0, p1);
 #endif
   };
-  parallel_for(M, M * N * K < (int64_t(1) << 18) ? 1 : num_threads(), groups, [&](int64_t g) { chunk(&ctx, g); });
+  parallel_for(M * N * K < (int64_t(1) << 18) ? 1 : num_threads(), groups, [&](int64_t g) { chunk(&ctx, g); });
 }
 
 }  // namespace cpu
