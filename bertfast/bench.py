@@ -45,14 +45,15 @@ ATOL = {torch.float32: 1e-3, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 # BERT-base; ONNX Runtime int8 >= 0.99).
 INT8_MIN_COSINE = 0.98
 # How a round isolates its providers: before each timed call, this many idle seconds, then one untimed
-# call of the same provider. The providers' thread pools keep spinning after a call (torch's and
-# CTranslate2's OpenMP workers, ONNX Runtime's intra-op threads: several ms each) and would take the
-# cores of whichever provider is timed next; after the pause they are asleep. The untimed call then
-# wakes this provider's own threads and caches, so the timed call runs as in back-to-back serving of
-# that provider alone, whatever ran before it. Measured here (BERT-base b1 x s16, 2 cores): back to
-# back with no pause, ONNX Runtime's spinning made the OpenMP providers timed after it 1.5-2.6x slower;
-# a pause alone (no untimed call) made every call pay its pool's wake-up and a cold cache.
-SETTLE_S = 0.05
+# call of the same provider. The providers' thread pools keep spinning after a call and would take the
+# cores of whichever provider is timed next (measured here, CPU burnt by the process while idle after
+# a call: torch's OpenMP workers ~8 ms, ONNX Runtime's intra-op threads 40-60 ms, CTranslate2's none;
+# back to back with no pause, ONNX Runtime's spinning made the OpenMP providers timed after it 1.5-2.6x
+# slower at BERT-base b1 x s16 on 2 cores). After the pause they are asleep. The untimed call then wakes
+# this provider's own threads and caches, so the timed call runs as in back-to-back serving of that
+# provider alone, whatever ran before it (a pause alone would make every call pay its pool's wake-up
+# and a cold cache).
+SETTLE_S = 0.1
 
 
 class ProviderSkipped(Exception):
