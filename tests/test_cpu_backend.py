@@ -149,7 +149,7 @@ def test_auto_picks_cpu():
 
 
 @pytest.mark.parametrize("rows", [385, 1000])
-@pytest.mark.parametrize("shape", [(48, 96), (96, 48)], ids=["narrow-out", "wide-out"])
+@pytest.mark.parametrize("shape", [(768, 1536), (1536, 768), (48, 96)], ids=["narrow-out", "wide-out", "small"])
 @pytest.mark.parametrize("residual", [False, True])
 def test_large_m_bf16_linear_row_blocks(rows, shape, residual):
     # Above _ONEDNN_MAX_ROWS tokens a bf16 GEMM whose output is no wider than its input runs on oneDNN

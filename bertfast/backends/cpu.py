@@ -83,11 +83,14 @@ def _onednn_weight(weight: torch.Tensor):
 
 
 # oneDNN's bf16 GEMM slows down sharply past a few hundred rows when the output is no wider than the
-# input (Sapphire Rapids, 2 threads, BERT-base shapes, median of 20): (1024 x 3072) @ (3072 x 768) +
-# residual 4.3 ms in one call, 2.5 ms as three calls of <= 384 rows (copy included); (1024 x 768) @
-# (768 x 768) + residual 1.04 vs 0.70 ms. Wider outputs (QKV, FFN in) are even or lose to the copy
-# (FFN in + GELU: 2.4 ms in one call, 3.0 in blocks). So only the former run in row blocks.
+# input and the weight is BERT-base-sized (Sapphire Rapids, 2 threads, median of 20): (1024 x 3072) @
+# (3072 x 768) + residual 4.3-7.3 ms in one call, 2.5-4.4 ms as three calls of <= 384 rows (copy
+# included); (1024 x 768) @ (768 x 768) + residual 1.04-1.44 vs 0.70-1.27 ms. Wider outputs (QKV, FFN
+# in) are even or lose to the copy (FFN in + GELU: 2.4 ms in one call, 3.0 in blocks), and so do small
+# weights (MiniLM, 384 wide: (1024 x 1536) @ (1536 x 384) + residual 0.85 ms in one call, 2.1 in
+# blocks). So only outputs of 768 to in_features columns run in row blocks.
 _ONEDNN_MAX_ROWS = 384
+_ONEDNN_BLOCK_MIN_OUT = 768
 
 
 def _onednn_linear(x, weight, out_features, bias, residual):
@@ -98,7 +101,7 @@ def _onednn_linear(x, weight, out_features, bias, residual):
         return torch.ops.mkldnn._linear_pointwise.binary(x[lo:hi], residual[lo:hi], weight, bias, "add")
 
     M = x.shape[0]
-    if M <= _ONEDNN_MAX_ROWS or out_features > x.shape[1]:
+    if M <= _ONEDNN_MAX_ROWS or not _ONEDNN_BLOCK_MIN_OUT <= out_features <= x.shape[1]:
         return block(0, M)
     step = -(-M // -(-M // _ONEDNN_MAX_ROWS))  # equal blocks of at most _ONEDNN_MAX_ROWS rows
     return torch.cat([block(lo, min(M, lo + step)) for lo in range(0, M, step)])

@@ -1,9 +1,10 @@
 // Shared helpers of the native CPU kernels: element types, fp32 <-> bf16, vectorizable exp/GELU, ISA dispatch.
 //
 // Kernels are written once as always-inline templates over the element type and instantiated twice: inside
-// a function marked BF_TARGET_AVX512 (GCC compiles it, and the OpenMP regions it outlines, for AVX-512) and
-// inside a plain function (the portable fallback: the baseline ISA of the build, e.g. SSE2 on x86-64 or NEON
-// on aarch64). Which one runs is chosen at run time from the CPU's features (`active_isa`). All math is
+// a function marked BF_TARGET_AVX512 (GCC compiles it for AVX-512) and inside a plain function (the portable
+// fallback: the baseline ISA of the build, e.g. SSE2 on x86-64 or NEON on aarch64). Which one runs is chosen
+// at run time from the CPU's features (`active_isa`). Threads come from `parallel_for` (parallel.h), which
+// calls that per-ISA function once per part of the work. All math is
 // fp32 whatever the storage type; bf16 is rounded to nearest even once, on store.
 #pragma once
 
