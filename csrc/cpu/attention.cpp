@@ -129,12 +129,26 @@ struct Avx512Block {
     }
   }
 
-  BF_TARGET_AVX512 __attribute__((noinline)) static void run(Scratch& sc, const float* kt, const float* vf, int64_t qn, int64_t kn,
-                                             int64_t d, int64_t dp, bool first) {
+  // A tile of kn keys needs only ceil(kn / 16) score vectors per row: short sequences (and the last
+  // tile of a longer one) do not pay for a full kKBlock of keys.
+  BF_TARGET_AVX512 static void run(Scratch& sc, const float* kt, const float* vf, int64_t qn, int64_t kn, int64_t d,
+                                   int64_t dp, bool first) {
+    switch ((kn + 15) / 16) {
+      case 1: run_cols<1>(sc, kt, vf, qn, kn, d, dp, first); break;
+      case 2: run_cols<2>(sc, kt, vf, qn, kn, d, dp, first); break;
+      case 3: run_cols<3>(sc, kt, vf, qn, kn, d, dp, first); break;
+      default: run_cols<kKBlock / 16>(sc, kt, vf, qn, kn, d, dp, first); break;
+    }
+  }
+
+  template <int kC>  // score vectors per row (16 keys each), kC * 16 >= kn
+  BF_TARGET_AVX512 __attribute__((noinline)) static void run_cols(Scratch& sc, const float* kt, const float* vf,
+                                                                  int64_t qn, int64_t kn, int64_t d, int64_t dp,
+                                                                  bool first) {
+    static_assert(kC >= 1 && kC * 16 <= kKBlock, "a tile has at most kKBlock keys");
     constexpr int kR = 4;                // query rows per register block
-    constexpr int kC = kKBlock / 16;     // score vectors per row
     const int64_t qn4 = (qn + kR - 1) / kR * kR;  // rows past qn are zero queries: computed, never used
-    // S = Q K^T for the tile: [4 rows x 64 keys] in 16 accumulators per step over head_dim.
+    // S = Q K^T for the tile: [4 rows x kC * 16 keys] in 4 * kC accumulators per step over head_dim.
     for (int64_t i = 0; i < qn4; i += kR) {
       __m512 s[kR][kC];
       for (int r = 0; r < kR; ++r)
