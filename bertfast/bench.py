@@ -715,6 +715,27 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
 # Reporting
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs from /proc/stat, or None where there is none. Steal is time the
+    hypervisor gave this virtual machine's CPUs to someone else: on a shared host it inflates every
+    timing, and OpenMP's fork-join (which waits for its slowest thread) more than most."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 8:
+        return None
+    return fields[7], sum(fields[:8])
+
+
+def steal_fraction(before, after) -> float | None:
+    """Share of CPU time stolen by the hypervisor between two `cpu_ticks()` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def environment(device: str) -> dict:
     """Machine, library versions and thread counts, for the JSON report."""
     import importlib
@@ -940,10 +961,12 @@ def run(args) -> int:
           f"{len(workloads)} workloads x {len(dtypes)} dtypes x {len(providers)} providers",
           file=sys.stderr, flush=True)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    ticks_before = cpu_ticks()
     t0 = time.perf_counter()
     rows = run_bench(source, workloads, dtypes, providers, repeats=repeats, budget_s=budget,
                      seed=args.seed, preskipped=preskipped, settle_s=args.settle_ms / 1e3)
     elapsed = time.perf_counter() - t0
+    steal = steal_fraction(ticks_before, cpu_ticks())
     env = environment(device)
     print(f"\n{source.label} on {env['machine']['cpu'] or device}, {env['machine']['torch_threads']} threads, "
           f"torch {env['versions']['torch']}; median/p90 of interleaved rounds; tokens/s counts real "
@@ -956,6 +979,10 @@ def run(args) -> int:
     if loads and max(loads) > cores:
         print(f"note: the machine was busy (1-min load average up to {max(loads):.1f} on {cores} cores): "
               "absolute times are inflated and noisy; compare ratios within this run")
+    if steal is not None and steal > 0.05:
+        print(f"note: the hypervisor took {steal:.0%} of this machine's CPU time during the run (steal): "
+              "timings are inflated, multi-threaded runtimes unevenly; rerun on a quieter host before "
+              "drawing conclusions")
     status = 0
     errors = [r for r in rows if r.status == "error"]
     if errors:
@@ -969,7 +996,7 @@ def run(args) -> int:
                                "settle_ms": args.settle_ms,
                                "seed": args.seed, "baseline": BASELINE, "tolerance_atol":
                                {str(k).replace("torch.", ""): v for k, v in ATOL.items()}},
-                  "elapsed_s": elapsed, "load_average_1m_at_start": load_before,
+                  "elapsed_s": elapsed, "load_average_1m_at_start": load_before, "steal_fraction": steal,
                   "rows": [asdict(r) for r in rows]}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)

@@ -245,3 +245,12 @@ def test_workload_parse_rejects(text):
 def test_workload_parse_roundtrip():
     for name in workloads.DEFAULT_WORKLOADS + workloads.QUICK_WORKLOADS:
         assert workloads.Workload.parse(name).name == name
+
+
+def test_steal_fraction_from_proc_stat_ticks():
+    assert bench.steal_fraction((10, 1000), (60, 2000)) == pytest.approx(0.05)
+    assert bench.steal_fraction(None, (1, 2)) is None
+    assert bench.steal_fraction((5, 100), (5, 100)) is None  # no time passed
+    ticks = bench.cpu_ticks()
+    if ticks is not None:  # Linux: steal <= total
+        assert 0 <= ticks[0] <= ticks[1]
