@@ -196,15 +196,7 @@ void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q,
     DenormalGuard ftz;
     int64_t lo, hi;
     split_range(M, int(part), nt, &lo, &hi);
-#if BF_X86
-    if (active_isa() == Isa::Avx512) {
-      quantize_rows_range_avx512(x, ldx, lo, hi, K, q, scale, zp);
-    } else {
-      quantize_rows_range_generic(x, ldx, lo, hi, K, q, scale, zp);
-    }
-#else
-    quantize_rows_range_generic(x, ldx, lo, hi, K, q, scale, zp);
-#endif
+    BF_DISPATCH(quantize_rows_range, x, ldx, lo, hi, K, q, scale, zp);
   });
 }
 
@@ -216,15 +208,7 @@ void int8_epilogue(float* out, int64_t M, int64_t N, const float* xs, const int3
     DenormalGuard ftz;
     int64_t lo, hi;
     split_range(M, int(part), nt, &lo, &hi);
-#if BF_X86
-    if (active_isa() == Isa::Avx512) {
-      epilogue_range_avx512(out, lo, hi, N, xs, zp, colsum, bias, act, residual, ldr);
-    } else {
-      epilogue_range_generic(out, lo, hi, N, xs, zp, colsum, bias, act, residual, ldr);
-    }
-#else
-    epilogue_range_generic(out, lo, hi, N, xs, zp, colsum, bias, act, residual, ldr);
-#endif
+    BF_DISPATCH(epilogue_range, out, lo, hi, N, xs, zp, colsum, bias, act, residual, ldr);
   });
 }
 
