@@ -54,6 +54,9 @@ INT8_MIN_COSINE = 0.98
 # provider alone, whatever ran before it (a pause alone would make every call pay its pool's wake-up
 # and a cold cache).
 SETTLE_S = 0.1
+# Where providers run: each in a worker process of its own (bench_process explains why), or all in
+# this one.
+ISOLATIONS = ("process", "none")
 
 
 class ProviderSkipped(Exception):
@@ -74,6 +77,7 @@ class Source:
     reference: torch.nn.Module
     model_dir: str | None = None
     device: str = "cpu"
+    spec: dict | None = None  # load_source's arguments: how a worker process rebuilds this source
 
     def hf_copy(self, attn_implementation: str, dtype: torch.dtype) -> torch.nn.Module:
         model = copy.deepcopy(self.reference)
@@ -87,17 +91,18 @@ def load_source(model_dir: str | None = None, config_name: str | None = None, de
     from . import workloads
     from .config import ModelConfig
 
+    spec = {"model_dir": model_dir, "config_name": config_name, "device": device, "seed": seed, "label": label}
     if config_name is not None:
         model = workloads.random_hf_model(config_name, seed, attn_implementation="eager")
         return Source(f"random {config_name} (seed {seed})", workloads.model_config(config_name),
-                      model.to(device), None, device)
+                      model.to(device), None, device, spec)
     from transformers import BertModel
 
     if not os.path.isdir(model_dir):
         raise ValueError(f"--model {model_dir}: not a directory")
     model = BertModel.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32)
     return Source(label or _dir_label(model_dir), ModelConfig.from_json(model_dir), model.eval().to(device),
-                  model_dir, device)
+                  model_dir, device, spec)
 
 
 def _dir_label(model_dir: str) -> str:
@@ -126,13 +131,9 @@ class Provider:
 
 def _bertfast_factory(backend: str):
     def factory(source: Source, dtype: torch.dtype) -> Provider:
-        from . import available_backends
         from .encoder import Encoder
         from .loading import load_hf_model, load_pretrained
 
-        reason = available_backends(source.device).get(backend, f"unknown backend {backend!r}")
-        if reason is not None:
-            raise ProviderSkipped(reason)
         t0 = time.perf_counter()
         # From the checkpoint files when there are some (the user's path), else from the model.
         if source.model_dir is not None:
@@ -201,11 +202,6 @@ def _export_onnx(source: Source, path: str, names: list[str]) -> None:
 
 
 def _onnxruntime_factory(source: Source, dtype: torch.dtype) -> Provider:
-    if source.device != "cpu":
-        raise ProviderSkipped("only the CPU execution provider is wired in this bench")
-    if dtype != torch.float32:
-        raise ProviderSkipped("fp32 only on CPU (ONNX Runtime's fused BERT kernels are fp32 on CPU, "
-                              "fp16 on GPU)")
     try:
         import onnx  # noqa: F401  (the exporter and the optimizer need it)
         import onnxruntime as ort
@@ -244,20 +240,10 @@ def _ort_forward(ort, path: str, names: list[str]):
     return fn
 
 
-def _int8_only_fp32(dtype: torch.dtype) -> None:
-    if dtype != torch.float32:
-        raise ProviderSkipped("int8 rows run in the fp32 pass (int8 GEMM operands, fp32 activations)")
-
-
 def _bertfast_int8_factory(source: Source, dtype: torch.dtype) -> Provider:
-    from . import available_backends
     from .encoder import Encoder
     from .loading import load_hf_model, load_pretrained
 
-    _int8_only_fp32(dtype)
-    reason = available_backends(source.device).get("cpu")
-    if reason is not None:
-        raise ProviderSkipped(reason)
     t0 = time.perf_counter()
     weights = (load_pretrained(source.model_dir, torch.float32) if source.model_dir is not None
                else load_hf_model(source.reference, torch.float32))
@@ -271,9 +257,6 @@ def _bertfast_int8_factory(source: Source, dtype: torch.dtype) -> Provider:
 
 
 def _onnxruntime_int8_factory(source: Source, dtype: torch.dtype) -> Provider:
-    _int8_only_fp32(dtype)
-    if source.device != "cpu":
-        raise ProviderSkipped("only the CPU execution provider is wired in this bench")
     try:
         import onnx  # noqa: F401
         import onnxruntime as ort
@@ -302,9 +285,6 @@ def _onnxruntime_int8_factory(source: Source, dtype: torch.dtype) -> Provider:
 
 
 def _ctranslate2_int8_factory(source: Source, dtype: torch.dtype) -> Provider:
-    _int8_only_fp32(dtype)
-    if source.device != "cpu":
-        raise ProviderSkipped("only the CPU device is wired in this bench")
     try:
         import ctranslate2
         import numpy as np
@@ -392,9 +372,32 @@ def known_providers() -> list[str]:
     return [f"bertfast-{b}" for b in REGISTRY] + list(FACTORIES)
 
 
+INT8_PROVIDERS = ("bertfast-int8", "onnxruntime-int8", "ctranslate2-int8")
+
+
+def check_runnable(provider: str, source: Source, dtype: torch.dtype) -> None:
+    """The reasons `provider` cannot run that need no build (dtype, device, backend availability):
+    raises ProviderSkipped. `setup` checks them first; run_bench also before spawning a worker."""
+    from . import available_backends
+
+    if provider in INT8_PROVIDERS and dtype != torch.float32:
+        raise ProviderSkipped("int8 rows run in the fp32 pass (int8 GEMM operands, fp32 activations)")
+    if provider in ("onnxruntime", "onnxruntime-int8", "ctranslate2-int8") and source.device != "cpu":
+        raise ProviderSkipped("only the CPU device is wired in this bench")
+    if provider == "onnxruntime" and dtype != torch.float32:
+        raise ProviderSkipped("fp32 only on CPU (ONNX Runtime's fused BERT kernels are fp32 on CPU, "
+                              "fp16 on GPU)")
+    if provider.startswith("bertfast-"):
+        backend = "cpu" if provider == "bertfast-int8" else provider[len("bertfast-"):]
+        reason = available_backends(source.device).get(backend, f"unknown backend {backend!r}")
+        if reason is not None:
+            raise ProviderSkipped(reason)
+
+
 def setup(provider: str, source: Source, dtype: torch.dtype) -> Provider:
     """Build `provider` for `source` in `dtype`. Raises ProviderSkipped(reason) if it cannot run."""
     factory = _factory(provider)
+    check_runnable(provider, source, dtype)
     try:
         return factory(source, dtype)
     except ProviderSkipped:
@@ -572,7 +575,8 @@ def _log(msg: str, progress) -> None:
 
 def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10, min_repeats: int = 3,
               budget_s: float = 60.0, warmup: int = 1, seed: int = 0, progress=sys.stderr,
-              preskipped: dict | None = None, settle_s: float = SETTLE_S) -> list[Row]:
+              preskipped: dict | None = None, settle_s: float = SETTLE_S,
+              isolation: str = "process") -> list[Row]:
     """Run every (workload, dtype, provider); returns one Row each, ordered workload, dtype, provider.
 
     Per workload and dtype: each provider is set up (once per dtype), warmed up (first call timed
@@ -580,7 +584,15 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
     that call), then timed over `repeats` rounds (fewer, at least `min_repeats`, when one round
     would overrun `budget_s`), each round calling every valid provider once in rotated order, each
     timed call preceded by `settle_s` seconds idle and one untimed call (see SETTLE_S; 0: neither).
+    isolation: "process" builds and runs each provider in a worker process of its own (see
+    bench_process; needs `source.spec`), "none" in this process.
     """
+    from .bench_process import Local, Worker
+
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
+    if isolation == "process" and source.spec is None:
+        raise ValueError("isolation='process' needs a source made by load_source (source.spec)")
     device = source.device
     preskipped = dict(preskipped or {})
     rows: dict[tuple, Row] = {}
@@ -614,9 +626,14 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
                     continue
                 build_s = None
                 if name not in built:
-                    _log(f"{tag}: set up {name}", progress)
+                    where = " in a worker process" if isolation == "process" else ""
+                    _log(f"{tag}: set up {name}{where}", progress)
                     try:
-                        built[name] = setup(name, source, dtype)
+                        if isolation == "process":
+                            check_runnable(name, source, dtype)
+                            built[name] = Worker(source.spec, name, dtype_name, device)
+                        else:
+                            built[name] = Local(setup(name, source, dtype), device)
                         build_s = built[name].build_s
                     except ProviderSkipped as e:
                         built[name] = str(e)
@@ -628,13 +645,12 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
                 row = new_row(name, "error", build_s=build_s, info=dict(prov.info))
                 _log(f"{tag}: warm up and validate {name}", progress)
                 try:
-                    t_first, _ = time_call(prov.fn, batch, device)
+                    prov.load(batch)
+                    t_first = prov.call()[0]
                     for _ in range(warmup):
-                        time_call(prov.fn, batch, device)
+                        prov.call()
                     row.warmup_s = t_first
-                    with PeakMemory(device) as mem:
-                        _, out = time_call(prov.fn, batch, device)
-                    row.peak_mem_mb = mem.mb
+                    _, out, row.peak_mem_mb = prov.call(measure_memory=True)
                     err = max_error(out, ref, batch.attention_mask)
                 except Exception as e:
                     row.reason = f"failed while running: {type(e).__name__}: {e}"
@@ -660,7 +676,7 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
             if not active:
                 continue
             # Round length from one more call each, so the budget bounds the slowest workloads.
-            round_s = sum(time_call(p.fn, batch, device)[0] for p, _ in active)
+            round_s = sum(p.call()[0] for p, _ in active)
             if settle_s > 0:  # each timed call also costs a pause and an untimed call
                 round_s = 2 * round_s + settle_s * len(active)
             reps = max(min_repeats, min(repeats, int(budget_s / max(round_s, 1e-9))))
@@ -674,10 +690,7 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
                     k = r % len(active)
                     for prov, row in active[k:] + active[:k]:
                         try:
-                            if settle_s > 0:
-                                time.sleep(settle_s)
-                                time_call(prov.fn, batch, device)
-                            dt, _ = time_call(prov.fn, batch, device)
+                            dt = prov.timed(settle_s)
                         except Exception as e:
                             row.reason = f"failed while timing: {type(e).__name__}: {e}"
                             continue
@@ -694,6 +707,9 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
                 row.ms_p90 = _quantile(row.times_ms, 0.9)
                 row.ms_min = min(row.times_ms)
                 row.tokens_per_s = batch.real_tokens / (row.ms_median / 1e3)
+        for handle in built.values():
+            if not isinstance(handle, str):
+                handle.close()
         del built, lowp_models
         gc.collect()
 
@@ -882,6 +898,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--settle-ms", type=float, default=SETTLE_S * 1e3,
                         help=f"idle ms, then one untimed call, before each timed call, so the providers do "
                         f"not slow each other down (default {SETTLE_S * 1e3:.0f}; 0: plain back-to-back rounds)")
+    parser.add_argument("--isolation", choices=ISOLATIONS, default="process",
+                        help="process (default): each provider is built and run in a worker process of its "
+                        "own, as a user would serve it (libraries sharing a process slow each other's "
+                        "thread pools); none: all in this process")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and random weights")
     parser.add_argument("--json", metavar="F", help="write machine-readable results to F")
@@ -964,13 +984,16 @@ def run(args) -> int:
     ticks_before = cpu_ticks()
     t0 = time.perf_counter()
     rows = run_bench(source, workloads, dtypes, providers, repeats=repeats, budget_s=budget,
-                     seed=args.seed, preskipped=preskipped, settle_s=args.settle_ms / 1e3)
+                     seed=args.seed, preskipped=preskipped, settle_s=args.settle_ms / 1e3,
+                     isolation=args.isolation)
     elapsed = time.perf_counter() - t0
     steal = steal_fraction(ticks_before, cpu_ticks())
     env = environment(device)
     print(f"\n{source.label} on {env['machine']['cpu'] or device}, {env['machine']['torch_threads']} threads, "
           f"torch {env['versions']['torch']}; median/p90 of interleaved rounds; tokens/s counts real "
-          f"tokens; {args.settle_ms:g} ms idle and an untimed call before each timed one; 'vs sdpa' = hf-sdpa median / row median "
+          f"tokens; {args.settle_ms:g} ms idle and an untimed call before each timed one; "
+          f"{'each provider in its own process' if args.isolation == 'process' else 'all providers in one process'}; "
+          f"'vs sdpa' = hf-sdpa median / row median "
           f"(same dtype); max err = max abs "
           f"difference from the fp32 HF model on real positions")
     print(format_table(rows))
@@ -993,7 +1016,7 @@ def run(args) -> int:
                   "model": {"label": source.label, "dir": source.model_dir, "config": asdict(source.config)},
                   "settings": {"workloads": [w.name for w in workloads], "dtypes": dtypes,
                                "providers": providers, "repeats": repeats, "budget_s": budget,
-                               "settle_ms": args.settle_ms,
+                               "settle_ms": args.settle_ms, "isolation": args.isolation,
                                "seed": args.seed, "baseline": BASELINE, "tolerance_atol":
                                {str(k).replace("torch.", ""): v for k, v in ATOL.items()}},
                   "elapsed_s": elapsed, "load_average_1m_at_start": load_before, "steal_fraction": steal,

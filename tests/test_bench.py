@@ -32,7 +32,10 @@ def _restore_threads():
 
 
 def _run_cli(args) -> int:
-    return main(["bench", "--config", "tiny", "--threads", "1", "--repeats", "3", "--budget", "5", *args])
+    # In this process: the tests swap in providers of their own (monkeypatch), which a worker process
+    # would not see; test_process_isolation covers the workers.
+    return main(["bench", "--config", "tiny", "--threads", "1", "--repeats", "3", "--budget", "5",
+                 "--isolation", "none", *args])
 
 
 def _rows(path):
@@ -130,7 +133,7 @@ def test_failed_or_missing_providers_are_skipped_with_reason(monkeypatch, tmp_pa
     source = bench.load_source(config_name="tiny")
     rows = bench.run_bench(source, [workloads.Workload.parse("b1xs8")], ["fp32"],
                            ["bertfast-torch", "broken", "onnxruntime", "hf-sdpa"], repeats=1, min_repeats=1,
-                           progress=None)
+                           progress=None, isolation="none")
     by = {r.provider: r for r in rows}
     assert [r.provider for r in rows] == ["bertfast-torch", "broken", "onnxruntime", "hf-sdpa"]
     assert by["broken"].status == "skipped" and "RuntimeError: no such device" in by["broken"].reason
@@ -167,6 +170,48 @@ def test_settle_pause_and_untimed_call_before_each_timed_call(settle_ms, tmp_pat
     assert report["settings"]["settle_ms"] == settle_ms
     # Set-up: first call, 1 warm-up, the validated call, the round-length call; then the rounds.
     assert len(calls) == 4 + row["repeats"] * (2 if settle_ms else 1)
+
+
+def test_process_isolation_runs_each_provider_in_its_own_worker(tmp_path):
+    # Each provider is built and timed in a worker process; its output comes back for validation and
+    # matches the same provider run in this process exactly (same code, same single thread).
+    from bertfast.bench_process import Local, Worker
+
+    torch.set_num_threads(1)
+    out_json = tmp_path / "bench.json"
+    assert main(["bench", "--config", "tiny", "--threads", "1", "--repeats", "3", "--budget", "5",
+                 "--settle-ms", "1", "--workloads", "b2xs16-ragged", "--dtypes", "fp32",
+                 "--providers", "bertfast-torch,hf-sdpa", "--json", str(out_json)]) == 0
+    report, rows = _rows(out_json)
+    assert report["settings"]["isolation"] == "process"
+    for provider in ("bertfast-torch", "hf-sdpa"):
+        row = rows[("b2xs16-ragged", "fp32", provider)]
+        assert row["status"] == "ok" and row["repeats"] == 3 and row["max_abs_err"] <= row["tolerance"]
+
+    source = bench.load_source(config_name="tiny")
+    batch = workloads.make_batch(2, 16, "ragged", vocab_size=source.config.vocab_size)
+    worker = Worker(source.spec, "bertfast-torch", "fp32", "cpu")
+    try:
+        local = Local(bench.setup("bertfast-torch", source, torch.float32), "cpu")
+        worker.load(batch)
+        local.load(batch)
+        out_w, out_l = worker.call()[1], local.call()[1]
+        assert out_w.dtype == out_l.dtype == torch.float32
+        assert torch.equal(out_w, out_l)
+        assert worker.timed(0.0) > 0
+        # An error inside the worker comes back as the parent's exception, and the worker lives on.
+        worker.load(workloads.make_batch(1, 8, "full", vocab_size=30522))  # ids past the tiny vocabulary
+        with pytest.raises(RuntimeError, match="ValueError: input_ids values must be in"):
+            worker.call()
+        worker.load(batch)
+        assert torch.equal(worker.call()[1], out_l)
+    finally:
+        worker.close()
+    # What cannot run is refused in the parent before a worker starts, and by the worker itself too.
+    with pytest.raises(bench.ProviderSkipped, match="fp32 pass"):
+        bench.check_runnable("bertfast-int8", source, torch.bfloat16)
+    with pytest.raises(bench.ProviderSkipped, match="fp32 pass"):
+        Worker(source.spec, "bertfast-int8", "bf16", "cpu")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -418,7 +418,7 @@ def test_bench_int8_rows():
     source = bench.load_source(config_name="tiny")
     rows = bench.run_bench(source, [Workload.parse("b2xs16-uniform")], ["fp32", "bf16"],
                            ["bertfast-int8", "onnxruntime-int8", "ctranslate2-int8"], repeats=1, min_repeats=1,
-                           progress=None)
+                           progress=None, isolation="none")
     by = {(r.provider, r.dtype): r for r in rows}
     for name in ("bertfast-int8", "onnxruntime-int8", "ctranslate2-int8"):
         row = by[(name, "fp32")]
