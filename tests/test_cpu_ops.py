@@ -264,10 +264,11 @@ def test_attention(isa, dtype, lengths, heads, d):
     check(ours, ref_low, ref_hi, dtype)
 
 
-def test_attention_batch_invariant(isa):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_batch_invariant(isa, dtype):
     """A sequence alone gives bit-identical output to the same sequence inside a batch."""
     gen = torch.Generator().manual_seed(7)
-    (_, _, _), (q, k, v), cu = _qkv_views([30, 77, 5], 4, 32, torch.float32, gen)
+    (_, _, _), (q, k, v), cu = _qkv_views([30, 77, 5], 4, 32, dtype, gen)
     batch = _C.attention(q, k, v, cu, 77, 0.2)
     alone = _C.attention(q[30:107], k[30:107], v[30:107], torch.tensor([0, 77], dtype=torch.int32), 77, 0.2)
     assert torch.equal(batch[30:107], alone)

@@ -38,8 +38,10 @@ bool isa_supported(Isa isa);
 bool has_avx512_bf16();
 // Whether the CPU has AMX tiles and the OS granted this process their state (requested once).
 bool amx_tiles_permitted();
-// Whether the bf16 small-M GEMM may use AMX tiles when the CPU has them (default yes; tests switch it off
-// to cover the AVX-512 BF16 path; BERTFAST_CPU_AMX=0 does too).
+// AMX-BF16 usable: the CPU has it (and AVX-512 BF16) and the OS granted the tile state.
+bool amx_bf16_usable();
+// Whether the bf16 kernels (small-M GEMM, attention) may use AMX tiles when the CPU has them (default
+// yes; tests switch it off to cover the AVX-512 paths; BERTFAST_CPU_AMX=0 does too).
 bool amx_enabled();
 void set_amx_enabled(bool enabled);
 int num_threads();
@@ -53,6 +55,10 @@ int num_threads();
 #define BF_TARGET_AVX512BF16 \
   __attribute__((target(   \
       "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,bmi2,prefer-vector-width=512")))
+// AMX-BF16 kernels (tiles plus the AVX-512 BF16 code around them).
+#define BF_TARGET_AMX                                                                                  \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c," \
+                        "bmi2,prefer-vector-width=512")))
 #else
 #define BF_X86 0
 #endif

@@ -52,6 +52,15 @@ bool amx_tiles_permitted() {
 #endif
 }
 
+bool amx_bf16_usable() {
+#if BF_X86
+  static const bool usable = has_avx512_bf16() && __builtin_cpu_supports("amx-bf16") && amx_tiles_permitted();
+  return usable;
+#else
+  return false;
+#endif
+}
+
 static Isa initial_isa() {
   const char* env = std::getenv("BERTFAST_CPU_ISA");
   if (env != nullptr && std::strcmp(env, "generic") == 0) return Isa::Generic;

@@ -357,10 +357,6 @@ BF_TARGET_AVX512BF16 void linear_avx512(const T* x, int64_t ldx, const T* packed
 // At small M the GEMM is bound by streaming the weights, and AMX leaves the cores nearly idle while the
 // stream runs (one TDPBF16PS does 16 x 16 x 32 multiply-adds). The packed bf16 panel is already AMX's B
 // layout: 16 consecutive k pairs of 16 columns are 16 rows of 64 bytes, kPanel * 4 bytes apart.
-#define BF_TARGET_AMX                                                                                  \
-  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c," \
-                        "bmi2,prefer-vector-width=512")))
-
 constexpr int kAmxRows = 16;
 constexpr int64_t kAmxK = 32;                           // bf16 elements of K per tile step
 constexpr int64_t kAmxPrefetch = 2 * 16 * kPanel * 4;  // bytes ahead in the weight stream: two steps
@@ -413,11 +409,6 @@ BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, in
   }
 }
 
-// AMX needs the CPU feature and the kernel's permission to use the tile state (Linux: arch_prctl).
-bool amx_usable() {
-  static const bool usable = has_avx512_bf16() && __builtin_cpu_supports("amx-bf16") && amx_tiles_permitted();
-  return usable;
-}
 #endif
 
 }  // namespace
@@ -430,7 +421,7 @@ void linear_small_m(const T* x, int64_t ldx, const T* packed, const T* bias, con
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int nt = int(std::min<int64_t>(panels, threads_for(m * n * k / 4)));
 #if BF_X86
-  const bool amx = sizeof(T) == 2 && active_isa() == Isa::Avx512 && k % kAmxK == 0 && amx_usable() && amx_enabled();
+  const bool amx = sizeof(T) == 2 && active_isa() == Isa::Avx512 && k % kAmxK == 0 && amx_bf16_usable() && amx_enabled();
 #endif
   // One part per thread: each streams a contiguous range of panels.
   parallel_for(nt, nt, [&](int64_t part) {
