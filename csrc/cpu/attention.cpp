@@ -2,7 +2,9 @@
 // queries (kQBlock rows) and keys (kKBlock keys) with an online softmax, so no score buffer is larger
 // than one [kQBlock, kKBlock] tile. Q/K/V are read in place through row/head strides (views of the
 // fused [T, 3H] QKV output). A work item is one (sequence, head): its K (transposed, per key tile) and V
-// are widened to fp32 once and reused by all its query blocks; all math is fp32.
+// are widened to fp32 once and reused by all its query blocks; all math is fp32. bf16 with head_dim <= 64
+// on a CPU with AMX runs the two products on tiles instead (attention_amx: same tiling, bf16 operands,
+// fp32 accumulation and softmax).
 #include <omp.h>
 
 #include <algorithm>
