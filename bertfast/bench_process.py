@@ -65,6 +65,12 @@ def _serve(conn, source_spec: dict, name: str, dtype_name: str, device: str, thr
     from . import bench
 
     torch.set_num_threads(threads)
+    try:  # the parent already showed the model loading once; a bar per worker is noise
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
     try:
         source = bench.load_source(**source_spec)
         provider = bench.setup(name, source, bench.DTYPES[dtype_name])
