@@ -18,16 +18,20 @@ attention output, FFN in, FFN out) are ever int8. What stays fp32, and why:
 - embeddings: a table gather plus LayerNorm, no GEMM to speed up;
 - LayerNorm: its input is a residual sum whose large channels (outliers) would swamp an 8-bit grid,
   and it costs one memory pass either way;
-- attention (QK^T, softmax, PV): both operands are activations, so a per-token scale cannot be
-  folded out of the reduction the way it is for a weight; it is ~3% of BERT-base's FLOPs at s128
-  and the softmax is the most precision-sensitive step of the layer;
+- attention's softmax, and its inputs and output: the softmax is the most precision-sensitive step of
+  the layer. Its two products (QK^T, PV) are not int8, because both operands are activations and a
+  per-token scale cannot be folded out of the reduction the way it is for a weight; where the CPU has
+  AMX they run on bf16 operands with fp32 accumulation (q, k, v and the probabilities rounded to bf16,
+  as in the bf16 engine), which at BERT-base b8 x s128 took attention from ~35 to ~21 ms of a ~160-190 ms
+  forward, at an accuracy cost far below int8's own (measured below); elsewhere fp32;
 - the pooler: one row per sequence (negligible time), and its output is what classifier heads read.
 
 Per-token rather than per-tensor activation scales (ONNX Runtime's choice), and asymmetric rather than
 symmetric: measured on all-MiniLM-L6-v2 over `quant_sentences` (cosine of int8 vs fp32 sentence
 embeddings, mean / min, top-1 neighbour agreement): per-tensor symmetric 0.982 / 0.920 / 88.6%,
 per-tensor asymmetric (ORT) 0.993 / 0.954 / 90.1%, per-token symmetric 0.997 / 0.969 / 96.5%,
-per-token asymmetric 0.9988 / 0.9886 / 98.5-99.0% (weights-only int8: 0.9996 / 0.995 / 98.5%). One token
+per-token asymmetric 0.9988 / 0.9886 / 98.5-99.0% (weights-only int8: 0.9996 / 0.995 / 98.5%; these with
+fp32 attention; with bf16 attention products the chosen scheme measures 0.9988 / 0.9892 / 98.0%). One token
 with large activations (BERT's [CLS]/[SEP] outliers) would otherwise coarsen every token's grid and
 make a sequence's result depend on its batch; GELU outputs (the FFN-out input) lie in [-0.17, inf), so
 a symmetric grid wastes half its codes there. oneDNN's int8 GEMM takes one activation scale and zero

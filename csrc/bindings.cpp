@@ -185,7 +185,7 @@ at::Tensor bias_act_(at::Tensor x, const c10::optional<at::Tensor>& bias, const 
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
-                     int64_t max_seqlen, double scale) {
+                     int64_t max_seqlen, double scale, bool bf16_products) {
   check_float(q, "q");
   BF_CHECK(q.dim() == 3, "q must be (tokens, heads, head_dim), got ", q.sizes());
   check_like(k, q, "k");
@@ -220,7 +220,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     py::gil_scoped_release nogil;
     dispatch(q.scalar_type(), [&](auto tag) {
       using T_ = decltype(tag);
-      bc::attention<T_>(ptr<T_>(q), ptr<T_>(k), ptr<T_>(v), st, cu, B, heads, d, float(scale), ptr<T_>(out));
+      bc::attention<T_>(ptr<T_>(q), ptr<T_>(k), ptr<T_>(v), st, cu, B, heads, d, float(scale), ptr<T_>(out),
+                        bf16_products);
     });
   }
   return out;
@@ -467,8 +468,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("residual_bias") = py::none(), py::arg("out") = py::none());
   m.def("bias_act_", &bias_act_, "x = act(x + bias) in place; act in none|gelu|gelu_tanh|relu|tanh",
         py::arg("x"), py::arg("bias"), py::arg("act"));
-  m.def("attention", &attention, "varlen attention on packed q, k, v (T, heads, d) -> (T, heads * d)",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"));
+  m.def("attention", &attention,
+        "varlen attention on packed q, k, v (T, heads, d) -> (T, heads * d); bf16_products: fp32 inputs may "
+        "run the products on bf16 operands (AMX, fp32 accumulation and softmax)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
+        py::arg("bf16_products") = false);
   m.def("pack_linear", &pack_linear, "pack a (N, K) weight for `linear` (small-M GEMM)", py::arg("weight"));
   m.def("linear", &linear, "act(x @ w.T + bias) + residual on a packed weight (small M)", py::arg("x"),
         py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(), py::arg("act") = "none",

@@ -264,6 +264,29 @@ def test_attention(isa, dtype, lengths, heads, d):
     check(ours, ref_low, ref_hi, dtype)
 
 
+@pytest.mark.parametrize("lengths,heads,d", [
+    pytest.param([1], 2, 32, id="L1-H2-D32"),
+    pytest.param([127, 129, 1, 64], 2, 64, id="L127.129.1.64-H2-D64"),
+    pytest.param([17, 0, 40], 3, 26, id="L17.0.40-H3-D26"),
+    pytest.param([65, 33], 1, 80, id="L65.33-H1-D80"),
+])
+def test_attention_bf16_products_on_fp32_inputs(isa, lengths, heads, d):
+    """fp32 q/k/v with bf16_products (the int8 path): fp32 output, within bf16 attention's error (exact
+    fp32 where there is no AMX or head_dim > 64)."""
+    gen = torch.Generator().manual_seed(sum(lengths) + d + 1)
+    (q, k, v), (q32, k32, v32), cu = _qkv_views(lengths, heads, d, torch.float32, gen)
+    scale = 1.0 / math.sqrt(d)
+    ours = _C.attention(q32, k32, v32, cu, max(lengths), scale, bf16_products=True)
+    assert ours.dtype == torch.float32 and ours.shape == (sum(lengths), heads * d)
+    ref_hi = reference.attention_loop(q, k, v, cu, scale)
+    low = [t.to(torch.bfloat16) for t in (q32, k32, v32)]
+    ref_low = reference.attention(*low, cu, max(lengths), scale)
+    check(ours, ref_low, ref_hi, torch.bfloat16)
+    exact = _C.attention(q32, k32, v32, cu, max(lengths), scale)
+    if not (isa == "avx512" and d <= 64 and _C.amx_enabled()):
+        assert torch.equal(ours, exact)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_batch_invariant(isa, dtype):
     """A sequence alone gives bit-identical output to the same sequence inside a batch."""

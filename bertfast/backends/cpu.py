@@ -8,7 +8,8 @@ larger GEMMs go to torch (MKL sgemm for fp32, prepacked oneDNN with AMX for bf16
 followed by an in-place activation. Both forms of every weight are made once, in `prepare`.
 fp32 and bf16; fp16 raises ValueError (this CPU path has no fast fp16 GEMM). With quantize="int8"
 (`dtype="int8"` at load) the four per-layer GEMMs run int8 (`bertfast.quant.QuantLinear`: weights per
-channel, activations per token); everything else, the pooler included, stays fp32.
+channel, activations per token) and attention's two products bf16 (AMX); everything else, the pooler
+included, stays fp32.
 """
 
 from __future__ import annotations
@@ -205,7 +206,9 @@ class CpuBackend(Backend):
         return qkv[:, 0], qkv[:, 1], qkv[:, 2]
 
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale):
-        return _C.attention(q, k, v, cu_seqlens, int(max_seqlen), float(scale))
+        # Under int8 the products run on bf16 operands where AMX is present (see bertfast.quant).
+        return _C.attention(q, k, v, cu_seqlens, int(max_seqlen), float(scale),
+                            bf16_products=self.quantize == "int8")
 
     def linear_residual(self, x, weight, bias, residual):
         return self.linear(x, weight, bias, "none", residual)

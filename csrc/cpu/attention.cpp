@@ -254,8 +254,16 @@ BF_TARGET_AMX BF_INLINE __mmask32 dims_mask(int64_t d, int64_t e0) {
   return n == 32 ? __mmask32(0xffffffffu) : __mmask32((1u << n) - 1u);
 }
 
+// 32 elements of a row as bf16 (fp32 inputs rounded to nearest even), lanes outside `m` zero.
+BF_TARGET_AMX BF_INLINE __m512i load32_bf16(const bf16* p, __mmask32 m) { return _mm512_maskz_loadu_epi16(m, p); }
+BF_TARGET_AMX BF_INLINE __m512i load32_bf16(const float* p, __mmask32 m) {
+  const __m512 lo = _mm512_maskz_loadu_ps(__mmask16(m), p), hi = _mm512_maskz_loadu_ps(__mmask16(m >> 16), p + 16);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
 // K rows [0, len) of one head (row stride in elements) into kp; keys and dims past the end are zero.
-BF_TARGET_AMX BF_INLINE void amx_pack_k(const bf16* k, int64_t row_stride, int64_t len, int64_t d, int64_t dp,
+template <typename T>
+BF_TARGET_AMX BF_INLINE void amx_pack_k(const T* k, int64_t row_stride, int64_t len, int64_t d, int64_t dp,
                                         uint32_t* kp) {
   const int64_t chunks = dp / 32;
   for (int64_t t = 0; t * 16 < len; ++t) {
@@ -264,7 +272,7 @@ BF_TARGET_AMX BF_INLINE void amx_pack_k(const bf16* k, int64_t row_stride, int64
       __m512 r[16];
       for (int i = 0; i < 16; ++i) {
         const int64_t key = 16 * t + i;
-        r[i] = key < len ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, k + key * row_stride + 32 * c))
+        r[i] = key < len ? _mm512_castsi512_ps(load32_bf16(k + key * row_stride + 32 * c, mask))
                          : _mm512_setzero_ps();
       }
       transpose16(r);  // moves 32-bit lanes: each lane is one (even, odd) pair of dims
@@ -276,7 +284,8 @@ BF_TARGET_AMX BF_INLINE void amx_pack_k(const bf16* k, int64_t row_stride, int64
 
 // V rows [0, len) into vp as key pairs: vp[p][n][0..1] = V[2p][n], V[2p + 1][n]; zero past len up to
 // `padded` keys and past d up to dp.
-BF_TARGET_AMX BF_INLINE void amx_pack_v(const bf16* v, int64_t row_stride, int64_t len, int64_t padded, int64_t d,
+template <typename T>
+BF_TARGET_AMX BF_INLINE void amx_pack_v(const T* v, int64_t row_stride, int64_t len, int64_t padded, int64_t d,
                                         int64_t dp, bf16* vp) {
   alignas(64) static const uint16_t kLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
                                                8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
@@ -286,8 +295,8 @@ BF_TARGET_AMX BF_INLINE void amx_pack_v(const bf16* v, int64_t row_stride, int64
     for (int64_t e0 = 0; e0 < dp; e0 += 32) {
       const __mmask32 mask = dims_mask(d, e0);
       const int64_t k0 = 2 * p, k1 = 2 * p + 1;
-      const __m512i a = k0 < len ? _mm512_maskz_loadu_epi16(mask, v + k0 * row_stride + e0) : _mm512_setzero_si512();
-      const __m512i b = k1 < len ? _mm512_maskz_loadu_epi16(mask, v + k1 * row_stride + e0) : _mm512_setzero_si512();
+      const __m512i a = k0 < len ? load32_bf16(v + k0 * row_stride + e0, mask) : _mm512_setzero_si512();
+      const __m512i b = k1 < len ? load32_bf16(v + k1 * row_stride + e0, mask) : _mm512_setzero_si512();
       bf16* dst = vp + (p * dp + e0) * 2;
       _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, lo_idx, b));
       _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(a, hi_idx, b));
@@ -360,9 +369,10 @@ BF_TARGET_AMX BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t kn, int64
     _tile_dpbf16ps(g, 4, 5);                                                  \
   }
 
-BF_TARGET_AMX void attention_amx(const bf16* q, const bf16* k, const bf16* v, const AttnStrides& st,
+template <typename T>  // bf16, or fp32 rounded to bf16 as it is packed
+BF_TARGET_AMX void attention_amx(const T* q, const T* k, const T* v, const AttnStrides& st,
                                  const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d, float scale,
-                                 bf16* out, std::atomic<int64_t>* next) {
+                                 T* out, std::atomic<int64_t>* next) {
   DenormalGuard ftz;
   static thread_local AmxScratch sc;
   const int64_t H = heads * d;
@@ -387,8 +397,8 @@ BF_TARGET_AMX void attention_amx(const bf16* q, const bf16* k, const bf16* v, co
       const int64_t qn = std::min<int64_t>(kAmxQ, len - q0);
       for (int64_t i = 0; i < kAmxQ; ++i) {
         for (int64_t e0 = 0; e0 < dp; e0 += 32) {
-          const __m512i row = i < qn ? _mm512_maskz_loadu_epi16(dims_mask(d, e0),
-                                                                 q + (start + q0 + i) * st.q_row + h * st.q_head + e0)
+          const __m512i row = i < qn ? load32_bf16(q + (start + q0 + i) * st.q_row + h * st.q_head + e0,
+                                                   dims_mask(d, e0))
                                      : _mm512_setzero_si512();
           _mm512_store_si512(sc.qs + i * dp + e0, row);
         }
@@ -432,7 +442,7 @@ BF_TARGET_AMX void attention_amx(const bf16* q, const bf16* k, const bf16* v, co
       }
       for (int64_t i = 0; i < qn; ++i) {
         const __m512 inv = _mm512_set1_ps(1.0f / sc.l[i]);
-        bf16* o = out + (start + q0 + i) * H + h * d;
+        T* o = out + (start + q0 + i) * H + h * d;
         for (int64_t e = 0; e < d; e += 16) {
           const int64_t n = std::min<int64_t>(16, d - e);
           store16(o + e, _mm512_mul_ps(_mm512_load_ps(sc.acc + i * dp + e), inv),
@@ -528,7 +538,7 @@ void attention_generic(const T* q, const T* k, const T* v, const AttnStrides& st
 
 template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
-               int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out) {
+               int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products) {
   int64_t work = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
@@ -540,7 +550,7 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
   // Every thread claims (sequence, head) items from one counter until none are left.
   std::atomic<int64_t> next{0};
 #if BF_X86
-  if constexpr (sizeof(T) == 2) {
+  if (sizeof(T) == 2 || bf16_products) {
     if (head_dim <= 64 && active_isa() == Isa::Avx512 && amx_bf16_usable() && amx_enabled()) {
       parallel_for(nt, nt, [&](int64_t) {
         attention_amx(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
@@ -555,9 +565,9 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
 }
 
 template void attention<float>(const float*, const float*, const float*, const AttnStrides&, const int32_t*,
-                               int64_t, int64_t, int64_t, float, float*);
+                               int64_t, int64_t, int64_t, float, float*, bool);
 template void attention<bf16>(const bf16*, const bf16*, const bf16*, const AttnStrides&, const int32_t*, int64_t,
-                              int64_t, int64_t, float, bf16*);
+                              int64_t, int64_t, float, bf16*, bool);
 
 }  // namespace cpu
 }  // namespace bertfast

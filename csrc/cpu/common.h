@@ -295,13 +295,14 @@ template <typename T>
 void bias_act(T* x, const T* bias, int64_t tokens, int64_t features, Act act);
 
 // Varlen attention: q/k/v element (t, h, e) at ptr[t * row_stride + h * head_stride + e];
-// out: [T, heads * head_dim] contiguous.
+// out: [T, heads * head_dim] contiguous. bf16_products: fp32 inputs may run the two products on bf16
+// operands (AMX; fp32 accumulation and softmax) where the CPU has it (the int8 path asks for it).
 struct AttnStrides {
   int64_t q_row, q_head, k_row, k_head, v_row, v_head;
 };
 template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
-               int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out);
+               int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products = false);
 
 // Small-M GEMM on prepacked weights: out[m, n] = act(x[m, :] . w[n, :] + bias[n]) + residual[m, n].
 // Packed layout: panels of kPanel output columns; fp32: [panels][K][kPanel]; bf16: [panels][ceil(K/2)][kPanel][2]
