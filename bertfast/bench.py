@@ -8,7 +8,9 @@ wrong is an error, never a number. Int8 rows (int8 GEMM operands, fp32 activatio
 pass and are validated by the cosine of every real token's output with the reference instead of a
 max-abs bound, which quantization error is not meant to meet. Timings are medians and p90
 over repetitions interleaved round-robin across the providers of a workload, so the machine's
-noise is shared; tokens/s counts real tokens only. A provider that is not installed or fails to
+noise is shared, each provider built and run in a worker process of its own by default
+(`bench_process`: libraries sharing a process slow each other's thread pools); tokens/s counts real
+tokens only. A provider that is not installed or fails to
 set up is reported as a skipped row with its reason.
 """
 
