@@ -23,6 +23,26 @@ namespace {
 constexpr int64_t kQBlock = 32;
 constexpr int64_t kKBlock = 64;
 
+// The (sequence, head) work items of one call, claimed from a counter the threads share until none are
+// left: a dynamic schedule, since sequences differ in length and so items in cost. Empty sequences are
+// skipped.
+struct WorkItems {
+  std::atomic<int64_t>* next;
+  const int32_t* cu_seqlens;
+  int64_t total, heads;
+  bool claim(int64_t* h, int64_t* start, int64_t* len) {
+    for (;;) {
+      const int64_t w = next->fetch_add(1, std::memory_order_relaxed);
+      if (w >= total) return false;
+      const int64_t b = w / heads;
+      *h = w % heads;
+      *start = cu_seqlens[b];
+      *len = cu_seqlens[b + 1] - *start;
+      if (*len > 0) return true;
+    }
+  }
+};
+
 // Buffers of one thread, in fp32. d_pad = head_dim rounded up to 16 (zero columns), so vector code
 // needs no tail handling along head_dim.
 struct Scratch {
@@ -379,14 +399,9 @@ BF_TARGET_AMX void attention_amx(const T* q, const T* k, const T* v, const AttnS
   const int64_t dp = d <= 32 ? 32 : 64;
   const int64_t chunks = dp / 32, ngroups = dp / 16;
   amx_load_tile_config(16);  // tmm0-3 score / output tiles, tmm4 A (Q or P), tmm5 B (K or V)
-  const int64_t total = batch * heads;
-  for (;;) {
-    const int64_t w = next->fetch_add(1, std::memory_order_relaxed);
-    if (w >= total) break;
-    const int64_t b = w / heads, h = w % heads;
-    const int64_t start = cu_seqlens[b];
-    const int64_t len = cu_seqlens[b + 1] - start;
-    if (len == 0) continue;
+  WorkItems items{next, cu_seqlens, batch * heads, heads};
+  int64_t h, start, len;
+  while (items.claim(&h, &start, &len)) {
     const int64_t padded = (len + kAmxKeys - 1) / kAmxKeys * kAmxKeys;
     sc.kp.resize(padded / 16 * chunks * 256);
     sc.vp.resize(padded * dp);
@@ -469,15 +484,9 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
   sc.qf.resize(kQBlock * dp);
   sc.acc.resize(kQBlock * dp);
   sc.s.resize(kQBlock * kKBlock);
-  const int64_t total = batch * heads;
-  for (;;) {
-    // Dynamic schedule: sequences differ in length, so items differ in cost.
-    const int64_t w = next->fetch_add(1, std::memory_order_relaxed);
-    if (w >= total) break;
-    const int64_t b = w / heads, h = w % heads;
-    const int64_t start = cu_seqlens[b];
-    const int64_t len = cu_seqlens[b + 1] - start;
-    if (len == 0) continue;
+  WorkItems items{next, cu_seqlens, batch * heads, heads};
+  int64_t h, start, len;
+  while (items.claim(&h, &start, &len)) {
     const int64_t tiles = (len + kKBlock - 1) / kKBlock;
     // K transposed per key tile and V, widened once for every query block of this (sequence, head).
     // Keys past the end of a tile are masked out of the softmax and never read from V; the columns
