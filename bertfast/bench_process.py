@@ -16,6 +16,7 @@ at a time on request, so timed calls of different providers never overlap.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import pickle
 import time
@@ -48,13 +49,20 @@ class Local:
         return dt, out, mem.mb
 
     def timed(self, settle_s: float) -> float:
-        """Seconds of one timed call, after `settle_s` idle and one untimed call (none if 0)."""
+        """Seconds of one timed call, after `settle_s` idle and one untimed call (none if 0). The
+        garbage collector is off meanwhile: a collection inside the call would be charged to it."""
         from .bench import time_call
 
-        if settle_s > 0:
-            time.sleep(settle_s)
-            time_call(self.provider.fn, self.batch, self.device)
-        return time_call(self.provider.fn, self.batch, self.device)[0]
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            if settle_s > 0:
+                time.sleep(settle_s)
+                time_call(self.provider.fn, self.batch, self.device)
+            return time_call(self.provider.fn, self.batch, self.device)[0]
+        finally:
+            if gc_was_enabled:
+                gc.enable()
 
     def close(self) -> None:
         self.provider = None
