@@ -316,39 +316,37 @@ template <typename T>
 BF_TARGET_AVX512BF16 void linear_avx512(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
                                         const Epilogue& ep, int part, int parts) {
   const bool dot = has_avx512_bf16();
-  {
-    DenormalGuard ftz;
-    const int64_t panels = (N + kPanel - 1) / kPanel;
-    constexpr bool kPairs = sizeof(T) == 2;
-    const int64_t steps = kPairs ? (K + 1) / 2 : K;  // k steps (bf16: k pairs) per sweep
-    const int64_t panel_elems = (kPairs ? 2 * steps : K) * kPanel;
-    int64_t lo, hi;
-    split_range(panels, part, parts, &lo, &hi);
-    const int64_t passes = (M + kMaxRows - 1) / kMaxRows;
-    std::vector<float> acc(passes * kMaxRows * kPanel);
-    // A panel is processed in K chunks so the rows of x a sweep reads (8 x kKChunk) stay in L1; the
-    // unit of streaming is one chunk of one panel, and units are contiguous in memory.
-    const int64_t chunk = kKChunk / (kPairs ? 2 : 1);  // in k steps
-    for (int64_t p = lo; p < hi; ++p) {
-      const T* wp = packed + p * panel_elems;
-      for (int64_t k0 = 0; k0 < steps; k0 += chunk) {
-        const int64_t k1 = std::min<int64_t>(steps, k0 + chunk);
-        // The next unit: this panel's next chunk, else the next panel's first.
-        const char* next = k1 < steps ? reinterpret_cast<const char*>(wp + k1 * kPanel * (kPairs ? 2 : 1))
-                           : p + 1 < hi ? reinterpret_cast<const char*>(packed + (p + 1) * panel_elems)
-                                        : nullptr;
-        const int64_t next_steps = k1 < steps ? std::min<int64_t>(steps, k1 + chunk) - k1 : std::min(steps, chunk);
-        for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-          const int mr = int(std::min<int64_t>(kMaxRows, M - m0));
-          // One k step (fp32) or k pair (bf16) of a panel is kPanel * 4 bytes either way.
-          const Prefetch pf = Prefetch::make(next, std::min(next_steps, k1 - k0), kPanel * 4, m0 / kMaxRows, passes);
-          tile_avx512_rows<T>(x + m0 * ldx, ldx, wp, K, k0, k1, mr, acc.data() + m0 * kPanel, dot, pf);
-        }
+  DenormalGuard ftz;
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  constexpr bool kPairs = sizeof(T) == 2;
+  const int64_t steps = kPairs ? (K + 1) / 2 : K;  // k steps (bf16: k pairs) per sweep
+  const int64_t panel_elems = (kPairs ? 2 * steps : K) * kPanel;
+  int64_t lo, hi;
+  split_range(panels, part, parts, &lo, &hi);
+  const int64_t passes = (M + kMaxRows - 1) / kMaxRows;
+  std::vector<float> acc(passes * kMaxRows * kPanel);
+  // A panel is processed in K chunks so the rows of x a sweep reads (8 x kKChunk) stay in L1; the
+  // unit of streaming is one chunk of one panel, and units are contiguous in memory.
+  const int64_t chunk = kKChunk / (kPairs ? 2 : 1);  // in k steps
+  for (int64_t p = lo; p < hi; ++p) {
+    const T* wp = packed + p * panel_elems;
+    for (int64_t k0 = 0; k0 < steps; k0 += chunk) {
+      const int64_t k1 = std::min<int64_t>(steps, k0 + chunk);
+      // The next unit: this panel's next chunk, else the next panel's first.
+      const char* next = k1 < steps ? reinterpret_cast<const char*>(wp + k1 * kPanel * (kPairs ? 2 : 1))
+                         : p + 1 < hi ? reinterpret_cast<const char*>(packed + (p + 1) * panel_elems)
+                                      : nullptr;
+      const int64_t next_steps = k1 < steps ? std::min<int64_t>(steps, k1 + chunk) - k1 : std::min(steps, chunk);
+      for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+        const int mr = int(std::min<int64_t>(kMaxRows, M - m0));
+        // One k step (fp32) or k pair (bf16) of a panel is kPanel * 4 bytes either way.
+        const Prefetch pf = Prefetch::make(next, std::min(next_steps, k1 - k0), kPanel * 4, m0 / kMaxRows, passes);
+        tile_avx512_rows<T>(x + m0 * ldx, ldx, wp, K, k0, k1, mr, acc.data() + m0 * kPanel, dot, pf);
       }
-      const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
-      for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
-        store_tile<T>(acc.data() + m0 * kPanel, int(std::min<int64_t>(kMaxRows, M - m0)), m0, p * kPanel, nvalid, ep);
     }
+    const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
+      store_tile<T>(acc.data() + m0 * kPanel, int(std::min<int64_t>(kMaxRows, M - m0)), m0, p * kPanel, nvalid, ep);
   }
 }
 
@@ -365,48 +363,46 @@ constexpr int64_t kAmxPrefetch = 2 * 16 * kPanel * 4;  // bytes ahead in the wei
 BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N, int64_t K,
                               const Epilogue& ep, int part, int parts) {
   static_assert(kPanel == 48, "the AMX kernel holds a panel in three 16-column tiles");
-  {
-    DenormalGuard ftz;
-    const int64_t panels = (N + kPanel - 1) / kPanel;
-    const int64_t panel_elems = K * kPanel;  // K is even here
-    int64_t lo, hi;
-    split_range(panels, part, parts, &lo, &hi);
-    alignas(64) float tile[kAmxRows * kPanel];
-    int configured = -1;
-    for (int64_t p = lo; p < hi; ++p) {
-      const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
-      const bf16* wp = packed + p * panel_elems;
-      for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {
-        const int mr = int(std::min<int64_t>(kAmxRows, M - m0));
-        if (mr != configured) {
-          amx_load_tile_config(mr);
-          configured = mr;
-        }
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        const bf16* xa = x + m0 * ldx;
-        for (int64_t k0 = 0; k0 < K; k0 += kAmxK) {
-          const bf16* b = wp + (k0 / 2) * kPanel * 2;  // 16 k pairs x kPanel columns x 2
-          // The thread's panels are contiguous: prefetching past this one warms the next.
-          const char* ahead = reinterpret_cast<const char*>(b) + kAmxPrefetch;
-          for (int l = 0; l < 16 * kPanel * 4; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
-          _tile_loadd(3, xa + k0, ldx * 2);
-          _tile_loadd(4, b, kPanel * 4);
-          _tile_loadd(5, b + 32, kPanel * 4);
-          _tile_loadd(6, b + 64, kPanel * 4);
-          _tile_dpbf16ps(0, 3, 4);
-          _tile_dpbf16ps(1, 3, 5);
-          _tile_dpbf16ps(2, 3, 6);
-        }
-        _tile_stored(0, tile, kPanel * 4);
-        _tile_stored(1, tile + 16, kPanel * 4);
-        _tile_stored(2, tile + 32, kPanel * 4);
-        store_tile<bf16>(tile, mr, m0, p * kPanel, nvalid, ep);
+  DenormalGuard ftz;
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  const int64_t panel_elems = K * kPanel;  // K is even here
+  int64_t lo, hi;
+  split_range(panels, part, parts, &lo, &hi);
+  alignas(64) float tile[kAmxRows * kPanel];
+  int configured = -1;
+  for (int64_t p = lo; p < hi; ++p) {
+    const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
+    const bf16* wp = packed + p * panel_elems;
+    for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {
+      const int mr = int(std::min<int64_t>(kAmxRows, M - m0));
+      if (mr != configured) {
+        amx_load_tile_config(mr);
+        configured = mr;
       }
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      const bf16* xa = x + m0 * ldx;
+      for (int64_t k0 = 0; k0 < K; k0 += kAmxK) {
+        const bf16* b = wp + (k0 / 2) * kPanel * 2;  // 16 k pairs x kPanel columns x 2
+        // The thread's panels are contiguous: prefetching past this one warms the next.
+        const char* ahead = reinterpret_cast<const char*>(b) + kAmxPrefetch;
+        for (int l = 0; l < 16 * kPanel * 4; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+        _tile_loadd(3, xa + k0, ldx * 2);
+        _tile_loadd(4, b, kPanel * 4);
+        _tile_loadd(5, b + 32, kPanel * 4);
+        _tile_loadd(6, b + 64, kPanel * 4);
+        _tile_dpbf16ps(0, 3, 4);
+        _tile_dpbf16ps(1, 3, 5);
+        _tile_dpbf16ps(2, 3, 6);
+      }
+      _tile_stored(0, tile, kPanel * 4);
+      _tile_stored(1, tile + 16, kPanel * 4);
+      _tile_stored(2, tile + 32, kPanel * 4);
+      store_tile<bf16>(tile, mr, m0, p * kPanel, nvalid, ep);
     }
-    if (configured >= 0) _tile_release();
   }
+  if (configured >= 0) _tile_release();
 }
 
 #endif
