@@ -231,6 +231,30 @@ def test_linear_strided_rows(isa, dtype):
     torch.testing.assert_close(ours.double(), expected, atol=TOL[dtype] * 4, rtol=TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_linear_threads_share_panels(isa, dtype, threads):
+    """Threads pair up on runs of panels and walk them from both ends (a lone last thread walks its run
+    alone): every panel is computed exactly once, and bit-identically to a single thread's result."""
+    g = torch.Generator().manual_seed(threads)
+    n, k = 48 * 6 + 5, 640  # 7 panels, the last one partial
+    x = torch.randn(12, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    packed = _C.pack_linear(w)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = _C.linear(x, packed, n, bias, "gelu")
+        torch.set_num_threads(threads)
+        shared = _C.linear(x, packed, n, bias, "gelu")
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(shared, alone)
+    expected = F.gelu(reference.linear(x.double(), w.double(), bias.double()))
+    torch.testing.assert_close(shared.double(), expected, atol=TOL[dtype] * 4, rtol=TOL[dtype])
+
+
 # ----------------------------------------------------------------------------------------------
 # varlen attention
 

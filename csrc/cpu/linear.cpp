@@ -1,10 +1,10 @@
 // Small-M GEMM streaming prepacked weights: out = act(x w^T + bias) + residual for a few rows of x.
 //
 // At small M (a handful of tokens) a linear layer is bound by reading its weights once from memory; the
-// packed layout makes that read one sequential stream per panel of kPanel output columns, so the
-// hardware prefetchers run at full speed, and each weight cache line is used by every row of x while
-// it is in L1 (with up to 8 rows per sweep; more rows sweep again from L2). fp32 weights: [panels][K][kPanel]. bf16 weights: [panels][ceil(K/2)][kPanel][2], pairs
-// along K as AVX-512 BF16 dot products (vdpbf16ps) want them. Accumulation is fp32; bias, activation and
+// packed layout makes that read one sequential stream per panel of kPanel output columns, and threads
+// share the panels out so that each streams one contiguous stretch (MeetInTheMiddle, parallel.h).
+// fp32 weights: [panels][K][kPanel]. bf16 weights: [panels][ceil(K/2)][kPanel][2], pairs along K as
+// AVX-512 BF16 dot products (vdpbf16ps) and AMX tiles want them. Accumulation is fp32; bias, activation and
 // residual are applied to the fp32 accumulator and the result is rounded once.
 #include <omp.h>
 
@@ -144,14 +144,11 @@ BF_INLINE void tile_generic(const bf16* x, int64_t ldx, const bf16* wp, int64_t 
 
 template <typename T>
 void linear_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K, const Epilogue& ep,
-                    int part, int parts) {
+                    MeetInTheMiddle::Walker& panels) {
   DenormalGuard ftz;
-  const int64_t panels = (N + kPanel - 1) / kPanel;
   const int64_t panel_elems = (sizeof(T) == 2 ? 2 * ((K + 1) / 2) : K) * kPanel;
-  int64_t lo, hi;
-  split_range(panels, part, parts, &lo, &hi);
   alignas(64) float tile[kMaxRows * kPanel];
-  for (int64_t p = lo; p < hi; ++p) {
+  for (int64_t p = panels.claim(); p >= 0; p = panels.claim()) {
     const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
     for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
       const int mr = int(std::min<int64_t>(kMaxRows, M - m0));
@@ -164,52 +161,94 @@ void linear_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t
 #if BF_X86
 // ---- AVX-512 tiles: MR rows x 48 columns in 3 x MR zmm accumulators ----
 
-// How far ahead (bytes) to prefetch the weight stream: the L2 streamer alone leaves bandwidth unused.
-constexpr int64_t kPrefetchBytes = 2048;
-// K elements per chunk of a sweep: 8 rows of x over a chunk (32 KB fp32) stay in L1.
-constexpr int64_t kKChunk = 1024;
+// A panel is computed in blocks of k steps (fp32) or k pairs (bf16); every register tile of rows (a
+// "pass" of up to 8 rows of x) runs over a block before the next block. A far prefetch keeps the
+// memory stream running: while a block is computed, the stretch as long as the block a fixed
+// distance further along this thread's weight stream is pulled into L2, a few lines per k step,
+// spread over all passes; a near prefetch pulls the block itself into L1 just ahead of the loads.
+// Two regimes, by the number of passes:
+// - up to kPackPasses (M <= 32), bound by the weight stream: blocks of kBlockSteps (24 KB of
+//   weights, read from memory by the first pass and from L1 by the others), the far prefetch
+//   kFarBytes ahead, x packed (pack_x) so that a tile's rows sit at constant offsets from one pointer;
+// - more passes, compute bound: blocks of up to kSweepSteps (a pass's 8 rows of x stay in L1), each
+//   pass near-prefetching the block from L2, the far prefetch one block ahead; x read in place.
+// Measured on Sapphire Rapids (2 threads, the 48 weights of BERT-base from memory, paired runs in one
+// process against the previous kernel, which swept each pass over the whole panel with per-row x
+// pointers): time x0.83-0.91 at M = 16 (15.9-17.9 -> 17.7-21.5 GB/s), x0.89 at M = 8, x0.95 at M = 24-32,
+// x0.91-0.96 at M = 64-128, even at M = 256. Far distances of 16-128 KB and blocks of 64-256 steps
+// measured alike.
+constexpr int64_t kStepBytes = kPanel * 4;  // one k step (fp32) or k pair (bf16) of a panel
+constexpr int64_t kBlockSteps = 128;
+constexpr int64_t kFarBytes = 32 * 1024;
+constexpr int64_t kNearBytes = 1024;
 
-// With more rows than one register tile, a unit (a panel, or a K chunk of it) is swept once per tile:
-// the first sweep streams it from memory, the others re-read it from L2 and would leave the memory
-// idle. So every sweep also pulls its share (1/passes) of the *next* unit into L2, and the stream never
-// stops. (Measured on Sapphire Rapids at M=16, 2 threads, with huge pages: ~17 GB/s; one 16-row sweep
-// of 16-column panels is load-port bound, ~13 GB/s; small (12 KB) K chunks swept back to back, ~12 GB/s.)
-struct Prefetch {
-  const char* base;  // where this sweep's share of the next panel starts (null: no next panel)
-  int64_t stride;    // bytes of it per k step
-  BF_TARGET_AVX512 BF_INLINE void at(int64_t k) const {
-    if (base == nullptr) return;
-    const char* p = base + k * stride;
-    _mm_prefetch(p, _MM_HINT_T1);
-    _mm_prefetch(p + 64, _MM_HINT_T1);
-    if (stride > 128) _mm_prefetch(p + 128, _MM_HINT_T1);
-  }
-  static Prefetch make(const char* next, int64_t steps, int64_t step_bytes, int64_t pass, int64_t passes) {
-    if (next == nullptr) return {nullptr, 0};
-    const int64_t stride = step_bytes / passes;
-    return {next + pass * steps * stride, stride};
+// The far prefetch of one pass over one block: `lines` cache lines from stream offset `offset` on,
+// spread evenly over the pass's `steps` k steps. Offsets run along this thread's stream: through the
+// current panel, then on into the panel it takes next (none: nothing is prefetched past the end).
+struct FarPrefetch {
+  const char* here;
+  const char* next;
+  int64_t panel_bytes;
+  int64_t offset;
+  int64_t lines;
+  int64_t steps;
+  int64_t credit;
+
+  BF_TARGET_AVX512 BF_INLINE void step() {
+    credit += lines;
+    for (; credit >= steps; credit -= steps, offset += 64) {
+      const char* line = offset < panel_bytes                          ? here + offset
+                         : next != nullptr && offset < 2 * panel_bytes ? next + (offset - panel_bytes)
+                                                                       : nullptr;
+      if (line != nullptr) _mm_prefetch(line, _MM_HINT_T1);
+    }
   }
 };
 
-// MR rows x 48 columns in 3 x MR zmm accumulators (MR <= 8: 24 accumulators).
-// k steps [k0, k1) into the fp32 tile [MR][kPanel] (accumulated onto it unless k0 == 0).
-template <int MR>
-BF_TARGET_AVX512 BF_INLINE void tile_avx512_f32(const float* x, int64_t ldx, const float* wp, int64_t k0, int64_t k1,
-                                                float* tile, const Prefetch& pf) {
+// x as the streaming regime's tiles read it: [blocks][M][kBlockSteps k steps], zero past K. A row's k
+// steps of one block sit at a fixed distance from the next row's, so a tile broadcasts all its rows
+// from one pointer with constant offsets (with a pointer per row GCC ran out of registers and reloaded
+// them from the stack on every k step). bf16 keeps k pairs together: an odd K's missing odd element
+// is a zero, as the packed weight's is.
+template <typename T>
+constexpr int64_t kXRow = kBlockSteps * (sizeof(T) == 2 ? 2 : 1);  // elements of a row per block
+constexpr int64_t kPackPasses = 4;
+constexpr int64_t kSweepSteps = 1024;  // fp32 only: 8 rows x 1024 of x are 32 KB
+
+template <typename T>
+void pack_x(const T* x, int64_t ldx, int64_t M, int64_t K, T* xp) {
+  const int64_t S = kXRow<T>;
+  for (int64_t k0 = 0; k0 < K; k0 += S) {
+    const int64_t n = std::min<int64_t>(S, K - k0);
+    for (int64_t m = 0; m < M; ++m, xp += S) {
+      std::memcpy(static_cast<void*>(xp), x + m * ldx + k0, sizeof(T) * n);
+      std::memset(static_cast<void*>(xp + n), 0, sizeof(T) * (S - n));
+    }
+  }
+}
+
+// MR rows x 48 columns in 3 x MR zmm accumulators (MR <= 8: 24 accumulators): `steps` k steps of one
+// block, row r of x at x + r * ld (kLd if it is not 0: x packed), w from the block's first step; onto
+// the fp32 tile [MR][kPanel] unless `first`.
+template <int MR, int64_t kLd>
+BF_TARGET_AVX512 BF_INLINE void tile_avx512_f32(const float* x, int64_t ldx, const float* w, int64_t steps, float* tile,
+                                                bool first, FarPrefetch pf, bool near) {
+  const int64_t S = kLd != 0 ? kLd : ldx;
   __m512 c[MR][3];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < 3; ++v) c[r][v] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * kPanel + 16 * v);
-  for (int64_t k = k0; k < k1; ++k) {
-    const float* w = wp + k * kPanel;
-    _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes + 64, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes + 128, _MM_HINT_T0);
-    pf.at(k - k0);
+    for (int v = 0; v < 3; ++v) c[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * kPanel + 16 * v);
+  for (int64_t k = 0; k < steps; ++k, w += kPanel) {
+    if (near) {
+      _mm_prefetch(reinterpret_cast<const char*>(w) + kNearBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w) + kNearBytes + 64, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w) + kNearBytes + 128, _MM_HINT_T0);
+    }
+    pf.step();
     const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const __m512 a = _mm512_set1_ps(x[r * ldx + k]);
+      const __m512 a = _mm512_set1_ps(x[r * S + k]);
       c[r][0] = _mm512_fmadd_ps(a, w0, c[r][0]);
       c[r][1] = _mm512_fmadd_ps(a, w1, c[r][1]);
       c[r][2] = _mm512_fmadd_ps(a, w2, c[r][2]);
@@ -223,56 +262,48 @@ BF_TARGET_AVX512 BF_INLINE void tile_avx512_f32(const float* x, int64_t ldx, con
   }
 }
 
-// One k pair of a bf16 panel against MR rows. Row r's pair (even element in the low half) is broadcast
+// The same for bf16, a k pair per step. Row r's pair (even element in the low half) is broadcast
 // straight from memory, a load-port uop; a broadcast from a general register would take port 5, which
 // the dot products need. Without AVX-512 BF16 (kDot false) a 32-bit lane holding a pair becomes two fp32
 // values: shifted left by 16 (the even element) and masked to its high half (the odd one).
-template <int MR, bool kDot, bool kTail>
-BF_TARGET_AVX512BF16 BF_INLINE void bf16_step(const bf16* x, int64_t ldx, const bf16* wp, int64_t kk,
-                                              __m512 (&c)[MR][3], const Prefetch& pf) {
-  const bf16* w = wp + kk * kPanel * 2;
-  _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes, _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes + 64, _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes + 128, _MM_HINT_T0);
-  pf.at(kk);  // kk counts from the chunk start here (see tile_avx512_bf16)
-  const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 32), w2 = _mm512_loadu_si512(w + 64);
-  const __m512i hi_mask = _mm512_set1_epi32(int(0xffff0000u));
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    const bf16* xr = x + r * ldx + 2 * kk;
-    // An odd K's last pair has no odd element: it is zero (the packed weight is zero there too).
-    const __m512i a = kTail ? _mm512_set1_epi32(int(xr[0].bits)) : _mm512_broadcastd_epi32(_mm_loadu_si32(xr));
-    if constexpr (kDot) {
-      c[r][0] = _mm512_dpbf16_ps(c[r][0], (__m512bh)a, (__m512bh)w0);
-      c[r][1] = _mm512_dpbf16_ps(c[r][1], (__m512bh)a, (__m512bh)w1);
-      c[r][2] = _mm512_dpbf16_ps(c[r][2], (__m512bh)a, (__m512bh)w2);
-    } else {
-      const __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
-      const __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(a, hi_mask));
-      const __m512i ws[3] = {w0, w1, w2};
-#pragma GCC unroll 3
-      for (int v = 0; v < 3; ++v) {
-        const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(ws[v], 16));
-        const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(ws[v], hi_mask));
-        c[r][v] = _mm512_fmadd_ps(a1, odd, _mm512_fmadd_ps(a0, even, c[r][v]));
-      }
-    }
-  }
-}
-
-// k pairs [k0, k1) of a K-long row; the pair K / 2 of an odd K is the half tail pair.
+// (bf16 x is always packed: the zero pad makes an odd K's last pair whole.)
 template <int MR, bool kDot>
-BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512_bf16(const bf16* x, int64_t ldx, const bf16* wp, int64_t K,
-                                                     int64_t k0, int64_t k1, float* tile, const Prefetch& pf) {
+BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512_bf16(const bf16* x, const bf16* w, int64_t steps, float* tile,
+                                                     bool first, FarPrefetch pf, bool near) {
+  constexpr int64_t S = kXRow<bf16>;
   __m512 c[MR][3];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < 3; ++v) c[r][v] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * kPanel + 16 * v);
-  const int64_t full_end = std::min<int64_t>(k1, K / 2);
-  // wp and pf are offset so that step kk - k0 of this chunk is at wp + kk pairs (see bf16_step).
-  const Prefetch local{pf.base == nullptr ? nullptr : pf.base - k0 * pf.stride, pf.stride};
-  for (int64_t kk = k0; kk < full_end; ++kk) bf16_step<MR, kDot, false>(x, ldx, wp, kk, c, local);
-  if (k1 > full_end) bf16_step<MR, kDot, true>(x, ldx, wp, full_end, c, local);
+    for (int v = 0; v < 3; ++v) c[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * kPanel + 16 * v);
+  const __m512i hi_mask = _mm512_set1_epi32(int(0xffff0000u));
+  for (int64_t kk = 0; kk < steps; ++kk, w += kPanel * 2) {
+    if (near) {
+      _mm_prefetch(reinterpret_cast<const char*>(w) + kNearBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w) + kNearBytes + 64, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w) + kNearBytes + 128, _MM_HINT_T0);
+    }
+    pf.step();
+    const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 32), w2 = _mm512_loadu_si512(w + 64);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512i a = _mm512_broadcastd_epi32(_mm_loadu_si32(x + r * S + 2 * kk));
+      if constexpr (kDot) {
+        c[r][0] = _mm512_dpbf16_ps(c[r][0], (__m512bh)a, (__m512bh)w0);
+        c[r][1] = _mm512_dpbf16_ps(c[r][1], (__m512bh)a, (__m512bh)w1);
+        c[r][2] = _mm512_dpbf16_ps(c[r][2], (__m512bh)a, (__m512bh)w2);
+      } else {
+        const __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+        const __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(a, hi_mask));
+        const __m512i ws[3] = {w0, w1, w2};
+#pragma GCC unroll 3
+        for (int v = 0; v < 3; ++v) {
+          const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(ws[v], 16));
+          const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(ws[v], hi_mask));
+          c[r][v] = _mm512_fmadd_ps(a1, odd, _mm512_fmadd_ps(a0, even, c[r][v]));
+        }
+      }
+    }
+  }
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     _mm512_storeu_ps(tile + r * kPanel, c[r][0]);
@@ -282,31 +313,35 @@ BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512_bf16(const bf16* x, int64_t ldx,
 }
 
 template <int MR>
-BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512(const float* x, int64_t ldx, const float* wp, int64_t, int64_t k0,
-                                                int64_t k1, float* tile, bool, const Prefetch& pf) {
-  tile_avx512_f32<MR>(x, ldx, wp, k0, k1, tile, pf);
+BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512(const float* x, int64_t ldx, const float* w, int64_t steps, float* tile,
+                                                bool first, bool, const FarPrefetch& pf, bool near) {
+  if (ldx == kXRow<float>)
+    tile_avx512_f32<MR, kXRow<float>>(x, ldx, w, steps, tile, first, pf, near);
+  else
+    tile_avx512_f32<MR, 0>(x, ldx, w, steps, tile, first, pf, near);
 }
 template <int MR>
-BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512(const bf16* x, int64_t ldx, const bf16* wp, int64_t K, int64_t k0,
-                                                int64_t k1, float* tile, bool dot, const Prefetch& pf) {
+BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512(const bf16* x, int64_t, const bf16* w, int64_t steps, float* tile,
+                                                bool first, bool dot, const FarPrefetch& pf, bool near) {
   if (dot)
-    tile_avx512_bf16<MR, true>(x, ldx, wp, K, k0, k1, tile, pf);
+    tile_avx512_bf16<MR, true>(x, w, steps, tile, first, pf, near);
   else
-    tile_avx512_bf16<MR, false>(x, ldx, wp, K, k0, k1, tile, pf);
+    tile_avx512_bf16<MR, false>(x, w, steps, tile, first, pf, near);
 }
 
 template <typename T>
-BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512_rows(const T* x, int64_t ldx, const T* wp, int64_t K, int64_t k0,
-                                                     int64_t k1, int mr, float* tile, bool dot, const Prefetch& pf) {
+BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512_rows(const T* x, int64_t ldx, const T* w, int64_t steps, int mr,
+                                                     float* tile, bool first, bool dot, const FarPrefetch& pf,
+                                                     bool near) {
   switch (mr) {
-    case 1: tile_avx512<1>(x, ldx, wp, K, k0, k1, tile, dot, pf); break;
-    case 2: tile_avx512<2>(x, ldx, wp, K, k0, k1, tile, dot, pf); break;
-    case 3: tile_avx512<3>(x, ldx, wp, K, k0, k1, tile, dot, pf); break;
-    case 4: tile_avx512<4>(x, ldx, wp, K, k0, k1, tile, dot, pf); break;
-    case 5: tile_avx512<5>(x, ldx, wp, K, k0, k1, tile, dot, pf); break;
-    case 6: tile_avx512<6>(x, ldx, wp, K, k0, k1, tile, dot, pf); break;
-    case 7: tile_avx512<7>(x, ldx, wp, K, k0, k1, tile, dot, pf); break;
-    default: tile_avx512<8>(x, ldx, wp, K, k0, k1, tile, dot, pf); break;
+    case 1: tile_avx512<1>(x, ldx, w, steps, tile, first, dot, pf, near); break;
+    case 2: tile_avx512<2>(x, ldx, w, steps, tile, first, dot, pf, near); break;
+    case 3: tile_avx512<3>(x, ldx, w, steps, tile, first, dot, pf, near); break;
+    case 4: tile_avx512<4>(x, ldx, w, steps, tile, first, dot, pf, near); break;
+    case 5: tile_avx512<5>(x, ldx, w, steps, tile, first, dot, pf, near); break;
+    case 6: tile_avx512<6>(x, ldx, w, steps, tile, first, dot, pf, near); break;
+    case 7: tile_avx512<7>(x, ldx, w, steps, tile, first, dot, pf, near); break;
+    default: tile_avx512<8>(x, ldx, w, steps, tile, first, dot, pf, near); break;
   }
 }
 
@@ -314,34 +349,43 @@ BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512_rows(const T* x, int64_t ldx, co
 // dot-product one runs only when the CPU has AVX-512 BF16 (`dot`).
 template <typename T>
 BF_TARGET_AVX512BF16 void linear_avx512(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
-                                        const Epilogue& ep, int part, int parts) {
+                                        const Epilogue& ep, MeetInTheMiddle::Walker& panels) {
   const bool dot = has_avx512_bf16();
   DenormalGuard ftz;
-  const int64_t panels = (N + kPanel - 1) / kPanel;
   constexpr bool kPairs = sizeof(T) == 2;
-  const int64_t steps = kPairs ? (K + 1) / 2 : K;  // k steps (bf16: k pairs) per sweep
-  const int64_t panel_elems = (kPairs ? 2 * steps : K) * kPanel;
-  int64_t lo, hi;
-  split_range(panels, part, parts, &lo, &hi);
+  const int64_t steps = kPairs ? (K + 1) / 2 : K;  // k steps (bf16: k pairs) per panel
+  const int64_t panel_bytes = steps * kStepBytes;
   const int64_t passes = (M + kMaxRows - 1) / kMaxRows;
-  std::vector<float> acc(passes * kMaxRows * kPanel);
-  // A panel is processed in K chunks so the rows of x a sweep reads (8 x kKChunk) stay in L1; the
-  // unit of streaming is one chunk of one panel, and units are contiguous in memory.
-  const int64_t chunk = kKChunk / (kPairs ? 2 : 1);  // in k steps
-  for (int64_t p = lo; p < hi; ++p) {
-    const T* wp = packed + p * panel_elems;
-    for (int64_t k0 = 0; k0 < steps; k0 += chunk) {
-      const int64_t k1 = std::min<int64_t>(steps, k0 + chunk);
-      // The next unit: this panel's next chunk, else the next panel's first.
-      const char* next = k1 < steps ? reinterpret_cast<const char*>(wp + k1 * kPanel * (kPairs ? 2 : 1))
-                         : p + 1 < hi ? reinterpret_cast<const char*>(packed + (p + 1) * panel_elems)
-                                      : nullptr;
-      const int64_t next_steps = k1 < steps ? std::min<int64_t>(steps, k1 + chunk) - k1 : std::min(steps, chunk);
-      for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-        const int mr = int(std::min<int64_t>(kMaxRows, M - m0));
-        // One k step (fp32) or k pair (bf16) of a panel is kPanel * 4 bytes either way.
-        const Prefetch pf = Prefetch::make(next, std::min(next_steps, k1 - k0), kPanel * 4, m0 / kMaxRows, passes);
-        tile_avx512_rows<T>(x + m0 * ldx, ldx, wp, K, k0, k1, mr, acc.data() + m0 * kPanel, dot, pf);
+  // The regime (see above); bf16 x is always packed. Per thread, reused across calls: the packed x
+  // and the fp32 accumulators of a panel.
+  const bool pack = kPairs || passes <= kPackPasses;
+  const int64_t block_steps = pack ? kBlockSteps : kSweepSteps;
+  const int64_t far_bytes = pack ? kFarBytes : std::min(steps, block_steps) * kStepBytes;
+  const int64_t blocks = (steps + block_steps - 1) / block_steps;
+  thread_local std::vector<T> xp;
+  thread_local std::vector<float> acc;
+  if (pack) {
+    xp.resize(blocks * M * kXRow<T>);
+    pack_x(x, ldx, M, K, xp.data());
+  }
+  acc.resize(passes * kMaxRows * kPanel);
+  const char* base = reinterpret_cast<const char*>(packed);
+  for (int64_t p = panels.claim(); p >= 0; p = panels.claim()) {
+    const T* wp = packed + p * (panel_bytes / sizeof(T));
+    const int64_t p_next = panels.peek();
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      const int64_t k0 = kb * block_steps, n = std::min<int64_t>(block_steps, steps - k0);
+      // The far prefetch covers as many bytes as the block, far_bytes ahead of it, a share per pass.
+      const int64_t far_lines = n * kStepBytes / 64;
+      for (int64_t pass = 0; pass < passes; ++pass) {
+        const int64_t m0 = pass * kMaxRows;
+        const int64_t l0 = far_lines * pass / passes, l1 = far_lines * (pass + 1) / passes;
+        const FarPrefetch pf{base + p * panel_bytes, p_next >= 0 ? base + p_next * panel_bytes : nullptr, panel_bytes,
+                             k0 * kStepBytes + far_bytes + l0 * 64, l1 - l0, n, 0};
+        const T* xs = pack ? xp.data() + (kb * M + m0) * kXRow<T> : x + m0 * ldx + k0;
+        tile_avx512_rows<T>(xs, pack ? kXRow<T> : ldx, wp + k0 * (kStepBytes / sizeof(T)), n,
+                            int(std::min<int64_t>(kMaxRows, M - m0)), acc.data() + m0 * kPanel, kb == 0, dot, pf,
+                            pass == 0 || !pack);
       }
     }
     const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
@@ -361,18 +405,16 @@ constexpr int64_t kAmxPrefetch = 2 * 16 * kPanel * 4;  // bytes ahead in the wei
 
 
 BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N, int64_t K,
-                              const Epilogue& ep, int part, int parts) {
+                              const Epilogue& ep, MeetInTheMiddle::Walker& panels) {
   static_assert(kPanel == 48, "the AMX kernel holds a panel in three 16-column tiles");
   DenormalGuard ftz;
-  const int64_t panels = (N + kPanel - 1) / kPanel;
-  const int64_t panel_elems = K * kPanel;  // K is even here
-  int64_t lo, hi;
-  split_range(panels, part, parts, &lo, &hi);
+  const int64_t panel_bytes = K * kPanel * 2;  // K is even here
   alignas(64) float tile[kAmxRows * kPanel];
   int configured = -1;
-  for (int64_t p = lo; p < hi; ++p) {
+  for (int64_t p = panels.claim(); p >= 0; p = panels.claim()) {
     const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
-    const bf16* wp = packed + p * panel_elems;
+    const bf16* wp = packed + p * (panel_bytes / 2);
+    const int64_t p_next = panels.peek();
     for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {
       const int mr = int(std::min<int64_t>(kAmxRows, M - m0));
       if (mr != configured) {
@@ -385,9 +427,13 @@ BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, in
       const bf16* xa = x + m0 * ldx;
       for (int64_t k0 = 0; k0 < K; k0 += kAmxK) {
         const bf16* b = wp + (k0 / 2) * kPanel * 2;  // 16 k pairs x kPanel columns x 2
-        // The thread's panels are contiguous: prefetching past this one warms the next.
-        const char* ahead = reinterpret_cast<const char*>(b) + kAmxPrefetch;
-        for (int l = 0; l < 16 * kPanel * 4; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+        // Two steps ahead; past this panel's end, the start of the panel this thread takes next.
+        const int64_t ahead = k0 * kPanel * 2 + kAmxPrefetch;
+        const char* pf = ahead < panel_bytes ? reinterpret_cast<const char*>(wp) + ahead
+                         : p_next >= 0      ? reinterpret_cast<const char*>(packed) + p_next * panel_bytes + (ahead - panel_bytes)
+                                            : nullptr;
+        if (pf != nullptr)
+          for (int l = 0; l < 16 * kPanel * 4; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
         _tile_loadd(3, xa + k0, ldx * 2);
         _tile_loadd(4, b, kPanel * 4);
         _tile_loadd(5, b + 32, kPanel * 4);
@@ -419,17 +465,19 @@ void linear_small_m(const T* x, int64_t ldx, const T* packed, const T* bias, con
 #if BF_X86
   const bool amx = sizeof(T) == 2 && active_isa() == Isa::Avx512 && k % kAmxK == 0 && amx_bf16_usable() && amx_enabled();
 #endif
-  // One part per thread: each streams a contiguous range of panels.
+  // One part per thread: each streams a contiguous stretch of panels, meeting its partner's.
+  const MeetInTheMiddle shared(panels, nt);
   parallel_for(nt, nt, [&](int64_t part) {
+    MeetInTheMiddle::Walker mine = shared.walker(int(part));
 #if BF_X86
     if constexpr (sizeof(T) == 2) {
       if (amx) {
-        linear_amx(x, ldx, packed, m, n, k, ep, int(part), nt);
+        linear_amx(x, ldx, packed, m, n, k, ep, mine);
         return;
       }
     }
 #endif
-    BF_DISPATCH(linear, x, ldx, packed, m, n, k, ep, int(part), nt);
+    BF_DISPATCH(linear, x, ldx, packed, m, n, k, ep, mine);
   });
 }
 

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 
 namespace bertfast {
 namespace cpu {
@@ -30,6 +31,57 @@ void parallel_for(int threads, int64_t n, const F& f) {
 #pragma omp parallel num_threads(threads)
   for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) f(i);
 }
+
+// Items [0, n) shared out to `parts` workers so that each reads one contiguous stretch and none waits
+// for another: workers 2r and 2r + 1 share run r, the first walking it up from its front, the second
+// down from its back, claiming one item at a time until they meet (a lone last worker walks its run
+// alone). A worker that starts late or is descheduled takes fewer items instead of holding the rest
+// up. Made for the small-M GEMM, whose items are weight panels streamed from memory: with static
+// halves the two threads of this 2-core machine finished a BERT-base GEMM 16% of its time apart.
+class MeetInTheMiddle {
+ public:
+  MeetInTheMiddle(int64_t n, int parts) : n_(n), parts_(parts), taken_(new std::atomic<int64_t>[(parts + 1) / 2]) {
+    for (int r = 0; r < (parts + 1) / 2; ++r) taken_[r].store(0, std::memory_order_relaxed);
+  }
+
+  class Walker {
+   public:
+    // The next item for this worker, or -1 once its run is used up.
+    int64_t claim() {
+      if (taken_->fetch_add(1, std::memory_order_relaxed) >= size_) return -1;
+      const int64_t item = next_;
+      next_ += step_;
+      return item;
+    }
+    // The item this worker would claim next (its partner may get it first), or -1 past the run's end.
+    int64_t peek() const { return next_ >= lo_ && next_ < hi_ ? next_ : -1; }
+
+   private:
+    friend class MeetInTheMiddle;
+    std::atomic<int64_t>* taken_;
+    int64_t lo_, hi_, size_, next_, step_;
+  };
+
+  Walker walker(int part) const {
+    const int run = part / 2;
+    // Run r covers the share of the items of the workers it has (two, or one for a lone last worker).
+    const int64_t lo = n_ * (2 * run) / parts_, hi = n_ * std::min(2 * run + 2, parts_) / parts_;
+    const bool down = part % 2 == 1;
+    Walker w;
+    w.taken_ = &taken_[run];
+    w.lo_ = lo;
+    w.hi_ = hi;
+    w.size_ = hi - lo;
+    w.next_ = down ? hi - 1 : lo;
+    w.step_ = down ? -1 : 1;
+    return w;
+  }
+
+ private:
+  int64_t n_;
+  int parts_;
+  std::unique_ptr<std::atomic<int64_t>[]> taken_;
+};
 
 }  // namespace cpu
 }  // namespace bertfast
