@@ -1,7 +1,7 @@
 """The layer pipeline, written once for every backend.
 
-embed (-> projection) -> per layer: qkv -> attention (varlen) -> linear_residual -> layernorm -> linear_gelu ->
-linear_residual -> layernorm -> pooler. The pipeline runs on the packed real tokens only
+embed (-> projection) -> per layer (`Backend.layer`): qkv -> attention (varlen) -> linear_residual -> layernorm ->
+linear_gelu -> linear_residual -> layernorm -> pooler. The pipeline runs on the packed real tokens only
 (`padding.unpad` at the start, `padding.pad` at the end); the backend supplies the ops.
 Inputs are assumed validated (see `encoder.check_inputs`).
 """
@@ -50,13 +50,7 @@ class Engine:
         heads, eps, act = cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation
         scale = 1.0 / math.sqrt(cfg.head_dim)
         for layer in w.layers:
-            q, k, v = ops.qkv(x, layer.qkv_weight, layer.qkv_bias, heads)
-            ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale)
-            x = ops.layernorm(ops.linear_residual(ctx, layer.attn_out_weight, layer.attn_out_bias, x),
-                              layer.attn_ln_weight, layer.attn_ln_bias, eps)
-            h = ops.linear_gelu(x, layer.ffn_in_weight, layer.ffn_in_bias, act)
-            x = ops.layernorm(ops.linear_residual(h, layer.ffn_out_weight, layer.ffn_out_bias, x),
-                              layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
+            x = ops.layer(x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act)
             if hidden is not None:
                 hidden.append(x)
 

@@ -1,7 +1,8 @@
 """Eager reference: the exact math of Hugging Face's `BertModel`, in plain torch, in any dtype.
 
 This module is the oracle. Its op functions (`embed`, `qkv`, `attention`, `linear_gelu`,
-`linear_residual`, `layernorm`, `pooler`) define what every backend's op must compute, and
+`linear_residual`, `layernorm`, `pooler`, and `layer`, one encoder layer made of them) define what
+every backend's op must compute, and
 `forward` runs the whole padded model the way `transformers` does (additive key-padding mask,
 position ids ``0..S-1``). Tests check `forward` against `transformers` itself; kernels and backends
 are checked against the op functions. Nothing here is tuned for speed.
@@ -10,6 +11,7 @@ are checked against the op functions. Nothing here is tuned for speed.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -144,6 +146,20 @@ def layernorm(x, weight, bias, eps: float, residual=None) -> torch.Tensor:
 def pooler(cls_hidden, weight, bias) -> torch.Tensor:
     """tanh(cls_hidden @ weight.T + bias); cls_hidden: (B, H)."""
     return torch.tanh(F.linear(cls_hidden, weight, bias))
+
+
+def layer(x, layer: LayerWeights, cu_seqlens, max_seqlen: int, num_heads: int, scale: float, eps: float,
+          act: str, ops=None) -> torch.Tensor:
+    """One encoder layer on the packed layout x: (T, H), composed from the ops above, or from the
+    same-named ops of `ops` (a backend: `Backend.layer` runs this on its own ops by default)."""
+    ops = ops if ops is not None else sys.modules[__name__]
+    q, k, v = ops.qkv(x, layer.qkv_weight, layer.qkv_bias, num_heads)
+    ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale)
+    x = ops.layernorm(ops.linear_residual(ctx, layer.attn_out_weight, layer.attn_out_bias, x),
+                      layer.attn_ln_weight, layer.attn_ln_bias, eps)
+    h = ops.linear_gelu(x, layer.ffn_in_weight, layer.ffn_in_bias, act)
+    return ops.layernorm(ops.linear_residual(h, layer.ffn_out_weight, layer.ffn_out_bias, x),
+                         layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
 
 
 # ----------------------------------------------------------------------------------------------

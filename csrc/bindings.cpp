@@ -57,6 +57,29 @@ void check_index(const at::Tensor& ids, int64_t n, int64_t rows, const char* nam
     BF_CHECK(p[i] >= 0 && p[i] < rows, name, "[", i, "] = ", p[i], " is out of range [0, ", rows, ")");
 }
 
+// cu_seqlens (batch + 1,) int32: 0, then non-decreasing up to the `tokens` of `input`, no sequence longer
+// than max_seqlen. Returns the batch size.
+int64_t check_cu_seqlens(const at::Tensor& cu_seqlens, int64_t tokens, int64_t max_seqlen, const char* input) {
+  check_tensor(cu_seqlens, "cu_seqlens");
+  BF_CHECK(cu_seqlens.scalar_type() == at::kInt, "cu_seqlens must be int32, got ", cu_seqlens.scalar_type());
+  BF_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 1, "cu_seqlens must be (batch+1,), got ",
+           cu_seqlens.sizes());
+  check_contig(cu_seqlens, "cu_seqlens");
+  const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
+  const int64_t B = cu_seqlens.size(0) - 1;
+  BF_CHECK(cu[0] == 0, "cu_seqlens[0] must be 0, got ", cu[0]);
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    BF_CHECK(cu[b + 1] >= cu[b], "cu_seqlens must be non-decreasing, but cu_seqlens[", b + 1, "] = ", cu[b + 1],
+             " < ", cu[b]);
+    longest = std::max<int64_t>(longest, cu[b + 1] - cu[b]);
+  }
+  BF_CHECK(cu[B] == tokens, "cu_seqlens[-1] = ", cu[B], " but ", input, " has ", tokens, " tokens");
+  BF_CHECK(max_seqlen >= longest, "max_seqlen = ", max_seqlen, " is less than the longest sequence (", longest,
+           ")");
+  return B;
+}
+
 bc::Act parse_act(const std::string& act) {
   if (act == "none") return bc::Act::None;
   if (act == "gelu") return bc::Act::Gelu;
@@ -197,23 +220,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
              "q, k and v must be contiguous along head_dim (stride 1), got strides ", t->strides());
   const int64_t T = q.size(0), heads = q.size(1), d = q.size(2);
   BF_CHECK(heads > 0 && d > 0, "heads and head_dim must be positive, got ", q.sizes());
-  check_tensor(cu_seqlens, "cu_seqlens");
-  BF_CHECK(cu_seqlens.scalar_type() == at::kInt, "cu_seqlens must be int32, got ", cu_seqlens.scalar_type());
-  BF_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 1, "cu_seqlens must be (batch+1,), got ",
-           cu_seqlens.sizes());
-  check_contig(cu_seqlens, "cu_seqlens");
+  const int64_t B = check_cu_seqlens(cu_seqlens, T, max_seqlen, "q");
   const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
-  const int64_t B = cu_seqlens.size(0) - 1;
-  BF_CHECK(cu[0] == 0, "cu_seqlens[0] must be 0, got ", cu[0]);
-  int64_t longest = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    BF_CHECK(cu[b + 1] >= cu[b], "cu_seqlens must be non-decreasing, but cu_seqlens[", b + 1, "] = ", cu[b + 1],
-             " < ", cu[b]);
-    longest = std::max<int64_t>(longest, cu[b + 1] - cu[b]);
-  }
-  BF_CHECK(cu[B] == T, "cu_seqlens[-1] = ", cu[B], " but q has ", T, " tokens");
-  BF_CHECK(max_seqlen >= longest, "max_seqlen = ", max_seqlen, " is less than the longest sequence (", longest,
-           ")");
   const bc::AttnStrides st{q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1)};
   at::Tensor out = at::empty({T, heads * d}, q.options());
   {
@@ -300,6 +308,76 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   }
   return out;
 }
+
+// One encoder layer on packed weights, run whole in C++ (csrc/cpu/layer.cpp): the weights are checked
+// once here, each call checks only its input.
+class Layer {
+ public:
+  Layer(at::Tensor qkv, at::Tensor qkv_bias, at::Tensor attn_out, at::Tensor attn_out_bias, at::Tensor attn_ln_weight,
+        at::Tensor attn_ln_bias, at::Tensor ffn_in, at::Tensor ffn_in_bias, at::Tensor ffn_out, at::Tensor ffn_out_bias,
+        at::Tensor ffn_ln_weight, at::Tensor ffn_ln_bias, int64_t hidden, int64_t intermediate, int64_t heads,
+        double eps, const std::string& act)
+      : tensors_{qkv, qkv_bias, attn_out, attn_out_bias, attn_ln_weight, attn_ln_bias,
+                 ffn_in, ffn_in_bias, ffn_out, ffn_out_bias, ffn_ln_weight, ffn_ln_bias},
+        hidden_(hidden), intermediate_(intermediate), heads_(heads), eps_(eps), act_(parse_act(act)) {
+    BF_CHECK(hidden > 0 && intermediate > 0 && heads > 0, "hidden, intermediate and heads must be positive, got ",
+             hidden, ", ", intermediate, ", ", heads);
+    BF_CHECK(hidden % heads == 0, "hidden size ", hidden, " is not a multiple of heads ", heads);
+    const at::Tensor& ref = tensors_[0];
+    check_float(ref, "qkv weight");
+    const bool is_bf16 = ref.scalar_type() == at::kBFloat16;
+    const struct {
+      const char* name;
+      int64_t n, k;
+    } gemms[] = {{"qkv weight", 3 * hidden, hidden}, {"attention output weight", hidden, hidden},
+                 {"ffn input weight", intermediate, hidden}, {"ffn output weight", hidden, intermediate}};
+    for (int g = 0; g < 4; ++g) {
+      const at::Tensor& w = tensors_[g < 2 ? 2 * g : 6 + 2 * (g - 2)];
+      check_like(w, ref, gemms[g].name);
+      BF_CHECK(w.dim() == 1 && w.numel() == bc::packed_numel(gemms[g].n, gemms[g].k, is_bf16), gemms[g].name,
+               " does not match (", gemms[g].n, ", ", gemms[g].k, "): expected ",
+               bc::packed_numel(gemms[g].n, gemms[g].k, is_bf16), " elements from pack_linear, got ", w.sizes());
+      check_contig(w, gemms[g].name);
+    }
+    check_vector(qkv_bias, ref, 3 * hidden, "qkv bias");
+    check_vector(attn_out_bias, ref, hidden, "attention output bias");
+    check_vector(attn_ln_weight, ref, hidden, "attention LayerNorm weight");
+    check_vector(attn_ln_bias, ref, hidden, "attention LayerNorm bias");
+    check_vector(ffn_in_bias, ref, intermediate, "ffn input bias");
+    check_vector(ffn_out_bias, ref, hidden, "ffn output bias");
+    check_vector(ffn_ln_weight, ref, hidden, "ffn LayerNorm weight");
+    check_vector(ffn_ln_bias, ref, hidden, "ffn LayerNorm bias");
+  }
+
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale) const {
+    check_like(x, tensors_[0], "x");
+    BF_CHECK(x.dim() == 2 && x.size(1) == hidden_, "x must be (tokens, ", hidden_, "), got ", x.sizes());
+    check_contig(x, "x");
+    const int64_t T = x.size(0);
+    const int64_t B = check_cu_seqlens(cu_seqlens, T, max_seqlen, "x");
+    at::Tensor out = at::empty({T, hidden_}, x.options());
+    at::Tensor work = at::empty({bc::layer_work_numel(T, hidden_, intermediate_)}, x.options());
+    {
+      py::gil_scoped_release nogil;
+      dispatch(x.scalar_type(), [&](auto tag) {
+        using T_ = decltype(tag);
+        const auto p = [&](int i) { return ptr<T_>(tensors_[i]); };
+        const bc::LayerPtrs<T_> w{p(0),   p(1),   p(2),    p(3),          p(4),   p(5),           p(6),
+                                  p(7),   p(8),   p(9),    p(10),         p(11),  hidden_,        intermediate_,
+                                  heads_, float(eps_), act_};
+        bc::encoder_layer<T_>(ptr<T_>(x), T, cu_seqlens.data_ptr<int32_t>(), B, float(scale), w, ptr<T_>(work),
+                              ptr<T_>(out));
+      });
+    }
+    return out;
+  }
+
+ private:
+  at::Tensor tensors_[12];
+  int64_t hidden_, intermediate_, heads_;
+  double eps_;
+  bc::Act act_;
+};
 
 std::string isa() { return bc::active_isa() == bc::Isa::Avx512 ? "avx512" : "generic"; }
 
@@ -477,6 +555,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "act(x @ w.T + bias) + residual on a packed weight (small M)", py::arg("x"),
         py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(), py::arg("act") = "none",
         py::arg("residual") = py::none());
+  py::class_<Layer>(m, "Layer",
+                    "one post-LayerNorm encoder layer on packed weights (pack_linear), run whole in C++ with the "
+                    "small-M GEMM; call it with (x, cu_seqlens, max_seqlen, scale)")
+      .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                    at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double,
+                    const std::string&>(),
+           py::arg("qkv"), py::arg("qkv_bias"), py::arg("attn_out"), py::arg("attn_out_bias"),
+           py::arg("attn_ln_weight"), py::arg("attn_ln_bias"), py::arg("ffn_in"), py::arg("ffn_in_bias"),
+           py::arg("ffn_out"), py::arg("ffn_out_bias"), py::arg("ffn_ln_weight"), py::arg("ffn_ln_bias"),
+           py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("eps"), py::arg("act"))
+      .def("__call__", &Layer::forward, py::arg("x"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"));
   m.def("isa", &isa, "the ISA the kernels dispatch to: 'avx512' or 'generic'");
   m.def("set_isa", &set_isa, "force 'generic' or 'avx512'; returns False if the CPU lacks it", py::arg("isa"));
   m.def("has_avx512_bf16", &bc::has_avx512_bf16, "whether the bf16 GEMM uses AVX-512 BF16 dot products");

@@ -166,3 +166,79 @@ def test_large_m_bf16_linear_row_blocks(rows, shape, residual):
     assert out.shape == (rows, n) and out.dtype == torch.bfloat16
     # bf16 output rounding (2^-8 relative) plus fp32 accumulation order.
     assert ((out.double() - ref).abs() / (ref.abs() + 1)).max().item() < 1e-2
+
+
+# ----------------------------------------------------------------------------------------------
+# A layer run whole in C++ (`_C.Layer`) vs the same layer op by op
+
+
+def _prepared_layer(dtype, hidden, heads, inter, act="gelu", seed=0):
+    from bertfast.validate import random_weights, tiny_config
+
+    cfg = tiny_config(hidden, heads, inter, act=act)
+    backend = CpuBackend()
+    weights = backend.prepare(random_weights(cfg, torch.Generator().manual_seed(seed)).to(dtype=dtype))
+    return backend, weights.layers[0], cfg
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")])
+@pytest.mark.parametrize("hidden,heads,inter,act", [(52, 2, 130, "gelu"), (96, 3, 384, "gelu_tanh"),
+                                                    (128, 2, 512, "relu"), (160, 2, 320, "gelu")],
+                         ids=["D26", "D32-gelu_tanh", "D64-relu", "D80"])
+@pytest.mark.parametrize("lengths", [[1], [5, 0, 12, 1]], ids=["one-token", "ragged"])
+def test_whole_layer_equals_op_by_op(dtype, hidden, heads, inter, act, lengths):
+    from bertfast import reference
+
+    backend, layer, cfg = _prepared_layer(dtype, hidden, heads, inter, act)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    x = torch.randn(int(cu[-1]), hidden, generator=torch.Generator().manual_seed(1)).to(dtype)
+    args = (cu, max(lengths), heads, cfg.head_dim ** -0.5, cfg.layer_norm_eps, act)
+    whole = backend.layer(x, layer, *args)
+    op_by_op = reference.layer(x, layer, *args, ops=backend)
+    assert torch.equal(whole, op_by_op)
+    expected = reference.layer(x.double(), _fp64_layer(layer), *args)
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(whole.double(), expected, atol=tol, rtol=tol)
+
+
+def _fp64_layer(layer):
+    """The prepared layer's weights (PackedLinear or plain tensors) back as fp64 tensors."""
+    import dataclasses
+
+    def unpack(t):
+        return (t.weight if hasattr(t, "packed") else t).double()
+
+    return dataclasses.replace(layer, **{f.name: unpack(getattr(layer, f.name)) for f in dataclasses.fields(layer)})
+
+
+def test_whole_layer_errors():
+    from bertfast import _C
+
+    backend, layer, cfg = _prepared_layer(torch.float32, 64, 2, 128)
+    whole = backend._whole[id(layer)]
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    x = torch.randn(3, 64)
+    with pytest.raises(ValueError, match="x must be"):
+        whole(torch.randn(3, 65), cu, 3, 0.125)
+    with pytest.raises(ValueError, match="dtype"):
+        whole(x.bfloat16(), cu, 3, 0.125)
+    with pytest.raises(ValueError, match="contiguous"):
+        whole(torch.randn(64, 3).t(), cu, 3, 0.125)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        whole(x, torch.tensor([0, 2], dtype=torch.int32), 3, 0.125)
+    with pytest.raises(ValueError, match="max_seqlen"):
+        whole(x, cu, 2, 0.125)
+    parts = [layer.qkv_weight.packed, layer.qkv_bias, layer.attn_out_weight.packed, layer.attn_out_bias,
+             layer.attn_ln_weight, layer.attn_ln_bias, layer.ffn_in_weight.packed, layer.ffn_in_bias,
+             layer.ffn_out_weight.packed, layer.ffn_out_bias, layer.ffn_ln_weight, layer.ffn_ln_bias]
+    with pytest.raises(ValueError, match="ffn input weight does not match"):
+        _C.Layer(*parts, 64, 256, 2, 1e-12, "gelu")  # intermediate size the packed weights do not have
+    with pytest.raises(ValueError, match="not a multiple of heads"):
+        _C.Layer(*parts, 64, 128, 3, 1e-12, "gelu")
+    with pytest.raises(ValueError, match="unknown activation"):
+        _C.Layer(*parts, 64, 128, 2, 1e-12, "swish")
+    bad = list(parts)
+    bad[1] = layer.qkv_bias[:-1]
+    with pytest.raises(ValueError, match="qkv bias"):
+        _C.Layer(*bad, 64, 128, 2, 1e-12, "gelu")
+    assert torch.equal(whole(x, cu, 3, 0.125), backend.layer(x, layer, cu, 3, 2, 0.125, 1e-12, "gelu"))

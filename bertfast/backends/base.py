@@ -66,5 +66,10 @@ class Backend:
     def pooler(self, cls_hidden, weight, bias):
         raise NotImplementedError
 
+    def layer(self, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act):
+        """One encoder layer (post-LayerNorm) on x (T, H). Default: the ops above, composed as
+        `reference.layer` composes its own; a backend may run it whole (the cpu backend does)."""
+        return reference.layer(x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, ops=self)
+
     # Used once per forward (embedding projection of ELECTRA/ALBERT); backends may override.
     linear = staticmethod(reference.linear)

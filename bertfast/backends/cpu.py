@@ -160,6 +160,17 @@ class CpuBackend(Backend):
                 )
             layers.append(seen[id(layer)])
         pooler = None if contiguous.pooler_weight is None else PackedLinear(contiguous.pooler_weight)
+        # Each distinct layer also as one C++ object running it whole on the small-M GEMM (not under
+        # int8, whose GEMMs are QuantLinear).
+        cfg = weights.config
+        self._whole = {} if self.quantize == "int8" else {
+            id(layer): _C.Layer(
+                layer.qkv_weight.packed, layer.qkv_bias, layer.attn_out_weight.packed, layer.attn_out_bias,
+                layer.attn_ln_weight, layer.attn_ln_bias, layer.ffn_in_weight.packed, layer.ffn_in_bias,
+                layer.ffn_out_weight.packed, layer.ffn_out_bias, layer.ffn_ln_weight, layer.ffn_ln_bias,
+                cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.layer_norm_eps,
+                cfg.activation)
+            for layer in seen.values()}
         return dataclasses.replace(contiguous, layers=layers, pooler_weight=pooler)
 
     # --- the one GEMM entry point ---
@@ -212,6 +223,14 @@ class CpuBackend(Backend):
 
     def linear_residual(self, x, weight, bias, residual):
         return self.linear(x, weight, bias, "none", residual)
+
+    def layer(self, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act):
+        """A layer whose GEMMs all run on the small-M kernel runs whole in C++ (`_C.Layer`: the same
+        kernels in the same order, bit-identical, without the Python between them); others op by op."""
+        whole = getattr(self, "_whole", {}).get(id(layer))
+        if whole is not None and x.shape[0] <= self.small_m[x.dtype] and x.is_contiguous():
+            return whole(x, cu_seqlens, int(max_seqlen), float(scale))
+        return super().layer(x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act)
 
     def layernorm(self, x, weight, bias, eps, residual=None):
         return _C.layernorm(x.contiguous(), weight, bias, eps,

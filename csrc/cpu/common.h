@@ -315,6 +315,25 @@ template <typename T>
 void linear_small_m(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
                     int64_t m, int64_t n, int64_t k, Act act, T* out, int64_t ldo);
 
+// One post-LayerNorm encoder layer on the small-M GEMM (layer.cpp): packed weights (pack_linear), biases,
+// LayerNorm parameters; hidden = heads * head_dim.
+template <typename T>
+struct LayerPtrs {
+  const T *qkv, *qkv_bias, *attn_out, *attn_out_bias, *attn_ln_weight, *attn_ln_bias;
+  const T *ffn_in, *ffn_in_bias, *ffn_out, *ffn_out_bias, *ffn_ln_weight, *ffn_ln_bias;
+  int64_t hidden, intermediate, heads;
+  float eps;
+  Act act;
+};
+// out (T, H) = the layer applied to x (T, H) (sequences delimited by cu_seqlens); work: scratch of
+// layer_work_numel(T, H, I) elements.
+constexpr int64_t layer_work_numel(int64_t tokens, int64_t hidden, int64_t intermediate) {
+  return tokens * (5 * hidden + intermediate);
+}
+template <typename T>
+void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
+                   const LayerPtrs<T>& w, T* work, T* out);
+
 }  // namespace cpu
 }  // namespace bertfast
 
