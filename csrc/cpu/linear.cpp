@@ -227,6 +227,29 @@ void pack_x(const T* x, int64_t ldx, int64_t M, int64_t K, T* xp) {
   }
 }
 
+// A tile's accumulators: zero (the first block of a panel), or the sums of the earlier blocks in `tile`.
+template <int MR>
+BF_TARGET_AVX512 BF_INLINE void load_acc(__m512 (&c)[MR][3], const float* tile, bool first) {
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < 3; ++v) c[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * kPanel + 16 * v);
+}
+
+template <int MR>
+BF_TARGET_AVX512 BF_INLINE void store_acc(const __m512 (&c)[MR][3], float* tile) {
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < 3; ++v) _mm512_storeu_ps(tile + r * kPanel + 16 * v, c[r][v]);
+}
+
+// The near prefetch: the three cache lines of the k step kNearBytes ahead of w, into L1.
+BF_TARGET_AVX512 BF_INLINE void near_prefetch(const void* w) {
+  const char* p = static_cast<const char*>(w) + kNearBytes;
+  _mm_prefetch(p, _MM_HINT_T0);
+  _mm_prefetch(p + 64, _MM_HINT_T0);
+  _mm_prefetch(p + 128, _MM_HINT_T0);
+}
+
 // MR rows x 48 columns in 3 x MR zmm accumulators (MR <= 8: 24 accumulators): `steps` k steps of one
 // block, row r of x at x + r * ld (kLd if it is not 0: x packed), w from the block's first step; onto
 // the fp32 tile [MR][kPanel] unless `first`.
@@ -235,15 +258,9 @@ BF_TARGET_AVX512 BF_INLINE void tile_avx512_f32(const float* x, int64_t ldx, con
                                                 bool first, FarPrefetch pf, bool near) {
   const int64_t S = kLd != 0 ? kLd : ldx;
   __m512 c[MR][3];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < 3; ++v) c[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * kPanel + 16 * v);
+  load_acc<MR>(c, tile, first);
   for (int64_t k = 0; k < steps; ++k, w += kPanel) {
-    if (near) {
-      _mm_prefetch(reinterpret_cast<const char*>(w) + kNearBytes, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w) + kNearBytes + 64, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w) + kNearBytes + 128, _MM_HINT_T0);
-    }
+    if (near) near_prefetch(w);
     pf.step();
     const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
 #pragma GCC unroll 8
@@ -254,12 +271,7 @@ BF_TARGET_AVX512 BF_INLINE void tile_avx512_f32(const float* x, int64_t ldx, con
       c[r][2] = _mm512_fmadd_ps(a, w2, c[r][2]);
     }
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    _mm512_storeu_ps(tile + r * kPanel, c[r][0]);
-    _mm512_storeu_ps(tile + r * kPanel + 16, c[r][1]);
-    _mm512_storeu_ps(tile + r * kPanel + 32, c[r][2]);
-  }
+  store_acc<MR>(c, tile);
 }
 
 // The same for bf16, a k pair per step. Row r's pair (even element in the low half) is broadcast
@@ -272,16 +284,10 @@ BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512_bf16(const bf16* x, const bf16* 
                                                      bool first, FarPrefetch pf, bool near) {
   constexpr int64_t S = kXRow<bf16>;
   __m512 c[MR][3];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < 3; ++v) c[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * kPanel + 16 * v);
+  load_acc<MR>(c, tile, first);
   const __m512i hi_mask = _mm512_set1_epi32(int(0xffff0000u));
   for (int64_t kk = 0; kk < steps; ++kk, w += kPanel * 2) {
-    if (near) {
-      _mm_prefetch(reinterpret_cast<const char*>(w) + kNearBytes, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w) + kNearBytes + 64, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w) + kNearBytes + 128, _MM_HINT_T0);
-    }
+    if (near) near_prefetch(w);
     pf.step();
     const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 32), w2 = _mm512_loadu_si512(w + 64);
 #pragma GCC unroll 8
@@ -304,12 +310,7 @@ BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512_bf16(const bf16* x, const bf16* 
       }
     }
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    _mm512_storeu_ps(tile + r * kPanel, c[r][0]);
-    _mm512_storeu_ps(tile + r * kPanel + 16, c[r][1]);
-    _mm512_storeu_ps(tile + r * kPanel + 32, c[r][2]);
-  }
+  store_acc<MR>(c, tile);
 }
 
 template <int MR>
