@@ -310,34 +310,53 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
 }
 
 // One encoder layer on packed weights, run whole in C++ (csrc/cpu/layer.cpp): the weights are checked
-// once here, each call checks only its input.
+// once here, each call checks only its input. The GEMM weights come from pack_linear (same dtype as
+// the rest), or from pack_int8 with their per-channel scales and column sums (fp32 layer).
 class Layer {
  public:
   Layer(at::Tensor qkv, at::Tensor qkv_bias, at::Tensor attn_out, at::Tensor attn_out_bias, at::Tensor attn_ln_weight,
         at::Tensor attn_ln_bias, at::Tensor ffn_in, at::Tensor ffn_in_bias, at::Tensor ffn_out, at::Tensor ffn_out_bias,
         at::Tensor ffn_ln_weight, at::Tensor ffn_ln_bias, int64_t hidden, int64_t intermediate, int64_t heads,
-        double eps, const std::string& act)
+        double eps, const std::string& act, const c10::optional<std::vector<at::Tensor>>& int8_scales,
+        const c10::optional<std::vector<at::Tensor>>& int8_colsums)
       : tensors_{qkv, qkv_bias, attn_out, attn_out_bias, attn_ln_weight, attn_ln_bias,
                  ffn_in, ffn_in_bias, ffn_out, ffn_out_bias, ffn_ln_weight, ffn_ln_bias},
-        hidden_(hidden), intermediate_(intermediate), heads_(heads), eps_(eps), act_(parse_act(act)) {
+        hidden_(hidden), intermediate_(intermediate), heads_(heads), eps_(eps), act_(parse_act(act)),
+        int8_(int8_scales.has_value()) {
     BF_CHECK(hidden > 0 && intermediate > 0 && heads > 0, "hidden, intermediate and heads must be positive, got ",
              hidden, ", ", intermediate, ", ", heads);
     BF_CHECK(hidden % heads == 0, "hidden size ", hidden, " is not a multiple of heads ", heads);
-    const at::Tensor& ref = tensors_[0];
-    check_float(ref, "qkv weight");
+    BF_CHECK(int8_scales.has_value() == int8_colsums.has_value(), "int8_scales and int8_colsums go together");
+    const at::Tensor& ref = qkv_bias;  // the layer's float dtype
+    check_float(ref, "qkv bias");
+    BF_CHECK(!int8_ || ref.scalar_type() == at::kFloat, "an int8 layer computes in float32, got ", ref.scalar_type());
     const bool is_bf16 = ref.scalar_type() == at::kBFloat16;
-    const struct {
-      const char* name;
-      int64_t n, k;
-    } gemms[] = {{"qkv weight", 3 * hidden, hidden}, {"attention output weight", hidden, hidden},
-                 {"ffn input weight", intermediate, hidden}, {"ffn output weight", hidden, intermediate}};
+    const char* names[] = {"qkv weight", "attention output weight", "ffn input weight", "ffn output weight"};
+    const int64_t shapes[4][2] = {{3 * hidden, hidden}, {hidden, hidden}, {intermediate, hidden}, {hidden, intermediate}};
+    if (int8_) {
+      BF_CHECK(int8_scales->size() == 4 && int8_colsums->size() == 4,
+               "int8_scales and int8_colsums need one tensor per GEMM (4), got ", int8_scales->size(), " and ",
+               int8_colsums->size());
+    }
     for (int g = 0; g < 4; ++g) {
-      const at::Tensor& w = tensors_[g < 2 ? 2 * g : 6 + 2 * (g - 2)];
-      check_like(w, ref, gemms[g].name);
-      BF_CHECK(w.dim() == 1 && w.numel() == bc::packed_numel(gemms[g].n, gemms[g].k, is_bf16), gemms[g].name,
-               " does not match (", gemms[g].n, ", ", gemms[g].k, "): expected ",
-               bc::packed_numel(gemms[g].n, gemms[g].k, is_bf16), " elements from pack_linear, got ", w.sizes());
-      check_contig(w, gemms[g].name);
+      const at::Tensor& w = tensors_[gemm_index(g)];
+      const int64_t n = shapes[g][0], k = shapes[g][1];
+      check_tensor(w, names[g]);
+      if (int8_) {
+        BF_CHECK(w.scalar_type() == at::kChar && w.dim() == 1 && w.numel() == bc::int8_packed_numel(n, k), names[g],
+                 " does not match (", n, ", ", k, "): expected ", bc::int8_packed_numel(n, k),
+                 " int8 elements from pack_int8, got ", w.scalar_type(), " ", w.sizes());
+        check_vector((*int8_scales)[g], ref, n, "int8 weight scale");
+        check_vector((*int8_colsums)[g], ref, n, "int8 weight column sum");
+        scales_[g] = (*int8_scales)[g];
+        colsums_[g] = (*int8_colsums)[g];
+      } else {
+        check_like(w, ref, names[g]);
+        BF_CHECK(w.dim() == 1 && w.numel() == bc::packed_numel(n, k, is_bf16), names[g], " does not match (", n,
+                 ", ", k, "): expected ", bc::packed_numel(n, k, is_bf16), " elements from pack_linear, got ",
+                 w.sizes());
+      }
+      check_contig(w, names[g]);
     }
     check_vector(qkv_bias, ref, 3 * hidden, "qkv bias");
     check_vector(attn_out_bias, ref, hidden, "attention output bias");
@@ -350,22 +369,32 @@ class Layer {
   }
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale) const {
-    check_like(x, tensors_[0], "x");
+    check_like(x, tensors_[1], "x");
     BF_CHECK(x.dim() == 2 && x.size(1) == hidden_, "x must be (tokens, ", hidden_, "), got ", x.sizes());
     check_contig(x, "x");
     const int64_t T = x.size(0);
     const int64_t B = check_cu_seqlens(cu_seqlens, T, max_seqlen, "x");
     at::Tensor out = at::empty({T, hidden_}, x.options());
     at::Tensor work = at::empty({bc::layer_work_numel(T, hidden_, intermediate_)}, x.options());
+    at::Tensor q, q_scale, q_zp;
+    if (int8_) {
+      q = at::empty({T * std::max(hidden_, intermediate_)}, x.options().dtype(at::kChar));
+      q_scale = at::empty({T}, x.options().dtype(at::kFloat));
+      q_zp = at::empty({T}, x.options().dtype(at::kInt));
+    }
+    const bc::Int8Scratch q8{ptr<int8_t>(q), ptr<float>(q_scale), ptr<int32_t>(q_zp)};
     {
       py::gil_scoped_release nogil;
       dispatch(x.scalar_type(), [&](auto tag) {
         using T_ = decltype(tag);
-        const auto p = [&](int i) { return ptr<T_>(tensors_[i]); };
-        const bc::LayerPtrs<T_> w{p(0),   p(1),   p(2),    p(3),          p(4),   p(5),           p(6),
-                                  p(7),   p(8),   p(9),    p(10),         p(11),  hidden_,        intermediate_,
-                                  heads_, float(eps_), act_};
-        bc::encoder_layer<T_>(ptr<T_>(x), T, cu_seqlens.data_ptr<int32_t>(), B, float(scale), w, ptr<T_>(work),
+        const auto t = [&](int i) { return ptr<T_>(tensors_[i]); };
+        const auto gemm = [&](int g) {
+          return bc::LayerGemm<T_>{tensors_[gemm_index(g)].data_ptr(), t(gemm_index(g) + 1), ptr<float>(scales_[g]),
+                                   ptr<float>(colsums_[g])};
+        };
+        const bc::LayerPtrs<T_> w{gemm(0), gemm(1), gemm(2),   gemm(3),       t(4),  t(5),        t(10),
+                                  t(11),   hidden_, intermediate_, heads_, float(eps_), act_, int8_};
+        bc::encoder_layer<T_>(ptr<T_>(x), T, cu_seqlens.data_ptr<int32_t>(), B, float(scale), w, ptr<T_>(work), q8,
                               ptr<T_>(out));
       });
     }
@@ -373,10 +402,15 @@ class Layer {
   }
 
  private:
+  // Where GEMM g's packed weight sits in tensors_ (its bias follows it).
+  static int gemm_index(int g) { return g < 2 ? 2 * g : 6 + 2 * (g - 2); }
+
   at::Tensor tensors_[12];
+  at::Tensor scales_[4], colsums_[4];  // int8 only
   int64_t hidden_, intermediate_, heads_;
   double eps_;
   bc::Act act_;
+  bool int8_;
 };
 
 std::string isa() { return bc::active_isa() == bc::Isa::Avx512 ? "avx512" : "generic"; }
@@ -389,27 +423,6 @@ bool set_isa(const std::string& name) {
 }  // namespace
 
 // ---- int8 dynamic quantization (csrc/cpu/quant.cpp; used by bertfast/quant.py) ----
-namespace bertfast {
-namespace cpu {
-// Per-token asymmetric int8 quantization of x (M, K) fp32 with row stride ldx: q (M, K) int8 contiguous,
-// scale (M,) fp32 and zero point (M,) int32 per row (the math of quant.quantize_rows_reference).
-void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp);
-// out (M, N) fp32 in place: act(xs[m] * (out - zp[m] * colsum[n]) + bias[n]) + residual[m, n] (row stride ldr);
-// bias and residual may be null.
-void int8_epilogue(float* out, int64_t M, int64_t N, const float* xs, const int32_t* zp, const float* colsum,
-                   const float* bias, Act act, const float* residual, int64_t ldr);
-// Small-M int8 GEMM: weights packed once by pack_int8 ([N/16][K/4][16][4] int8, zero padded); out (M, N) fp32 =
-// act(xs[m] * (ws[n] * sum_k (q[m, k] + 128) w[n, k] - (zp[m] + 128) * colsum[n]) + bias[n]) + residual[m, n].
-int64_t int8_packed_numel(int64_t n, int64_t k);
-// Whether int8_linear_small may use AMX-int8 tiles where the CPU has them (tests switch it off to cover VNNI).
-bool amx_int8_enabled();
-void set_amx_int8_enabled(bool on);
-void pack_int8(const int8_t* w, int64_t n, int64_t k, int8_t* packed);
-void int8_linear_small(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
-                       const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias, Act act,
-                       const float* residual, int64_t ldr, float* out);
-}  // namespace cpu
-}  // namespace bertfast
 
 namespace {
 
@@ -556,15 +569,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(), py::arg("act") = "none",
         py::arg("residual") = py::none());
   py::class_<Layer>(m, "Layer",
-                    "one post-LayerNorm encoder layer on packed weights (pack_linear), run whole in C++ with the "
-                    "small-M GEMM; call it with (x, cu_seqlens, max_seqlen, scale)")
+                    "one post-LayerNorm encoder layer on packed weights (pack_linear, or pack_int8 with "
+                    "int8_scales and int8_colsums), run whole in C++ on the small-M GEMMs; call it with (x, "
+                    "cu_seqlens, max_seqlen, scale)")
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                     at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double,
-                    const std::string&>(),
+                    const std::string&, const c10::optional<std::vector<at::Tensor>>&,
+                    const c10::optional<std::vector<at::Tensor>>&>(),
            py::arg("qkv"), py::arg("qkv_bias"), py::arg("attn_out"), py::arg("attn_out_bias"),
            py::arg("attn_ln_weight"), py::arg("attn_ln_bias"), py::arg("ffn_in"), py::arg("ffn_in_bias"),
            py::arg("ffn_out"), py::arg("ffn_out_bias"), py::arg("ffn_ln_weight"), py::arg("ffn_ln_bias"),
-           py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("eps"), py::arg("act"))
+           py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("eps"), py::arg("act"),
+           py::arg("int8_scales") = py::none(), py::arg("int8_colsums") = py::none())
       .def("__call__", &Layer::forward, py::arg("x"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"));
   m.def("isa", &isa, "the ISA the kernels dispatch to: 'avx512' or 'generic'");
   m.def("set_isa", &set_isa, "force 'generic' or 'avx512'; returns False if the CPU lacks it", py::arg("isa"));

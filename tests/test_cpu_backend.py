@@ -172,16 +172,17 @@ def test_large_m_bf16_linear_row_blocks(rows, shape, residual):
 # A layer run whole in C++ (`_C.Layer`) vs the same layer op by op
 
 
-def _prepared_layer(dtype, hidden, heads, inter, act="gelu", seed=0):
+def _prepared_layer(dtype, hidden, heads, inter, act="gelu", seed=0, quantize=None):
     from bertfast.validate import random_weights, tiny_config
 
     cfg = tiny_config(hidden, heads, inter, act=act)
-    backend = CpuBackend()
+    backend = CpuBackend(quantize=quantize)
     weights = backend.prepare(random_weights(cfg, torch.Generator().manual_seed(seed)).to(dtype=dtype))
     return backend, weights.layers[0], cfg
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16"),
+                                   pytest.param("int8", id="int8")])
 @pytest.mark.parametrize("hidden,heads,inter,act", [(52, 2, 130, "gelu"), (96, 3, 384, "gelu_tanh"),
                                                     (128, 2, 512, "relu"), (160, 2, 320, "gelu")],
                          ids=["D26", "D32-gelu_tanh", "D64-relu", "D80"])
@@ -189,13 +190,17 @@ def _prepared_layer(dtype, hidden, heads, inter, act="gelu", seed=0):
 def test_whole_layer_equals_op_by_op(dtype, hidden, heads, inter, act, lengths):
     from bertfast import reference
 
-    backend, layer, cfg = _prepared_layer(dtype, hidden, heads, inter, act)
+    quantize, dtype = ("int8", torch.float32) if dtype == "int8" else (None, dtype)
+    backend, layer, cfg = _prepared_layer(dtype, hidden, heads, inter, act, quantize=quantize)
+    assert id(layer) in backend._whole
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     x = torch.randn(int(cu[-1]), hidden, generator=torch.Generator().manual_seed(1)).to(dtype)
     args = (cu, max(lengths), heads, cfg.head_dim ** -0.5, cfg.layer_norm_eps, act)
     whole = backend.layer(x, layer, *args)
     op_by_op = reference.layer(x, layer, *args, ops=backend)
     assert torch.equal(whole, op_by_op)
+    if quantize is not None:
+        return  # the int8 numerics are judged in test_quant.py (quantized linears and the encoder)
     # Against fp64 math on the same (rounded) weights and input: fp32 to 1e-5; bf16 no worse than twice
     # the reference's own error when it computes in bf16.
     expected = reference.layer(x.double(), _plain_layer(layer, torch.float64), *args)
@@ -247,4 +252,9 @@ def test_whole_layer_errors():
     bad[1] = layer.qkv_bias[:-1]
     with pytest.raises(ValueError, match="qkv bias"):
         _C.Layer(*bad, 64, 128, 2, 1e-12, "gelu")
+    scales = [torch.ones(n) for n in (192, 64, 128, 64)]
+    with pytest.raises(ValueError, match="go together"):
+        _C.Layer(*parts, 64, 128, 2, 1e-12, "gelu", int8_scales=scales)
+    with pytest.raises(ValueError, match="from pack_int8"):  # float packed weights offered as int8 ones
+        _C.Layer(*parts, 64, 128, 2, 1e-12, "gelu", int8_scales=scales, int8_colsums=scales)
     assert torch.equal(whole(x, cu, 3, 0.125), backend.layer(x, layer, cu, 3, 2, 0.125, 1e-12, "gelu"))

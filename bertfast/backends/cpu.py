@@ -5,7 +5,9 @@ LayerNorm run in C++ (OpenMP, AVX-512 with a portable fallback chosen at run tim
 (M at most `small_m[dtype]` tokens) run on the extension's own kernel, which streams weights prepacked
 at load near memory bandwidth (AMX for bf16) with bias, GELU and residual fused into its epilogue;
 larger GEMMs go to torch (MKL sgemm for fp32, prepacked oneDNN with AMX for bf16, residual add fused)
-followed by an in-place activation. Both forms of every weight are made once, in `prepare`.
+followed by an in-place activation. Both forms of every weight are made once, in `prepare`. A layer
+whose GEMMs all take the small-M kernel runs whole in C++ (`_C.Layer`, csrc/cpu/layer.cpp), the same
+kernels in the same order as op by op, without the Python between them.
 fp32 and bf16; fp16 raises ValueError (this CPU path has no fast fp16 GEMM). With quantize="int8"
 (`dtype="int8"` at load) the four per-layer GEMMs run int8 (`bertfast.quant.QuantLinear`: weights per
 channel, activations per token) and attention's two products bf16 (AMX); everything else, the pooler
@@ -160,17 +162,8 @@ class CpuBackend(Backend):
                 )
             layers.append(seen[id(layer)])
         pooler = None if contiguous.pooler_weight is None else PackedLinear(contiguous.pooler_weight)
-        # Each distinct layer also as one C++ object running it whole on the small-M GEMM (not under
-        # int8, whose GEMMs are QuantLinear).
-        cfg = weights.config
-        self._whole = {} if self.quantize == "int8" else {
-            id(layer): _C.Layer(
-                layer.qkv_weight.packed, layer.qkv_bias, layer.attn_out_weight.packed, layer.attn_out_bias,
-                layer.attn_ln_weight, layer.attn_ln_bias, layer.ffn_in_weight.packed, layer.ffn_in_bias,
-                layer.ffn_out_weight.packed, layer.ffn_out_bias, layer.ffn_ln_weight, layer.ffn_ln_bias,
-                cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.layer_norm_eps,
-                cfg.activation)
-            for layer in seen.values()}
+        # Each distinct layer also as one C++ object running it whole on the small-M GEMMs.
+        self._whole = {id(layer): self._whole_layer(layer, weights.config) for layer in seen.values()}
         return dataclasses.replace(contiguous, layers=layers, pooler_weight=pooler)
 
     # --- the one GEMM entry point ---
@@ -224,11 +217,25 @@ class CpuBackend(Backend):
     def linear_residual(self, x, weight, bias, residual):
         return self.linear(x, weight, bias, "none", residual)
 
+    def _whole_layer(self, layer, cfg):
+        gemms = [layer.qkv_weight, layer.attn_out_weight, layer.ffn_in_weight, layer.ffn_out_weight]
+        int8 = {}
+        if self.quantize == "int8":
+            if any(g.packed is None for g in gemms):  # an extension without the int8 small-M kernel
+                return None
+            int8 = dict(int8_scales=[g.scale for g in gemms], int8_colsums=[g.colsum for g in gemms])
+        return _C.Layer(
+            gemms[0].packed, layer.qkv_bias, gemms[1].packed, layer.attn_out_bias, layer.attn_ln_weight,
+            layer.attn_ln_bias, gemms[2].packed, layer.ffn_in_bias, gemms[3].packed, layer.ffn_out_bias,
+            layer.ffn_ln_weight, layer.ffn_ln_bias, cfg.hidden_size, cfg.intermediate_size,
+            cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation, **int8)
+
     def layer(self, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act):
         """A layer whose GEMMs all run on the small-M kernel runs whole in C++ (`_C.Layer`: the same
         kernels in the same order, bit-identical, without the Python between them); others op by op."""
         whole = getattr(self, "_whole", {}).get(id(layer))
-        if whole is not None and x.shape[0] <= self.small_m[x.dtype] and x.is_contiguous():
+        small = quant.SMALL_M if self.quantize == "int8" else self.small_m[x.dtype]
+        if whole is not None and x.shape[0] <= small and x.is_contiguous():
             return whole(x, cu_seqlens, int(max_seqlen), float(scale))
         return super().layer(x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act)
 

@@ -315,24 +315,60 @@ template <typename T>
 void linear_small_m(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
                     int64_t m, int64_t n, int64_t k, Act act, T* out, int64_t ldo);
 
-// One post-LayerNorm encoder layer on the small-M GEMM (layer.cpp): packed weights (pack_linear), biases,
-// LayerNorm parameters; hidden = heads * head_dim.
+// ---- int8 dynamic quantization (quant.cpp; used by bertfast/quant.py) ----
+
+// Per-token asymmetric int8 quantization of x (M, K) fp32 with row stride ldx: q (M, K) int8 contiguous,
+// scale (M,) fp32 and zero point (M,) int32 per row (the math of quant.quantize_rows_reference).
+void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp);
+// out (M, N) fp32 in place: act(xs[m] * (out - zp[m] * colsum[n]) + bias[n]) + residual[m, n] (row stride ldr);
+// bias and residual may be null.
+void int8_epilogue(float* out, int64_t M, int64_t N, const float* xs, const int32_t* zp, const float* colsum,
+                   const float* bias, Act act, const float* residual, int64_t ldr);
+// Small-M int8 GEMM: weights packed once by pack_int8 ([N/16][K/4][16][4] int8, zero padded); out (M, N) fp32 =
+// act(xs[m] * (ws[n] * sum_k (q[m, k] + 128) w[n, k] - (zp[m] + 128) * colsum[n]) + bias[n]) + residual[m, n].
+int64_t int8_packed_numel(int64_t n, int64_t k);
+// Whether int8_linear_small may use AMX-int8 tiles where the CPU has them (tests switch it off to cover VNNI).
+bool amx_int8_enabled();
+void set_amx_int8_enabled(bool on);
+void pack_int8(const int8_t* w, int64_t n, int64_t k, int8_t* packed);
+void int8_linear_small(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
+                       const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias, Act act,
+                       const float* residual, int64_t ldr, float* out);
+
+// ---- one post-LayerNorm encoder layer on the small-M GEMMs (layer.cpp) ----
+
+// One GEMM of a layer: the weight packed by pack_linear (elements of T), or by pack_int8 (int8, T = float;
+// then w_scale and colsum per output channel as int8_linear_small takes them); bias (N,).
+template <typename T>
+struct LayerGemm {
+  const void* packed;
+  const T* bias;
+  const float* w_scale;
+  const float* colsum;
+};
 template <typename T>
 struct LayerPtrs {
-  const T *qkv, *qkv_bias, *attn_out, *attn_out_bias, *attn_ln_weight, *attn_ln_bias;
-  const T *ffn_in, *ffn_in_bias, *ffn_out, *ffn_out_bias, *ffn_ln_weight, *ffn_ln_bias;
-  int64_t hidden, intermediate, heads;
+  LayerGemm<T> qkv, attn_out, ffn_in, ffn_out;
+  const T *attn_ln_weight, *attn_ln_bias, *ffn_ln_weight, *ffn_ln_bias;
+  int64_t hidden, intermediate, heads;  // hidden = heads * head_dim
   float eps;
   Act act;
+  bool int8;  // int8 GEMMs with x quantized per token (T = float), attention's products in bf16
 };
-// out (T, H) = the layer applied to x (T, H) (sequences delimited by cu_seqlens); work: scratch of
-// layer_work_numel(T, H, I) elements.
+// Scratch: work, layer_work_numel(T, H, I) elements of T; under int8 also x quantized for one GEMM
+// (T * max(H, I) int8) with its per-token scale and zero point (T each).
 constexpr int64_t layer_work_numel(int64_t tokens, int64_t hidden, int64_t intermediate) {
   return tokens * (5 * hidden + intermediate);
 }
+struct Int8Scratch {
+  int8_t* q;
+  float* scale;
+  int32_t* zp;
+};
+// out (T, H) = the layer applied to x (T, H), sequences delimited by cu_seqlens.
 template <typename T>
 void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
-                   const LayerPtrs<T>& w, T* work, T* out);
+                   const LayerPtrs<T>& w, T* work, const Int8Scratch& q8, T* out);
 
 }  // namespace cpu
 }  // namespace bertfast
