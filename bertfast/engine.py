@@ -1,8 +1,10 @@
 """The layer pipeline, written once for every backend.
 
-embed (-> projection) -> per layer (`Backend.layer`): qkv -> attention (varlen) -> linear_residual -> layernorm ->
-linear_gelu -> linear_residual -> layernorm -> pooler. The pipeline runs on the packed real tokens only
-(`padding.unpad` at the start, `padding.pad` at the end); the backend supplies the ops.
+embed (-> projection) -> per layer: qkv -> attention (varlen) -> linear_residual -> layernorm -> linear_gelu ->
+linear_residual -> layernorm -> pooler. The pipeline runs on the packed real tokens only
+(`padding.unpad` at the start, `padding.pad` at the end); the backend supplies the ops. A layer is the
+backend's `layer` op: by default `reference.layer` over the backend's own ops (the cpu backend runs
+it whole in C++ where it can, the same kernels in the same order).
 Inputs are assumed validated (see `encoder.check_inputs`).
 """
 
