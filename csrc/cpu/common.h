@@ -205,6 +205,18 @@ __attribute__((target("amx-tile"))) BF_INLINE void amx_load_tile_config(int rows
   _tile_loadconfig(&cfg);
 }
 
+// Starts a 16-row block of either AMX GEMM: (re)configures the tiles when its row count differs from
+// the one configured (`configured`, -1 at first) and zeroes the three accumulators tmm0-2.
+__attribute__((target("amx-tile"))) BF_INLINE void amx_begin_block(int rows, int* configured) {
+  if (rows != *configured) {
+    amx_load_tile_config(rows);
+    *configured = rows;
+  }
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+}
+
 BF_TARGET_AVX512 BF_INLINE __m512 exp512(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
   x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));

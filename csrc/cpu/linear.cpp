@@ -418,13 +418,7 @@ BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, in
     const int64_t p_next = panels.peek();
     for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {
       const int mr = int(std::min<int64_t>(kAmxRows, M - m0));
-      if (mr != configured) {
-        amx_load_tile_config(mr);
-        configured = mr;
-      }
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
+      amx_begin_block(mr, &configured);
       const bf16* xa = x + m0 * ldx;
       for (int64_t k0 = 0; k0 < K; k0 += kAmxK) {
         const bf16* b = wp + (k0 / 2) * kPanel * 2;  // 16 k pairs x kPanel columns x 2

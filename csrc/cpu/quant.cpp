@@ -439,13 +439,7 @@ BF_TARGET_AMX_INT8 void small_panels_amx(const SmallArgs& a, int64_t p0, int64_t
     const int np = int(std::min<int64_t>(3, p1 - p));
     for (int64_t m0 = 0; m0 < a.M; m0 += 16) {
       const int mr = int(std::min<int64_t>(16, a.M - m0));
-      if (mr != configured) {
-        amx_load_tile_config(mr);
-        configured = mr;
-      }
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
+      amx_begin_block(mr, &configured);
       const int8_t* xa = a.x + m0 * a.ldx;
       for (int64_t k0 = 0; k0 < a.K; k0 += 64) {
         const int8_t* b = a.packed + (p * k4 + k0 / 4) * 64;  // panel p, groups k0/4 .. k0/4 + 15
