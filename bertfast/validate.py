@@ -36,7 +36,7 @@ FLOOR = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 2 ** -10, tor
 DTYPE_IDS = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 DEFAULT_DTYPES = "fp32,fp16,bf16"
 
-OP_NAMES = ("embed", "qkv", "attention", "linear_gelu", "linear_residual", "layernorm", "pooler")
+OP_NAMES = ("embed", "qkv", "attention", "linear_gelu", "linear_residual", "layernorm", "pooler", "layer")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,6 +355,25 @@ def _pooler_case(B, hidden, noncontig=False, quick=False):
     return OpCase("pooler", label, cfg, make, call, noncontig, quick)
 
 
+def _layer_case(lengths, hidden, heads, inter, act="gelu", quick=False):
+    """A whole encoder layer (the backend's `layer` op, which a backend may run in one piece) on a
+    ragged batch."""
+    cfg = tiny_config(hidden, heads, inter, act=act)
+    cu = _lengths_to_cu(lengths)
+
+    def make(gen, cast):
+        dev = cast(torch.zeros(())).device
+        return dict(x=_x(gen, cast, cu[-1], hidden, False),
+                    cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=dev), max_seqlen=max(lengths))
+
+    def call(ops, w, inp):
+        return ops.layer(inp["x"], w.layers[0], inp["cu_seqlens"], inp["max_seqlen"], heads,
+                         1.0 / math.sqrt(hidden // heads), cfg.layer_norm_eps, act)
+
+    label = f"cu{'-'.join(map(str, cu))}-H{hidden}-h{heads}-I{inter}-{act}"
+    return OpCase("layer", label, cfg, make, call, quick=quick)
+
+
 def op_cases(quick: bool = False) -> list[OpCase]:
     """The built-in sweep. `quick` keeps the cases marked quick: still every op and the awkward
     shapes (length 1, a non-block length, an odd head dim, ragged cu_seqlens with an empty row)."""
@@ -385,6 +404,9 @@ def op_cases(quick: bool = False) -> list[OpCase]:
         _pooler_case(1, 64, quick=True),
         _pooler_case(5, 80),
         _pooler_case(3, 64, noncontig=True, quick=True),
+        _layer_case([1, 16, 0, 5], 64, 2, 128, quick=True),
+        _layer_case([7, 65], 312, 12, 1200, "gelu_tanh"),  # head dim 26
+        _layer_case([129], 160, 2, 320, "relu"),  # head dim 80
     ]
     for act in ("gelu", "gelu_tanh", "relu"):
         cases += [_linear_gelu_case(1, 64, 256, act, quick=act == "gelu"),
