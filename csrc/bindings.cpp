@@ -46,6 +46,24 @@ void check_vector(const at::Tensor& t, const at::Tensor& ref, int64_t n, const c
   check_contig(t, name);
 }
 
+// A weight packed by pack_linear for an (n, k) linear, in `ref`'s dtype.
+void check_packed(const at::Tensor& w, const at::Tensor& ref, int64_t n, int64_t k, const char* name) {
+  check_like(w, ref, name);
+  const int64_t want = bc::packed_numel(n, k, ref.scalar_type() == at::kBFloat16);
+  BF_CHECK(w.dim() == 1 && w.numel() == want, name, " does not match (", n, ", ", k, "): expected ", want,
+           " elements from pack_linear, got ", w.sizes());
+  check_contig(w, name);
+}
+
+// A weight packed by pack_int8 for an (n, k) linear.
+void check_packed_int8(const at::Tensor& w, int64_t n, int64_t k, const char* name) {
+  check_tensor(w, name);
+  const int64_t want = bc::int8_packed_numel(n, k);
+  BF_CHECK(w.scalar_type() == at::kChar && w.dim() == 1 && w.numel() == want, name, " does not match (", n, ", ", k,
+           "): expected ", want, " int8 elements from pack_int8, got ", w.scalar_type(), " ", w.sizes());
+  check_contig(w, name);
+}
+
 // Rows of `ids` must index into a table of `rows` rows.
 void check_index(const at::Tensor& ids, int64_t n, int64_t rows, const char* name) {
   check_tensor(ids, name);
@@ -277,12 +295,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
            x.strides());
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
   BF_CHECK(N > 0 && K > 0, "in_features and out_features must be positive, got ", K, " and ", N);
-  check_like(packed, x, "packed weight");
-  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
-  BF_CHECK(packed.dim() == 1 && packed.numel() == bc::packed_numel(N, K, is_bf16),
-           "packed weight does not match (", N, ", ", K, "): expected ", bc::packed_numel(N, K, is_bf16),
-           " elements from pack_linear, got ", packed.sizes());
-  check_contig(packed, "packed weight");
+  check_packed(packed, x, N, K, "packed weight");
   const bc::Act a = parse_act(act);
   at::Tensor b, r;
   if (bias.has_value()) {
@@ -330,7 +343,6 @@ class Layer {
     const at::Tensor& ref = qkv_bias;  // the layer's float dtype
     check_float(ref, "qkv bias");
     BF_CHECK(!int8_ || ref.scalar_type() == at::kFloat, "an int8 layer computes in float32, got ", ref.scalar_type());
-    const bool is_bf16 = ref.scalar_type() == at::kBFloat16;
     const char* names[] = {"qkv weight", "attention output weight", "ffn input weight", "ffn output weight"};
     const int64_t shapes[4][2] = {{3 * hidden, hidden}, {hidden, hidden}, {intermediate, hidden}, {hidden, intermediate}};
     if (int8_) {
@@ -341,22 +353,15 @@ class Layer {
     for (int g = 0; g < 4; ++g) {
       const at::Tensor& w = tensors_[gemm_index(g)];
       const int64_t n = shapes[g][0], k = shapes[g][1];
-      check_tensor(w, names[g]);
       if (int8_) {
-        BF_CHECK(w.scalar_type() == at::kChar && w.dim() == 1 && w.numel() == bc::int8_packed_numel(n, k), names[g],
-                 " does not match (", n, ", ", k, "): expected ", bc::int8_packed_numel(n, k),
-                 " int8 elements from pack_int8, got ", w.scalar_type(), " ", w.sizes());
+        check_packed_int8(w, n, k, names[g]);
         check_vector((*int8_scales)[g], ref, n, "int8 weight scale");
         check_vector((*int8_colsums)[g], ref, n, "int8 weight column sum");
         scales_[g] = (*int8_scales)[g];
         colsums_[g] = (*int8_colsums)[g];
       } else {
-        check_like(w, ref, names[g]);
-        BF_CHECK(w.dim() == 1 && w.numel() == bc::packed_numel(n, k, is_bf16), names[g], " does not match (", n,
-                 ", ", k, "): expected ", bc::packed_numel(n, k, is_bf16), " elements from pack_linear, got ",
-                 w.sizes());
+        check_packed(w, ref, n, k, names[g]);
       }
-      check_contig(w, names[g]);
     }
     check_vector(qkv_bias, ref, 3 * hidden, "qkv bias");
     check_vector(attn_out_bias, ref, hidden, "attention output bias");
@@ -509,11 +514,7 @@ at::Tensor int8_linear_small(const at::Tensor& qx, const at::Tensor& x_scale, co
   BF_CHECK(x_zero_point.scalar_type() == at::kInt && x_zero_point.dim() == 1 && x_zero_point.size(0) == M,
            "x_zero_point must be (", M, ",) int32, got ", x_zero_point.scalar_type(), " ", x_zero_point.sizes());
   check_contig(x_zero_point, "x_zero_point");
-  check_tensor(packed, "packed");
-  BF_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 1 && packed.numel() == bc::int8_packed_numel(N, K),
-           "packed weight does not match (", N, ", ", K, "): expected ", bc::int8_packed_numel(N, K),
-           " int8 elements from pack_int8, got ", packed.scalar_type(), " ", packed.sizes());
-  check_contig(packed, "packed");
+  check_packed_int8(packed, N, K, "packed weight");
   const bc::Act a = parse_act(act);
   at::Tensor b, r;
   if (bias.has_value()) {
