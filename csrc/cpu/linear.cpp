@@ -182,9 +182,15 @@ constexpr int64_t kBlockSteps = 128;
 constexpr int64_t kFarBytes = 32 * 1024;
 constexpr int64_t kNearBytes = 1024;
 
+// Byte `offset` of a thread's weight stream: through the current panel (`here`), then on into the
+// panel it takes next (`next`, null at the end of its run); null past both.
+BF_INLINE const char* stream_at(const char* here, const char* next, int64_t panel_bytes, int64_t offset) {
+  if (offset < panel_bytes) return here + offset;
+  return next != nullptr && offset < 2 * panel_bytes ? next + (offset - panel_bytes) : nullptr;
+}
+
 // The far prefetch of one pass over one block: `lines` cache lines from stream offset `offset` on,
-// spread evenly over the pass's `steps` k steps. Offsets run along this thread's stream: through the
-// current panel, then on into the panel it takes next (none: nothing is prefetched past the end).
+// spread evenly over the pass's `steps` k steps.
 struct FarPrefetch {
   const char* here;
   const char* next;
@@ -197,9 +203,7 @@ struct FarPrefetch {
   BF_TARGET_AVX512 BF_INLINE void step() {
     credit += lines;
     for (; credit >= steps; credit -= steps, offset += 64) {
-      const char* line = offset < panel_bytes                          ? here + offset
-                         : next != nullptr && offset < 2 * panel_bytes ? next + (offset - panel_bytes)
-                                                                       : nullptr;
+      const char* line = stream_at(here, next, panel_bytes, offset);
       if (line != nullptr) _mm_prefetch(line, _MM_HINT_T1);
     }
   }
@@ -416,17 +420,16 @@ BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, in
     const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
     const bf16* wp = packed + p * (panel_bytes / 2);
     const int64_t p_next = panels.peek();
+    const char* here = reinterpret_cast<const char*>(wp);
+    const char* next = p_next >= 0 ? reinterpret_cast<const char*>(packed) + p_next * panel_bytes : nullptr;
     for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {
       const int mr = int(std::min<int64_t>(kAmxRows, M - m0));
       amx_begin_block(mr, &configured);
       const bf16* xa = x + m0 * ldx;
       for (int64_t k0 = 0; k0 < K; k0 += kAmxK) {
         const bf16* b = wp + (k0 / 2) * kPanel * 2;  // 16 k pairs x kPanel columns x 2
-        // Two steps ahead; past this panel's end, the start of the panel this thread takes next.
-        const int64_t ahead = k0 * kPanel * 2 + kAmxPrefetch;
-        const char* pf = ahead < panel_bytes ? reinterpret_cast<const char*>(wp) + ahead
-                         : p_next >= 0      ? reinterpret_cast<const char*>(packed) + p_next * panel_bytes + (ahead - panel_bytes)
-                                            : nullptr;
+        // Two steps ahead along the thread's stream.
+        const char* pf = stream_at(here, next, panel_bytes, k0 * kPanel * 2 + kAmxPrefetch);
         if (pf != nullptr)
           for (int l = 0; l < 16 * kPanel * 4; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
         _tile_loadd(3, xa + k0, ldx * 2);
