@@ -315,7 +315,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
     py::gil_scoped_release nogil;
     dispatch(x.scalar_type(), [&](auto tag) {
       using T_ = decltype(tag);
-      bc::linear_small_m<T_>(ptr<T_>(x), ldx, ptr<T_>(packed), ptr<T_>(b), ptr<T_>(r), r.defined() ? r.stride(0) : 0,
+      bc::linear_packed<T_>(ptr<T_>(x), ldx, ptr<T_>(packed), ptr<T_>(b), ptr<T_>(r), r.defined() ? r.stride(0) : 0,
                              M, N, K, a, ptr<T_>(out), N);
     });
   }
@@ -565,13 +565,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "run the products on bf16 operands (AMX, fp32 accumulation and softmax)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
         py::arg("bf16_products") = false);
-  m.def("pack_linear", &pack_linear, "pack a (N, K) weight for `linear` (small-M GEMM)", py::arg("weight"));
-  m.def("linear", &linear, "act(x @ w.T + bias) + residual on a packed weight (small M)", py::arg("x"),
+  m.def("pack_linear", &pack_linear, "pack a (N, K) weight for `linear`", py::arg("weight"));
+  m.def("linear", &linear, "act(x @ w.T + bias) + residual on a packed weight (streaming at small M; fp32 blocked at large M)", py::arg("x"),
         py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(), py::arg("act") = "none",
         py::arg("residual") = py::none());
   py::class_<Layer>(m, "Layer",
                     "one post-LayerNorm encoder layer on packed weights (pack_linear, or pack_int8 with "
-                    "int8_scales and int8_colsums), run whole in C++ on the small-M GEMMs; call it with (x, "
+                    "int8_scales and int8_colsums), run whole in C++ on the extension's GEMMs; call it with (x, "
                     "cu_seqlens, max_seqlen, scale)")
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                     at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double,

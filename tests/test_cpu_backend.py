@@ -31,7 +31,7 @@ PATHS = {
 
 @pytest.fixture(params=["small", "torch"])
 def gemm_path(request, monkeypatch):
-    monkeypatch.setattr(CpuBackend, "small_m", PATHS[request.param])
+    monkeypatch.setattr(CpuBackend, "native_rows", PATHS[request.param])
     return request.param
 
 

@@ -184,7 +184,8 @@ def test_gelu_extremes(isa):
 
 
 # ----------------------------------------------------------------------------------------------
-# small-M GEMM on packed weights
+# GEMM on packed weights (`_C.linear`): up to 32 rows the streaming regime, more rows the blocked one
+# (fp32 AVX-512; rows in blocks of up to 192, K in blocks of 192)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -197,6 +198,8 @@ def test_gelu_extremes(isa):
     pytest.param(33, 200, 64, id="M33-N200-K64"),
     pytest.param(40, 100, 96, id="M40-N100-K96"),
     pytest.param(5, 50, 2049, id="M5-N50-K2049"),
+    pytest.param(200, 100, 403, id="M200-N100-K403"),
+    pytest.param(385, 49, 200, id="M385-N49-K200"),
 ])
 @pytest.mark.parametrize("epilogue", ["bias", "gelu", "residual", "none"])
 def test_linear(isa, dtype, m, n, k, epilogue):
@@ -220,11 +223,12 @@ def test_linear(isa, dtype, m, n, k, epilogue):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_linear_strided_rows(isa, dtype):
+@pytest.mark.parametrize("rows", [6, 45])
+def test_linear_strided_rows(isa, dtype, rows):
     """x may be a row-strided view (e.g. the CLS rows of a batch); K odd exercises the bf16 pair tail."""
     g = torch.Generator().manual_seed(3)
-    big = torch.randn(6, 2, 51, generator=g).to(dtype)
-    x = big[:, 0, :]  # (6, 51), row stride 102
+    big = torch.randn(rows, 2, 51, generator=g).to(dtype)
+    x = big[:, 0, :]  # (rows, 51), row stride 102
     w = torch.randn(20, 51, generator=g).to(dtype)
     ours = _C.linear(x, _C.pack_linear(w), 20)
     expected = x.double() @ w.double().T
@@ -233,12 +237,14 @@ def test_linear_strided_rows(isa, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("threads", [2, 3, 4])
-def test_linear_threads_share_panels(isa, dtype, threads):
-    """Threads pair up on runs of panels and walk them from both ends (a lone last thread walks its run
-    alone): every panel is computed exactly once, and bit-identically to a single thread's result."""
+@pytest.mark.parametrize("m", [12, 200])
+def test_linear_threads_share_panels(isa, dtype, threads, m):
+    """Streaming (12 rows): threads pair up on runs of panels and walk them from both ends (a lone last
+    thread walks its run alone); blocked (200 rows): threads claim items of rows x panels. Either way
+    every panel is computed exactly once, and bit-identically to a single thread's result."""
     g = torch.Generator().manual_seed(threads)
     n, k = 48 * 6 + 5, 640  # 7 panels, the last one partial
-    x = torch.randn(12, k, generator=g).to(dtype)
+    x = torch.randn(m, k, generator=g).to(dtype)
     w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(dtype)
     bias = torch.randn(n, generator=g).to(dtype)
     packed = _C.pack_linear(w)

@@ -1,13 +1,14 @@
 """The "cpu" backend: native kernels from `bertfast._C` (csrc/) on the packed [T, H] token layout.
 
 Embedding + LayerNorm, varlen attention (reading q/k/v in place from the fused QKV output) and
-LayerNorm run in C++ (OpenMP, AVX-512 with a portable fallback chosen at run time). GEMMs with few rows
-(M at most `small_m[dtype]` tokens) run on the extension's own kernel, which streams weights prepacked
-at load near memory bandwidth (AMX for bf16) with bias, GELU and residual fused into its epilogue;
-larger GEMMs go to torch (MKL sgemm for fp32, prepacked oneDNN with AMX for bf16, residual add fused)
-followed by an in-place activation. Both forms of every weight are made once, in `prepare`. A layer
-whose GEMMs all take the small-M kernel runs whole in C++ (`_C.Layer`, csrc/cpu/layer.cpp), the same
-kernels in the same order as op by op, without the Python between them.
+LayerNorm run in C++ (OpenMP, AVX-512 with a portable fallback chosen at run time). GEMMs run on the
+extension's own kernel on weights prepacked at load, with bias, GELU and residual fused into its
+epilogue, up to `native_rows[dtype]` tokens: fp32 at any token count where the kernels run AVX-512
+(streaming the weights near memory bandwidth at small M, blocked like a BLAS GEMM at large M), bf16 up
+to 64 (AMX). Larger GEMMs go to torch (prepacked oneDNN with AMX for bf16, residual add fused; MKL
+sgemm for fp32 without AVX-512) followed by an in-place activation. Both forms of every weight are made
+once, in `prepare`. A layer whose GEMMs all run on the extension runs whole in C++ (`_C.Layer`,
+csrc/cpu/layer.cpp), the same kernels in the same order as op by op, without the Python between them.
 fp32 and bf16; fp16 raises ValueError (this CPU path has no fast fp16 GEMM). With quantize="int8"
 (`dtype="int8"` at load) the four per-layer GEMMs run int8 (`bertfast.quant.QuantLinear`: weights per
 channel, activations per token) and attention's two products bf16 (AMX); everything else, the pooler
@@ -17,6 +18,7 @@ included, stays fp32.
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import torch
 
@@ -38,7 +40,7 @@ class PackedLinear:
 
     weight: (N, K) as loaded; weight_t: its (K, N) transpose view for torch's fp32 GEMM (MKL, large M);
     onednn: bf16 only, the weight reordered once into oneDNN's blocked layout (AMX), or None;
-    packed: the extension's panel layout for the small-M GEMM (`_C.pack_linear`).
+    packed: the extension's panel layout for its GEMM (`_C.pack_linear`).
     """
 
     __slots__ = ("weight", "weight_t", "onednn", "packed", "out_features", "in_features")
@@ -118,10 +120,13 @@ def _packed(weight) -> PackedLinear:
 class CpuBackend(Backend):
     name = "cpu"
     dtypes = (torch.float32, torch.bfloat16)
-    # Largest token count that runs on the extension's small-M GEMM, per dtype; above it torch's
-    # GEMM (MKL fp32 / prepacked oneDNN with AMX bf16) is faster. Measured on Sapphire Rapids (BERT-base
-    # shapes): fp32 ours ~1.2x MKL at M=128, even at 512; bf16 (AMX both) ours ahead up to M=64.
-    small_m = {torch.float32: 256, torch.bfloat16: 64}
+    # Largest token count whose GEMMs run on the extension's own kernel (`_C.linear`), per dtype; above
+    # it torch's GEMM. fp32: None, meaning every count where the kernels run AVX-512 (at large M the
+    # kernel's blocked regime took 0.95-0.97x the time of MKL's sgemm on BERT-base shapes at 576 rows,
+    # Sapphire Rapids, 2 threads, and it fuses bias, GELU and residual), else up to FP32_PORTABLE_ROWS.
+    # bf16 (AMX both): ours ahead up to 64 rows, prepacked oneDNN above.
+    native_rows = {torch.float32: None, torch.bfloat16: 64}
+    FP32_PORTABLE_ROWS = 256
     quantizations = ("int8",)
 
     @classmethod
@@ -162,9 +167,15 @@ class CpuBackend(Backend):
                 )
             layers.append(seen[id(layer)])
         pooler = None if contiguous.pooler_weight is None else PackedLinear(contiguous.pooler_weight)
-        # Each distinct layer also as one C++ object running it whole on the small-M GEMMs.
+        # Each distinct layer also as one C++ object running it whole on the extension's GEMMs.
         self._whole = {id(layer): self._whole_layer(layer, weights.config) for layer in seen.values()}
         return dataclasses.replace(contiguous, layers=layers, pooler_weight=pooler)
+
+    def _native_rows(self, dtype) -> int:
+        rows = self.native_rows.get(dtype, 0)
+        if rows is None:  # the blocked regime for large M is AVX-512 only
+            return sys.maxsize if _C.isa() == "avx512" else self.FP32_PORTABLE_ROWS
+        return rows
 
     # --- the one GEMM entry point ---
     def linear(self, x, weight, bias, act: str = "none", residual=None):
@@ -179,7 +190,7 @@ class CpuBackend(Backend):
             raise ValueError(f"x has dtype {x.dtype} but the weight has {w.dtype}")
         if act not in _ACTIVATE:
             raise ValueError(f"unknown activation {act!r} (expected one of {', '.join(_ACTIVATE)})")
-        if x.shape[0] <= self.small_m.get(x.dtype, 0):
+        if x.shape[0] <= self._native_rows(x.dtype):
             return _C.linear(x, w.packed, w.out_features, bias, act, residual)
         if x.stride(1) != 1:
             x = x.contiguous()
@@ -231,11 +242,11 @@ class CpuBackend(Backend):
             cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation, **int8)
 
     def layer(self, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act):
-        """A layer whose GEMMs all run on the small-M kernel runs whole in C++ (`_C.Layer`: the same
+        """A layer whose GEMMs all run on the extension's kernel runs whole in C++ (`_C.Layer`: the same
         kernels in the same order, bit-identical, without the Python between them); others op by op."""
         whole = getattr(self, "_whole", {}).get(id(layer))
-        small = quant.SMALL_M if self.quantize == "int8" else self.small_m[x.dtype]
-        if whole is not None and x.shape[0] <= small and x.is_contiguous():
+        native = quant.SMALL_M if self.quantize == "int8" else self._native_rows(x.dtype)
+        if whole is not None and x.shape[0] <= native and x.is_contiguous():
             return whole(x, cu_seqlens, int(max_seqlen), float(scale))
         return super().layer(x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act)
 

@@ -316,7 +316,9 @@ template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
                int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products = false);
 
-// Small-M GEMM on prepacked weights: out[m, n] = act(x[m, :] . w[n, :] + bias[n]) + residual[m, n].
+// GEMM on prepacked weights (linear.cpp): out[m, n] = act(x[m, :] . w[n, :] + bias[n]) + residual[m, n].
+// Any M; out must not overlap x or residual. Built for few rows (streaming the weights); fp32 with
+// AVX-512 also runs large M (blocked), bf16 and the portable kernels are meant for small M only.
 // Packed layout: panels of kPanel output columns; fp32: [panels][K][kPanel]; bf16: [panels][ceil(K/2)][kPanel][2]
 // (pairs along K for vdpbf16ps), zero padded in N and K.
 constexpr int64_t kPanel = 48;
@@ -324,7 +326,7 @@ int64_t packed_numel(int64_t n, int64_t k, bool is_bf16);
 template <typename T>
 void pack_linear(const T* w, int64_t n, int64_t k, T* packed);
 template <typename T>
-void linear_small_m(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
+void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
                     int64_t m, int64_t n, int64_t k, Act act, T* out, int64_t ldo);
 
 // ---- int8 dynamic quantization (quant.cpp; used by bertfast/quant.py) ----
@@ -347,7 +349,7 @@ void int8_linear_small(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const
                        const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias, Act act,
                        const float* residual, int64_t ldr, float* out);
 
-// ---- one post-LayerNorm encoder layer on the small-M GEMMs (layer.cpp) ----
+// ---- one post-LayerNorm encoder layer on the extension's GEMMs (layer.cpp) ----
 
 // One GEMM of a layer: the weight packed by pack_linear (elements of T), or by pack_int8 (int8, T = float;
 // then w_scale and colsum per output channel as int8_linear_small takes them); bias (N,).

@@ -1,4 +1,4 @@
-// One post-LayerNorm encoder layer on the small-M path, all in C++: the ops of `reference.layer`
+// One post-LayerNorm encoder layer on the extension's GEMMs, all in C++: the ops of `reference.layer`
 // (QKV GEMM, varlen attention, output GEMM + residual, LayerNorm, FFN-in GEMM + activation,
 // FFN-out GEMM + residual, LayerNorm) as the cpu backend runs them (fp32, bf16, or int8 GEMMs), the
 // same kernels called in the same order on the same shapes, so the result is bit-identical to
@@ -17,7 +17,7 @@ void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_
   T* ctx = qkv + T_ * 3 * H;  // (T, H)
   T* mid = ctx + T_ * H;      // (T, H): after the attention block
   T* inner = mid + T_ * H;    // (T, I)
-  // out (T, N) = act(in (T, K) . g^T + bias) + residual (T, N); what the backend's linear runs at small M.
+  // out (T, N) = act(in (T, K) . g^T + bias) + residual (T, N); what the backend's linear runs on the extension.
   const auto gemm = [&](const LayerGemm<T>& g, const T* in, int64_t K, int64_t N, const T* residual, Act act, T* o) {
     if constexpr (sizeof(T) == 4) {
       if (w.int8) {  // quant.linear's small-M call: quantize_rows, then the int8 GEMM with its epilogue
@@ -27,7 +27,7 @@ void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_
         return;
       }
     }
-    linear_small_m<T>(in, K, static_cast<const T*>(g.packed), g.bias, residual, N, T_, N, K, act, o, N);
+    linear_packed<T>(in, K, static_cast<const T*>(g.packed), g.bias, residual, N, T_, N, K, act, o, N);
   };
   gemm(w.qkv, x, H, 3 * H, nullptr, Act::None, qkv);
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
