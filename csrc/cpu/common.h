@@ -264,6 +264,25 @@ BF_TARGET_AVX512 BF_INLINE __m512 gelu_erf512(__m512 x) {
   return _mm512_mask_blend_ps(nonneg, neg, pos);
 }
 
+// The activations with a 16-lane form (the epilogues of the int8 and blocked fp32 GEMMs); the others
+// (tanh, tanh-GELU) go through the scalar functions.
+template <Act ACT>
+BF_TARGET_AVX512 BF_INLINE __m512 act512(__m512 v) {
+  static_assert(ACT == Act::None || ACT == Act::Gelu || ACT == Act::Relu, "no 16-lane form");
+  if constexpr (ACT == Act::Gelu) {
+    return gelu_erf512(v);
+  } else if constexpr (ACT == Act::Relu) {
+    return _mm512_max_ps(v, _mm512_setzero_ps());
+  } else {
+    return v;
+  }
+}
+
+// Lanes [0, left) of a 16-lane vector (all of them if left >= 16, none if left <= 0).
+BF_TARGET_AVX512 BF_INLINE __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1u);
+}
+
 BF_TARGET_AVX512 BF_INLINE __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 BF_TARGET_AVX512 BF_INLINE __m512 load16(const bf16* p, __mmask16 m) {
   const __m256i h = _mm256_maskz_loadu_epi16(m, p);

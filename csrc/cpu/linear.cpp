@@ -446,21 +446,53 @@ BF_TARGET_AVX512 void pack_x_tiles(const float* x, int64_t ldx, int64_t rows, in
   }
 }
 
+// Where a tile's sums go after a k block: into `sums` (rows kPanel apart), or, when `ep` is set (the
+// last k block, an activation act512 has), through the epilogue straight from the registers into the
+// output rows m0.. and columns [n0, n0 + nvalid).
+struct TileOut {
+  float* sums;
+  const Epilogue* ep;
+  int64_t m0, n0, nvalid;
+};
+
+template <int MR, Act ACT>
+BF_TARGET_AVX512 BF_INLINE void finish_tile(const __m512 (&acc)[MR][3], const TileOut& to) {
+  const Epilogue& ep = *to.ep;
+  const float* bias = static_cast<const float*>(ep.bias);
+  const float* res = static_cast<const float*>(ep.residual);
+  float* out = static_cast<float*>(ep.out) + to.m0 * ep.ldo + to.n0;
+  __mmask16 mk[3];
+  __m512 b[3];
+  for (int v = 0; v < 3; ++v) {
+    mk[v] = tail_mask(to.nvalid - 16 * v);
+    b[v] = bias != nullptr ? _mm512_maskz_loadu_ps(mk[v], bias + to.n0 + 16 * v) : _mm512_setzero_ps();
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    const float* rr = res != nullptr ? res + (to.m0 + r) * ep.ldr + to.n0 : nullptr;
+    for (int v = 0; v < 3; ++v) {
+      __m512 y = act512<ACT>(_mm512_add_ps(acc[r][v], b[v]));
+      if (rr != nullptr) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mk[v], rr + 16 * v));
+      _mm512_mask_storeu_ps(out + r * ep.ldo + 16 * v, mk[v], y);
+    }
+  }
+}
+
 // One tile of MR rows over one k block: x tile [kc][8], weights [kc][48]. The block is summed from
-// zero and then added to the earlier blocks' sums in `c` (rows ldc apart) unless `first`, the total
-// going to `dst` (rows ldd apart): a sum of K/kBlockK partial sums of kBlockK terms each, whose
-// rounding error grows with kBlockK + K/kBlockK rather than with K. The next tile's sums
-// (`c_next`, may be null) are pulled into L1 during the first 3 MR steps, a line per step.
+// zero and then added to the earlier blocks' sums in `c` unless `first` (a sum of K/kBlockK partial
+// sums of kBlockK terms each, whose rounding error grows with kBlockK + K/kBlockK rather than with
+// K); the total goes to `to`. The next tile's sums (`c_next`, may be null) are pulled into L1 during the
+// first 3 MR steps, a line per step.
 template <int MR>
-BF_TARGET_AVX512 BF_INLINE void tile_blocked(const float* xt, const float* w, int64_t kc, const float* c, int64_t ldc,
-                                             bool first, const float* c_next, FarPrefetch pf, float* dst, int64_t ldd) {
+BF_TARGET_AVX512 BF_INLINE void tile_blocked(const float* xt, const float* w, int64_t kc, const float* c, bool first,
+                                             const float* c_next, FarPrefetch pf, const TileOut& to) {
   __m512 acc[MR][3];
   load_acc<MR>(acc, c, true);
   const auto x_at = [&](int r) { return xt[r]; };
   int64_t k = 0;
   if (c_next != nullptr)
     for (; k < std::min<int64_t>(kc, 3 * MR); ++k, w += kPanel, xt += kMaxRows) {
-      _mm_prefetch(reinterpret_cast<const char*>(c_next + (k / 3) * ldc + 16 * (k % 3)), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(c_next + (k / 3) * kPanel + 16 * (k % 3)), _MM_HINT_T0);
       pf.step();
       fma_step<MR>(acc, w, x_at);
     }
@@ -470,26 +502,32 @@ BF_TARGET_AVX512 BF_INLINE void tile_blocked(const float* xt, const float* w, in
   }
   if (!first) {
     __m512 sum[MR][3];
-    load_acc<MR>(sum, c, false, ldc);
+    load_acc<MR>(sum, c, false);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r)
       for (int v = 0; v < 3; ++v) acc[r][v] = _mm512_add_ps(sum[r][v], acc[r][v]);
   }
-  store_acc<MR>(acc, dst, ldd);
+  if (to.ep == nullptr)
+    store_acc<MR>(acc, to.sums);
+  else if (to.ep->act == Act::Gelu)
+    finish_tile<MR, Act::Gelu>(acc, to);
+  else if (to.ep->act == Act::Relu)
+    finish_tile<MR, Act::Relu>(acc, to);
+  else
+    finish_tile<MR, Act::None>(acc, to);
 }
 
-BF_TARGET_AVX512 void tile_blocked_rows(int mr, const float* xt, const float* w, int64_t kc, const float* c,
-                                        int64_t ldc, bool first, const float* c_next, const FarPrefetch& pf, float* dst,
-                                        int64_t ldd) {
+BF_TARGET_AVX512 void tile_blocked_rows(int mr, const float* xt, const float* w, int64_t kc, const float* c, bool first,
+                                        const float* c_next, const FarPrefetch& pf, const TileOut& to) {
   switch (mr) {
-    case 1: tile_blocked<1>(xt, w, kc, c, ldc, first, c_next, pf, dst, ldd); break;
-    case 2: tile_blocked<2>(xt, w, kc, c, ldc, first, c_next, pf, dst, ldd); break;
-    case 3: tile_blocked<3>(xt, w, kc, c, ldc, first, c_next, pf, dst, ldd); break;
-    case 4: tile_blocked<4>(xt, w, kc, c, ldc, first, c_next, pf, dst, ldd); break;
-    case 5: tile_blocked<5>(xt, w, kc, c, ldc, first, c_next, pf, dst, ldd); break;
-    case 6: tile_blocked<6>(xt, w, kc, c, ldc, first, c_next, pf, dst, ldd); break;
-    case 7: tile_blocked<7>(xt, w, kc, c, ldc, first, c_next, pf, dst, ldd); break;
-    default: tile_blocked<8>(xt, w, kc, c, ldc, first, c_next, pf, dst, ldd); break;
+    case 1: tile_blocked<1>(xt, w, kc, c, first, c_next, pf, to); break;
+    case 2: tile_blocked<2>(xt, w, kc, c, first, c_next, pf, to); break;
+    case 3: tile_blocked<3>(xt, w, kc, c, first, c_next, pf, to); break;
+    case 4: tile_blocked<4>(xt, w, kc, c, first, c_next, pf, to); break;
+    case 5: tile_blocked<5>(xt, w, kc, c, first, c_next, pf, to); break;
+    case 6: tile_blocked<6>(xt, w, kc, c, first, c_next, pf, to); break;
+    case 7: tile_blocked<7>(xt, w, kc, c, first, c_next, pf, to); break;
+    default: tile_blocked<8>(xt, w, kc, c, first, c_next, pf, to); break;
   }
 }
 
@@ -503,6 +541,7 @@ BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const floa
   // The sums between k blocks: [panels][tiles][8][kPanel], a tile's in 1.5 KB at one place.
   sums.resize((p1 - p0) * tiles * kMaxRows * kPanel);
   alignas(64) float tile[kMaxRows * kPanel];
+  const bool in_registers = ep.act == Act::None || ep.act == Act::Gelu || ep.act == Act::Relu;  // act512 has them
   for (int64_t k0 = 0; k0 < K; k0 += kBlockK) {
     const int64_t kc = std::min(kBlockK, K - k0);
     const bool first = k0 == 0, last = k0 + kc == K;
@@ -525,9 +564,11 @@ BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const floa
         const float* c_next = t + 1 < tiles ? ct + kMaxRows * kPanel : nullptr;
         const float* xs = xt.data() + t * kc * kMaxRows;
         if (!last) {
-          tile_blocked_rows(mr, xs, w, kc, ct, kPanel, first, c_next, pf, ct, kPanel);
+          tile_blocked_rows(mr, xs, w, kc, ct, first, c_next, pf, TileOut{ct, nullptr, 0, 0, 0});
+        } else if (in_registers) {
+          tile_blocked_rows(mr, xs, w, kc, ct, first, c_next, pf, TileOut{nullptr, &ep, r0 + m0, n0, nvalid});
         } else {
-          tile_blocked_rows(mr, xs, w, kc, ct, kPanel, first, c_next, pf, tile, kPanel);
+          tile_blocked_rows(mr, xs, w, kc, ct, first, c_next, pf, TileOut{tile, nullptr, 0, 0, 0});
           store_tile<float>(tile, mr, r0 + m0, n0, nvalid, ep);
         }
       }

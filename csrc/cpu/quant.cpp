@@ -103,10 +103,6 @@ void epilogue_range_generic(float* out, int64_t lo_row, int64_t hi_row, int64_t 
 }
 
 #if BF_X86
-BF_TARGET_AVX512 BF_INLINE __mmask16 tail_mask(int64_t left) {
-  return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1u);
-}
-
 BF_TARGET_AVX512 void quantize_rows_range_avx512(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row,
                                                  int64_t K, int8_t* q, float* scale, int32_t* zp) {
   for (int64_t m = lo_row; m < hi_row; ++m) {
@@ -138,17 +134,6 @@ BF_TARGET_AVX512 void quantize_rows_range_avx512(const float* x, int64_t ldx, in
     }
     scale[m] = r.scale;
     zp[m] = r.zero_point;
-  }
-}
-
-template <Act ACT>
-BF_TARGET_AVX512 BF_INLINE __m512 act512(__m512 v) {
-  if constexpr (ACT == Act::Gelu) {
-    return gelu_erf512(v);
-  } else if constexpr (ACT == Act::Relu) {
-    return _mm512_max_ps(v, _mm512_setzero_ps());
-  } else {
-    return v;
   }
 }
 
