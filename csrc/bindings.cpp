@@ -566,7 +566,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
         py::arg("bf16_products") = false);
   m.def("pack_linear", &pack_linear, "pack a (N, K) weight for `linear`", py::arg("weight"));
-  m.def("linear", &linear, "act(x @ w.T + bias) + residual on a packed weight (streaming at small M; fp32 blocked at large M)", py::arg("x"),
+  m.def("linear", &linear,
+        "act(x @ w.T + bias) + residual on a packed weight (streaming at small M; fp32 blocked at large M)",
+        py::arg("x"),
         py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(), py::arg("act") = "none",
         py::arg("residual") = py::none());
   py::class_<Layer>(m, "Layer",

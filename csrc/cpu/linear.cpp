@@ -396,14 +396,14 @@ BF_TARGET_AVX512BF16 void linear_avx512(const T* x, int64_t ldx, const T* packed
 // ---- blocked regime (fp32, more than kPackPasses passes): compute bound ----
 //
 // Goto-style blocking. The output is cut into items: row blocks of up to kBlockRows rows times one
-// run of panels per thread (BlockedItems), claimed one at a time (at 576 rows, 10 items for 2 threads:
-// blocks of 192 rows, 6 items, measured x1.00-1.03 the time, the threads finishing further apart). An item runs K in blocks of kBlockK
-// steps: the block of x is packed as the tiles read it (pack_x_tiles: a k step's 8 rows in 32
-// contiguous bytes) into L2, then for each panel of the run its kBlockK x 48 block of weights (36 KB)
-// comes from memory once and stays in L1 while every tile of 8 rows runs over it. A tile sums each k
-// block from zero and adds that to the sums of the earlier blocks, which wait in a per-thread buffer
-// (a tile's 1.5 KB in one place; the next tile's are pulled into L1 while a tile runs); the weight
-// block the item runs next is pulled into L2 a share per tile, spread over its k steps. The last k
+// run of panels per thread (BlockedItems), claimed one at a time (at 576 rows 10 items for 2 threads;
+// blocks of 192 rows, 6 items, took x1.00-1.03 the time). An item runs K in blocks of kBlockK steps:
+// the block of x is packed as the tiles read it (pack_x_tiles: a k step's 8 rows in 32 contiguous
+// bytes) into L2, then for each panel of the run its kBlockK x 48 block of weights (36 KB) comes from
+// memory once and stays in L1 while every tile of 8 rows runs over it. A tile sums each k block from
+// zero and adds that to the sums of the earlier blocks, which wait in a per-thread buffer (a tile's
+// 1.5 KB in one place; the next tile's are pulled into L1 while a tile runs); the weight block the
+// item runs next is pulled into L2 a share per tile, spread over its k steps. The last k
 // block keeps the sums in registers for the epilogue (bias, activation, residual): nothing runs over
 // the output a second time.
 // Measured on Sapphire Rapids (2 threads, the four BERT-base GEMM shapes, paired in one process with
