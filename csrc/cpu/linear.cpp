@@ -229,20 +229,19 @@ void pack_x(const T* x, int64_t ldx, int64_t M, int64_t K, T* xp) {
   }
 }
 
-// A tile's accumulators: zero (the first block of a panel), or the sums of the earlier blocks in `tile`
-// (rows `ld` floats apart).
+// A tile's accumulators: zero (the first block of a panel), or the sums of the earlier blocks in `tile`.
 template <int MR>
-BF_TARGET_AVX512 BF_INLINE void load_acc(__m512 (&c)[MR][3], const float* tile, bool first, int64_t ld = kPanel) {
+BF_TARGET_AVX512 BF_INLINE void load_acc(__m512 (&c)[MR][3], const float* tile, bool first) {
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < 3; ++v) c[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * ld + 16 * v);
+    for (int v = 0; v < 3; ++v) c[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * kPanel + 16 * v);
 }
 
 template <int MR>
-BF_TARGET_AVX512 BF_INLINE void store_acc(const __m512 (&c)[MR][3], float* tile, int64_t ld = kPanel) {
+BF_TARGET_AVX512 BF_INLINE void store_acc(const __m512 (&c)[MR][3], float* tile) {
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < 3; ++v) _mm512_storeu_ps(tile + r * ld + 16 * v, c[r][v]);
+    for (int v = 0; v < 3; ++v) _mm512_storeu_ps(tile + r * kPanel + 16 * v, c[r][v]);
 }
 
 // One fp32 k step of an MR x 48 tile: the step's 48 weights times row r's x value `x_at(r)`.
@@ -548,7 +547,7 @@ BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const floa
       const float* w = packed + (p * K + k0) * kPanel;
       // The weight block this item runs next: the next panel's, or its first panel's next k block.
       const float* w_after = p + 1 < p1 ? w + K * kPanel : (last ? nullptr : packed + (p0 * K + k0 + kc) * kPanel);
-      const int64_t block_bytes = kc * kStepBytes, lines = block_bytes / 64;
+      const int64_t lines = kc * kStepBytes / 64;  // of a weight block
       const int64_t n0 = p * kPanel, nvalid = std::min<int64_t>(kPanel, N - n0);
       float* c = sums.data() + (p - p0) * tiles * kMaxRows * kPanel;
       for (int64_t t = 0; t < tiles; ++t) {
