@@ -1,6 +1,12 @@
 """bertfast: a fused inference engine for BERT-family encoders."""
 
-from .backends import available_backends, get_backend
+from . import isa as _isa
+
+# BERTFAST_ISA caps oneDNN, MKL and ATen too: their variables must be set before torch first uses them.
+_isa.apply_library_caps()
+
+from .isa import cpu_info  # noqa: E402
+from .backends import available_backends, get_backend  # noqa: E402
 from .config import ConfigError, ModelConfig
 from .encoder import Encoder, EncoderOutput
 from .loading import LoadError, ModelWeights, load_hf_model, load_pretrained
@@ -25,5 +31,5 @@ def default_model_path() -> str:
 __all__ = [
     "Encoder", "EncoderOutput", "optimize", "EngineUnsupported", "load", "TaskModel", "TaskOutput",
     "supported_architectures", "ModelConfig", "ModelWeights", "ConfigError", "LoadError",
-    "load_pretrained", "load_hf_model", "get_backend", "available_backends", "default_model_path",
+    "load_pretrained", "load_hf_model", "get_backend", "available_backends", "default_model_path", "cpu_info",
 ]

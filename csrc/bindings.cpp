@@ -418,11 +418,14 @@ class Layer {
   bool int8_;
 };
 
-std::string isa() { return bc::active_isa() == bc::Isa::Avx512 ? "avx512" : "generic"; }
+std::string isa() { return bc::isa_name(bc::active_isa()); }
+std::string detected_isa() { return bc::isa_name(bc::detected_isa()); }
 
 bool set_isa(const std::string& name) {
-  BF_CHECK(name == "generic" || name == "avx512", "unknown ISA '", name, "' (expected generic or avx512)");
-  return bc::set_isa(name == "avx512" ? bc::Isa::Avx512 : bc::Isa::Generic);
+  bc::Isa tier;
+  BF_CHECK(bc::parse_isa(name.c_str(), &tier), "unknown ISA tier '", name,
+           "' (expected one of amx, avx512_vnni, avx2, portable)");
+  return bc::set_isa(tier);
 }
 
 }  // namespace
@@ -585,13 +588,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("eps"), py::arg("act"),
            py::arg("int8_scales") = py::none(), py::arg("int8_colsums") = py::none())
       .def("__call__", &Layer::forward, py::arg("x"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"));
-  m.def("isa", &isa, "the ISA the kernels dispatch to: 'avx512' or 'generic'");
-  m.def("set_isa", &set_isa, "force 'generic' or 'avx512'; returns False if the CPU lacks it", py::arg("isa"));
-  m.def("has_avx512_bf16", &bc::has_avx512_bf16, "whether the bf16 GEMM uses AVX-512 BF16 dot products");
+  m.def("isa", &isa, "the ISA tier the kernels dispatch to: 'amx', 'avx512_vnni', 'avx2' or 'portable'");
+  m.def("detected_isa", &detected_isa, "the best ISA tier this CPU (and OS) supports");
+  m.def("set_isa", &set_isa, "cap the kernels at an ISA tier; returns False if the CPU lacks it", py::arg("isa"));
+  m.def("has_avx512_bf16", &bc::has_avx512_bf16, "whether the CPU has AVX-512 BF16 dot products");
   m.def("num_threads", &bc::num_threads, "OpenMP threads the kernels use");
-  m.def("amx_enabled", &bc::amx_enabled, "whether the bf16 small-M GEMM may use AMX tiles");
-  m.def("set_amx_enabled", &bc::set_amx_enabled, "allow (True) or forbid (False) AMX in the bf16 small-M GEMM",
-        py::arg("enabled"));
   // int8 dynamic quantization (csrc/cpu/quant.cpp, bertfast/quant.py)
   m.def("quantize_rows", &quantize_rows, "per-token asymmetric int8 quantization: x (M, K) fp32 -> (q int8, scale, zero_point)",
         py::arg("x"));
@@ -608,7 +609,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "quantize_rows then int8_linear_small: act(x @ W.T + bias) + residual for fp32 x (M, K), small M",
         py::arg("x"), py::arg("packed"), py::arg("w_scale"), py::arg("colsum"), py::arg("bias") = py::none(),
         py::arg("act") = "none", py::arg("residual") = py::none());
-  m.def("amx_int8_enabled", &bc::amx_int8_enabled, "whether int8_linear_small may use AMX-int8 tiles");
-  m.def("set_amx_int8_enabled", &bc::set_amx_int8_enabled, "allow (True) or forbid (False) AMX in int8_linear_small",
-        py::arg("enabled"));
 }

@@ -56,3 +56,31 @@ def minilm_path():
         return bertfast.default_model_path()
     except RuntimeError as e:
         pytest.skip(f"default model package not installed: {e}")
+
+
+TIERS = ("amx", "avx512_vnni", "avx2", "portable")  # bertfast.isa.TIERS, highest first
+
+
+def supported_tiers() -> list[str]:
+    """The ISA tiers this CPU runs (the extension's own detection), highest first."""
+    try:
+        from bertfast import _C
+    except ImportError:
+        return []
+    current = _C.isa()
+    out = [t for t in TIERS if _C.set_isa(t)]
+    _C.set_isa(current)
+    return out
+
+
+@pytest.fixture(params=TIERS)
+def isa(request):
+    """Run the native kernels capped at one ISA tier (skipped where the CPU lacks it); restores the cap."""
+    from bertfast import _C
+
+    if request.param not in supported_tiers():
+        pytest.skip(f"this CPU does not support the {request.param} tier")
+    before = _C.isa()
+    assert _C.set_isa(request.param)
+    yield request.param
+    _C.set_isa(before)

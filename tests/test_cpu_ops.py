@@ -34,29 +34,6 @@ DTYPES = [
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
-def _isas():
-    if _C is None:
-        return ["generic"]
-    current = _C.isa()
-    supported = [name for name in ("avx512", "generic") if _C.set_isa(name)]
-    _C.set_isa(current)
-    if "avx512" in supported:
-        # The bf16 small-M GEMM uses AMX when it can; "avx512-noamx" covers its AVX-512 BF16 kernel.
-        supported.insert(1, "avx512-noamx")
-    return supported
-
-
-@pytest.fixture(params=_isas())
-def isa(request):
-    """Run the test on one ISA path (and AMX on or off); restores the defaults after."""
-    before, amx_before = _C.isa(), _C.amx_enabled()
-    assert _C.set_isa(request.param.split("-")[0])
-    _C.set_amx_enabled(not request.param.endswith("noamx"))
-    yield request.param
-    _C.set_isa(before)
-    _C.set_amx_enabled(amx_before)
-
-
 def rounded(t, dtype):
     """t rounded to `dtype`, held in fp64 (None stays None): inputs both references and ours share."""
     return None if t is None else t.to(dtype).double()
@@ -313,7 +290,7 @@ def test_attention_bf16_products_on_fp32_inputs(isa, lengths, heads, d):
     ref_low = reference.attention(*low, cu, max(lengths), scale)
     check(ours, ref_low, ref_hi, torch.bfloat16)
     exact = _C.attention(q32, k32, v32, cu, max(lengths), scale)
-    if not (isa == "avx512" and d <= 64 and _C.amx_enabled()):
+    if not (isa == "amx" and d <= 64):
         assert torch.equal(ours, exact)
 
 
@@ -414,7 +391,7 @@ ERROR_CASES = [
     pytest.param(lambda: _C.embed(torch.tensor([0, 1]), torch.tensor([0, 1]), None, torch.randn(50, 8),
                                   torch.randn(4, 9), None, torch.ones(8), torch.zeros(8), 1e-12),
                  "position must be", id="embed-position-width"),
-    pytest.param(lambda: _C.set_isa("sse9"), "unknown ISA", id="isa-unknown"),
+    pytest.param(lambda: _C.set_isa("sse9"), "unknown ISA tier", id="isa-unknown"),
 ]
 
 

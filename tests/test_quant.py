@@ -22,29 +22,6 @@ has_native = pytest.mark.skipif(
 )
 
 
-def _isas():
-    """ISAs to run the native kernels on: the portable loop always, AVX-512 where the CPU has it."""
-    out = ["generic"]
-    if quant._native is not None and hasattr(quant._native, "set_isa"):
-        before = quant._native.isa() if hasattr(quant._native, "isa") else None
-        if quant._native.set_isa("avx512"):
-            out.append("avx512")
-        if before is not None:
-            quant._native.set_isa(before)
-    return out
-
-
-@pytest.fixture(params=["generic", "avx512"])
-def isa(request):
-    """Run the native kernels on one ISA, restoring the default afterwards."""
-    if request.param not in _isas():
-        pytest.skip(f"this CPU (or this build of bertfast._C) has no {request.param} path")
-    before = quant._native.isa()
-    quant._native.set_isa(request.param)
-    yield request.param
-    quant._native.set_isa(before)
-
-
 def _x(M, K, seed, std=1.0, mean=0.0, strided=False):
     g = torch.Generator().manual_seed(seed)
     width = K + 13 if strided else K
@@ -285,34 +262,6 @@ def test_int8_on_backend_without_it_is_a_clear_error():
         Encoder.from_hf(random_hf_model("tiny"), backend="torch", dtype="int8")
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-@pytest.fixture(params=["amx", "vnni", "generic"])
-def small_path(request):
-    """Force one path of the native small-M int8 GEMM, restoring the defaults afterwards."""
-    flags = _cpu_flags()
-    if request.param == "amx" and not {"amx_tile", "amx_int8", "avx512_vnni"} <= flags:
-        pytest.skip("this CPU has no AMX-int8 (amx_tile, amx_int8)")
-    if request.param in ("amx", "vnni") and "avx512_vnni" not in flags:
-        pytest.skip("this CPU has no AVX512-VNNI")
-    native = quant._native
-    isa, amx = native.isa(), native.amx_int8_enabled()
-    native.set_isa("generic" if request.param == "generic" else "avx512")
-    native.set_amx_int8_enabled(request.param == "amx")
-    yield request.param
-    native.set_isa(isa)
-    native.set_amx_int8_enabled(amx)
-
-
 @has_native
 @pytest.mark.parametrize("M,K,N", [
     pytest.param(1, 64, 48, id="M1-K64-N48"),
@@ -321,7 +270,7 @@ def small_path(request):
     pytest.param(40, 80, 200, id="M40-K80-N200"),  # K % 64 != 0: never on AMX tiles
     pytest.param(3, 7, 5, id="M3-K7-N5"),  # K % 4 != 0: padded last group
 ])
-def test_small_m_kernel_paths(small_path, M, K, N):
+def test_small_m_kernel_paths(isa, M, K, N):
     assert M <= quant.SMALL_M
     for act in ACTS:
         x, weight, bias, residual = _linear_case(M, K, N, act, act == "none", seed=11)

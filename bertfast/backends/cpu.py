@@ -174,7 +174,7 @@ class CpuBackend(Backend):
     def _native_rows(self, dtype) -> int:
         rows = self.native_rows.get(dtype, 0)
         if rows is None:  # the blocked regime for large M is AVX-512 only
-            return sys.maxsize if _C.isa() == "avx512" else self.FP32_PORTABLE_ROWS
+            return sys.maxsize if _C.isa() in ("avx512_vnni", "amx") else self.FP32_PORTABLE_ROWS
         return rows
 
     # --- the one GEMM entry point ---

@@ -73,6 +73,11 @@ BF_TARGET_AVX512 void bias_act_avx512(T* x, const T* bias, int64_t tokens, int64
   }
   bias_act_thread(x, bias, tokens, N, act, part, parts);
 }
+
+template <typename T>
+BF_TARGET_AVX2 void bias_act_avx2(T* x, const T* bias, int64_t tokens, int64_t N, Act act, int part, int parts) {
+  bias_act_thread(x, bias, tokens, N, act, part, parts);
+}
 #endif
 
 template <typename T>

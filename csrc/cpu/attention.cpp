@@ -530,6 +530,13 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
 
 #if BF_X86
 template <typename T>
+BF_TARGET_AVX2 void attention_avx2(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu,
+                                   int64_t batch, int64_t heads, int64_t d, float scale, T* out,
+                                   std::atomic<int64_t>* next) {
+  attention_thread<T, GenericBlock>(q, k, v, st, cu, batch, heads, d, scale, out, next);
+}
+
+template <typename T>
 BF_TARGET_AVX512 void attention_avx512(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu,
                                        int64_t batch, int64_t heads, int64_t d, float scale, T* out,
                                        std::atomic<int64_t>* next) {
@@ -560,7 +567,7 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
   std::atomic<int64_t> next{0};
 #if BF_X86
   if (sizeof(T) == 2 || bf16_products) {
-    if (head_dim <= 64 && active_isa() == Isa::Avx512 && amx_bf16_usable() && amx_enabled()) {
+    if (head_dim <= 64 && active_isa() == Isa::Amx) {
       parallel_for(nt, nt, [&](int64_t) {
         attention_amx(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
       });

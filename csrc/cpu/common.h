@@ -27,29 +27,35 @@ struct bf16 {
 
 enum class Act : int { None = 0, Gelu = 1, GeluTanh = 2, Relu = 3, Tanh = 4 };
 
-enum class Isa : int { Generic = 0, Avx512 = 1 };
+// ISA tiers, lowest to highest; each tier's kernels need the features of the tiers below it too.
+//   Portable:   the build's baseline (SSE2 on x86-64, NEON on aarch64), plain loops the compiler vectorizes.
+//   Avx2:       AVX2 + FMA (+ F16C, BMI2).
+//   Avx512Vnni: AVX-512 F/BW/VL/DQ + VNNI; AVX-512 BF16 used where present.
+//   Amx:        the above + AVX-512 BF16 + AMX tiles (bf16, int8), granted by the OS.
+enum class Isa : int { Portable = 0, Avx2 = 1, Avx512Vnni = 2, Amx = 3 };
 
-// The ISA the kernels dispatch to (the best supported one unless set_isa chose another).
+// The best tier this CPU (and OS) supports.
+Isa detected_isa();
+// The tier the kernels dispatch to: the detected one, capped by BERTFAST_ISA at load or by set_isa.
 Isa active_isa();
-// Force an ISA (tests use it to run the portable fallback); returns false if the CPU lacks it.
+// Cap the kernels at `isa` (tests and benchmarks run every lower tier); false if the CPU lacks it.
 bool set_isa(Isa isa);
 bool isa_supported(Isa isa);
-// AVX-512 BF16 dot products (vdpbf16ps) on top of AVX-512F/BW/VL/DQ.
+// The tier named by `name` ("amx", "avx512_vnni", "avx2", "portable"); false if no tier has that name.
+bool parse_isa(const char* name, Isa* isa);
+const char* isa_name(Isa isa);
+// AVX-512 BF16 dot products (vdpbf16ps), used by the Avx512Vnni tier's bf16 GEMM where present.
 bool has_avx512_bf16();
 // Whether the CPU has AMX tiles and the OS granted this process their state (requested once).
 bool amx_tiles_permitted();
-// AMX-BF16 usable: the CPU has it (and AVX-512 BF16) and the OS granted the tile state.
-bool amx_bf16_usable();
-// Whether the bf16 kernels (small-M GEMM, attention) may use AMX tiles when the CPU has them (default
-// yes; tests switch it off to cover the AVX-512 paths; BERTFAST_CPU_AMX=0 does too).
-bool amx_enabled();
-void set_amx_enabled(bool enabled);
 int num_threads();
 
 #define BF_INLINE inline __attribute__((always_inline))
 
 #if (defined(__x86_64__) || defined(_M_X64)) && !defined(BERTFAST_PORTABLE_ONLY)
 #define BF_X86 1
+// The Avx2 tier's kernels (the portable templates compiled for AVX2 + FMA, and AVX2 intrinsics).
+#define BF_TARGET_AVX2 __attribute__((target("avx2,fma,f16c,bmi2")))
 #define BF_TARGET_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2,prefer-vector-width=512")))
 #define BF_TARGET_AVX512BF16 \
@@ -300,10 +306,13 @@ BF_TARGET_AVX512 BF_INLINE void store16(bf16* p, __m512 v, __mmask16 m) {
 }
 #endif
 
-// Dispatch helper: `BF_DISPATCH(name, args)` calls name##_avx512 when active, else name##_generic.
+// Dispatch helper: `BF_DISPATCH(name, args)` calls name##_avx512 on the Avx512Vnni tier and above,
+// name##_avx2 on Avx2, else name##_generic.
 #if BF_X86
-#define BF_DISPATCH(name, ...) \
-  (::bertfast::cpu::active_isa() == ::bertfast::cpu::Isa::Avx512 ? name##_avx512(__VA_ARGS__) : name##_generic(__VA_ARGS__))
+#define BF_DISPATCH(name, ...)                                                             \
+  (::bertfast::cpu::active_isa() >= ::bertfast::cpu::Isa::Avx512Vnni ? name##_avx512(__VA_ARGS__) \
+   : ::bertfast::cpu::active_isa() == ::bertfast::cpu::Isa::Avx2     ? name##_avx2(__VA_ARGS__)   \
+                                                                     : name##_generic(__VA_ARGS__))
 #else
 #define BF_DISPATCH(name, ...) name##_generic(__VA_ARGS__)
 #endif
@@ -360,9 +369,6 @@ void int8_epilogue(float* out, int64_t M, int64_t N, const float* xs, const int3
 // Small-M int8 GEMM: weights packed once by pack_int8 ([N/16][K/4][16][4] int8, zero padded); out (M, N) fp32 =
 // act(xs[m] * (ws[n] * sum_k (q[m, k] + 128) w[n, k] - (zp[m] + 128) * colsum[n]) + bias[n]) + residual[m, n].
 int64_t int8_packed_numel(int64_t n, int64_t k);
-// Whether int8_linear_small may use AMX-int8 tiles where the CPU has them (tests switch it off to cover VNNI).
-bool amx_int8_enabled();
-void set_amx_int8_enabled(bool on);
 void pack_int8(const int8_t* w, int64_t n, int64_t k, int8_t* packed);
 void int8_linear_small(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                        const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias, Act act,

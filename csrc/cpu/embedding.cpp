@@ -46,6 +46,13 @@ BF_INLINE void embed_thread(const int64_t* ids, const int64_t* positions, const 
 
 #if BF_X86
 template <typename T>
+BF_TARGET_AVX2 void embed_avx2(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word,
+                               const T* pos, const T* type, const T* gamma, const T* beta, float eps, int64_t tokens,
+                               int64_t H, T* out, int part, int parts) {
+  embed_thread(ids, positions, types, word, pos, type, gamma, beta, eps, tokens, H, out, part, parts);
+}
+
+template <typename T>
 BF_TARGET_AVX512 void embed_avx512(const int64_t* ids, const int64_t* positions, const int64_t* types,
                                    const T* word, const T* pos, const T* type, const T* gamma, const T* beta,
                                    float eps, int64_t tokens, int64_t H, T* out, int part, int parts) {

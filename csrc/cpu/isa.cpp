@@ -1,5 +1,5 @@
-// Run-time ISA selection for the CPU kernels: the best the CPU supports, overridable for tests and by
-// the BERTFAST_CPU_ISA environment variable ("generic" or "avx512").
+// Run-time ISA tiers for the CPU kernels: the best tier the CPU supports, capped by the BERTFAST_ISA
+// environment variable (read once, when the extension loads) or by set_isa (tests and benchmarks).
 #include <omp.h>
 
 #include <atomic>
@@ -16,25 +16,20 @@
 namespace bertfast {
 namespace cpu {
 
-bool isa_supported(Isa isa) {
-  if (isa == Isa::Generic) return true;
-#if BF_X86
-  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                             __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
-  return avx512;
-#else
-  return false;
-#endif
+namespace {
+constexpr const char* kNames[] = {"portable", "avx2", "avx512_vnni", "amx"};
 }
 
-bool has_avx512_bf16() {
-#if BF_X86
-  static const bool bf = isa_supported(Isa::Avx512) && __builtin_cpu_supports("avx512bf16");
-  return bf;
-#else
+const char* isa_name(Isa isa) { return kNames[static_cast<int>(isa)]; }
+
+bool parse_isa(const char* name, Isa* isa) {
+  for (int i = 0; i < 4; ++i) {
+    if (std::strcmp(name, kNames[i]) == 0) {
+      *isa = static_cast<Isa>(i);
+      return true;
+    }
+  }
   return false;
-#endif
 }
 
 bool amx_tiles_permitted() {
@@ -52,19 +47,40 @@ bool amx_tiles_permitted() {
 #endif
 }
 
-bool amx_bf16_usable() {
+Isa detected_isa() {
 #if BF_X86
-  static const bool usable = has_avx512_bf16() && __builtin_cpu_supports("amx-bf16") && amx_tiles_permitted();
-  return usable;
+  static const Isa best = [] {
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                        __builtin_cpu_supports("avx512vnni");
+    const bool amx = avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-bf16") &&
+                     __builtin_cpu_supports("amx-int8") && amx_tiles_permitted();
+    return amx ? Isa::Amx : avx512 ? Isa::Avx512Vnni : avx2 ? Isa::Avx2 : Isa::Portable;
+  }();
+  return best;
+#else
+  return Isa::Portable;
+#endif
+}
+
+bool isa_supported(Isa isa) { return isa <= detected_isa(); }
+
+bool has_avx512_bf16() {
+#if BF_X86
+  static const bool bf = isa_supported(Isa::Avx512Vnni) && __builtin_cpu_supports("avx512bf16");
+  return bf;
 #else
   return false;
 #endif
 }
 
 static Isa initial_isa() {
-  const char* env = std::getenv("BERTFAST_CPU_ISA");
-  if (env != nullptr && std::strcmp(env, "generic") == 0) return Isa::Generic;
-  return isa_supported(Isa::Avx512) ? Isa::Avx512 : Isa::Generic;
+  Isa cap = Isa::Amx;
+  const char* env = std::getenv("BERTFAST_ISA");
+  // An unknown name is reported by the Python package (bertfast.cpu_info), which refuses to run with it.
+  if (env != nullptr && *env != '\0') parse_isa(env, &cap);
+  return cap < detected_isa() ? cap : detected_isa();
 }
 
 static std::atomic<int>& isa_state() {
@@ -79,17 +95,6 @@ bool set_isa(Isa isa) {
   isa_state().store(static_cast<int>(isa));
   return true;
 }
-
-static std::atomic<bool>& amx_state() {
-  static std::atomic<bool> state{[] {
-    const char* env = std::getenv("BERTFAST_CPU_AMX");
-    return !(env != nullptr && std::strcmp(env, "0") == 0);
-  }()};
-  return state;
-}
-
-bool amx_enabled() { return amx_state().load(std::memory_order_relaxed); }
-void set_amx_enabled(bool enabled) { amx_state().store(enabled); }
 
 int num_threads() { return omp_get_max_threads(); }
 

@@ -63,6 +63,12 @@ BF_INLINE void layernorm_thread(const T* x, const T* residual, const T* bias, co
 
 #if BF_X86
 template <typename T>
+BF_TARGET_AVX2 void layernorm_avx2(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta,
+                                   float eps, int64_t tokens, int64_t H, T* out, int part, int parts) {
+  layernorm_thread(x, residual, bias, gamma, beta, eps, tokens, H, out, part, parts);
+}
+
+template <typename T>
 BF_TARGET_AVX512 void layernorm_avx512(const T* x, const T* residual, const T* bias, const T* gamma,
                                        const T* beta, float eps, int64_t tokens, int64_t H, T* out, int part,
                                        int parts) {

@@ -144,8 +144,8 @@ BF_INLINE void tile_generic(const bf16* x, int64_t ldx, const bf16* wp, int64_t 
 }
 
 template <typename T>
-void linear_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K, const Epilogue& ep,
-                    MeetInTheMiddle::Walker& panels) {
+BF_INLINE void linear_portable(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
+                               const Epilogue& ep, MeetInTheMiddle::Walker& panels) {
   DenormalGuard ftz;
   const int64_t panel_elems = (sizeof(T) == 2 ? 2 * ((K + 1) / 2) : K) * kPanel;
   alignas(64) float tile[kMaxRows * kPanel];
@@ -158,6 +158,20 @@ void linear_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t
     }
   }
 }
+
+template <typename T>
+void linear_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K, const Epilogue& ep,
+                    MeetInTheMiddle::Walker& panels) {
+  linear_portable(x, ldx, packed, M, N, K, ep, panels);
+}
+
+#if BF_X86
+template <typename T>
+BF_TARGET_AVX2 void linear_avx2(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
+                                const Epilogue& ep, MeetInTheMiddle::Walker& panels) {
+  linear_portable(x, ldx, packed, M, N, K, ep, panels);
+}
+#endif
 
 #if BF_X86
 // ---- AVX-512 tiles: MR rows x 48 columns in 3 x MR zmm accumulators ----
@@ -647,11 +661,11 @@ void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, cons
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int nt = int(std::min<int64_t>(panels, threads_for(m * n * k / 4)));
 #if BF_X86
-  const bool amx = sizeof(T) == 2 && active_isa() == Isa::Avx512 && k % kAmxK == 0 && amx_bf16_usable() && amx_enabled();
+  const bool amx = sizeof(T) == 2 && active_isa() == Isa::Amx && k % kAmxK == 0;
 #endif
 #if BF_X86
   if constexpr (sizeof(T) == 4) {
-    if (active_isa() == Isa::Avx512 && (m + kMaxRows - 1) / kMaxRows > kPackPasses) {
+    if (active_isa() >= Isa::Avx512Vnni && (m + kMaxRows - 1) / kMaxRows > kPackPasses) {
       const BlockedItems items(m, panels, nt);
       parallel_for(nt, items.count(), [&](int64_t i) {
         const int64_t rb = i / items.runs, run = i % items.runs, r0 = rb * items.rows_per;

@@ -103,6 +103,17 @@ void epilogue_range_generic(float* out, int64_t lo_row, int64_t hi_row, int64_t 
 }
 
 #if BF_X86
+BF_TARGET_AVX2 void quantize_rows_range_avx2(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row, int64_t K,
+                                             int8_t* q, float* scale, int32_t* zp) {
+  quantize_rows_range_generic(x, ldx, lo_row, hi_row, K, q, scale, zp);
+}
+
+BF_TARGET_AVX2 void epilogue_range_avx2(float* out, int64_t lo_row, int64_t hi_row, int64_t N, const float* xs,
+                                        const int32_t* zp, const float* colsum, const float* bias, Act act,
+                                        const float* residual, int64_t ldr) {
+  epilogue_range_generic(out, lo_row, hi_row, N, xs, zp, colsum, bias, act, residual, ldr);
+}
+
 BF_TARGET_AVX512 void quantize_rows_range_avx512(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row,
                                                  int64_t K, int8_t* q, float* scale, int32_t* zp) {
   for (int64_t m = lo_row; m < hi_row; ++m) {
@@ -211,9 +222,6 @@ void int8_epilogue(float* out, int64_t M, int64_t N, const float* xs, const int3
 namespace bertfast {
 namespace cpu {
 
-static std::atomic<bool> g_amx_int8{true};
-bool amx_int8_enabled() { return g_amx_int8.load(std::memory_order_relaxed); }
-void set_amx_int8_enabled(bool on) { g_amx_int8.store(on); }
 
 int64_t int8_packed_numel(int64_t n, int64_t k) { return (n + 15) / 16 * ((k + 3) / 4) * 64; }
 
@@ -288,10 +296,6 @@ void small_panels_generic(const SmallArgs& a, int64_t p0, int64_t p1) {
 #define BF_TARGET_VNNI \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2,prefer-vector-width=512")))
 
-bool has_vnni() {
-  static const bool v = isa_supported(Isa::Avx512) && __builtin_cpu_supports("avx512vnni");
-  return v;
-}
 
 template <int MR, int NP>
 BF_TARGET_VNNI BF_INLINE void small_block_vnni(const SmallArgs& a, int64_t m0, int64_t p0) {
@@ -380,10 +384,6 @@ BF_TARGET_VNNI void small_panels_vnni(const SmallArgs& a, int64_t p0, int64_t p1
                         "bmi2,prefer-vector-width=512")))
 
 
-bool amx_int8_usable() {
-  static const bool usable = has_vnni() && __builtin_cpu_supports("amx-int8") && amx_tiles_permitted();
-  return usable;
-}
 
 // Epilogue of one stored C block: rows [m0, m0 + mr), columns [n0, n0 + 16 * np) (signed codes: zp as is).
 BF_TARGET_VNNI void amx_store(const int32_t* c, int mr, int np, int64_t m0, int64_t n0, const SmallArgs& a) {
@@ -466,7 +466,7 @@ void int8_linear_small(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const
   const int64_t groups = (panels + 3) / 4;
   int path = 0;  // 0 portable, 1 VNNI, 2 AMX
 #if BF_X86
-  if (active_isa() == Isa::Avx512 && has_vnni()) path = (K % 64 == 0 && amx_int8_usable() && amx_int8_enabled()) ? 2 : 1;
+  if (active_isa() >= Isa::Avx512Vnni) path = K % 64 == 0 && active_isa() == Isa::Amx ? 2 : 1;
 #endif
   struct Ctx {
     const SmallArgs* a;

@@ -1,0 +1,104 @@
+"""CPU ISA tiers: which one the native kernels run, and the same cap for oneDNN, MKL and ATen.
+
+Tiers, lowest to highest: `portable` (plain loops), `avx2` (AVX2 + FMA), `avx512_vnni` (AVX-512 F/BW/VL/DQ
++ VNNI, AVX-512 BF16 where present), `amx` (AMX bf16/int8 tiles). The extension picks the best tier the
+CPU has; `BERTFAST_ISA=<tier>` caps it (for tests, benchmarks and reproducible numerics). The libraries
+torch calls decide for themselves, so the same cap is passed to them through their own variables
+(`ONEDNN_MAX_CPU_ISA`, `MKL_ENABLE_INSTRUCTIONS`, `ATEN_CPU_CAPABILITY`), set when bertfast is imported
+unless the user set them: they take effect only if torch has not run a GEMM before that.
+"""
+
+from __future__ import annotations
+
+import os
+
+TIERS = ("portable", "avx2", "avx512_vnni", "amx")
+
+# What each cap means to the libraries (their own names); `amx` is no cap.
+_LIBRARY_CAPS = {
+    "avx512_vnni": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+                    "ATEN_CPU_CAPABILITY": "avx512"},
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+    "portable": {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+                 "ATEN_CPU_CAPABILITY": "default"},
+}
+# The oneDNN caps under which it may use AMX (its names, lowest to highest, as ONEDNN_MAX_CPU_ISA takes them).
+_ONEDNN_AMX = {"AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16",
+               "AVX10_2_512_AMX_2", "ALL", "DEFAULT"}
+
+
+def requested_cap() -> str | None:
+    """The tier named by BERTFAST_ISA, or None when unset. Raises ValueError for an unknown name."""
+    value = os.environ.get("BERTFAST_ISA", "").strip()
+    if not value:
+        return None
+    if value not in TIERS:
+        raise ValueError(f"BERTFAST_ISA={value!r} is not an ISA tier; expected one of {', '.join(TIERS)}")
+    return value
+
+
+def apply_library_caps() -> None:
+    """Pass BERTFAST_ISA's cap to oneDNN, MKL and ATen (their variables, unless already set)."""
+    cap = requested_cap()
+    for name, value in _LIBRARY_CAPS.get(cap, {}).items():
+        os.environ.setdefault(name, value)
+
+
+def _proc_cpuinfo() -> tuple[str, set[str]]:
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and not model:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:  # not Linux: the extension still reports its tiers
+        pass
+    return model, flags
+
+
+def cpu_info() -> dict:
+    """What this process runs on: the CPU model, the tier the CPU supports (`detected`), the tier the native
+    kernels run (`active`, after the cap), the cap asked for (`cap`), the relevant CPU flags, and what the
+    libraries were told (`onednn_max_isa`, `mkl_instructions`, `aten_capability`) with whether oneDNN and
+    MKL may use AMX under it.
+    """
+    import torch
+
+    try:
+        from . import _C
+    except ImportError:
+        _C = None
+    model, flags = _proc_cpuinfo()
+    detected = _C.detected_isa() if _C is not None else None
+    active = _C.isa() if _C is not None else None
+    hw_amx = {"amx_tile", "amx_bf16", "amx_int8"} <= flags
+    onednn_isa = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", ""))
+    mkl = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "")
+    try:
+        aten = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:
+        aten = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    return {
+        "cpu": model or "unknown",
+        "detected": detected,
+        "active": active,
+        "cap": requested_cap(),
+        "flags": sorted(flags & {"avx2", "fma", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16",
+                                 "amx_tile", "amx_bf16", "amx_int8"}),
+        "onednn_max_isa": onednn_isa or "default",
+        "mkl_instructions": mkl or "default",
+        "aten_capability": aten,
+        "onednn_amx": hw_amx and (not onednn_isa or onednn_isa.upper() in _ONEDNN_AMX),
+        "mkl_amx": hw_amx and (not mkl or mkl.upper().startswith("AVX512_E4")),
+    }
+
+
+def describe(info: dict | None = None) -> str:
+    """One line for command output: `cpu <model> | isa <active> (detected <tier>, cap <cap>) | ...`."""
+    info = cpu_info() if info is None else info
+    cap = info["cap"] or "none"
+    return (f"cpu {info['cpu']} | isa {info['active']} (detected {info['detected']}, cap {cap}) | "
+            f"oneDNN {info['onednn_max_isa']} amx={info['onednn_amx']} | MKL {info['mkl_instructions']} "
+            f"amx={info['mkl_amx']}")
