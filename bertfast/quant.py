@@ -38,15 +38,18 @@ a symmetric grid wastes half its codes there. oneDNN's int8 GEMM takes one activ
 point per tensor, so it runs with scale 1 and zero point 0 and the row scale and zero point go in our
 epilogue.
 
-The GEMM: up to SMALL_M tokens, the native extension's kernel (`_C.int8_linear_small`: AMX-int8 tiles
-where present, AVX512-VNNI, or a portable loop; the epilogue fused, weights packed at load); above,
-oneDNN's `qlinear_pointwise` (AMX-int8 / VNNI) when torch ships it, else `torch._int_mm` (correct,
-slower). Per-token quantization and the epilogue after oneDNN's GEMM run in the native extension
+The GEMM: the native extension's kernel (`_C.quant_linear`: AMX-int8 tiles, AVX512-VNNI, AVX2 or a
+portable loop by the ISA tier; the epilogue fused, weights packed at load) at every token count, except
+above SMALL_M tokens on the amx tier, where oneDNN's `qlinear_pointwise` runs on AMX. Never oneDNN below
+the amx tier: with signed int8 activations and no AMX it falls back to its reference kernel (seconds
+for one BERT-base GEMM). Without the extension, `torch._int_mm` (correct, slower). Per-token quantization and the epilogue after oneDNN's GEMM run in the native extension
 (`_C.quantize_rows`, `_C.int8_epilogue_`) when it is built with them, else as torch ops (same math,
 more memory passes).
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -156,12 +159,20 @@ def _onednn_available() -> bool:
             and hasattr(torch.ops.onednn, "qlinear_pointwise") and hasattr(torch.ops.onednn, "qlinear_prepack"))
 
 
-# Token counts up to which the native kernel (AMX-int8 tiles, or AVX512-VNNI; epilogue fused) runs the
-# GEMM; above, oneDNN's. Measured on Sapphire Rapids, one thread, the 48 GEMMs of BERT-base: ours 3.8 vs
-# oneDNN 6.9 ms at M=1, 5.1 vs 9.6 at M=16, 15 vs 17 at M=128 (oneDNN without its epilogue pass),
-# 29 vs 27 at M=256.
+# On the amx tier, the token count up to which the native kernel runs the GEMM; above, oneDNN's AMX one.
+# Measured on Sapphire Rapids, one thread, the 48 GEMMs of BERT-base: ours 3.8 vs oneDNN 6.9 ms at M=1,
+# 5.1 vs 9.6 at M=16, 15 vs 17 at M=128 (oneDNN without its epilogue pass), 29 vs 27 at M=256.
 SMALL_M = 128
 _PREPACK_M_HINT = 1024  # the M oneDNN tunes the packed layout for; any M runs correctly
+
+
+def _amx_tier() -> bool:
+    return _native is not None and _native.isa() == "amx"
+
+
+def native_rows() -> int:
+    """The largest token count whose int8 GEMMs run on the native kernel (the GEMM routing rule)."""
+    return SMALL_M if _amx_tier() else sys.maxsize
 
 
 class QuantLinear:
@@ -184,8 +195,8 @@ class QuantLinear:
         self.out_features, self.in_features = q.shape
         self.colsum = (self.q.sum(dim=1, dtype=torch.int64).to(torch.float64) * self.scale.double()).float()
         self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
-        if use_onednn is None:
-            use_onednn = _onednn_available()
+        if use_onednn is None:  # only the amx tier runs oneDNN's int8 GEMM (see native_rows)
+            use_onednn = _onednn_available() and (_native is None or _amx_tier())
         self.onednn = None
         if use_onednn:
             try:
@@ -194,7 +205,7 @@ class QuantLinear:
                 self.onednn = None
         self.q_t = None if self.onednn is not None else self.q.t()
         # The native small-M kernel's layout ([N/16][K/4][16][4]), when the extension has it.
-        self.packed = _native.pack_int8(self.q) if _has_native("quant_linear_small") else None
+        self.packed = _native.pack_int8(self.q) if _has_native("quant_linear") else None
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, use_onednn: bool | None = None) -> "QuantLinear":
@@ -277,12 +288,13 @@ def linear(x: torch.Tensor, weight: QuantLinear, bias: torch.Tensor | None = Non
         raise ValueError(f"residual must be ({M}, {N}) float32, got {residual.dtype} {tuple(residual.shape)}")
     if M == 0:
         return x.new_zeros(0, N)
-    if weight.packed is not None and M <= SMALL_M:  # one native call: quantize, GEMM, epilogue
+    if weight.packed is not None and (M <= native_rows() or weight.onednn is None):
+        # one native call: quantize, GEMM, epilogue
         if x.stride(1) != 1:
             x = x.contiguous()
         if residual is not None and residual.stride(1) != 1:
             residual = residual.contiguous()
-        return _native.quant_linear_small(x, weight.packed, weight.scale, weight.colsum, bias, act, residual)
+        return _native.quant_linear(x, weight.packed, weight.scale, weight.colsum, bias, act, residual)
     qx, x_scale, x_zero_point = quantize_rows(x)
     out = int8_gemm(qx, weight)
     if not _has_native("int8_epilogue_"):

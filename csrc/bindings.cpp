@@ -497,10 +497,10 @@ at::Tensor pack_int8(const at::Tensor& weight) {
   return packed;
 }
 
-at::Tensor int8_linear_small(const at::Tensor& qx, const at::Tensor& x_scale, const at::Tensor& x_zero_point,
-                             const at::Tensor& packed, const at::Tensor& w_scale, const at::Tensor& colsum,
-                             const c10::optional<at::Tensor>& bias, const std::string& act,
-                             const c10::optional<at::Tensor>& residual) {
+at::Tensor int8_linear(const at::Tensor& qx, const at::Tensor& x_scale, const at::Tensor& x_zero_point,
+                       const at::Tensor& packed, const at::Tensor& w_scale, const at::Tensor& colsum,
+                       const c10::optional<at::Tensor>& bias, const std::string& act,
+                       const c10::optional<at::Tensor>& residual) {
   check_tensor(qx, "qx");
   BF_CHECK(qx.scalar_type() == at::kChar, "qx must be int8, got ", qx.scalar_type());
   BF_CHECK(qx.dim() == 2, "qx must be (tokens, in_features), got ", qx.sizes());
@@ -534,21 +534,20 @@ at::Tensor int8_linear_small(const at::Tensor& qx, const at::Tensor& x_scale, co
   at::Tensor out = at::empty({M, N}, w_scale.options());
   if (M > 0) {
     py::gil_scoped_release nogil;
-    bc::int8_linear_small(qx.data_ptr<int8_t>(), M > 1 ? qx.stride(0) : K, M, K, x_scale.data_ptr<float>(),
-                          x_zero_point.data_ptr<int32_t>(), packed.data_ptr<int8_t>(), N, w_scale.data_ptr<float>(),
-                          colsum.data_ptr<float>(), ptr<float>(b), a, ptr<float>(r), r.defined() ? r.stride(0) : 0,
-                          out.data_ptr<float>());
+    bc::int8_linear(qx.data_ptr<int8_t>(), M > 1 ? qx.stride(0) : K, M, K, x_scale.data_ptr<float>(),
+                    x_zero_point.data_ptr<int32_t>(), packed.data_ptr<int8_t>(), N, w_scale.data_ptr<float>(),
+                    colsum.data_ptr<float>(), ptr<float>(b), a, ptr<float>(r), r.defined() ? r.stride(0) : 0,
+                    out.data_ptr<float>());
   }
   return out;
 }
 
-// quantize_rows + int8_linear_small in one call: the whole int8 linear of a small batch from fp32 x.
-at::Tensor quant_linear_small(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
-                              const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
-                              const c10::optional<at::Tensor>& residual) {
+// quantize_rows + int8_linear in one call: the whole int8 linear from fp32 x.
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
+                        const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
+                        const c10::optional<at::Tensor>& residual) {
   auto q = quantize_rows(x);
-  return int8_linear_small(std::get<0>(q), std::get<1>(q), std::get<2>(q), packed, w_scale, colsum, bias, act,
-                           residual);
+  return int8_linear(std::get<0>(q), std::get<1>(q), std::get<2>(q), packed, w_scale, colsum, bias, act, residual);
 }
 
 }  // namespace
@@ -600,13 +599,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "out = act(x_scale * (out - x_zero_point * colsum) + bias) + residual in place, after the int8 GEMM",
         py::arg("out"), py::arg("x_scale"), py::arg("x_zero_point"), py::arg("colsum"), py::arg("bias") = py::none(),
         py::arg("act") = "none", py::arg("residual") = py::none());
-  m.def("pack_int8", &pack_int8, "pack an int8 (N, K) weight for int8_linear_small", py::arg("weight"));
-  m.def("int8_linear_small", &int8_linear_small,
-        "small-M int8 GEMM (AMX-int8 / AVX512-VNNI / portable) with the dequantization epilogue fused",
+  m.def("pack_int8", &pack_int8, "pack an int8 (N, K) weight for int8_linear", py::arg("weight"));
+  m.def("int8_linear", &int8_linear,
+        "int8 GEMM on pack_int8 weights, any M, with the dequantization epilogue fused (AMX-int8 / VNNI / AVX2 / "
+        "portable by the ISA tier)",
         py::arg("qx"), py::arg("x_scale"), py::arg("x_zero_point"), py::arg("packed"), py::arg("w_scale"),
         py::arg("colsum"), py::arg("bias") = py::none(), py::arg("act") = "none", py::arg("residual") = py::none());
-  m.def("quant_linear_small", &quant_linear_small,
-        "quantize_rows then int8_linear_small: act(x @ W.T + bias) + residual for fp32 x (M, K), small M",
+  m.def("quant_linear", &quant_linear,
+        "quantize_rows then int8_linear: act(x @ W.T + bias) + residual for fp32 x (M, K)",
         py::arg("x"), py::arg("packed"), py::arg("w_scale"), py::arg("colsum"), py::arg("bias") = py::none(),
         py::arg("act") = "none", py::arg("residual") = py::none());
 }

@@ -269,13 +269,16 @@ def test_int8_on_backend_without_it_is_a_clear_error():
     pytest.param(17, 128, 64, id="M17-K128-N64"),  # a second, one-row tile of rows
     pytest.param(40, 80, 200, id="M40-K80-N200"),  # K % 64 != 0: never on AMX tiles
     pytest.param(3, 7, 5, id="M3-K7-N5"),  # K % 4 != 0: padded last group
+    # Past the streaming tile: row blocks of 48, register tiles of 6 rows, panel groups of 4 (avx512_vnni)
+    pytest.param(129, 256, 200, id="M129-K256-N200"),  # a short last row block and tile; N % 64 != 0
+    pytest.param(50, 70, 33, id="M50-K70-N33"),  # K % 4 != 0 in the blocked paths; one panel of 1 column
 ])
-def test_small_m_kernel_paths(isa, M, K, N):
-    assert M <= quant.SMALL_M
+def test_int8_kernel_paths(isa, M, K, N):
+    """The native int8 GEMM on every tier the CPU has, each path its rows select (never oneDNN here)."""
     for act in ACTS:
-        x, weight, bias, residual = _linear_case(M, K, N, act, act == "none", seed=11)
+        x, weight, bias, residual = _linear_case(M, K, N, act, act == "none", use_onednn=False, seed=11)
         _check(quant.linear(x, weight, bias, act, residual), x, weight, bias, act, residual)
-    x, weight, _, _ = _linear_case(M, K, N, "none", False, seed=12)
+    x, weight, _, _ = _linear_case(M, K, N, "none", False, use_onednn=False, seed=12)
     _check(quant.linear(x, weight), x, weight, None, "none", None)
 
 

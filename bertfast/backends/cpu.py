@@ -245,7 +245,7 @@ class CpuBackend(Backend):
         """A layer whose GEMMs all run on the extension's kernel runs whole in C++ (`_C.Layer`: the same
         kernels in the same order, bit-identical, without the Python between them); others op by op."""
         whole = getattr(self, "_whole", {}).get(id(layer))
-        native = quant.SMALL_M if self.quantize == "int8" else self._native_rows(x.dtype)
+        native = quant.native_rows() if self.quantize == "int8" else self._native_rows(x.dtype)
         if whole is not None and x.shape[0] <= native and x.is_contiguous():
             return whole(x, cu_seqlens, int(max_seqlen), float(scale))
         return super().layer(x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act)

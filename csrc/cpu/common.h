@@ -366,18 +366,19 @@ void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q,
 // bias and residual may be null.
 void int8_epilogue(float* out, int64_t M, int64_t N, const float* xs, const int32_t* zp, const float* colsum,
                    const float* bias, Act act, const float* residual, int64_t ldr);
-// Small-M int8 GEMM: weights packed once by pack_int8 ([N/16][K/4][16][4] int8, zero padded); out (M, N) fp32 =
-// act(xs[m] * (ws[n] * sum_k (q[m, k] + 128) w[n, k] - (zp[m] + 128) * colsum[n]) + bias[n]) + residual[m, n].
+// Int8 GEMM (int8_linear.cpp), any M, on every tier: weights packed once by pack_int8 ([N/16][K/4][16][4] int8,
+// zero padded); x the signed codes of quantize_rows; out (M, N) fp32 =
+// act(xs[m] * (ws[n] * sum_k q[m, k] w[n, k] - zp[m] * colsum[n]) + bias[n]) + residual[m, n].
 int64_t int8_packed_numel(int64_t n, int64_t k);
 void pack_int8(const int8_t* w, int64_t n, int64_t k, int8_t* packed);
-void int8_linear_small(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
-                       const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias, Act act,
-                       const float* residual, int64_t ldr, float* out);
+void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
+                 const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias, Act act,
+                 const float* residual, int64_t ldr, float* out);
 
 // ---- one post-LayerNorm encoder layer on the extension's GEMMs (layer.cpp) ----
 
 // One GEMM of a layer: the weight packed by pack_linear (elements of T), or by pack_int8 (int8, T = float;
-// then w_scale and colsum per output channel as int8_linear_small takes them); bias (N,).
+// then w_scale and colsum per output channel as int8_linear takes them); bias (N,).
 template <typename T>
 struct LayerGemm {
   const void* packed;

@@ -20,10 +20,10 @@ void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_
   // out (T, N) = act(in (T, K) . g^T + bias) + residual (T, N); what the backend's linear runs on the extension.
   const auto gemm = [&](const LayerGemm<T>& g, const T* in, int64_t K, int64_t N, const T* residual, Act act, T* o) {
     if constexpr (sizeof(T) == 4) {
-      if (w.int8) {  // quant.linear's small-M call: quantize_rows, then the int8 GEMM with its epilogue
+      if (w.int8) {  // quant.linear's native call: quantize_rows, then the int8 GEMM with its epilogue
         quantize_rows(in, K, T_, K, q8.q, q8.scale, q8.zp);
-        int8_linear_small(q8.q, K, T_, K, q8.scale, q8.zp, static_cast<const int8_t*>(g.packed), N, g.w_scale,
-                          g.colsum, g.bias, act, residual, N, o);
+        int8_linear(q8.q, K, T_, K, q8.scale, q8.zp, static_cast<const int8_t*>(g.packed), N, g.w_scale, g.colsum,
+                    g.bias, act, residual, N, o);
         return;
       }
     }

@@ -1,0 +1,101 @@
+"""ISA tiers: detection and the BERTFAST_ISA cap, and no library reference kernel under any cap.
+
+Each forward of the reference-kernel test runs in a child process, because oneDNN, MKL and ATen read
+their caps (set by bertfast from BERTFAST_ISA at import) once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import bertfast
+from bertfast import isa
+
+from conftest import TIERS, supported_tiers
+
+pytestmark = pytest.mark.skipif(not supported_tiers(), reason="bertfast._C is not built")
+
+
+def _child(code: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items()
+                if k not in ("BERTFAST_ISA", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                             "ATEN_CPU_CAPABILITY", "ONEDNN_VERBOSE", "DNNL_VERBOSE")}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_tiers_detected_in_order():
+    tiers = supported_tiers()
+    assert tiers[-1] == "portable"
+    # A tier is supported only with every tier below it.
+    assert tiers == list(TIERS[TIERS.index(tiers[0]):])
+    info = bertfast.cpu_info()
+    assert info["detected"] == tiers[0]
+    assert info["active"] in tiers
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_cap_from_environment(tier):
+    """BERTFAST_ISA caps the extension and passes the cap on to oneDNN, MKL and ATen."""
+    out = _child("""
+        import json, bertfast
+        print(json.dumps(bertfast.cpu_info()))
+    """, {"BERTFAST_ISA": tier}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    detected = supported_tiers()[0]
+    expected = tier if TIERS.index(tier) >= TIERS.index(detected) else detected
+    assert info["cap"] == tier and info["detected"] == detected and info["active"] == expected
+    if tier != "amx":
+        assert info["onednn_max_isa"] == isa._LIBRARY_CAPS[tier]["ONEDNN_MAX_CPU_ISA"]
+        assert info["mkl_instructions"] == isa._LIBRARY_CAPS[tier]["MKL_ENABLE_INSTRUCTIONS"]
+        assert not info["onednn_amx"] and not info["mkl_amx"]
+
+
+def test_unknown_tier_is_refused():
+    out = _child("import bertfast", {"BERTFAST_ISA": "sse9"}, timeout=120)
+    assert out.returncode != 0
+    assert "BERTFAST_ISA='sse9' is not an ISA tier" in out.stderr
+
+
+# Forwards of 3 x 200 tokens (int8, fp32, bf16) on the cpu backend, every oneDNN primitive logged.
+_FORWARDS = """
+    import torch, transformers, bertfast
+    cfg = transformers.BertConfig(vocab_size=120, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=512, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).eval()
+    ids = torch.randint(1, 120, (3, 200))
+    mask = torch.ones_like(ids)
+    mask[1, 150:] = 0
+    for dtype in ("int8", torch.float32, torch.bfloat16):
+        enc = bertfast.Encoder.from_hf(model, backend="cpu", dtype=dtype)
+        print("forward", dtype, enc(ids, attention_mask=mask).last_hidden_state.float().abs().sum().item(), flush=True)
+    print("isa", bertfast._C.isa())
+"""
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_no_reference_kernel(tier):
+    """int8, fp32 and bf16 forwards of several hundred tokens never run a oneDNN reference primitive."""
+    pytest.importorskip("transformers")
+    if tier not in supported_tiers():
+        pytest.skip(f"this CPU does not support the {tier} tier")
+    out = _child(_FORWARDS, {"BERTFAST_ISA": tier, "ONEDNN_VERBOSE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert f"isa {tier}" in lines
+    assert sum(line.startswith("forward") for line in lines) == 3
+    executed = [line for line in lines if line.startswith("onednn_verbose") and ",exec," in line]
+    # The implementation is the field after the primitive kind: "ref:any", "ref_int8:any", "gemm:jit", ...
+    reference = [line for line in executed if line.split(",exec,")[1].split(",")[2].startswith("ref")]
+    assert not reference, "oneDNN ran reference kernels:\n" + "\n".join(reference[:5])
+    if tier != "amx":  # below AMX the int8 GEMMs are the extension's own: no oneDNN int8 primitive at all
+        assert not [line for line in executed if "s8:" in line or "u8:" in line], "oneDNN int8 below amx"
