@@ -213,6 +213,27 @@ def test_linear_strided_rows(isa, dtype, rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", list(range(1, 11)))
+def test_linear_every_row_tile(isa, dtype, rows):
+    """1..10 rows reach every register-tile shape of a pass and every leftover pass (AVX2: 1-2 fp32 rows,
+    1-5 bf16 rows per pass); K = 259 odd and past one k block (128 steps or pairs), N = 100 ending in a
+    partial panel, x a row-strided view, and the whole epilogue (bias, GELU, residual)."""
+    g = torch.Generator().manual_seed(rows)
+    n, k = 100, 259
+    big = rounded(torch.randn(rows, 2 * k, generator=g, dtype=torch.float64), dtype)
+    x, x_low = big[:, :k], big.to(dtype)[:, :k]  # x_low: row stride 2k
+    w = rounded(torch.randn(n, k, generator=g, dtype=torch.float64) / math.sqrt(k), dtype)
+    bias = rounded(torch.randn(n, generator=g, dtype=torch.float64), dtype)
+    res = rounded(torch.randn(rows, n, generator=g, dtype=torch.float64), dtype)
+
+    def ref(t):
+        return F.gelu(reference.linear(x.to(t), w.to(t), bias.to(t))) + res.to(t)
+
+    ours = _C.linear(x_low, _C.pack_linear(w.to(dtype)), n, bias.to(dtype), "gelu", res.to(dtype))
+    check(ours, ref(dtype), ref(torch.float64), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("threads", [2, 3, 4])
 @pytest.mark.parametrize("m", [12, 200])
 def test_linear_threads_share_panels(isa, dtype, threads, m):
