@@ -31,6 +31,7 @@ from typing import Callable
 
 import torch
 
+from . import isa
 from .workloads import DEFAULT_WORKLOADS, QUICK_WORKLOADS, Batch, Workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -760,17 +761,7 @@ def environment(device: str) -> dict:
 
     from . import __version__
 
-    cpu, flags = "", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and not cpu:
-                    cpu = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    cpu, flags = isa.proc_cpuinfo()
     cpu = cpu or platform.processor()
     mem_gb = None
     try:
@@ -788,6 +779,7 @@ def environment(device: str) -> dict:
         "platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "isa": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"}),
+        "cpu_info": isa.cpu_info(),  # the ISA tier the kernels ran (and the libraries' caps)
         "memory_gb": mem_gb, "torch_threads": torch.get_num_threads(), "device": device,
         "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
@@ -991,6 +983,8 @@ def run(args) -> int:
     elapsed = time.perf_counter() - t0
     steal = steal_fraction(ticks_before, cpu_ticks())
     env = environment(device)
+    if device == "cpu":
+        print(isa.describe(env["machine"]["cpu_info"]))
     print(f"\n{source.label} on {env['machine']['cpu'] or device}, {env['machine']['torch_threads']} threads, "
           f"torch {env['versions']['torch']}; median/p90 of interleaved rounds; tokens/s counts real "
           f"tokens; {args.settle_ms:g} ms idle and an untimed call before each timed one; "

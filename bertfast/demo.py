@@ -44,9 +44,10 @@ def run(args) -> int:
     import torch
 
     import bertfast
-    from bertfast import reference
+    from bertfast import isa, reference
 
     path = args.model or bertfast.default_model_path()
+    print(isa.describe())
     print(f"model: {path}")
     enc = bertfast.Encoder.from_pretrained(path, backend=args.backend, dtype=args.dtype)
     print(f"engine: {enc}")

@@ -37,14 +37,23 @@ def requested_cap() -> str | None:
     return value
 
 
+def library_caps(cap: str | None) -> dict[str, str]:
+    """The libraries' variables for a tier cap. avx512_vnni keeps AVX-512 BF16 where the CPU has it, as
+    the extension's tier does (oneDNN's own next step up, AVX512_CORE_BF16, still excludes AMX)."""
+    caps = dict(_LIBRARY_CAPS.get(cap, {}))
+    if cap == "avx512_vnni" and "avx512_bf16" in proc_cpuinfo()[1]:
+        caps["ONEDNN_MAX_CPU_ISA"] = "AVX512_CORE_BF16"
+    return caps
+
+
 def apply_library_caps() -> None:
     """Pass BERTFAST_ISA's cap to oneDNN, MKL and ATen (their variables, unless already set)."""
-    cap = requested_cap()
-    for name, value in _LIBRARY_CAPS.get(cap, {}).items():
+    for name, value in library_caps(requested_cap()).items():
         os.environ.setdefault(name, value)
 
 
-def _proc_cpuinfo() -> tuple[str, set[str]]:
+def proc_cpuinfo() -> tuple[str, set[str]]:
+    """The CPU model name and flags from /proc/cpuinfo (empty where there is none)."""
     model, flags = "", set()
     try:
         with open("/proc/cpuinfo") as f:
@@ -70,7 +79,7 @@ def cpu_info() -> dict:
         from . import _C
     except ImportError:
         _C = None
-    model, flags = _proc_cpuinfo()
+    model, flags = proc_cpuinfo()
     detected = _C.detected_isa() if _C is not None else None
     active = _C.isa() if _C is not None else None
     hw_amx = {"amx_tile", "amx_bf16", "amx_int8"} <= flags

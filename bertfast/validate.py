@@ -26,6 +26,8 @@ from typing import Callable
 
 import torch
 
+from . import isa
+
 # Per-dtype limits on the normalised error `rel`.
 # TABLE: the hard ceiling (house tolerance table). FLOOR: the slack added to 2x the same-dtype
 # reference's error, so an op whose reference happens to be (nearly) exact is not held to zero.
@@ -683,6 +685,8 @@ def run_with_backend(backend, args, dtypes=None, device="cpu", ops=None, out=Non
         what = "quick op sweep" if getattr(args, "quick", False) else "op sweep"
     dnames = ", ".join(DTYPE_IDS[d] for d in dtypes)
     print(f"bertfast validate: {what}, backend {backend.name!r} on {device}, dtypes {dnames}", file=out)
+    if device == "cpu":
+        print(isa.describe(), file=out)
     print("rel = max|out - fp64 oracle| / max|oracle|; ref = the reference's own rel error in the same "
           "dtype; tolerance = 2 * ref + floor, capped by the dtype table (fp32 1e-5, fp16 1e-2, "
           "bf16 2e-2) unless the reference itself is above it", file=out)

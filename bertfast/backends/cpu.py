@@ -1,12 +1,11 @@
 """The "cpu" backend: native kernels from `bertfast._C` (csrc/) on the packed [T, H] token layout.
 
 Embedding + LayerNorm, varlen attention (reading q/k/v in place from the fused QKV output) and
-LayerNorm run in C++ (OpenMP, AVX-512 with a portable fallback chosen at run time). GEMMs run on the
+LayerNorm run in C++ (OpenMP, code per ISA tier chosen at run time, bertfast.isa). GEMMs run on the
 extension's own kernel on weights prepacked at load, with bias, GELU and residual fused into its
-epilogue, up to `native_rows[dtype]` tokens: fp32 at any token count where the kernels run AVX-512
-(streaming the weights near memory bandwidth at small M, blocked like a BLAS GEMM at large M), bf16 up
-to 64 (AMX). Larger GEMMs go to torch (prepacked oneDNN with AMX for bf16, residual add fused; MKL
-sgemm for fp32 without AVX-512) followed by an in-place activation. Both forms of every weight are made
+epilogue, up to `native_rows(dtype)` tokens (the routing rule, per tier). Larger GEMMs go to torch
+(prepacked oneDNN for bf16 with native bf16 dot products, residual add fused; MKL sgemm for fp32 below
+AVX-512) followed by an in-place activation. Both forms of every weight are made
 once, in `prepare`. A layer whose GEMMs all run on the extension runs whole in C++ (`_C.Layer`,
 csrc/cpu/layer.cpp), the same kernels in the same order as op by op, without the Python between them.
 fp32 and bf16; fp16 raises ValueError (this CPU path has no fast fp16 GEMM). With quantize="int8"
@@ -120,13 +119,6 @@ def _packed(weight) -> PackedLinear:
 class CpuBackend(Backend):
     name = "cpu"
     dtypes = (torch.float32, torch.bfloat16)
-    # Largest token count whose GEMMs run on the extension's own kernel (`_C.linear`), per dtype; above
-    # it torch's GEMM. fp32: None, meaning every count where the kernels run AVX-512 (at large M the
-    # kernel's blocked regime took 0.95-0.97x the time of MKL's sgemm on BERT-base shapes at 576 rows,
-    # Sapphire Rapids, 2 threads, and it fuses bias, GELU and residual), else up to FP32_PORTABLE_ROWS.
-    # bf16 (AMX both): ours ahead up to 64 rows, prepacked oneDNN above.
-    native_rows = {torch.float32: None, torch.bfloat16: 64}
-    FP32_PORTABLE_ROWS = 256
     quantizations = ("int8",)
 
     @classmethod
@@ -171,11 +163,20 @@ class CpuBackend(Backend):
         self._whole = {id(layer): self._whole_layer(layer, weights.config) for layer in seen.values()}
         return dataclasses.replace(contiguous, layers=layers, pooler_weight=pooler)
 
-    def _native_rows(self, dtype) -> int:
-        rows = self.native_rows.get(dtype, 0)
-        if rows is None:  # the blocked regime for large M is AVX-512 only
-            return sys.maxsize if _C.isa() in ("avx512_vnni", "amx") else self.FP32_PORTABLE_ROWS
-        return rows
+    def native_rows(self, dtype) -> int:
+        """The GEMM routing rule: the largest token count whose fp32/bf16 GEMMs run on the extension's
+        own kernel (`_C.linear`) on the active ISA tier; above it torch's GEMM (MKL fp32, oneDNN bf16).
+        (int8: `quant.native_rows`.)"""
+        tier = _C.isa()
+        if dtype == torch.float32:
+            # AVX-512: the blocked regime took 0.95-0.97x the time of MKL's sgemm at 576 rows (BERT-base,
+            # Sapphire Rapids, 2 threads) and fuses bias, GELU and residual. Below it, MKL past 256 rows.
+            return sys.maxsize if tier in ("avx512_vnni", "amx") else 256
+        if tier == "amx" or (tier == "avx512_vnni" and _C.has_avx512_bf16()):
+            return 64  # bf16 dot products in oneDNN's prepacked GEMM beat ours past 64 rows
+        # Without them oneDNN's bf16 GEMM is an emulation: 2.8x (avx512_vnni cap) to 4x (avx2 cap) the time
+        # of fp32 at BERT-base b8 x s128 (AMD EPYC); ours widens bf16 weights on the fly at any M.
+        return sys.maxsize
 
     # --- the one GEMM entry point ---
     def linear(self, x, weight, bias, act: str = "none", residual=None):
@@ -190,7 +191,7 @@ class CpuBackend(Backend):
             raise ValueError(f"x has dtype {x.dtype} but the weight has {w.dtype}")
         if act not in _ACTIVATE:
             raise ValueError(f"unknown activation {act!r} (expected one of {', '.join(_ACTIVATE)})")
-        if x.shape[0] <= self._native_rows(x.dtype):
+        if x.shape[0] <= self.native_rows(x.dtype):
             return _C.linear(x, w.packed, w.out_features, bias, act, residual)
         if x.stride(1) != 1:
             x = x.contiguous()
@@ -245,7 +246,7 @@ class CpuBackend(Backend):
         """A layer whose GEMMs all run on the extension's kernel runs whole in C++ (`_C.Layer`: the same
         kernels in the same order, bit-identical, without the Python between them); others op by op."""
         whole = getattr(self, "_whole", {}).get(id(layer))
-        native = quant.native_rows() if self.quantize == "int8" else self._native_rows(x.dtype)
+        native = quant.native_rows() if self.quantize == "int8" else self.native_rows(x.dtype)
         if whole is not None and x.shape[0] <= native and x.is_contiguous():
             return whole(x, cu_seqlens, int(max_seqlen), float(scale))
         return super().layer(x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act)
