@@ -448,11 +448,11 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
     const int64_t rb = i / groups, g = i % groups;
     run(rb * kRowBlock, std::min(M, (rb + 1) * kRowBlock), g * kGroupPanels, std::min(panels, (g + 1) * kGroupPanels));
   };
-  const int np = int(std::min<int64_t>(nt, row_blocks));
+  const int prep_threads = int(std::min<int64_t>(nt, row_blocks));
 #if BF_X86
   if (isa >= Isa::Avx512Vnni) {
     uint8_t* xu = reinterpret_cast<uint8_t*>(codes.data());
-    parallel_for(np, row_blocks, [&](int64_t rb) {
+    parallel_for(prep_threads, row_blocks, [&](int64_t rb) {
       flip_codes_vnni(a, rb * kRowBlock, std::min(M, (rb + 1) * kRowBlock), ld, xu);
     });
     parallel_for(nt, row_blocks * groups, [&](int64_t i) {
@@ -462,7 +462,7 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
   }
 #endif
   int16_t* xw = codes.data();
-  parallel_for(np, row_blocks, [&](int64_t rb) {
+  parallel_for(prep_threads, row_blocks, [&](int64_t rb) {
     const int64_t lo = rb * kRowBlock, hi = std::min(M, lo + kRowBlock);
 #if BF_X86
     if (isa == Isa::Avx2) return widen_codes_avx2(a, lo, hi, ld, xw);

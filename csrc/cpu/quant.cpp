@@ -10,8 +10,6 @@
 
 #include <cmath>
 #include <algorithm>
-#include <atomic>
-#include <vector>
 #include <limits>
 
 #include "common.h"
