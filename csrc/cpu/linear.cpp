@@ -145,8 +145,8 @@ BF_INLINE void tile_generic(const bf16* x, int64_t ldx, const bf16* wp, int64_t 
 }
 
 template <typename T>
-BF_INLINE void linear_portable(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
-                               const Epilogue& ep, MeetInTheMiddle::Walker& panels) {
+void linear_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K, const Epilogue& ep,
+                    MeetInTheMiddle::Walker& panels) {
   DenormalGuard ftz;
   const int64_t panel_elems = (sizeof(T) == 2 ? 2 * ((K + 1) / 2) : K) * kPanel;
   alignas(64) float tile[kMaxRows * kPanel];
@@ -158,12 +158,6 @@ BF_INLINE void linear_portable(const T* x, int64_t ldx, const T* packed, int64_t
       store_tile<T>(tile, mr, m0, p * kPanel, nvalid, ep);
     }
   }
-}
-
-template <typename T>
-void linear_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K, const Epilogue& ep,
-                    MeetInTheMiddle::Walker& panels) {
-  linear_portable(x, ldx, packed, M, N, K, ep, panels);
 }
 
 #if BF_X86
@@ -359,24 +353,19 @@ BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512_rows(const T* x, const T* w, int
   }
 }
 
-// The whole AVX-512 path is compiled with the BF16 target so one function holds both variants; the
-// dot-product one runs only when the CPU has AVX-512 BF16 (`dot`).
-template <typename T>
-BF_TARGET_AVX512BF16 void linear_avx512(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
-                                        const Epilogue& ep, MeetInTheMiddle::Walker& panels) {
-  const bool dot = has_avx512_bf16();
-  DenormalGuard ftz;
-  constexpr bool kPairs = sizeof(T) == 2;
-  const int64_t steps = kPairs ? (K + 1) / 2 : K;  // k steps (bf16: k pairs) per panel
+// The streaming schedule (linear_avx512 and linear_avx2): each claimed panel in blocks of kBlockSteps k
+// steps (k pairs for bf16); per block, passes of up to `rows` rows (pass 0 near-prefetches the block and
+// every pass takes its share of the far prefetch) add onto the panel's fp32 sums `acc` (M x kPanel); then
+// the epilogue. xp: x packed by the tier ([blocks][M][kXRow<T>] of XT). `pass` runs one pass; it is a
+// functor whose call is not force-inlined, so this untargeted template can serve both targets (a call
+// per pass of up to kBlockSteps k steps).
+template <typename T, typename XT, typename Pass>
+BF_INLINE void stream_panels(const XT* xp, const T* packed, int64_t M, int64_t N, int64_t K, int64_t rows,
+                             const Epilogue& ep, MeetInTheMiddle::Walker& panels, float* acc, const Pass& pass) {
+  const int64_t steps = sizeof(T) == 2 ? (K + 1) / 2 : K;  // k steps (bf16: k pairs) per panel
   const int64_t panel_bytes = steps * kStepBytes;
-  const int64_t passes = (M + kMaxRows - 1) / kMaxRows;
+  const int64_t passes = (M + rows - 1) / rows;
   const int64_t blocks = (steps + kBlockSteps - 1) / kBlockSteps;
-  // Per thread, reused across calls: the packed x and the fp32 accumulators of a panel.
-  thread_local std::vector<T> xp;
-  thread_local std::vector<float> acc;
-  xp.resize(blocks * M * kXRow<T>);
-  pack_x(x, ldx, M, K, xp.data());
-  acc.resize(passes * kMaxRows * kPanel);
   const char* base = reinterpret_cast<const char*>(packed);
   for (int64_t p = panels.claim(); p >= 0; p = panels.claim()) {
     const T* wp = packed + p * (panel_bytes / sizeof(T));
@@ -385,20 +374,50 @@ BF_TARGET_AVX512BF16 void linear_avx512(const T* x, int64_t ldx, const T* packed
       const int64_t k0 = kb * kBlockSteps, n = std::min<int64_t>(kBlockSteps, steps - k0);
       // The far prefetch covers as many bytes as the block, kFarBytes ahead of it, a share per pass.
       const int64_t far_lines = n * kStepBytes / 64;
-      for (int64_t pass = 0; pass < passes; ++pass) {
-        const int64_t m0 = pass * kMaxRows;
-        const int64_t l0 = far_lines * pass / passes, l1 = far_lines * (pass + 1) / passes;
+      for (int64_t i = 0; i < passes; ++i) {
+        const int64_t m0 = i * rows;
+        const int64_t l0 = far_lines * i / passes, l1 = far_lines * (i + 1) / passes;
         const FarPrefetch pf{base + p * panel_bytes, p_next >= 0 ? base + p_next * panel_bytes : nullptr, panel_bytes,
                              k0 * kStepBytes + kFarBytes + l0 * 64, l1 - l0, n, 0};
-        tile_avx512_rows<T>(xp.data() + (kb * M + m0) * kXRow<T>, wp + k0 * (kStepBytes / sizeof(T)), n,
-                            int(std::min<int64_t>(kMaxRows, M - m0)), acc.data() + m0 * kPanel, kb == 0, dot, pf,
-                            pass == 0);
+        pass(xp + (kb * M + m0) * kXRow<T>, wp + k0 * (kStepBytes / sizeof(T)), n, int(std::min<int64_t>(rows, M - m0)),
+             acc + m0 * kPanel, kb == 0, pf, i == 0);
       }
     }
     const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
     for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
-      store_tile<T>(acc.data() + m0 * kPanel, int(std::min<int64_t>(kMaxRows, M - m0)), m0, p * kPanel, nvalid, ep);
+      store_tile<T>(acc + m0 * kPanel, int(std::min<int64_t>(kMaxRows, M - m0)), m0, p * kPanel, nvalid, ep);
   }
+}
+
+// Number of k blocks of the streaming schedule: the packed x holds [blocks][M][kXRow<T>].
+template <typename T>
+int64_t stream_blocks(int64_t K) {
+  const int64_t steps = sizeof(T) == 2 ? (K + 1) / 2 : K;
+  return (steps + kBlockSteps - 1) / kBlockSteps;
+}
+
+template <typename T>
+struct Avx512Pass {
+  bool dot;
+  BF_TARGET_AVX512BF16 void operator()(const T* x, const T* w, int64_t steps, int mr, float* tile, bool first,
+                                       const FarPrefetch& pf, bool near) const {
+    tile_avx512_rows<T>(x, w, steps, mr, tile, first, dot, pf, near);
+  }
+};
+
+// The whole AVX-512 path is compiled with the BF16 target so one function holds both variants; the
+// dot-product one runs only when the CPU has AVX-512 BF16 (`dot`).
+template <typename T>
+BF_TARGET_AVX512BF16 void linear_avx512(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
+                                        const Epilogue& ep, MeetInTheMiddle::Walker& panels) {
+  DenormalGuard ftz;
+  // Per thread, reused across calls: the packed x and the fp32 accumulators of a panel.
+  thread_local std::vector<T> xp;
+  thread_local std::vector<float> acc;
+  xp.resize(stream_blocks<T>(K) * M * kXRow<T>);
+  pack_x(x, ldx, M, K, xp.data());
+  acc.resize(M * kPanel);
+  stream_panels(xp.data(), packed, M, N, K, kMaxRows, ep, panels, acc.data(), Avx512Pass<T>{has_avx512_bf16()});
 }
 
 // ---- AVX2 + FMA (Avx2 tier): the streaming schedule above on 16 ymm registers ----
@@ -557,41 +576,24 @@ BF_TARGET_AVX2 void pass_avx2_rows(int mr, const float* x, const T* w, int64_t s
 }
 
 template <typename T>
+struct Avx2Pass {
+  BF_TARGET_AVX2 void operator()(const float* x, const T* w, int64_t steps, int mr, float* tile, bool first,
+                                 const FarPrefetch& pf, bool near) const {
+    pass_avx2_rows<T>(mr, x, w, steps, tile, first, pf, near);
+  }
+};
+
+template <typename T>
 BF_TARGET_AVX2 void linear_avx2(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
                                 const Epilogue& ep, MeetInTheMiddle::Walker& panels) {
-  constexpr int MR = sizeof(T) == 4 ? kAvx2RowsF32 : kAvx2RowsBf16;
-  constexpr int64_t kStepElems = kStepBytes / sizeof(T);  // elements of T per k step (bf16: k pair)
   DenormalGuard ftz;
-  const int64_t steps = sizeof(T) == 2 ? (K + 1) / 2 : K;
-  const int64_t panel_bytes = steps * kStepBytes;
-  const int64_t passes = (M + MR - 1) / MR;
-  const int64_t blocks = (steps + kBlockSteps - 1) / kBlockSteps;
   // Per thread, reused across calls: the packed x (fp32) and the fp32 accumulators of a panel.
   thread_local std::vector<float> xp, acc;
-  xp.resize(blocks * M * kXRow<T>);
+  xp.resize(stream_blocks<T>(K) * M * kXRow<T>);
   pack_x_f32(x, ldx, M, K, xp.data());
   acc.resize(M * kPanel);
-  const char* base = reinterpret_cast<const char*>(packed);
-  for (int64_t p = panels.claim(); p >= 0; p = panels.claim()) {
-    const T* wp = packed + p * (panel_bytes / sizeof(T));
-    const int64_t p_next = panels.peek();
-    for (int64_t kb = 0; kb < blocks; ++kb) {
-      const int64_t k0 = kb * kBlockSteps, n = std::min<int64_t>(kBlockSteps, steps - k0);
-      // The far prefetch covers as many bytes as the block, kFarBytes ahead of it, a share per pass.
-      const int64_t far_lines = n * kStepBytes / 64;
-      for (int64_t pass = 0; pass < passes; ++pass) {
-        const int64_t m0 = pass * MR;
-        const int64_t l0 = far_lines * pass / passes, l1 = far_lines * (pass + 1) / passes;
-        const FarPrefetch pf{base + p * panel_bytes, p_next >= 0 ? base + p_next * panel_bytes : nullptr, panel_bytes,
-                             k0 * kStepBytes + kFarBytes + l0 * 64, l1 - l0, n, 0};
-        pass_avx2_rows<T>(int(std::min<int64_t>(MR, M - m0)), xp.data() + (kb * M + m0) * kXRow<T>,
-                          wp + k0 * kStepElems, n, acc.data() + m0 * kPanel, kb == 0, pf, pass == 0);
-      }
-    }
-    const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
-      store_tile<T>(acc.data() + m0 * kPanel, int(std::min<int64_t>(kMaxRows, M - m0)), m0, p * kPanel, nvalid, ep);
-  }
+  stream_panels(xp.data(), packed, M, N, K, sizeof(T) == 4 ? kAvx2RowsF32 : kAvx2RowsBf16, ep, panels, acc.data(),
+                Avx2Pass<T>{});
 }
 
 // ---- blocked regime (fp32, more than kPackPasses passes): compute bound ----
