@@ -42,9 +42,9 @@ The GEMM: the native extension's kernel (`_C.quant_linear`: AMX-int8 tiles, AVX5
 portable loop by the ISA tier; the epilogue fused, weights packed at load) at every token count, except
 above SMALL_M tokens on the amx tier, where oneDNN's `qlinear_pointwise` runs on AMX. Never oneDNN below
 the amx tier: with signed int8 activations and no AMX it falls back to its reference kernel (seconds
-for one BERT-base GEMM). Without the extension, `torch._int_mm` (correct, slower). Per-token quantization and the epilogue after oneDNN's GEMM run in the native extension
-(`_C.quantize_rows`, `_C.int8_epilogue_`) when it is built with them, else as torch ops (same math,
-more memory passes).
+for one BERT-base GEMM). Without the extension, `torch._int_mm` (correct, slower). Per-token
+quantization and the epilogue after oneDNN's GEMM run in the native extension (`_C.quantize_rows`,
+`_C.int8_epilogue_`) when it is built with them, else as torch ops (same math, more memory passes).
 """
 
 from __future__ import annotations

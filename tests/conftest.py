@@ -11,6 +11,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
+from bertfast import isa
+
 
 def rel_err(ours: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """max |ours - ref| / max |ref|, over real positions only when a (B, S) mask is given."""
@@ -58,7 +60,7 @@ def minilm_path():
         pytest.skip(f"default model package not installed: {e}")
 
 
-TIERS = ("amx", "avx512_vnni", "avx2", "portable")  # bertfast.isa.TIERS, highest first
+TIERS = tuple(reversed(isa.TIERS))  # highest first
 
 
 def supported_tiers() -> list[str]:
