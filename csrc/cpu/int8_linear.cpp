@@ -218,6 +218,12 @@ BF_TARGET_AVX2 void widen_codes_avx2(const Int8Args& a, int64_t lo, int64_t hi, 
 #define BF_TARGET_VNNI \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2,prefer-vector-width=512")))
 
+// acc += u8(x) . s8(w) per 4-byte group. Inline asm because GCC 12's vpdpbusd builtin does not tie the
+// accumulator to its output: it copied every accumulator of a register tile (and spilled it) on each step.
+BF_TARGET_VNNI BF_INLINE void dpbusd(__m512i& acc, __m512i x, __m512i w) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
+}
+
 // Row m, columns [n0, n0 + 16) (lanes `mk`) of the output from their int32 sums; zp_shift is 128 for sums over
 // the unsigned codes, 0 for the signed ones (AMX).
 BF_TARGET_VNNI BF_INLINE void finish16(__m512i acc, int64_t m, int64_t n0, __mmask16 mk, int zp_shift,
@@ -245,10 +251,13 @@ BF_TARGET_VNNI BF_INLINE void finish16(__m512i acc, int64_t m, int64_t n0, __mma
 // The epilogue of an MR x (16 * NP) register tile of sums over the unsigned codes.
 template <int MR, int NP>
 BF_TARGET_VNNI BF_INLINE void store_vnni(const __m512i (&acc)[MR][NP], int64_t m0, int64_t p0, const Int8Args& a) {
+#pragma GCC unroll 8
   for (int j = 0; j < NP; ++j) {
     const int64_t n0 = (p0 + j) * 16;
-    if (n0 >= a.N) break;
-    for (int r = 0; r < MR; ++r) finish16(acc[r][j], m0 + r, n0, tail_mask(a.N - n0), 128, a);
+    if (n0 < a.N) {  // no early exit: a loop GCC cannot unroll would keep acc in memory inside the k loop
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) finish16(acc[r][j], m0 + r, n0, tail_mask(a.N - n0), 128, a);
+    }
   }
 }
 
@@ -257,7 +266,9 @@ template <int MR, int NP>
 BF_TARGET_VNNI BF_INLINE void stream_tile_vnni(const Int8Args& a, int64_t m0, int64_t p0) {
   const int64_t k4 = (a.K + 3) / 4, k4_full = a.K / 4;
   __m512i acc[MR][NP];
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
     for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_si512();
   const int8_t* rows[MR];
   for (int r = 0; r < MR; ++r) rows[r] = a.x + (m0 + r) * a.ldx;
@@ -265,7 +276,9 @@ BF_TARGET_VNNI BF_INLINE void stream_tile_vnni(const Int8Args& a, int64_t m0, in
   const __m512i flip = _mm512_set1_epi32(int32_t(0x80808080u));
   for (int64_t g = 0; g < k4; ++g) {
     __m512i w[NP];
+#pragma GCC unroll 8
     for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_si512(wp + (j * k4 + g) * 64);
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       __m512i xv;
       if (g < k4_full) {
@@ -275,7 +288,8 @@ BF_TARGET_VNNI BF_INLINE void stream_tile_vnni(const Int8Args& a, int64_t m0, in
       } else {  // K % 4 != 0: the last group, padded
         xv = _mm512_set1_epi32(int32_t(codes4(rows[r], g, a.K)));
       }
-      for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], xv, w[j]);
+#pragma GCC unroll 8
+      for (int j = 0; j < NP; ++j) dpbusd(acc[r][j], xv, w[j]);
     }
   }
   store_vnni<MR, NP>(acc, m0, p0, a);
@@ -311,19 +325,23 @@ BF_TARGET_VNNI BF_INLINE void blocked_tile_vnni(const Int8Args& a, const uint8_t
                                                 int64_t p0) {
   const int64_t k4 = (a.K + 3) / 4;
   __m512i acc[MR][NP];
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
     for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_si512();
   const uint8_t* xr = xu + m0 * ldu;
   const int8_t* wp = a.packed + p0 * k4 * 64;
   for (int64_t g = 0; g < k4; ++g) {
     __m512i w[NP];
+#pragma GCC unroll 8
     for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_si512(wp + (j * k4 + g) * 64);
-#pragma GCC unroll 6
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       int32_t c;
       std::memcpy(&c, xr + r * ldu + 4 * g, 4);
       const __m512i xv = _mm512_set1_epi32(c);
-      for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], xv, w[j]);
+#pragma GCC unroll 8
+      for (int j = 0; j < NP; ++j) dpbusd(acc[r][j], xv, w[j]);
     }
   }
   store_vnni<MR, NP>(acc, m0, p0, a);
