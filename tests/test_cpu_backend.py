@@ -148,9 +148,10 @@ def test_auto_picks_cpu():
 @pytest.mark.parametrize("rows", [385, 1000])
 @pytest.mark.parametrize("shape", [(768, 1536), (1536, 768), (48, 96)], ids=["narrow-out", "wide-out", "small"])
 @pytest.mark.parametrize("residual", [False, True])
-def test_large_m_bf16_linear_row_blocks(rows, shape, residual):
-    # Above _ONEDNN_MAX_ROWS tokens a bf16 GEMM whose output is no wider than its input runs on oneDNN
-    # in row blocks: the result must be the one-call result's math, every row in its place.
+def test_large_m_bf16_linear_row_blocks(isa, rows, shape, residual):
+    # Past native_rows a bf16 GEMM leaves the extension's kernel: with bf16 dot products for oneDNN (in row
+    # blocks above _ONEDNN_MAX_ROWS where the output is no wider than the input), without them for torch's
+    # fp32 GEMM on widened operands (portable). Every row must hold the one-call result's math.
     n, k = shape
     g = torch.Generator().manual_seed(rows + n)
     w = (torch.randn(n, k, generator=g) * 0.1).bfloat16()

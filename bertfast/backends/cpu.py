@@ -34,6 +34,12 @@ else:
     _IMPORT_ERROR = None
 
 
+def native_bf16() -> bool:
+    """Whether the active ISA tier has bf16 dot products (AMX, or AVX-512 BF16 under avx512_vnni)."""
+    tier = _C.isa()
+    return tier == "amx" or (tier == "avx512_vnni" and _C.has_avx512_bf16())
+
+
 class PackedLinear:
     """One linear layer in the forms the cpu backend runs it.
 
@@ -49,7 +55,7 @@ class PackedLinear:
             raise ValueError(f"a linear weight must be (out_features, in_features), got {tuple(weight.shape)}")
         self.weight = weight.contiguous()
         self.weight_t = self.weight.t()
-        self.onednn = _onednn_weight(self.weight)
+        self.onednn = _onednn_weight(self.weight) if native_bf16() else None
         self.packed = _C.pack_linear(self.weight)
         self.out_features, self.in_features = self.weight.shape
 
@@ -172,11 +178,12 @@ class CpuBackend(Backend):
             # AVX-512: the blocked regime took 0.95-0.97x the time of MKL's sgemm at 576 rows (BERT-base,
             # Sapphire Rapids, 2 threads) and fuses bias, GELU and residual. Below it, MKL past 256 rows.
             return sys.maxsize if tier in ("avx512_vnni", "amx") else 256
-        if tier == "amx" or (tier == "avx512_vnni" and _C.has_avx512_bf16()):
+        if native_bf16():
             return 64  # bf16 dot products in oneDNN's prepacked GEMM beat ours past 64 rows
         # Without them oneDNN's bf16 GEMM is an emulation: 2.8x (avx512_vnni cap) to 4x (avx2 cap) the time
-        # of fp32 at BERT-base b8 x s128 (AMD EPYC); ours widens bf16 weights on the fly at any M.
-        return sys.maxsize
+        # of fp32 at BERT-base b8 x s128 (AMD EPYC). Ours widens bf16 weights on the fly at any M, except
+        # on the portable tier, whose plain loops past 256 rows lose to torch's fp32 GEMM on widened operands.
+        return 256 if tier == "portable" else sys.maxsize
 
     # --- the one GEMM entry point ---
     def linear(self, x, weight, bias, act: str = "none", residual=None):
@@ -197,13 +204,16 @@ class CpuBackend(Backend):
             x = x.contiguous()
         if residual is not None and act != "none":
             raise ValueError("an activation and a residual together are not supported")
-        if w.onednn is not None:
-            out = _onednn_linear(x, w.onednn, w.out_features, bias, residual)
-        else:
-            out = torch.addmm(bias, x, w.weight_t) if bias is not None else torch.mm(x, w.weight_t)
-            if residual is not None:
-                out += residual
-        return _ACTIVATE[act](out)
+        if w.onednn is not None and native_bf16():
+            return _ACTIVATE[act](_onednn_linear(x, w.onednn, w.out_features, bias, residual))
+        # fp32 GEMM (MKL); bf16 without native bf16 dot products on widened operands
+        wide = x.dtype != torch.float32
+        xf, wf = (x.float(), w.weight_t.float()) if wide else (x, w.weight_t)
+        out = torch.addmm(bias.to(xf.dtype), xf, wf) if bias is not None else torch.mm(xf, wf)
+        if residual is not None:
+            out += residual
+        out = _ACTIVATE[act](out)
+        return out.to(x.dtype) if wide else out
 
     # --- ops (shapes in bertfast.reference) ---
     def embed(self, input_ids, position_ids, token_type_ids, emb, eps):
