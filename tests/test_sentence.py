@@ -1,5 +1,5 @@
-"""Sentence-transformers checkpoints: `Encoder.encode` follows their configuration.
-Reference: sentence-transformers itself."""
+"""Sentence-transformers checkpoints: `Encoder.encode` follows their configuration, and
+`bertfast.optimize(SentenceTransformer)` keeps `model.encode` exact. Reference: sentence-transformers."""
 
 import json
 import os
@@ -12,6 +12,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download; set before the 
 import pytest
 import torch
 
+import bertfast
 from bertfast import ConfigError, Encoder
 from conftest import hf_bert
 
@@ -62,6 +63,11 @@ def test_minilm_encode_matches_sentence_transformers(minilm, texts):
     assert ours.shape == ref.shape == (len(texts), 384) and ours.dtype == torch.float32
     assert torch.allclose(ours.norm(dim=-1), torch.ones(len(texts)), atol=1e-6)  # the Normalize module
     assert max_diff(ours, ref) <= TOL
+
+    bertfast.optimize(model, strict=True)  # strict: any call the engine did not serve would raise
+    assert type(model[0].auto_model).__name__ == "BertModel"
+    fast = model.encode(texts, convert_to_tensor=True)
+    assert max_diff(fast, ref) <= TOL
 
 
 def test_minilm_explicit_arguments_override_the_configuration(minilm):
@@ -150,6 +156,34 @@ def test_prompts_follow_sentence_transformers(tmp_path, minilm, mode):
     with pytest.raises(ValueError, match="prompt name 'nope' is not one of the configured prompts"):
         enc.encode(some, prompt_name="nope")
     assert max_diff(enc.encode(some, prompt_name="document"), model.encode(some, prompt_name="document")) <= TOL
+
+
+def test_optimized_sentence_transformer_with_dense_stack(tmp_path, minilm):
+    path = write_checkpoint(tmp_path, minilm, seed=9, modules=lambda h: [
+        Pooling(h, pooling_mode="weightedmean"), Dense(h, 16), Normalize()])
+    some = sentences(30, seed=10, long_words=(60, 90))
+    model = st.SentenceTransformer(path, device="cpu")
+    ref = model.encode(some, convert_to_tensor=True)
+    keys = list(model.state_dict())
+    bertfast.optimize(model, strict=True)
+    assert list(model.state_dict()) == keys
+    assert [type(m).__name__ for m in model][1:] == ["Pooling", "Dense", "Normalize"]
+    assert max_diff(model.encode(some, convert_to_tensor=True), ref) <= TOL
+    assert max_diff(Encoder.from_pretrained(path).encode(some), ref) <= TOL
+
+
+def test_optimize_falls_back_on_a_model_the_engine_does_not_serve(tmp_path, minilm):
+    path = write_checkpoint(tmp_path, minilm, seed=11, modules=lambda h: [Pooling(h)],
+                            position_embedding_type="relative_key")
+    model = st.SentenceTransformer(path, device="cpu")
+    some = sentences(4, seed=12)
+    ref = model.encode(some, convert_to_tensor=True)
+    with pytest.raises(bertfast.EngineUnsupported, match="position_embedding_type"):
+        bertfast.optimize(model, strict=True)
+    with pytest.warns(UserWarning, match="cannot serve this SentenceTransformer.*position_embedding_type"):
+        assert bertfast.optimize(model) is model
+    assert type(model[0].auto_model).__mro__[1].__name__ != "_EngineForward"
+    assert max_diff(model.encode(some, convert_to_tensor=True), ref) == 0
 
 
 def test_plain_checkpoint_gets_mean_pooling(tmp_path, minilm):
