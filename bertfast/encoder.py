@@ -15,6 +15,8 @@ from torch import nn
 from .backends import get_backend
 from .engine import Engine
 from .loading import ModelWeights, load_hf_model, load_pretrained
+from .sentence import SentenceConfig, pooling_modes, read_sentence_config
+from .tokenization import load_tokenizer, prompt_length
 
 
 class EncoderOutput:
@@ -142,6 +144,7 @@ class Encoder(nn.Module):
         self.engine = Engine(weights, get_backend(backend, weights.device, quantize))
         self.model_dir = model_dir
         self._tokenizer = None
+        self._sentence_config = None
 
     # --- construction ---
     @classmethod
@@ -197,8 +200,6 @@ class Encoder(nn.Module):
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from .tokenization import load_tokenizer
-
             tok = load_tokenizer(self.model_dir, self.config.max_position_embeddings) if self.model_dir else None
             if tok is None:
                 raise ValueError("this Encoder has no tokenizer: load it with from_pretrained(dir) "
@@ -214,27 +215,55 @@ class Encoder(nn.Module):
         types = torch.tensor([e.type_ids for e in enc], dtype=torch.int64, device=self.device)
         return ids, mask, types
 
+    @property
+    def sentence_config(self):
+        """The checkpoint's sentence-transformers configuration (`bertfast.sentence.SentenceConfig`),
+        read once; a model without one (or built by from_hf) gets mean pooling."""
+        if self._sentence_config is None:
+            self._sentence_config = (read_sentence_config(self.model_dir, self.config.hidden_size)
+                                     if self.model_dir else SentenceConfig())
+        return self._sentence_config
+
     @torch.inference_mode()
-    def encode(self, texts, *, pooling: str = "mean", normalize: bool = False, batch_size: int = 32):
-        """Sentence embeddings (N, H) in fp32. pooling: 'mean' over real tokens or 'cls'."""
+    def encode(self, texts, *, prompt_name: str | None = None, prompt: str | None = None, pooling=None,
+               normalize: bool | None = None, batch_size: int = 32, truncate_dim: int | None = None,
+               convert_to_numpy: bool = False, show_progress_bar: bool | None = None):
+        """Sentence embeddings (N, D) fp32, as the checkpoint's sentence-transformers modules make them.
+
+        texts: a string or a list of strings. The configuration (`modules.json`, the Pooling config,
+        Dense and Normalize modules, `max_seq_length`, prompts) is followed unless an argument says
+        otherwise: pooling ('mean', 'cls', 'max', 'mean_sqrt_len_tokens', 'weightedmean', 'lasttoken',
+        or a tuple of them, concatenated), normalize (True: unit length; False: skip Normalize modules),
+        prompt / prompt_name (prepended to each text, as sentence-transformers' encode). Returns a
+        torch tensor on the engine's device, or a NumPy array with convert_to_numpy=True.
+        show_progress_bar: None shows tqdm's bar on a terminal for inputs of 8 batches or more.
+        """
         if isinstance(texts, str):
             texts = [texts]
-        if pooling not in ("mean", "cls"):
-            raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+        modes = None if pooling is None else pooling_modes(pooling)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         texts = list(texts)
-        if not texts:
-            return torch.zeros(0, self.config.hidden_size)
-        outs = []
-        for start in range(0, len(texts), batch_size):
-            ids, mask, types = self.tokenize(texts[start:start + batch_size])
+        cfg = self.sentence_config
+        prompt = cfg.resolve_prompt(prompt, prompt_name)
+        prompt_len = None
+        if prompt:
+            texts = [prompt + t for t in texts]
+            prompt_len = prompt_length(self.tokenizer, prompt)
+        emb = torch.zeros(len(texts), cfg.dimension(self.config.hidden_size, modes, truncate_dim),
+                          device=self.device)
+        # Longest first, as sentence-transformers batches: similar lengths share a batch.
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        starts = range(0, len(texts), batch_size)
+        if show_progress_bar or (show_progress_bar is None and len(starts) >= 8):
+            from tqdm.auto import tqdm
+
+            # disable=None: tqdm's own rule, no bar when stderr is not a terminal
+            starts = tqdm(starts, desc="Batches", unit="batch", disable=None if show_progress_bar is None else False)
+        for start in starts:
+            rows = order[start:start + batch_size]
+            ids, mask, types = self.tokenize([texts[i] for i in rows])
             last = self(ids, mask, types if self.config.type_vocab_size else None).last_hidden_state.float()
-            if pooling == "cls":
-                emb = last[:, 0]
-            else:
-                m = mask.unsqueeze(-1).to(last.dtype)
-                emb = (last * m).sum(1) / m.sum(1).clamp(min=1e-9)
-            outs.append(emb)
-        emb = torch.cat(outs)
-        return torch.nn.functional.normalize(emb, dim=-1) if normalize else emb
+            emb[rows] = cfg.embed(last, mask, pooling=modes, normalize=normalize, truncate_dim=truncate_dim,
+                                  prompt_length=prompt_len)
+        return emb.cpu().numpy() if convert_to_numpy else emb

@@ -8,18 +8,25 @@ does not serve (training mode, `output_attentions`, `head_mask`, `inputs_embeds`
 caches, left padding under a pooler) run the original modules after a one-time warning, or raise
 under `strict=True`: never a silently different answer.
 
+A sentence-transformers `SentenceTransformer` is accelerated the same way: the Hugging Face model
+inside its Transformer module is optimized, every other module (pooling, dense, normalize) runs as
+before, so `model.encode(...)` keeps working. A stack whose first module is no such Transformer over a
+supported family is left unchanged after a warning (strict=True raises).
+
 The engine reads the weights at optimize time: after changing them, call `optimize` again.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 import warnings
 
 import torch
 
+from .config import ConfigError
 from .encoder import Encoder
-from .loading import load_hf_model
+from .loading import LoadError
 
 # The output class each family's base model returns (from transformers.modeling_outputs).
 OUTPUT_CLASS = {
@@ -106,7 +113,11 @@ def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False):
     model: a transformers base or task model of a supported family (BERT, RoBERTa, XLM-R, ELECTRA,
     ALBERT, DistilBERT). dtype: the engine's dtype (None: the model's); outputs are cast back to the
     model's dtype for its head. strict: raise EngineUnsupported instead of falling back.
+    A sentence-transformers SentenceTransformer has its Transformer module's model optimized.
     """
+    st = sys.modules.get("sentence_transformers")  # imported whenever `model` can be one
+    if st is not None and isinstance(model, st.SentenceTransformer):
+        return _optimize_sentence_transformer(model, backend, dtype, strict)
     base = getattr(model, "base_model", None)
     if base is None or not hasattr(base, "config"):
         raise ValueError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
@@ -125,6 +136,23 @@ def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False):
     for name, value in (("_bertfast_encoder", encoder), ("_bertfast_strict", strict),
                         ("_bertfast_warned", set()), ("_bertfast_dtype", param.dtype)):
         object.__setattr__(base, name, value)
+    return model
+
+
+def _optimize_sentence_transformer(model, backend, dtype, strict):
+    first = model[0] if len(model) else None
+    hf = getattr(first, "auto_model", None)
+    if hf is None or not hasattr(hf, "base_model"):
+        reason = f"its first module is {type(first).__name__}, not a Transformer over a transformers model"
+    else:
+        try:
+            optimize(hf, backend=backend, dtype=dtype, strict=strict)
+            return model
+        except (ConfigError, LoadError) as e:  # a family or config the engine does not serve
+            reason = str(e)
+    if strict:
+        raise EngineUnsupported(f"bertfast cannot serve this SentenceTransformer: {reason}")
+    warnings.warn(f"bertfast: cannot serve this SentenceTransformer ({reason}); it runs unchanged", stacklevel=3)
     return model
 
 

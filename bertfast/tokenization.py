@@ -1,7 +1,9 @@
 """Tokenizer loading for `Encoder.encode`: `tokenizer.json` (tokenizers library) or `vocab.txt`.
 
 Batches are padded to their longest sequence (never to a fixed length) and truncated to the
-model's limit, so the engine only ever sees real tokens plus the padding a batch needs.
+model's limit (`sentence_bert_config.json`'s `max_seq_length`, else the tokenizer's `model_max_length`,
+at most `max_position_embeddings`), so the engine only ever sees real tokens plus the padding a batch
+needs. `do_lower_case` there puts a Lowercase normalizer in front, as sentence-transformers does.
 """
 
 from __future__ import annotations
@@ -40,6 +42,26 @@ def load_tokenizer(directory: str, max_positions: int):
             limit = value
             break
     tokenizer.enable_truncation(max_length=limit)
+    if st_cfg.get("do_lower_case") and not _lowercases(tokenizer):
+        from tokenizers import normalizers
+
+        normalizer = tokenizer.normalizer  # as sentence-transformers does: Lowercase in front
+        tokenizer.normalizer = (normalizers.Lowercase() if normalizer is None
+                                else normalizers.Sequence([normalizers.Lowercase(), normalizer]))
     pad_id = tokenizer.token_to_id("[PAD]")
     tokenizer.enable_padding(pad_id=0 if pad_id is None else pad_id, pad_token="[PAD]")
     return tokenizer
+
+
+def _lowercases(tokenizer) -> bool:
+    normalizer = json.loads(tokenizer.to_str()).get("normalizer") or {}
+    parts = normalizer.get("normalizers", [normalizer])
+    return any(p.get("type") == "Lowercase" or p.get("lowercase") is True for p in parts)
+
+
+def prompt_length(tokenizer, prompt: str) -> int:
+    """Tokens a prompt adds at the start of a text, as sentence-transformers counts them: the prompt
+    tokenized alone with its special tokens, less a trailing special token ([SEP], </s>)."""
+    ids = tokenizer.encode(prompt).ids
+    special = {i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.special}
+    return len(ids) - (1 if ids and ids[-1] in special else 0)
