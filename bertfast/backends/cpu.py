@@ -21,9 +21,9 @@ import sys
 
 import torch
 
-from .. import quant
+from .. import isa, quant
 from ..loading import LayerWeights, ModelWeights
-from .base import Backend
+from .base import Backend, Precision
 
 try:
     from .. import _C
@@ -116,6 +116,14 @@ def _packed(weight) -> PackedLinear:
     return weight if isinstance(weight, PackedLinear) else PackedLinear(weight)
 
 
+# Tiers without native bf16 dot products where the cpu backend's bf16 forward measured slower than its
+# fp32 one (`precision`; README "CPU ISA tiers" has the runs): none so far. avx2 and portable caps, paired
+# in one process: bf16 / fp32 0.70 and 0.93 at b1 x s16, 0.98 and 0.51 at b8 x s128 (portable fp32 runs
+# MKL's SSE2 sgemm there). avx512_vnni without AVX-512 BF16 (Intel before Cooper Lake) is unmeasured
+# since bf16 stays on the extension's kernel.
+BF16_SLOWER_TIERS: tuple[str, ...] = ()
+
+
 class CpuBackend(Backend):
     name = "cpu"
     dtypes = (torch.float32, torch.bfloat16)
@@ -162,6 +170,18 @@ class CpuBackend(Backend):
         # Each distinct layer also as one C++ object running it whole on the extension's GEMMs.
         self._whole = {id(layer): self._whole_layer(layer, weights.config) for layer in seen.values()}
         return dataclasses.replace(contiguous, layers=layers, pooler_weight=pooler)
+
+    def precision(self, device):
+        """dtype="auto": bf16 where the active tier has native bf16 dot products (`isa.native_bf16`), else
+        fp32; bf16 is marked slower than fp32 on the tiers where it measured so (BF16_SLOWER_TIERS).
+
+        Measured (bf16 / fp32 forward time, BERT-base b1 x s16 and b8 x s128, 2 threads, AMD EPYC Zen 4;
+        README "CPU ISA tiers"): avx512_vnni with AVX-512 BF16 0.54 / 0.55. Without native dot products the
+        extension widens bf16 weights to fp32 on the fly: half the weight traffic at a few tokens, the same
+        arithmetic at many (avx2 cap 0.70 / 0.98), so fp32, exact to 1e-5, is as fast where it counts."""
+        if isa.native_bf16():
+            return Precision(torch.bfloat16)
+        return Precision(torch.float32, (torch.bfloat16,) if _C.isa() in BF16_SLOWER_TIERS else ())
 
     def native_rows(self, dtype) -> int:
         """The GEMM routing rule: the largest token count whose fp32/bf16 GEMMs run on the extension's
