@@ -57,6 +57,11 @@ INT8_MIN_COSINE = 0.98
 # provider alone, whatever ran before it (a pause alone would make every call pay its pool's wake-up
 # and a cold cache).
 SETTLE_S = 0.1
+# A provider whose call takes longer than this (after its first) gets no extra warm-up call and no
+# untimed call before its timed ones: thread wake-up and cold caches cost milliseconds, noise for such a
+# call, and each extra call would add seconds to the row (portable int8 BERT-base b8 x s128: ~5 s a call;
+# first, validation and 3 timed calls keep the row near 25 s).
+SLOW_CALL_S = 1.0
 # Where providers run: each in a worker process of its own (bench_process explains why), or all in
 # this one.
 ISOLATIONS = ("process", "none")
@@ -622,7 +627,7 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
                 rows[(wl.name, dtype_name, name)] = row
                 return row
 
-            active: list[tuple[Provider, Row]] = []
+            active: list[tuple[Provider, Row, float]] = []  # with its validation call's seconds
             for name in providers:
                 if name in preskipped:
                     new_row(name, "skipped", preskipped[name])
@@ -650,10 +655,10 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
                 try:
                     prov.load(batch)
                     t_first = prov.call()[0]
-                    for _ in range(warmup):
+                    for _ in range(warmup if t_first <= SLOW_CALL_S else 0):
                         prov.call()
                     row.warmup_s = t_first
-                    _, out, row.peak_mem_mb = prov.call(measure_memory=True)
+                    t_call, out, row.peak_mem_mb = prov.call(measure_memory=True)
                     err = max_error(out, ref, batch.attention_mask)
                 except Exception as e:
                     row.reason = f"failed while running: {type(e).__name__}: {e}"
@@ -674,14 +679,13 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
                                   f"{tol:.3g} (vs the fp32 reference); not timed")
                     _log(f"{tag}: {name} ERROR: {row.reason}", progress)
                     continue
-                active.append((prov, row))
+                active.append((prov, row, t_call))
 
             if not active:
                 continue
-            # Round length from one more call each, so the budget bounds the slowest workloads.
-            round_s = sum(p.call()[0] for p, _ in active)
-            if settle_s > 0:  # each timed call also costs a pause and an untimed call
-                round_s = 2 * round_s + settle_s * len(active)
+            # Round length from each provider's validation call, so the budget bounds the slowest
+            # workloads; with a settle pause, fast providers also make an untimed call (SLOW_CALL_S).
+            round_s = sum(t * (2 if settle_s > 0 and t <= SLOW_CALL_S else 1) + settle_s for _, _, t in active)
             reps = max(min_repeats, min(repeats, int(budget_s / max(round_s, 1e-9))))
             _log(f"{tag}: timing {reps} interleaved rounds x {len(active)} providers "
                  f"(~{reps * round_s:.0f} s)", progress)
@@ -691,9 +695,9 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
             try:
                 for r in range(reps):
                     k = r % len(active)
-                    for prov, row in active[k:] + active[:k]:
+                    for prov, row, t_call in active[k:] + active[:k]:
                         try:
-                            dt = prov.timed(settle_s)
+                            dt = prov.timed(settle_s, untimed_call=t_call <= SLOW_CALL_S)
                         except Exception as e:
                             row.reason = f"failed while timing: {type(e).__name__}: {e}"
                             continue
@@ -701,7 +705,7 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
             finally:
                 if gc_was_enabled:
                     gc.enable()
-            for prov, row in active:
+            for prov, row, _ in active:
                 if row.reason:
                     continue
                 row.status = "ok"
@@ -884,7 +888,8 @@ def add_arguments(parser) -> None:
                         f"(default: {','.join(DEFAULT_WORKLOADS)})")
     parser.add_argument("--providers", help="comma list (default: every bertfast backend, "
                         f"{', '.join(FIXED_PROVIDERS)}); 'bertfast' means every bertfast backend")
-    parser.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
+    parser.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32, bf16, fp16, or auto (what "
+                        "dtype='auto' loads on this machine's tier) (default fp32,bf16)")
     parser.add_argument("--repeats", type=int, help="max timed rounds per workload and dtype (default 20, --quick 10)")
     parser.add_argument("--budget", type=float, help="seconds per workload and dtype that bound the "
                         "rounds, never below 3 (default 60, --quick 20)")
@@ -897,6 +902,9 @@ def add_arguments(parser) -> None:
                         "own, as a user would serve it (libraries sharing a process slow each other's "
                         "thread pools); none: all in this process")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument("--isa", metavar="all|TIER,...", help="run the grid once per CPU ISA tier (portable, avx2, "
+                        "avx512_vnni, amx), each in a child process with BERTFAST_ISA set: one table per tier, "
+                        "one JSON with every tier's rows; tiers this CPU lacks are listed as skipped")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and random weights")
     parser.add_argument("--json", metavar="F", help="write machine-readable results to F")
     parser.add_argument("--plot", metavar="F.png", help="write a speedup bar chart to F.png")
@@ -917,7 +925,7 @@ def _parse(args):
     workloads = list(dict.fromkeys(Workload.parse(w) for w in wl_names))
     if not workloads:
         raise ValueError("--workloads is empty")
-    dtypes = list(dict.fromkeys(_split(args.dtypes)))
+    dtypes = list(dict.fromkeys(auto_dtype_name(device) if d == "auto" else d for d in _split(args.dtypes)))
     for d in dtypes:
         if d not in DTYPES:
             raise ValueError(f"--dtypes: unknown dtype {d!r}; use {', '.join(DTYPES)}")
@@ -947,7 +955,19 @@ def _parse(args):
     return device, workloads, dtypes, providers, preskipped, repeats, budget
 
 
+def auto_dtype_name(device: str) -> str:
+    """The DTYPES name of what dtype="auto" loads with backend "auto" on `device` (this process's tier)."""
+    from .backends import get_backend
+
+    auto = get_backend("auto", device).precision(torch.device(device).type).auto
+    return next(name for name, dtype in DTYPES.items() if dtype == auto)
+
+
 def run(args) -> int:
+    if getattr(args, "isa", None):
+        from . import bench_tiers
+
+        return bench_tiers.run(args)
     try:
         device, workloads, dtypes, providers, preskipped, repeats, budget = _parse(args)
     except ValueError as e:

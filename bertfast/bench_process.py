@@ -48,9 +48,10 @@ class Local:
             dt, out = time_call(self.provider.fn, self.batch, self.device)
         return dt, out, mem.mb
 
-    def timed(self, settle_s: float) -> float:
-        """Seconds of one timed call, after `settle_s` idle and one untimed call (none if 0). The
-        garbage collector is off meanwhile: a collection inside the call would be charged to it."""
+    def timed(self, settle_s: float, untimed_call: bool = True) -> float:
+        """Seconds of one timed call, after `settle_s` idle and one untimed call (neither if settle_s is 0;
+        no untimed call if not `untimed_call`). The garbage collector is off meanwhile: a collection
+        inside the call would be charged to it."""
         from .bench import time_call
 
         gc_was_enabled = gc.isenabled()
@@ -58,7 +59,8 @@ class Local:
         try:
             if settle_s > 0:
                 time.sleep(settle_s)
-                time_call(self.provider.fn, self.batch, self.device)
+                if untimed_call:
+                    time_call(self.provider.fn, self.batch, self.device)
             return time_call(self.provider.fn, self.batch, self.device)[0]
         finally:
             if gc_was_enabled:
@@ -156,8 +158,8 @@ class Worker:
         out = torch.from_numpy(np.asarray(out))
         return dt, out.to(getattr(torch, dtype.replace("torch.", ""))), mb
 
-    def timed(self, settle_s: float) -> float:
-        return self._request("timed", settle_s)
+    def timed(self, settle_s: float, untimed_call: bool = True) -> float:
+        return self._request("timed", settle_s, untimed_call)
 
     def close(self) -> None:
         if self._proc.is_alive():

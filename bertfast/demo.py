@@ -23,7 +23,8 @@ SENTENCES = [
 def add_arguments(p):
     p.add_argument("--model", default=None, help="model directory (default: the embedded all-MiniLM-L6-v2)")
     p.add_argument("--backend", default="auto", help="backend: auto, torch, cpu, triton")
-    p.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: the checkpoint's)")
+    p.add_argument("--dtype", default=None, help="fp32, bf16, fp16, int8, or auto (the fastest within the "
+                   "fidelity rule on this CPU tier or GPU) (default: the checkpoint's)")
     p.add_argument("--repeats", type=int, default=20, help="timed repetitions per engine")
 
 

@@ -12,9 +12,9 @@ import os
 import torch
 from torch import nn
 
-from .backends import get_backend
+from .backends import Backend, get_backend, warn_once
 from .engine import Engine
-from .loading import ModelWeights, load_hf_model, load_pretrained
+from .loading import ModelWeights, load_hf_model, load_pretrained, resolve_dtype
 from .sentence import SentenceConfig, pooling_modes, read_sentence_config
 from .tokenization import load_tokenizer, prompt_length
 
@@ -54,6 +54,14 @@ class EncoderOutput:
         return f"{type(self).__name__}({parts})"
 
 
+def model_device(model) -> torch.device:
+    """The device of an in-memory model's parameters (CPU for a model without any)."""
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device("cpu")
+
+
 def split_quantization(dtype):
     """dtype argument -> (float dtype to load the weights in, quantization scheme or None).
 
@@ -61,6 +69,28 @@ def split_quantization(dtype):
     if dtype in ("int8", torch.int8):
         return torch.float32, "int8"
     return dtype, None
+
+
+def choose_dtype(dtype, backend: Backend, device) -> torch.dtype | None:
+    """The float dtype to load the weights in, for `backend` on `device`: "auto" takes the backend's
+    measured choice (`Backend.precision`: fp32 or bf16); a dtype named explicitly is kept, with a warning
+    once per process where the backend measured it slower than fp32 on this device (CPU: this ISA tier).
+    None keeps the checkpoint's dtype."""
+    device = torch.device(device).type
+    precision = backend.precision(device)
+    if isinstance(dtype, str) and dtype.lower() == "auto":
+        return precision.auto
+    dtype = resolve_dtype(dtype)
+    if dtype in precision.slower:
+        from . import isa
+
+        tier = isa.cpu_info()["active"] if device == "cpu" else None
+        where = f"the {tier} ISA tier" if tier else device
+        name = str(dtype).replace("torch.", "")
+        warn_once(f"bertfast: {name} on backend {backend.name!r} on {where} is measured slower than float32 "
+                  f"(no native {name} dot products): dtype=torch.float32 or dtype='auto' is faster here",
+                  stacklevel=4)
+    return dtype
 
 
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -134,14 +164,16 @@ def check_inputs(config, input_ids, attention_mask, token_type_ids, position_ids
 class Encoder(nn.Module):
     """A BERT-family encoder run by a bertfast backend; build it with `from_pretrained` or `from_hf`."""
 
-    def __init__(self, weights: ModelWeights, backend: str = "auto", add_pooling_layer: bool = True,
+    def __init__(self, weights: ModelWeights, backend: str | Backend = "auto", add_pooling_layer: bool = True,
                  model_dir: str | None = None, quantize: str | None = None):
         super().__init__()
         if not add_pooling_layer:
             weights.pooler_weight = weights.pooler_bias = None
         self.config = weights.config
         self.quantize = quantize
-        self.engine = Engine(weights, get_backend(backend, weights.device, quantize))
+        if not isinstance(backend, Backend):
+            backend = get_backend(backend, weights.device, quantize)
+        self.engine = Engine(weights, backend)
         self.model_dir = model_dir
         self._tokenizer = None
         self._sentence_config = None
@@ -149,18 +181,24 @@ class Encoder(nn.Module):
     # --- construction ---
     @classmethod
     def from_pretrained(cls, path, *, backend: str = "auto", dtype=None, add_pooling_layer: bool = True):
-        """Load a Hugging Face model directory. dtype None keeps the checkpoint's dtype; "int8"
-        quantizes the GEMM weights at load (backends that offer it) with fp32 activations."""
+        """Load a Hugging Face model directory. dtype None keeps the checkpoint's dtype; "auto" picks the
+        backend's fastest dtype within the fidelity rule (`choose_dtype`); "int8" quantizes the GEMM
+        weights at load (backends that offer it) with fp32 activations."""
         path = os.fspath(path)
         dtype, quantize = split_quantization(dtype)
-        return cls(load_pretrained(path, dtype), backend, add_pooling_layer, model_dir=path, quantize=quantize)
+        engine_backend = get_backend(backend, "cpu", quantize)
+        weights = load_pretrained(path, choose_dtype(dtype, engine_backend, "cpu"))
+        return cls(weights, engine_backend, add_pooling_layer, model_dir=path, quantize=quantize)
 
     @classmethod
     def from_hf(cls, model, *, backend: str = "auto", dtype=None, add_pooling_layer: bool = True):
         """Wrap the encoder weights of an in-memory transformers model (shared, not copied, when
-        dtype is unchanged)."""
+        dtype is unchanged); dtype as in `from_pretrained`."""
         dtype, quantize = split_quantization(dtype)
-        return cls(load_hf_model(model, dtype), backend, add_pooling_layer, quantize=quantize)
+        device = model_device(model)
+        engine_backend = get_backend(backend, device, quantize)
+        weights = load_hf_model(model, choose_dtype(dtype, engine_backend, device))
+        return cls(weights, engine_backend, add_pooling_layer, quantize=quantize)
 
     # --- properties ---
     @property

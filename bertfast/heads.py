@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .backends import get_backend
 from .config import ModelConfig, read_config_json
-from .encoder import Encoder, EncoderOutput
-from .loading import BASE_PREFIX, LoadError, _TensorSource, assemble, open_checkpoint, resolve_dtype
+from .encoder import Encoder, EncoderOutput, choose_dtype, model_device
+from .loading import BASE_PREFIX, LoadError, _TensorSource, assemble, open_checkpoint
 from .loading import POOLER as POOLER_MODULES
 from .padding import pad, unpad
 from .reference import activation
@@ -408,11 +409,10 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
     The head follows `architectures[0]` of config.json (for a directory) or the model's class name (for
     an in-memory model); `architecture` overrides both, e.g. "BertForMaskedLM". A base-model
     architecture (e.g. "BertModel") or a config without `architectures` gives a plain `Encoder`;
-    a task architecture gives a `TaskModel`. dtype None keeps the checkpoint's dtype; the head runs in
-    the engine's dtype. Raises LoadError naming the architecture, tensor or file that cannot be served
+    a task architecture gives a `TaskModel`. dtype None keeps the checkpoint's dtype, "auto" takes the
+    backend's fastest within the fidelity rule (`encoder.choose_dtype`); the head runs in the engine's dtype. Raises LoadError naming the architecture, tensor or file that cannot be served
     (`supported_architectures()` lists the supported ones); ConfigError for an unsupported config.json field.
     """
-    dtype = resolve_dtype(dtype)
     model_dir = None
     if isinstance(path_or_hf_model, (str, os.PathLike)):
         model_dir = os.fspath(path_or_hf_model)
@@ -429,6 +429,9 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
                         f"{type(path_or_hf_model).__name__}")
     config = ModelConfig.from_dict(d)
     task = _task_of(config.family, arch) if arch else None  # unknown architecture fails before any read
+    device = "cpu" if model_dir is not None else model_device(path_or_hf_model)
+    engine_backend = get_backend(backend, device)
+    dtype = choose_dtype(dtype, engine_backend, device)
     if model_dir is not None:
         src = open_checkpoint(model_dir)
     else:
@@ -436,7 +439,7 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
         src = _TensorSource({k: "the in-memory model" for k in sd}, sd.__getitem__)
     weights = assemble(src, config, dtype)
     if task is None:
-        return Encoder(weights, backend, model_dir=model_dir)
+        return Encoder(weights, engine_backend, model_dir=model_dir)
 
     branches = HEADS[config.family][task]
     if task == "QuestionAnswering" and _num_labels(d) != 2:
@@ -450,7 +453,7 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
         raise LoadError(f"{arch} reads the pooler, but tensor "
                         f"{BASE_PREFIX[config.family] + POOLER_MODULES[config.family] + '.weight'!r} "
                         "is missing from the checkpoint")
-    encoder = Encoder(weights, backend, add_pooling_layer=needs_pooler, model_dir=model_dir)
+    encoder = Encoder(weights, engine_backend, add_pooling_layer=needs_pooler, model_dir=model_dir)
     id2label = d.get("id2label") if isinstance(d.get("id2label"), dict) else None
     return TaskModel(encoder, Head(resolved, config.layer_norm_eps), arch, id2label)
 

@@ -4,8 +4,9 @@ Tiers, lowest to highest: `portable` (plain loops), `avx2` (AVX2 + FMA), `avx512
 + VNNI, AVX-512 BF16 where present), `amx` (AMX bf16/int8 tiles). The extension picks the best tier the
 CPU has; `BERTFAST_ISA=<tier>` caps it (for tests, benchmarks and reproducible numerics). The libraries
 torch calls decide for themselves, so the same cap is passed to them through their own variables
-(`ONEDNN_MAX_CPU_ISA`, `MKL_ENABLE_INSTRUCTIONS`, `ATEN_CPU_CAPABILITY`), set when bertfast is imported
-unless the user set them: they take effect only if torch has not run a GEMM before that.
+(`ONEDNN_MAX_CPU_ISA`, `MKL_ENABLE_INSTRUCTIONS`, `ATEN_CPU_CAPABILITY`, and for `portable` also
+`MKL_CBWR=COMPATIBLE`), set when bertfast is imported unless the user set them: they take effect only if
+torch has not run a GEMM before that.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ _LIBRARY_CAPS = {
     "avx512_vnni": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX512",
                     "ATEN_CPU_CAPABILITY": "avx512"},
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
-    "portable": {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+    # MKL honours MKL_ENABLE_INSTRUCTIONS on Intel CPUs only: on an AMD EPYC (Zen 4) its sgemm ran the
+    # AVX2 + FMA kernel `mkl_blas_def_sgemm_kernel_0_zen` under every cap (perf, MKL 2024.0 in torch
+    # 2.13). MKL_CBWR=COMPATIBLE (its SSE2 code path on any processor) moved it to SSE mulps/addps there.
+    "portable": {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "MKL_CBWR": "COMPATIBLE",
                  "ATEN_CPU_CAPABILITY": "default"},
 }
 # The oneDNN caps under which it may use AMX (its names, lowest to highest, as ONEDNN_MAX_CPU_ISA takes them).
@@ -46,10 +50,40 @@ def library_caps(cap: str | None) -> dict[str, str]:
     return caps
 
 
+# The library variables apply_library_caps set in this process (not the user's): a child process run
+# under another cap must not inherit them.
+APPLIED: dict[str, str] = {}
+
+
 def apply_library_caps() -> None:
     """Pass BERTFAST_ISA's cap to oneDNN, MKL and ATen (their variables, unless already set)."""
     for name, value in library_caps(requested_cap()).items():
-        os.environ.setdefault(name, value)
+        if name not in os.environ:
+            os.environ[name] = APPLIED[name] = value
+
+
+def supported_tiers() -> list[str]:
+    """The tiers this CPU runs, highest first: every tier up to the extension's detected one ([] without
+    the extension)."""
+    try:
+        from . import _C
+    except ImportError:
+        return []
+    return list(reversed(TIERS[:TIERS.index(_C.detected_isa()) + 1]))
+
+
+def native_bf16() -> bool:
+    """Whether the active tier has native bf16 dot products: `amx`, or `avx512_vnni` on a CPU with
+    AVX-512 BF16. Below that, bf16 GEMMs widen to fp32 (the extension) or run ATen's scalar bf16 dot
+    (torch, 3-9 GFLOP/s here): bf16 saves memory traffic but not arithmetic. Without the extension the
+    CPU flags and BERTFAST_ISA's cap decide."""
+    try:
+        from . import _C
+    except ImportError:
+        cap = requested_cap()
+        return "avx512_bf16" in proc_cpuinfo()[1] and (cap is None or TIERS.index(cap) >= TIERS.index("avx512_vnni"))
+    tier = _C.isa()
+    return tier == "amx" or (tier == "avx512_vnni" and _C.has_avx512_bf16())
 
 
 def proc_cpuinfo() -> tuple[str, set[str]]:
@@ -69,9 +103,10 @@ def proc_cpuinfo() -> tuple[str, set[str]]:
 
 def cpu_info() -> dict:
     """What this process runs on: the CPU model, the tier the CPU supports (`detected`), the tier the native
-    kernels run (`active`, after the cap), the cap asked for (`cap`), the relevant CPU flags, and what the
-    libraries were told (`onednn_max_isa`, `mkl_instructions`, `aten_capability`) with whether oneDNN and
-    MKL may use AMX under it.
+    kernels run (`active`, after the cap), the cap asked for (`cap`), the relevant CPU flags, what the
+    libraries were told (`onednn_max_isa`, `mkl_instructions`, `mkl_cbwr`, `aten_capability`) with whether
+    oneDNN and MKL may use AMX under it, and whether the active tier has native bf16 dot products
+    (`native_bf16`, what dtype="auto" follows).
     """
     import torch
 
@@ -85,6 +120,7 @@ def cpu_info() -> dict:
     hw_amx = {"amx_tile", "amx_bf16", "amx_int8"} <= flags
     onednn_isa = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", ""))
     mkl = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "")
+    cbwr = os.environ.get("MKL_CBWR", "")
     try:
         aten = torch.backends.cpu.get_cpu_capability()
     except AttributeError:
@@ -98,9 +134,11 @@ def cpu_info() -> dict:
                                  "amx_tile", "amx_bf16", "amx_int8"}),
         "onednn_max_isa": onednn_isa or "default",
         "mkl_instructions": mkl or "default",
+        "mkl_cbwr": cbwr or "default",
         "aten_capability": aten,
         "onednn_amx": hw_amx and (not onednn_isa or onednn_isa.upper() in _ONEDNN_AMX),
-        "mkl_amx": hw_amx and (not mkl or mkl.upper().startswith("AVX512_E4")),
+        "mkl_amx": hw_amx and (not mkl or mkl.upper().startswith("AVX512_E4")) and not cbwr,
+        "native_bf16": native_bf16() if _C is not None else None,
     }
 
 
@@ -110,4 +148,4 @@ def describe(info: dict | None = None) -> str:
     cap = info["cap"] or "none"
     return (f"cpu {info['cpu']} | isa {info['active']} (detected {info['detected']}, cap {cap}) | "
             f"oneDNN {info['onednn_max_isa']} amx={info['onednn_amx']} | MKL {info['mkl_instructions']} "
-            f"amx={info['mkl_amx']}")
+            f"cbwr={info.get('mkl_cbwr', 'default')} amx={info['mkl_amx']} | bf16 native={info.get('native_bf16')}")

@@ -111,8 +111,9 @@ def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False):
     """Run `model`'s encoder on bertfast; returns `model` itself.
 
     model: a transformers base or task model of a supported family (BERT, RoBERTa, XLM-R, ELECTRA,
-    ALBERT, DistilBERT). dtype: the engine's dtype (None: the model's); outputs are cast back to the
-    model's dtype for its head. strict: raise EngineUnsupported instead of falling back.
+    ALBERT, DistilBERT). dtype: the engine's dtype (None: the model's; "auto": the backend's fastest
+    within the fidelity rule, see `Encoder.from_pretrained`); outputs are cast back to the model's dtype
+    for its head. strict: raise EngineUnsupported instead of falling back.
     A sentence-transformers SentenceTransformer has its Transformer module's model optimized.
     """
     st = sys.modules.get("sentence_transformers")  # imported whenever `model` can be one

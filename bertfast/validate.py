@@ -612,7 +612,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backend", default="auto",
                         help="backend to check: triton, cpu, torch or auto (default: auto)")
     parser.add_argument("--dtype", default=DEFAULT_DTYPES,
-                        help=f"comma-separated dtypes to check (default: {DEFAULT_DTYPES}); 'int8' alone, "
+                        help=f"comma-separated dtypes to check (default: {DEFAULT_DTYPES}; 'auto': the backend's "
+                             "choice on this CPU tier or GPU); 'int8' alone, "
                              "with --model: the int8 accuracy report (per layer and sentence embeddings vs fp32)")
     parser.add_argument("--model", default=None, metavar="DIR",
                         help="check a whole checkpoint layer by layer instead of the op sweep "
@@ -630,13 +631,17 @@ def _usage_error(msg: str) -> int:
     return 2
 
 
-def parse_dtypes(text: str) -> list[torch.dtype]:
+def parse_dtypes(text: str, backend=None, device: str = "cpu") -> list[torch.dtype]:
+    """Comma-separated dtype names; "auto" is `backend`'s choice on `device` (Backend.precision)."""
     from .loading import resolve_dtype
 
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
         raise ValueError("--dtype is empty (expected e.g. fp32,fp16,bf16)")
-    return list(dict.fromkeys(resolve_dtype(n) for n in names))
+    if "auto" in names and backend is None:
+        raise ValueError("--dtype auto needs a backend to ask")
+    auto = backend.precision(torch.device(device).type).auto if "auto" in names else None
+    return list(dict.fromkeys(auto if n == "auto" else resolve_dtype(n) for n in names))
 
 
 def run(args) -> int:
@@ -645,7 +650,6 @@ def run(args) -> int:
     if "int8" in [d.strip() for d in args.dtype.split(",")]:
         return run_int8(args)
     try:
-        dtypes = parse_dtypes(args.dtype)
         ops = None
         if args.ops:
             ops = [s.strip() for s in args.ops.split(",") if s.strip()]
@@ -660,6 +664,7 @@ def run(args) -> int:
         return _usage_error(str(e))
     try:
         backend = get_backend(args.backend, device)
+        dtypes = parse_dtypes(args.dtype, backend, device)
     except (ValueError, BackendUnavailable) as e:
         return _usage_error(str(e))
     return run_with_backend(backend, args, dtypes=dtypes, device=device, ops=ops)
@@ -668,7 +673,7 @@ def run(args) -> int:
 def run_with_backend(backend, args, dtypes=None, device="cpu", ops=None, out=None) -> int:
     """The command body for an already constructed backend (tests pass their own)."""
     out = out or sys.stdout
-    dtypes = dtypes if dtypes is not None else parse_dtypes(getattr(args, "dtype", DEFAULT_DTYPES))
+    dtypes = dtypes if dtypes is not None else parse_dtypes(getattr(args, "dtype", DEFAULT_DTYPES), backend, device)
     model = getattr(args, "model", None)
     weights = directory = None
     if model is not None:

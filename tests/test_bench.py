@@ -168,8 +168,8 @@ def test_settle_pause_and_untimed_call_before_each_timed_call(settle_ms, tmp_pat
     report, rows = _rows(out_json)
     row = rows[("b2xs16", "fp32", "counting")]
     assert report["settings"]["settle_ms"] == settle_ms
-    # Set-up: first call, 1 warm-up, the validated call, the round-length call; then the rounds.
-    assert len(calls) == 4 + row["repeats"] * (2 if settle_ms else 1)
+    # Set-up: first call, 1 warm-up, the validated call (its time sizes the rounds); then the rounds.
+    assert len(calls) == 3 + row["repeats"] * (2 if settle_ms else 1)
 
 
 def test_process_isolation_runs_each_provider_in_its_own_worker(tmp_path):
@@ -224,6 +224,42 @@ def test_process_isolation_runs_each_provider_in_its_own_worker(tmp_path):
 def test_bad_arguments_exit_2_with_message(args, message, capsys):
     assert _run_cli(args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_isa_tiers_each_in_a_child_with_one_json(tmp_path, capfd):
+    """--isa runs the grid once per tier in a child process (BERTFAST_ISA set there), prints each tier's
+    cpu_info line and table, lists tiers the CPU lacks as skipped, and merges every tier's rows."""
+    from bertfast import isa
+
+    supported = isa.supported_tiers()
+    if not supported:
+        pytest.skip("bertfast._C is not built: no tier to run")
+    lacking = [t for t in reversed(isa.TIERS) if t not in supported]
+    tiers = ["portable"] + lacking[:1]
+    out_json = tmp_path / "tiers.json"
+    assert _run_cli(["--isa", ",".join(tiers), "--workloads", "b1xs16", "--dtypes", "fp32,auto",
+                     "--providers", "bertfast-cpu", "--repeats", "1", "--settle-ms", "0",
+                     "--json", str(out_json)]) == 0
+    printed = capfd.readouterr().out
+    assert "=== ISA tier portable" in printed and "isa portable (detected" in printed
+    report = json.loads(out_json.read_text())
+    assert report["isa_tiers"]["ran"] == ["portable"]
+    assert list(report["tiers"]) == ["portable"]
+    assert report["tiers"]["portable"]["machine"]["cpu_info"]["active"] == "portable"
+    rows = report["rows"]
+    assert {(r["isa"], r["dtype"], r["status"]) for r in rows} == {("portable", "fp32", "ok")}  # auto = fp32 there
+    for tier in lacking[:1]:
+        assert f"=== ISA tier {tier}: skipped: this CPU does not support the {tier} tier" in printed
+        assert tier in report["isa_tiers"]["skipped"]
+
+
+def test_isa_argument_errors(capsys):
+    assert _run_cli(["--isa", "sse9"]) == 2
+    assert "--isa: unknown tier(s) sse9" in capsys.readouterr().err
+    from bertfast.bench_tiers import parse_tiers
+
+    assert parse_tiers("all") == ["amx", "avx512_vnni", "avx2", "portable"]
+    assert parse_tiers("portable,avx2") == ["avx2", "portable"]
 
 
 def test_peak_memory_sees_a_large_temporary():

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not supported_tiers(), reason="bertfast._C is no
 def _child(code: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items()
                 if k not in ("BERTFAST_ISA", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
-                             "ATEN_CPU_CAPABILITY", "ONEDNN_VERBOSE", "DNNL_VERBOSE")}
+                             "MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_VERBOSE", "DNNL_VERBOSE")}
     full_env.update(env)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
                           text=True, timeout=timeout)
@@ -45,18 +45,33 @@ def test_tiers_detected_in_order():
 def test_cap_from_environment(tier):
     """BERTFAST_ISA caps the extension and passes the cap on to oneDNN, MKL and ATen."""
     out = _child("""
-        import json, bertfast
-        print(json.dumps(bertfast.cpu_info()))
+        import ctypes, json, os, torch, bertfast
+        torch.mm(torch.randn(64, 64), torch.randn(64, 64))
+        env = {k: os.environ.get(k) for k in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR",
+                                              "ATEN_CPU_CAPABILITY")}
+        try:  # MKL's own reading of MKL_CBWR (MKL_CBWR_BRANCH = 1), where torch links MKL with its symbols
+            lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+            branch = lib.mkl_serv_cbwr_get(1)
+        except (OSError, AttributeError):
+            branch = None
+        print(json.dumps({"info": bertfast.cpu_info(), "env": env, "mkl_branch": branch}))
     """, {"BERTFAST_ISA": tier}, timeout=120)
     assert out.returncode == 0, out.stderr
-    info = json.loads(out.stdout.strip().splitlines()[-1])
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    info, env = child["info"], child["env"]
     detected = supported_tiers()[0]
     expected = tier if TIERS.index(tier) >= TIERS.index(detected) else detected
     assert info["cap"] == tier and info["detected"] == detected and info["active"] == expected
+    caps = isa.library_caps(tier)
+    assert {k: v for k, v in env.items() if v is not None} == caps  # every variable of the cap, no other
     if tier != "amx":
-        assert info["onednn_max_isa"] == isa.library_caps(tier)["ONEDNN_MAX_CPU_ISA"]
-        assert info["mkl_instructions"] == isa.library_caps(tier)["MKL_ENABLE_INSTRUCTIONS"]
+        assert info["onednn_max_isa"] == caps["ONEDNN_MAX_CPU_ISA"]
+        assert info["mkl_instructions"] == caps["MKL_ENABLE_INSTRUCTIONS"]
         assert not info["onednn_amx"] and not info["mkl_amx"]
+    # MKL ignores MKL_ENABLE_INSTRUCTIONS on non-Intel CPUs; COMPATIBLE (its SSE2 path) holds everywhere.
+    assert info["mkl_cbwr"] == caps.get("MKL_CBWR", "default")
+    if tier == "portable" and child["mkl_branch"] is not None:
+        assert child["mkl_branch"] == 3  # MKL_CBWR_COMPATIBLE
 
 
 def test_unknown_tier_is_refused():

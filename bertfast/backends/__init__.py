@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import warnings
 
-from .base import Backend, BackendUnavailable
+from .base import Backend, BackendUnavailable, Precision
 
 # name -> "module:Class". Adding a backend is one line here plus its module.
 REGISTRY = {
@@ -47,10 +47,11 @@ def available_backends(device="cpu") -> dict[str, str | None]:
 _warned: set[str] = set()
 
 
-def _warn_once(message: str) -> None:
+def warn_once(message: str, stacklevel: int = 3) -> None:
+    """warnings.warn(message) the first time this process sees `message`."""
     if message not in _warned:
         _warned.add(message)
-        warnings.warn(message, stacklevel=3)
+        warnings.warn(message, stacklevel=stacklevel)
 
 
 def _device_type(device) -> str:
@@ -74,7 +75,7 @@ def get_backend(name: str = "auto", device="cpu", quantize: str | None = None) -
                 reason = f"no {quantize!r} quantization"
             if reason is None:
                 if passed_over:
-                    _warn_once(f"bertfast: backend 'auto' on {device} is using {candidate!r}, not the faster "
+                    warn_once(f"bertfast: backend 'auto' on {device} is using {candidate!r}, not the faster "
                                + "; ".join(passed_over))
                 return cls(quantize=quantize)
             passed_over.append(f"{candidate!r} ({reason})")
@@ -98,4 +99,4 @@ def get_backend(name: str = "auto", device="cpu", quantize: str | None = None) -
     return cls(quantize=quantize)
 
 
-__all__ = ["Backend", "BackendUnavailable", "REGISTRY", "get_backend", "available_backends"]
+__all__ = ["Backend", "BackendUnavailable", "Precision", "REGISTRY", "get_backend", "available_backends", "warn_once"]

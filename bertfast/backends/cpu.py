@@ -21,9 +21,9 @@ import sys
 
 import torch
 
-from .. import quant
+from .. import isa, quant
 from ..loading import LayerWeights, ModelWeights
-from .base import Backend
+from .base import Backend, Precision
 
 try:
     from .. import _C
@@ -32,12 +32,6 @@ except ImportError as e:  # not built (BERTFAST_NO_EXT=1, or a source checkout w
     _IMPORT_ERROR = str(e)
 else:
     _IMPORT_ERROR = None
-
-
-def native_bf16() -> bool:
-    """Whether the active ISA tier has bf16 dot products (AMX, or AVX-512 BF16 under avx512_vnni)."""
-    tier = _C.isa()
-    return tier == "amx" or (tier == "avx512_vnni" and _C.has_avx512_bf16())
 
 
 class PackedLinear:
@@ -55,7 +49,7 @@ class PackedLinear:
             raise ValueError(f"a linear weight must be (out_features, in_features), got {tuple(weight.shape)}")
         self.weight = weight.contiguous()
         self.weight_t = self.weight.t()
-        self.onednn = _onednn_weight(self.weight) if native_bf16() else None
+        self.onednn = _onednn_weight(self.weight) if isa.native_bf16() else None
         self.packed = _C.pack_linear(self.weight)
         self.out_features, self.in_features = self.weight.shape
 
@@ -122,6 +116,14 @@ def _packed(weight) -> PackedLinear:
     return weight if isinstance(weight, PackedLinear) else PackedLinear(weight)
 
 
+# Tiers without native bf16 dot products where the cpu backend's bf16 forward measured slower than its
+# fp32 one (`precision`; README "CPU ISA tiers" has the runs): none so far. avx2 and portable caps, paired
+# in one process: bf16 / fp32 0.70 and 0.93 at b1 x s16, 0.98 and 0.51 at b8 x s128 (portable fp32 runs
+# MKL's SSE2 sgemm there). avx512_vnni without AVX-512 BF16 (Intel before Cooper Lake) is unmeasured
+# since bf16 stays on the extension's kernel.
+BF16_SLOWER_TIERS: tuple[str, ...] = ()
+
+
 class CpuBackend(Backend):
     name = "cpu"
     dtypes = (torch.float32, torch.bfloat16)
@@ -169,6 +171,18 @@ class CpuBackend(Backend):
         self._whole = {id(layer): self._whole_layer(layer, weights.config) for layer in seen.values()}
         return dataclasses.replace(contiguous, layers=layers, pooler_weight=pooler)
 
+    def precision(self, device):
+        """dtype="auto": bf16 where the active tier has native bf16 dot products (`isa.native_bf16`), else
+        fp32; bf16 is marked slower than fp32 on the tiers where it measured so (BF16_SLOWER_TIERS).
+
+        Measured (bf16 / fp32 forward time, BERT-base b1 x s16 and b8 x s128, 2 threads, AMD EPYC Zen 4;
+        README "CPU ISA tiers"): avx512_vnni with AVX-512 BF16 0.54 / 0.55. Without native dot products the
+        extension widens bf16 weights to fp32 on the fly: half the weight traffic at a few tokens, the same
+        arithmetic at many (avx2 cap 0.70 / 0.98), so fp32, exact to 1e-5, is as fast where it counts."""
+        if isa.native_bf16():
+            return Precision(torch.bfloat16)
+        return Precision(torch.float32, (torch.bfloat16,) if _C.isa() in BF16_SLOWER_TIERS else ())
+
     def native_rows(self, dtype) -> int:
         """The GEMM routing rule: the largest token count whose fp32/bf16 GEMMs run on the extension's
         own kernel (`_C.linear`) on the active ISA tier; above it torch's GEMM (MKL fp32, oneDNN bf16).
@@ -178,7 +192,7 @@ class CpuBackend(Backend):
             # AVX-512: the blocked regime took 0.95-0.97x the time of MKL's sgemm at 576 rows (BERT-base,
             # Sapphire Rapids, 2 threads) and fuses bias, GELU and residual. Below it, MKL past 256 rows.
             return sys.maxsize if tier in ("avx512_vnni", "amx") else 256
-        if native_bf16():
+        if isa.native_bf16():
             return 64  # bf16 dot products in oneDNN's prepacked GEMM beat ours past 64 rows
         # Without them oneDNN's bf16 GEMM is an emulation: 2.8x (avx512_vnni cap) to 4x (avx2 cap) the time
         # of fp32 at BERT-base b8 x s128 (AMD EPYC). Ours widens bf16 weights on the fly at any M, except
@@ -204,7 +218,7 @@ class CpuBackend(Backend):
             x = x.contiguous()
         if residual is not None and act != "none":
             raise ValueError("an activation and a residual together are not supported")
-        if w.onednn is not None and native_bf16():
+        if w.onednn is not None and isa.native_bf16():
             return _ACTIVATE[act](_onednn_linear(x, w.onednn, w.out_features, bias, residual))
         # fp32 GEMM (MKL); bf16 without native bf16 dot products on widened operands
         wide = x.dtype != torch.float32

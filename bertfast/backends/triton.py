@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from .base import Backend
+from .base import Backend, Precision
 
 
 def _triton_import_error() -> str | None:
@@ -51,6 +51,10 @@ class TritonBackend(Backend):
         from .. import ops
 
         self._ops = ops
+
+    def precision(self, device):
+        # The interpreter (CPU) computes no bf16: fp32 there; on CUDA the base rule (bf16 where supported).
+        return Precision(torch.float32) if device == "cpu" else super().precision(device)
 
     def prepare(self, weights):
         self.check_dtype(weights.dtype)
