@@ -29,7 +29,8 @@ INT8_SENTENCES = 48  # of the report's fixed set: a broken tier kernel fails on 
 
 @pytest.fixture(scope="module")
 def hf():
-    return hf_bert(seed=3, hidden_size=96, num_attention_heads=3, intermediate_size=160)
+    # intermediate 416: the FFN-out GEMM sums K in three blocks of the fp32 kernels (192 steps)
+    return hf_bert(seed=3, hidden_size=96, num_attention_heads=3, intermediate_size=416)
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +64,7 @@ def test_bf16_within_twice_hf_bf16(isa, hf, batch):
 
 @pytest.mark.parametrize("lengths", [[20, 1, 9], LENGTHS], ids=["30-tokens", "50-tokens"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_batch_invariance(isa, hf, dtype, lengths, request):
-    if dtype == torch.float32 and isa in ("avx512_vnni", "amx") and sum(lengths) > 32 >= max(lengths):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "AVX-512 fp32: a batch of more than 32 tokens runs the blocked GEMM, which sums K in another "
-            "order than the streaming GEMM a sequence of at most 32 tokens runs alone (~5e-7 apart)")))
+def test_batch_invariance(isa, hf, dtype, lengths):
     ids, mask, types = ragged_batch(lengths, seqlen=25, seed=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -165,8 +165,8 @@ void linear_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t
 
 // Two regimes, by the number of passes (register tiles of up to 8 rows of x):
 // - streaming, up to kPackPasses passes (M <= 32), bound by the weight stream: a panel is computed in
-//   blocks of kBlockSteps k steps (fp32) or k pairs (bf16) (24 KB of weights, read from memory by the
-//   first pass and from L1 by the others); a far prefetch keeps the memory stream running (while a
+//   blocks of kBlockSteps<T> k steps (fp32) or k pairs (bf16) (36 / 24 KB of weights, read from memory by
+//   the first pass and from L1/L2 by the others); a far prefetch keeps the memory stream running (while a
 //   block is computed, the stretch as long as the block kFarBytes further along this thread's weight
 //   stream is pulled into L2, a few lines per k step, spread over all passes) and a near prefetch pulls
 //   the block itself into L1 just ahead of the first pass's loads; x is packed (pack_x) so that a tile's
@@ -178,7 +178,10 @@ void linear_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t
 // with per-row x pointers): time x0.83-0.91 at M = 16 (15.9-17.9 -> 17.7-21.5 GB/s), x0.89 at M = 8,
 // x0.95 at M = 24-32. Far distances of 16-128 KB and blocks of 64-256 steps measured alike.
 constexpr int64_t kStepBytes = kPanel * 4;  // one k step (fp32) or k pair (bf16) of a panel
-constexpr int64_t kBlockSteps = 128;
+// fp32 blocks are the blocked regime's k blocks and sum the same way (each block from zero, then added to
+// the earlier ones, same epilogue), so a row's result does not depend on how many rows share the call.
+template <typename T>
+constexpr int64_t kBlockSteps = sizeof(T) == 2 ? 128 : 192;
 constexpr int64_t kFarBytes = 32 * 1024;
 constexpr int64_t kNearBytes = 1024;
 
@@ -210,13 +213,13 @@ struct FarPrefetch {
   }
 };
 
-// x as the streaming regime's tiles read it: [blocks][M][kBlockSteps k steps], zero past K. A row's k
+// x as the streaming regime's tiles read it: [blocks][M][kBlockSteps<T> k steps], zero past K. A row's k
 // steps of one block sit at a fixed distance from the next row's, so a tile broadcasts all its rows
 // from one pointer with constant offsets (with a pointer per row GCC ran out of registers and reloaded
 // them from the stack on every k step). bf16 keeps k pairs together: an odd K's missing odd element
 // is a zero, as the packed weight's is.
 template <typename T>
-constexpr int64_t kXRow = kBlockSteps * (sizeof(T) == 2 ? 2 : 1);  // elements of a row per block
+constexpr int64_t kXRow = kBlockSteps<T> * (sizeof(T) == 2 ? 2 : 1);  // elements of a row per block
 constexpr int64_t kPackPasses = 4;
 
 template <typename T>
@@ -269,18 +272,25 @@ BF_INLINE void near_prefetch(const void* w) {
 }
 
 // MR rows x 48 columns in 3 x MR zmm accumulators (MR <= 8: 24 accumulators): `steps` k steps of one
-// block, x packed (row r at x + r * kXRow), w from the block's first step; onto the fp32 tile
-// [MR][kPanel] unless `first`.
+// block, x packed (row r at x + r * kXRow), w from the block's first step; summed from zero, then added
+// onto the fp32 tile [MR][kPanel] unless `first` (the order of tile_blocked).
 template <int MR>
 BF_TARGET_AVX512 BF_INLINE void tile_avx512_f32(const float* x, const float* w, int64_t steps, float* tile, bool first,
                                                 FarPrefetch pf, bool near) {
   constexpr int64_t S = kXRow<float>;
   __m512 c[MR][3];
-  load_acc<MR>(c, tile, first);
+  load_acc<MR>(c, tile, true);
   for (int64_t k = 0; k < steps; ++k, w += kPanel) {
     if (near) near_prefetch(w);
     pf.step();
     fma_step<MR>(c, w, [&](int r) { return x[r * S + k]; });
+  }
+  if (!first) {
+    __m512 sum[MR][3];
+    load_acc<MR>(sum, tile, false);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < 3; ++v) c[r][v] = _mm512_add_ps(sum[r][v], c[r][v]);
   }
   store_acc<MR>(c, tile);
 }
@@ -353,25 +363,25 @@ BF_TARGET_AVX512BF16 BF_INLINE void tile_avx512_rows(const T* x, const T* w, int
   }
 }
 
-// The streaming schedule (linear_avx512 and linear_avx2): each claimed panel in blocks of kBlockSteps k
+// The streaming schedule (linear_avx512 and linear_avx2): each claimed panel in blocks of kBlockSteps<T> k
 // steps (k pairs for bf16); per block, passes of up to `rows` rows (pass 0 near-prefetches the block and
 // every pass takes its share of the far prefetch) add onto the panel's fp32 sums `acc` (M x kPanel); then
-// the epilogue. xp: x packed by the tier ([blocks][M][kXRow<T>] of XT). `pass` runs one pass; it is a
-// functor whose call is not force-inlined, so this untargeted template can serve both targets (a call
-// per pass of up to kBlockSteps k steps).
+// the epilogue (`pass.store`). xp: x packed by the tier ([blocks][M][kXRow<T>] of XT). `pass` runs one pass;
+// it is a functor whose call is not force-inlined, so this untargeted template can serve both targets (a
+// call per pass of up to kBlockSteps<T> k steps).
 template <typename T, typename XT, typename Pass>
 BF_INLINE void stream_panels(const XT* xp, const T* packed, int64_t M, int64_t N, int64_t K, int64_t rows,
                              const Epilogue& ep, MeetInTheMiddle::Walker& panels, float* acc, const Pass& pass) {
   const int64_t steps = sizeof(T) == 2 ? (K + 1) / 2 : K;  // k steps (bf16: k pairs) per panel
   const int64_t panel_bytes = steps * kStepBytes;
   const int64_t passes = (M + rows - 1) / rows;
-  const int64_t blocks = (steps + kBlockSteps - 1) / kBlockSteps;
+  const int64_t blocks = (steps + kBlockSteps<T> - 1) / kBlockSteps<T>;
   const char* base = reinterpret_cast<const char*>(packed);
   for (int64_t p = panels.claim(); p >= 0; p = panels.claim()) {
     const T* wp = packed + p * (panel_bytes / sizeof(T));
     const int64_t p_next = panels.peek();
     for (int64_t kb = 0; kb < blocks; ++kb) {
-      const int64_t k0 = kb * kBlockSteps, n = std::min<int64_t>(kBlockSteps, steps - k0);
+      const int64_t k0 = kb * kBlockSteps<T>, n = std::min<int64_t>(kBlockSteps<T>, steps - k0);
       // The far prefetch covers as many bytes as the block, kFarBytes ahead of it, a share per pass.
       const int64_t far_lines = n * kStepBytes / 64;
       for (int64_t i = 0; i < passes; ++i) {
@@ -385,7 +395,7 @@ BF_INLINE void stream_panels(const XT* xp, const T* packed, int64_t M, int64_t N
     }
     const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
     for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
-      store_tile<T>(acc + m0 * kPanel, int(std::min<int64_t>(kMaxRows, M - m0)), m0, p * kPanel, nvalid, ep);
+      pass.store(acc + m0 * kPanel, int(std::min<int64_t>(kMaxRows, M - m0)), m0, p * kPanel, nvalid, ep);
   }
 }
 
@@ -393,7 +403,7 @@ BF_INLINE void stream_panels(const XT* xp, const T* packed, int64_t M, int64_t N
 template <typename T>
 int64_t stream_blocks(int64_t K) {
   const int64_t steps = sizeof(T) == 2 ? (K + 1) / 2 : K;
-  return (steps + kBlockSteps - 1) / kBlockSteps;
+  return (steps + kBlockSteps<T> - 1) / kBlockSteps<T>;
 }
 
 template <typename T>
@@ -403,6 +413,7 @@ struct Avx512Pass {
                                        const FarPrefetch& pf, bool near) const {
     tile_avx512_rows<T>(x, w, steps, mr, tile, first, dot, pf, near);
   }
+  void store(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid, const Epilogue& ep) const;
 };
 
 // The whole AVX-512 path is compiled with the BF16 target so one function holds both variants; the
@@ -422,7 +433,7 @@ BF_TARGET_AVX512BF16 void linear_avx512(const T* x, int64_t ldx, const T* packed
 
 // ---- AVX2 + FMA (Avx2 tier): the streaming schedule above on 16 ymm registers ----
 //
-// The schedule of linear_avx512 at every M: a panel in blocks of kBlockSteps k steps (fp32) or k pairs
+// The schedule of linear_avx512 at every M: a panel in blocks of kBlockSteps<T> k steps (fp32) or k pairs
 // (bf16), read from memory by the first pass and from L1 by the others, with the same far and near
 // prefetch, and fp32 accumulators of the whole panel kept between blocks. A pass of rows covers the panel's
 // 48 columns in register tiles of at most 12 accumulators (pass_avx2_rows has the shapes). AVX2 has no
@@ -581,6 +592,9 @@ struct Avx2Pass {
                                  const FarPrefetch& pf, bool near) const {
     pass_avx2_rows<T>(mr, x, w, steps, tile, first, pf, near);
   }
+  void store(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid, const Epilogue& ep) const {
+    store_tile<T>(tile, mr, m0, n0, nvalid, ep);
+  }
 };
 
 template <typename T>
@@ -615,7 +629,7 @@ BF_TARGET_AVX2 void linear_avx2(const T* x, int64_t ldx, const T* packed, int64_
 // makes it more accurate than one running sum over K: max error 1.6e-6 against 1.0e-5 (MKL 2.2e-6) for
 // 576 x 3072 by 3072 x 768 against float64.
 constexpr int64_t kBlockRows = 128;
-constexpr int64_t kBlockK = 192;
+constexpr int64_t kBlockK = kBlockSteps<float>;
 
 // dst[k][r] = src[r][k] for an 8 x 8 block (rows of src `ld` apart).
 BF_TARGET_AVX512 BF_INLINE void transpose_8x8(const float* src, int64_t ld, float* dst) {
@@ -730,6 +744,30 @@ BF_TARGET_AVX512 void tile_blocked_rows(int mr, const float* xt, const float* w,
     case 7: tile_blocked<7>(xt, w, kc, c, first, pf, to); break;
     default: tile_blocked<8>(xt, w, kc, c, first, pf, to); break;
   }
+}
+
+// The streaming regime's epilogue: fp32 through the blocked regime's (the same vector activation), bf16
+// and the activations without a 16-lane form through store_tile.
+template <typename T>
+BF_TARGET_AVX512BF16 void Avx512Pass<T>::store(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid,
+                                              const Epilogue& ep) const {
+  if constexpr (sizeof(T) == 4) {
+    if (ep.act == Act::None || ep.act == Act::Gelu || ep.act == Act::Relu) {
+      for (int r = 0; r < mr; ++r) {
+        __m512 acc[1][3];
+        load_acc<1>(acc, tile + r * kPanel, false);
+        const TileOut to{nullptr, &ep, m0 + r, n0, nvalid};
+        if (ep.act == Act::Gelu)
+          finish_tile<1, Act::Gelu>(acc, to);
+        else if (ep.act == Act::Relu)
+          finish_tile<1, Act::Relu>(acc, to);
+        else
+          finish_tile<1, Act::None>(acc, to);
+      }
+      return;
+    }
+  }
+  store_tile<T>(tile, mr, m0, n0, nvalid, ep);
 }
 
 // One item: output rows [r0, r0 + rows) x panels [p0, p1).
