@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -59,20 +60,45 @@ constexpr int64_t kStreamRows = 16;  // avx512_vnni: the streaming tile up to he
 constexpr int64_t kRowBlock = 48;    // rows of one work item of the blocked paths
 constexpr int64_t kGroupPanels = 4;  // panels (of 16 columns) of one work item
 
-// Row m, columns [n0, n0 + n) of the output from their int32 sums over the unsigned codes (n <= 16).
-BF_INLINE void finish_row(const int32_t* acc, int64_t m, int64_t n0, int64_t n, const Int8Args& a) {
+// Row m, columns [n0, n0 + n) of the output from their int32 sums over the unsigned codes (n <= 16). The
+// activation is chosen outside the loops so each loop vectorizes (GELU included) in the caller's ISA.
+template <typename Cols>
+BF_INLINE void finish_cols(const int32_t* acc, int64_t m, int64_t n0, Cols n, const Int8Args& a) {
   const float s = a.xs[m], z = float(a.zp[m] + 128);
+  const float *ws = a.ws + n0, *cs = a.colsum + n0;
   float v[16];
-  for (int64_t j = 0; j < n; ++j)
-    v[j] = s * (float(acc[j]) * a.ws[n0 + j] - z * a.colsum[n0 + j]) + (a.bias != nullptr ? a.bias[n0 + j] : 0.f);
-  for (int64_t j = 0; j < n; ++j) v[j] = apply_act(v[j], a.act);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) v[j] = s * (float(acc[j]) * ws[j] - z * cs[j]);
+  if (a.bias != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) v[j] += a.bias[n0 + j];
+  }
+  switch (a.act) {
+    case Act::Gelu:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) v[j] = gelu_erf(v[j]);
+      break;
+    case Act::None:
+      break;
+    default:
+      for (int64_t j = 0; j < n; ++j) v[j] = apply_act(v[j], a.act);
+      break;
+  }
   float* o = a.out + m * a.N + n0;
   if (a.residual != nullptr) {
     const float* r = a.residual + m * a.ldr + n0;
+#pragma omp simd
     for (int64_t j = 0; j < n; ++j) o[j] = v[j] + r[j];
   } else {
+#pragma omp simd
     for (int64_t j = 0; j < n; ++j) o[j] = v[j];
   }
+}
+
+// A whole panel's 16 columns as a compile-time count: loops without remainders.
+BF_INLINE void finish_row(const int32_t* acc, int64_t m, int64_t n0, int64_t n, const Int8Args& a) {
+  if (n == 16) return finish_cols(acc, m, n0, std::integral_constant<int64_t, 16>{}, a);
+  finish_cols(acc, m, n0, n, a);
 }
 
 // The 4 codes of `row` at group g as unsigned bytes, zero padded past K (code 0 -> 128, times a zero weight).
@@ -159,37 +185,42 @@ void item_generic(const Int8Args& a, const int16_t* xw, int64_t ldw, int64_t r0,
 }
 
 #if BF_X86
-// MR rows x 8 columns (half `h` of panel p): each 16-byte chunk of a group (4 columns x 4 k) sign-extended to
-// 16 int16, times the row's 4 codes broadcast (vpmaddwd: 8 int32 lanes, two per column), 2 x MR accumulators.
+// acc0 += w0 . x, acc1 += w1 . x (vpmaddwd) with the row's 4 codes at x broadcast. One asm block a row: from
+// intrinsics GCC 12 may load all the tile's broadcasts first, 6 registers more than the 16, and spill.
+BF_TARGET_AVX2 BF_INLINE void madd_row(__m256i& acc0, __m256i& acc1, const int16_t* x, __m256i w0, __m256i w1) {
+  __m256i xv, t;
+  asm("vpbroadcastq %[x], %[xv]\n\t"
+      "vpmaddwd %[w0], %[xv], %[t]\n\t"
+      "vpaddd %[t], %[a0], %[a0]\n\t"
+      "vpmaddwd %[w1], %[xv], %[xv]\n\t"
+      "vpaddd %[xv], %[a1], %[a1]"
+      : [a0] "+x"(acc0), [a1] "+x"(acc1), [xv] "=&x"(xv), [t] "=&x"(t)
+      : [x] "m"(*reinterpret_cast<const int64_t*>(x)), [w0] "x"(w0), [w1] "x"(w1));
+}
+
+// MR rows x 8 columns (half `h` of panel p) into sums[r][8h, 8h + 8): each 16-byte chunk of a group (4 columns
+// x 4 k) sign-extended to 16 int16, times the row's 4 codes broadcast (vpmaddwd: 8 int32 lanes, two per
+// column), 2 x MR accumulators.
 template <int MR>
 BF_TARGET_AVX2 BF_INLINE void tile_avx2(const Int8Args& a, const int16_t* xw, int64_t ldw, int64_t m0, int64_t p,
-                                        int h) {
+                                        int h, int32_t (*sums)[16]) {
   const int64_t k4 = (a.K + 3) / 4;
   __m256i acc[MR][2];
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
   const int8_t* wp = a.packed + p * k4 * 64 + 32 * h;
   const int16_t* xr = xw + m0 * ldw;
   for (int64_t g = 0; g < k4; ++g) {
     const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + g * 64)));
     const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + g * 64 + 16)));
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; ++r) {
-      int64_t x4;
-      std::memcpy(&x4, xr + r * ldw + 4 * g, 8);
-      const __m256i xv = _mm256_set1_epi64x(x4);
-      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(w0, xv));
-      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(w1, xv));
-    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) madd_row(acc[r][0], acc[r][1], xr + r * ldw + 4 * g, w0, w1);
   }
-  const int64_t n0 = p * 16 + 8 * h, n = std::min<int64_t>(8, a.N - n0);
-  if (n <= 0) return;
-  for (int r = 0; r < MR; ++r) {
-    // Lanes (2c, 2c + 1) of chunk i hold column 4i + c: pairwise sums, then the 64-bit lanes put in order.
-    const __m256i sums = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r][0], acc[r][1]), 0xD8);
-    alignas(32) int32_t s[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(s), sums);
-    finish_row(s, m0 + r, n0, n, a);
-  }
+  // Lanes (2c, 2c + 1) of chunk i hold column 4i + c: pairwise sums, then the 64-bit lanes put in order.
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums[r] + 8 * h),
+                        _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r][0], acc[r][1]), 0xD8));
 }
 
 struct Avx2Tile {
@@ -199,8 +230,11 @@ struct Avx2Tile {
   // Not force-inlined: row_tiles, which calls it, carries no target of its own.
   template <int MR>
   BF_TARGET_AVX2 void run(int64_t m0, int64_t p) const {
-    tile_avx2<MR>(a, xw, ldw, m0, p, 0);
-    tile_avx2<MR>(a, xw, ldw, m0, p, 1);
+    const int64_t n0 = p * 16, n = std::min<int64_t>(16, a.N - n0);
+    alignas(32) int32_t sums[MR][16];
+    tile_avx2<MR>(a, xw, ldw, m0, p, 0, sums);
+    if (n > 8) tile_avx2<MR>(a, xw, ldw, m0, p, 1, sums);
+    for (int r = 0; r < MR; ++r) finish_row(sums[r], m0 + r, n0, n, a);
   }
 };
 
