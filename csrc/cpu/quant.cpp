@@ -52,14 +52,17 @@ BF_INLINE void quantize_rows_loops(const float* x, int64_t ldx, int64_t lo_row, 
   for (int64_t m = lo_row; m < hi_row; ++m) {
     const float* row = x + m * ldx;
     float lo = 0.f, hi = 0.f;
-    bool nan = false;
+    int nan = 0;
+    // As reductions the loop vectorizes (a bool flag kept it scalar); the order of min/max does not matter
+    // to the result, and a row with NaN is flagged whatever its lo and hi.
+#pragma omp simd reduction(min : lo) reduction(max : hi) reduction(| : nan)
     for (int64_t k = 0; k < K; ++k) {
       const float v = row[k];
       nan |= v != v;
       lo = v < lo ? v : lo;
       hi = v > hi ? v : hi;
     }
-    const RowQuant r = row_params(lo, hi, nan);
+    const RowQuant r = row_params(lo, hi, nan != 0);
     int8_t* qr = q + m * K;
     for (int64_t k = 0; k < K; ++k) qr[k] = code(row[k], r);
     scale[m] = r.scale;
