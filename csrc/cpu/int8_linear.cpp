@@ -11,7 +11,8 @@
 //   avx512_vnni: up to kStreamRows rows a 4 x 64 tile streams the weights (x flipped per broadcast); more
 //     rows: x flipped once into an unsigned buffer, then row blocks x 64 columns in 6 x 64 register tiles.
 //   avx2: x widened once to int16, weights sign-extended on the fly (vpmovsxbw), vpmaddwd: 6 x 8 tiles.
-//   portable: the same blocking as avx2 in plain loops.
+//   portable: x widened as for avx2; per panel the weights moved to k-contiguous rows, then 4 x 2 tiles of
+//     dot products over k in plain loops (the compiler's pmaddwd / sdot reductions).
 #include <omp.h>
 
 #include <algorithm>
@@ -125,34 +126,38 @@ void widen_codes(const Int8Args& a, int64_t lo, int64_t hi, int64_t ldw, int16_t
   }
 }
 
-// MR rows x one panel in plain loops: 64 int32 sums a row (16 columns x the 4 positions of a group),
-// folded per column at the end, so the inner loop is one multiply-add over 64 contiguous weights.
-template <int MR>
-BF_INLINE void tile_portable(const Int8Args& a, const int16_t* xw, int64_t ldw, int64_t m0, int64_t p) {
-  const int64_t k4 = (a.K + 3) / 4;
-  int32_t acc[MR][64] = {};
+// Panel p's 16 columns as k-contiguous rows wt[16][ldw] (the 4-byte pieces of its groups moved into place), so
+// the portable tile's sums are dot products over k, which compilers vectorize (pmaddwd on SSE2, sdot on NEON).
+void panel_rows(const Int8Args& a, int64_t p, int64_t ldw, int8_t* wt) {
+  const int64_t k4 = ldw / 4;
   const int8_t* wp = a.packed + p * k4 * 64;
-  for (int64_t g = 0; g < k4; ++g) {
-    const int8_t* w = wp + g * 64;
-    for (int r = 0; r < MR; ++r) {
-      const int16_t* xr = xw + (m0 + r) * ldw + 4 * g;
-      const int32_t x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3];
-      int32_t* c = acc[r];
-#pragma omp simd
-      for (int j = 0; j < 64; j += 4) {
-        c[j] += x0 * w[j];
-        c[j + 1] += x1 * w[j + 1];
-        c[j + 2] += x2 * w[j + 2];
-        c[j + 3] += x3 * w[j + 3];
+  for (int64_t g = 0; g < k4; ++g)
+    for (int c = 0; c < 16; ++c) std::memcpy(wt + c * ldw + 4 * g, wp + (g * 16 + c) * 4, 4);
+}
+
+// MR rows x the panel's columns, two at a time: 2 x MR dot products in one loop over k.
+template <int MR>
+BF_INLINE void tile_portable(const Int8Args& a, const int16_t* xw, int64_t ldw, int64_t m0, const int8_t* wt,
+                             int64_t p) {
+  const int64_t n0 = p * 16, n = std::min<int64_t>(16, a.N - n0);
+  const int16_t* xr = xw + m0 * ldw;
+  int32_t sums[MR][16];
+  for (int c0 = 0; c0 < n; c0 += 2) {
+    const int8_t* w = wt + c0 * ldw;
+    int32_t acc[MR][2] = {};
+    for (int64_t k = 0; k < ldw; ++k) {
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        acc[r][0] += int32_t(xr[r * ldw + k]) * int32_t(w[k]);
+        acc[r][1] += int32_t(xr[r * ldw + k]) * int32_t(w[ldw + k]);
       }
     }
+    for (int r = 0; r < MR; ++r) {
+      sums[r][c0] = acc[r][0];
+      sums[r][c0 + 1] = acc[r][1];
+    }
   }
-  const int64_t n0 = p * 16, n = std::min<int64_t>(16, a.N - n0);
-  for (int r = 0; r < MR; ++r) {
-    int32_t sums[16];
-    for (int j = 0; j < 16; ++j) sums[j] = acc[r][4 * j] + acc[r][4 * j + 1] + acc[r][4 * j + 2] + acc[r][4 * j + 3];
-    finish_row(sums, m0 + r, n0, n, a);
-  }
+  for (int r = 0; r < MR; ++r) finish_row(sums[r], m0 + r, n0, n, a);
 }
 
 // Rows [r0, r1) of a blocked work item against one panel (or group of panels) `p`, in tiles of MR rows
@@ -175,13 +180,19 @@ struct PortableTile {
   const Int8Args& a;
   const int16_t* xw;
   int64_t ldw;
+  const int8_t* wt;  // panel p as panel_rows lays it out
   template <int MR>
-  BF_INLINE void run(int64_t m0, int64_t p) const { tile_portable<MR>(a, xw, ldw, m0, p); }
+  BF_INLINE void run(int64_t m0, int64_t p) const { tile_portable<MR>(a, xw, ldw, m0, wt, p); }
 };
 
 void item_generic(const Int8Args& a, const int16_t* xw, int64_t ldw, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
   DenormalGuard ftz;
-  for (int64_t p = p0; p < p1; ++p) row_tiles<6>(r0, r1, p, PortableTile{a, xw, ldw});
+  static thread_local std::vector<int8_t> wt;
+  wt.resize(size_t(16 * ldw));
+  for (int64_t p = p0; p < p1; ++p) {
+    panel_rows(a, p, ldw, wt.data());
+    row_tiles<4>(r0, r1, p, PortableTile{a, xw, ldw, wt.data()});
+  }
 }
 
 #if BF_X86
