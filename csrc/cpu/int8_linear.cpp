@@ -306,6 +306,28 @@ BF_TARGET_VNNI BF_INLINE void store_vnni(const __m512i (&acc)[MR][NP], int64_t m
   }
 }
 
+// One k group g of the streaming tile; PADDED: the last group when K % 4 != 0.
+template <int MR, int NP, bool PADDED>
+BF_TARGET_VNNI BF_INLINE void stream_step(__m512i (&acc)[MR][NP], const int8_t* const (&rows)[MR], const int8_t* wp,
+                                          int64_t k4, int64_t g, int64_t K) {
+  __m512i w[NP];
+#pragma GCC unroll 8
+  for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_si512(wp + (j * k4 + g) * 64);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    __m512i xv;
+    if (PADDED) {
+      xv = _mm512_set1_epi32(int32_t(codes4(rows[r], g, K)));
+    } else {
+      int32_t c;
+      std::memcpy(&c, rows[r] + g * 4, 4);
+      xv = _mm512_xor_si512(_mm512_set1_epi32(c), _mm512_set1_epi32(int32_t(0x80808080u)));
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NP; ++j) dpbusd(acc[r][j], xv, w[j]);
+  }
+}
+
 // Streaming tile: MR rows x NP panels from the signed codes, each row's 4 codes flipped as they are broadcast.
 template <int MR, int NP>
 BF_TARGET_VNNI BF_INLINE void stream_tile_vnni(const Int8Args& a, int64_t m0, int64_t p0) {
@@ -316,27 +338,12 @@ BF_TARGET_VNNI BF_INLINE void stream_tile_vnni(const Int8Args& a, int64_t m0, in
 #pragma GCC unroll 8
     for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_si512();
   const int8_t* rows[MR];
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) rows[r] = a.x + (m0 + r) * a.ldx;
   const int8_t* wp = a.packed + p0 * k4 * 64;
-  const __m512i flip = _mm512_set1_epi32(int32_t(0x80808080u));
-  for (int64_t g = 0; g < k4; ++g) {
-    __m512i w[NP];
-#pragma GCC unroll 8
-    for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_si512(wp + (j * k4 + g) * 64);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      __m512i xv;
-      if (g < k4_full) {
-        int32_t c;
-        std::memcpy(&c, rows[r] + g * 4, 4);
-        xv = _mm512_xor_si512(_mm512_set1_epi32(c), flip);
-      } else {  // K % 4 != 0: the last group, padded
-        xv = _mm512_set1_epi32(int32_t(codes4(rows[r], g, a.K)));
-      }
-#pragma GCC unroll 8
-      for (int j = 0; j < NP; ++j) dpbusd(acc[r][j], xv, w[j]);
-    }
-  }
+  // The padded last group (K % 4 != 0) outside the loop: with the branch inside, GCC spilled an accumulator.
+  for (int64_t g = 0; g < k4_full; ++g) stream_step<MR, NP, false>(acc, rows, wp, k4, g, a.K);
+  if (k4_full < k4) stream_step<MR, NP, true>(acc, rows, wp, k4, k4_full, a.K);
   store_vnni<MR, NP>(acc, m0, p0, a);
 }
 
