@@ -272,6 +272,10 @@ def test_int8_on_backend_without_it_is_a_clear_error():
     # Past the streaming tile: row blocks of 48, register tiles of 6 rows, panel groups of 4 (avx512_vnni)
     pytest.param(129, 256, 200, id="M129-K256-N200"),  # a short last row block and tile; N % 64 != 0
     pytest.param(50, 70, 33, id="M50-K70-N33"),  # K % 4 != 0 in the blocked paths; one panel of 1 column
+    # Row tiles with every remainder (avx2: 6 rows, portable: 4), odd column counts in the last panel
+    pytest.param(7, 36, 47, id="M7-K36-N47"),
+    pytest.param(49, 132, 23, id="M49-K132-N23"),  # one row past a row block; a half panel plus 7 columns
+    pytest.param(1000, 66, 40, id="M1000-K66-N40"),
 ])
 def test_int8_kernel_paths(isa, M, K, N):
     """The native int8 GEMM on every tier the CPU has, each path its rows select (never oneDNN here)."""

@@ -11,11 +11,13 @@
 //   avx512_vnni: up to kStreamRows rows a 4 x 64 tile streams the weights (x flipped per broadcast); more
 //     rows: x flipped once into an unsigned buffer, then row blocks x 64 columns in 6 x 64 register tiles.
 //   avx2: x widened once to int16, weights sign-extended on the fly (vpmovsxbw), vpmaddwd: 6 x 8 tiles.
-//   portable: the same blocking as avx2 in plain loops.
+//   portable: x widened as for avx2; per panel the weights moved to k-contiguous rows, then 4 x 2 tiles of
+//     dot products over k in plain loops (the compiler's pmaddwd / sdot reductions).
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -59,20 +61,45 @@ constexpr int64_t kStreamRows = 16;  // avx512_vnni: the streaming tile up to he
 constexpr int64_t kRowBlock = 48;    // rows of one work item of the blocked paths
 constexpr int64_t kGroupPanels = 4;  // panels (of 16 columns) of one work item
 
-// Row m, columns [n0, n0 + n) of the output from their int32 sums over the unsigned codes (n <= 16).
-BF_INLINE void finish_row(const int32_t* acc, int64_t m, int64_t n0, int64_t n, const Int8Args& a) {
+// Row m, columns [n0, n0 + n) of the output from their int32 sums over the unsigned codes (n <= 16). The
+// activation is chosen outside the loops so each loop vectorizes (GELU included) in the caller's ISA.
+template <typename Cols>
+BF_INLINE void finish_cols(const int32_t* acc, int64_t m, int64_t n0, Cols n, const Int8Args& a) {
   const float s = a.xs[m], z = float(a.zp[m] + 128);
+  const float *ws = a.ws + n0, *cs = a.colsum + n0;
   float v[16];
-  for (int64_t j = 0; j < n; ++j)
-    v[j] = s * (float(acc[j]) * a.ws[n0 + j] - z * a.colsum[n0 + j]) + (a.bias != nullptr ? a.bias[n0 + j] : 0.f);
-  for (int64_t j = 0; j < n; ++j) v[j] = apply_act(v[j], a.act);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) v[j] = s * (float(acc[j]) * ws[j] - z * cs[j]);
+  if (a.bias != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) v[j] += a.bias[n0 + j];
+  }
+  switch (a.act) {
+    case Act::Gelu:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) v[j] = gelu_erf(v[j]);
+      break;
+    case Act::None:
+      break;
+    default:
+      for (int64_t j = 0; j < n; ++j) v[j] = apply_act(v[j], a.act);
+      break;
+  }
   float* o = a.out + m * a.N + n0;
   if (a.residual != nullptr) {
     const float* r = a.residual + m * a.ldr + n0;
+#pragma omp simd
     for (int64_t j = 0; j < n; ++j) o[j] = v[j] + r[j];
   } else {
+#pragma omp simd
     for (int64_t j = 0; j < n; ++j) o[j] = v[j];
   }
+}
+
+// A whole panel's 16 columns as a compile-time count: loops without remainders.
+BF_INLINE void finish_row(const int32_t* acc, int64_t m, int64_t n0, int64_t n, const Int8Args& a) {
+  if (n == 16) return finish_cols(acc, m, n0, std::integral_constant<int64_t, 16>{}, a);
+  finish_cols(acc, m, n0, n, a);
 }
 
 // The 4 codes of `row` at group g as unsigned bytes, zero padded past K (code 0 -> 128, times a zero weight).
@@ -99,34 +126,38 @@ void widen_codes(const Int8Args& a, int64_t lo, int64_t hi, int64_t ldw, int16_t
   }
 }
 
-// MR rows x one panel in plain loops: 64 int32 sums a row (16 columns x the 4 positions of a group),
-// folded per column at the end, so the inner loop is one multiply-add over 64 contiguous weights.
-template <int MR>
-BF_INLINE void tile_portable(const Int8Args& a, const int16_t* xw, int64_t ldw, int64_t m0, int64_t p) {
-  const int64_t k4 = (a.K + 3) / 4;
-  int32_t acc[MR][64] = {};
+// Panel p's 16 columns as k-contiguous rows wt[16][ldw] (the 4-byte pieces of its groups moved into place), so
+// the portable tile's sums are dot products over k, which compilers vectorize (pmaddwd on SSE2, sdot on NEON).
+void panel_rows(const Int8Args& a, int64_t p, int64_t ldw, int8_t* wt) {
+  const int64_t k4 = ldw / 4;
   const int8_t* wp = a.packed + p * k4 * 64;
-  for (int64_t g = 0; g < k4; ++g) {
-    const int8_t* w = wp + g * 64;
-    for (int r = 0; r < MR; ++r) {
-      const int16_t* xr = xw + (m0 + r) * ldw + 4 * g;
-      const int32_t x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3];
-      int32_t* c = acc[r];
-#pragma omp simd
-      for (int j = 0; j < 64; j += 4) {
-        c[j] += x0 * w[j];
-        c[j + 1] += x1 * w[j + 1];
-        c[j + 2] += x2 * w[j + 2];
-        c[j + 3] += x3 * w[j + 3];
+  for (int64_t g = 0; g < k4; ++g)
+    for (int c = 0; c < 16; ++c) std::memcpy(wt + c * ldw + 4 * g, wp + (g * 16 + c) * 4, 4);
+}
+
+// MR rows x the panel's columns, two at a time: 2 x MR dot products in one loop over k.
+template <int MR>
+BF_INLINE void tile_portable(const Int8Args& a, const int16_t* xw, int64_t ldw, int64_t m0, const int8_t* wt,
+                             int64_t p) {
+  const int64_t n0 = p * 16, n = std::min<int64_t>(16, a.N - n0);
+  const int16_t* xr = xw + m0 * ldw;
+  int32_t sums[MR][16];
+  for (int c0 = 0; c0 < n; c0 += 2) {
+    const int8_t* w = wt + c0 * ldw;
+    int32_t acc[MR][2] = {};
+    for (int64_t k = 0; k < ldw; ++k) {
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        acc[r][0] += int32_t(xr[r * ldw + k]) * int32_t(w[k]);
+        acc[r][1] += int32_t(xr[r * ldw + k]) * int32_t(w[ldw + k]);
       }
     }
+    for (int r = 0; r < MR; ++r) {
+      sums[r][c0] = acc[r][0];
+      sums[r][c0 + 1] = acc[r][1];
+    }
   }
-  const int64_t n0 = p * 16, n = std::min<int64_t>(16, a.N - n0);
-  for (int r = 0; r < MR; ++r) {
-    int32_t sums[16];
-    for (int j = 0; j < 16; ++j) sums[j] = acc[r][4 * j] + acc[r][4 * j + 1] + acc[r][4 * j + 2] + acc[r][4 * j + 3];
-    finish_row(sums, m0 + r, n0, n, a);
-  }
+  for (int r = 0; r < MR; ++r) finish_row(sums[r], m0 + r, n0, n, a);
 }
 
 // Rows [r0, r1) of a blocked work item against one panel (or group of panels) `p`, in tiles of MR rows
@@ -149,47 +180,58 @@ struct PortableTile {
   const Int8Args& a;
   const int16_t* xw;
   int64_t ldw;
+  const int8_t* wt;  // panel p as panel_rows lays it out
   template <int MR>
-  BF_INLINE void run(int64_t m0, int64_t p) const { tile_portable<MR>(a, xw, ldw, m0, p); }
+  BF_INLINE void run(int64_t m0, int64_t p) const { tile_portable<MR>(a, xw, ldw, m0, wt, p); }
 };
 
 void item_generic(const Int8Args& a, const int16_t* xw, int64_t ldw, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
   DenormalGuard ftz;
-  for (int64_t p = p0; p < p1; ++p) row_tiles<6>(r0, r1, p, PortableTile{a, xw, ldw});
+  static thread_local std::vector<int8_t> wt;
+  wt.resize(size_t(16 * ldw));
+  for (int64_t p = p0; p < p1; ++p) {
+    panel_rows(a, p, ldw, wt.data());
+    row_tiles<4>(r0, r1, p, PortableTile{a, xw, ldw, wt.data()});
+  }
 }
 
 #if BF_X86
-// MR rows x 8 columns (half `h` of panel p): each 16-byte chunk of a group (4 columns x 4 k) sign-extended to
-// 16 int16, times the row's 4 codes broadcast (vpmaddwd: 8 int32 lanes, two per column), 2 x MR accumulators.
+// acc0 += w0 . x, acc1 += w1 . x (vpmaddwd) with the row's 4 codes at x broadcast. One asm block a row: from
+// intrinsics GCC 12 may load all the tile's broadcasts first, 6 registers more than the 16, and spill.
+BF_TARGET_AVX2 BF_INLINE void madd_row(__m256i& acc0, __m256i& acc1, const int16_t* x, __m256i w0, __m256i w1) {
+  __m256i xv, t;
+  asm("vpbroadcastq %[x], %[xv]\n\t"
+      "vpmaddwd %[w0], %[xv], %[t]\n\t"
+      "vpaddd %[t], %[a0], %[a0]\n\t"
+      "vpmaddwd %[w1], %[xv], %[xv]\n\t"
+      "vpaddd %[xv], %[a1], %[a1]"
+      : [a0] "+x"(acc0), [a1] "+x"(acc1), [xv] "=&x"(xv), [t] "=&x"(t)
+      : [x] "m"(*reinterpret_cast<const int64_t*>(x)), [w0] "x"(w0), [w1] "x"(w1));
+}
+
+// MR rows x 8 columns (half `h` of panel p) into sums[r][8h, 8h + 8): each 16-byte chunk of a group (4 columns
+// x 4 k) sign-extended to 16 int16, times the row's 4 codes broadcast (vpmaddwd: 8 int32 lanes, two per
+// column), 2 x MR accumulators.
 template <int MR>
 BF_TARGET_AVX2 BF_INLINE void tile_avx2(const Int8Args& a, const int16_t* xw, int64_t ldw, int64_t m0, int64_t p,
-                                        int h) {
+                                        int h, int32_t (*sums)[16]) {
   const int64_t k4 = (a.K + 3) / 4;
   __m256i acc[MR][2];
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
   const int8_t* wp = a.packed + p * k4 * 64 + 32 * h;
   const int16_t* xr = xw + m0 * ldw;
   for (int64_t g = 0; g < k4; ++g) {
     const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + g * 64)));
     const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + g * 64 + 16)));
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; ++r) {
-      int64_t x4;
-      std::memcpy(&x4, xr + r * ldw + 4 * g, 8);
-      const __m256i xv = _mm256_set1_epi64x(x4);
-      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(w0, xv));
-      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(w1, xv));
-    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) madd_row(acc[r][0], acc[r][1], xr + r * ldw + 4 * g, w0, w1);
   }
-  const int64_t n0 = p * 16 + 8 * h, n = std::min<int64_t>(8, a.N - n0);
-  if (n <= 0) return;
-  for (int r = 0; r < MR; ++r) {
-    // Lanes (2c, 2c + 1) of chunk i hold column 4i + c: pairwise sums, then the 64-bit lanes put in order.
-    const __m256i sums = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r][0], acc[r][1]), 0xD8);
-    alignas(32) int32_t s[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(s), sums);
-    finish_row(s, m0 + r, n0, n, a);
-  }
+  // Lanes (2c, 2c + 1) of chunk i hold column 4i + c: pairwise sums, then the 64-bit lanes put in order.
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums[r] + 8 * h),
+                        _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r][0], acc[r][1]), 0xD8));
 }
 
 struct Avx2Tile {
@@ -199,8 +241,11 @@ struct Avx2Tile {
   // Not force-inlined: row_tiles, which calls it, carries no target of its own.
   template <int MR>
   BF_TARGET_AVX2 void run(int64_t m0, int64_t p) const {
-    tile_avx2<MR>(a, xw, ldw, m0, p, 0);
-    tile_avx2<MR>(a, xw, ldw, m0, p, 1);
+    const int64_t n0 = p * 16, n = std::min<int64_t>(16, a.N - n0);
+    alignas(32) int32_t sums[MR][16];
+    tile_avx2<MR>(a, xw, ldw, m0, p, 0, sums);
+    if (n > 8) tile_avx2<MR>(a, xw, ldw, m0, p, 1, sums);
+    for (int r = 0; r < MR; ++r) finish_row(sums[r], m0 + r, n0, n, a);
   }
 };
 
@@ -261,6 +306,28 @@ BF_TARGET_VNNI BF_INLINE void store_vnni(const __m512i (&acc)[MR][NP], int64_t m
   }
 }
 
+// One k group g of the streaming tile; PADDED: the last group when K % 4 != 0.
+template <int MR, int NP, bool PADDED>
+BF_TARGET_VNNI BF_INLINE void stream_step(__m512i (&acc)[MR][NP], const int8_t* const (&rows)[MR], const int8_t* wp,
+                                          int64_t k4, int64_t g, int64_t K) {
+  __m512i w[NP];
+#pragma GCC unroll 8
+  for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_si512(wp + (j * k4 + g) * 64);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    __m512i xv;
+    if (PADDED) {
+      xv = _mm512_set1_epi32(int32_t(codes4(rows[r], g, K)));
+    } else {
+      int32_t c;
+      std::memcpy(&c, rows[r] + g * 4, 4);
+      xv = _mm512_xor_si512(_mm512_set1_epi32(c), _mm512_set1_epi32(int32_t(0x80808080u)));
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NP; ++j) dpbusd(acc[r][j], xv, w[j]);
+  }
+}
+
 // Streaming tile: MR rows x NP panels from the signed codes, each row's 4 codes flipped as they are broadcast.
 template <int MR, int NP>
 BF_TARGET_VNNI BF_INLINE void stream_tile_vnni(const Int8Args& a, int64_t m0, int64_t p0) {
@@ -271,27 +338,12 @@ BF_TARGET_VNNI BF_INLINE void stream_tile_vnni(const Int8Args& a, int64_t m0, in
 #pragma GCC unroll 8
     for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_si512();
   const int8_t* rows[MR];
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) rows[r] = a.x + (m0 + r) * a.ldx;
   const int8_t* wp = a.packed + p0 * k4 * 64;
-  const __m512i flip = _mm512_set1_epi32(int32_t(0x80808080u));
-  for (int64_t g = 0; g < k4; ++g) {
-    __m512i w[NP];
-#pragma GCC unroll 8
-    for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_si512(wp + (j * k4 + g) * 64);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      __m512i xv;
-      if (g < k4_full) {
-        int32_t c;
-        std::memcpy(&c, rows[r] + g * 4, 4);
-        xv = _mm512_xor_si512(_mm512_set1_epi32(c), flip);
-      } else {  // K % 4 != 0: the last group, padded
-        xv = _mm512_set1_epi32(int32_t(codes4(rows[r], g, a.K)));
-      }
-#pragma GCC unroll 8
-      for (int j = 0; j < NP; ++j) dpbusd(acc[r][j], xv, w[j]);
-    }
-  }
+  // The padded last group (K % 4 != 0) outside the loop: with the branch inside, GCC spilled an accumulator.
+  for (int64_t g = 0; g < k4_full; ++g) stream_step<MR, NP, false>(acc, rows, wp, k4, g, a.K);
+  if (k4_full < k4) stream_step<MR, NP, true>(acc, rows, wp, k4, k4_full, a.K);
   store_vnni<MR, NP>(acc, m0, p0, a);
 }
 

@@ -46,24 +46,33 @@ BF_INLINE int8_t code(float x, const RowQuant& r) {
   return r.finite ? int8_t(v) : int8_t(0);
 }
 
-void quantize_rows_range_generic(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row, int64_t K, int8_t* q,
-                                 float* scale, int32_t* zp) {
+// Inlined into each ISA's wrapper: a plain call from the AVX2 one ran the baseline (SSE2) build of these loops.
+BF_INLINE void quantize_rows_loops(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row, int64_t K, int8_t* q,
+                                   float* scale, int32_t* zp) {
   for (int64_t m = lo_row; m < hi_row; ++m) {
     const float* row = x + m * ldx;
     float lo = 0.f, hi = 0.f;
-    bool nan = false;
+    int nan = 0;
+    // As reductions the loop vectorizes (a bool flag kept it scalar); the order of min/max does not matter
+    // to the result, and a row with NaN is flagged whatever its lo and hi.
+#pragma omp simd reduction(min : lo) reduction(max : hi) reduction(| : nan)
     for (int64_t k = 0; k < K; ++k) {
       const float v = row[k];
       nan |= v != v;
       lo = v < lo ? v : lo;
       hi = v > hi ? v : hi;
     }
-    const RowQuant r = row_params(lo, hi, nan);
+    const RowQuant r = row_params(lo, hi, nan != 0);
     int8_t* qr = q + m * K;
     for (int64_t k = 0; k < K; ++k) qr[k] = code(row[k], r);
     scale[m] = r.scale;
     zp[m] = r.zero_point;
   }
+}
+
+void quantize_rows_range_generic(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row, int64_t K, int8_t* q,
+                                 float* scale, int32_t* zp) {
+  quantize_rows_loops(x, ldx, lo_row, hi_row, K, q, scale, zp);
 }
 
 template <Act ACT>
@@ -102,7 +111,7 @@ void epilogue_range_generic(float* out, int64_t lo_row, int64_t hi_row, int64_t 
 #if BF_X86
 BF_TARGET_AVX2 void quantize_rows_range_avx2(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row, int64_t K,
                                              int8_t* q, float* scale, int32_t* zp) {
-  quantize_rows_range_generic(x, ldx, lo_row, hi_row, K, q, scale, zp);
+  quantize_rows_loops(x, ldx, lo_row, hi_row, K, q, scale, zp);
 }
 
 BF_TARGET_AVX2 void epilogue_range_avx2(float* out, int64_t lo_row, int64_t hi_row, int64_t N, const float* xs,
