@@ -9,8 +9,9 @@ out 3072->768 + residual) and token counts M, one interleaved run times:
   quant    quant.quantize_rows (per-token asymmetric) alone
   epilog   the rest of quant.linear after the oneDNN GEMM (zero point, row scale, bias, activation,
            residual), timed on a fresh copy of the GEMM output (one clone included)
-  linear   quant.linear end to end, the op the cpu backend runs: up to quant.SMALL_M tokens the native
-           fused kernel (quantize + AMX/VNNI GEMM + epilogue in one call), above quantize + onednn + epilog
+  linear   quant.linear end to end, the op the cpu backend runs: the native fused kernel (quantize + the
+           tier's int8 GEMM + epilogue in one call) up to quant.native_rows() tokens (every M below the amx
+           tier), above it quantize + onednn + epilog
 Medians of interleaved rounds, ms, and effective TOP/s (2 M N K / time).
 
     python benchmarks/bench_int8.py [--m 16,128,1024] [--rounds 20] [--threads N]
