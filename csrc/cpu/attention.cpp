@@ -43,13 +43,50 @@ struct WorkItems {
   }
 };
 
+// Pulls the q, k, v and output rows of the item a thread claimed next toward L2, a few rows per call of
+// step() while the current item computes: they come from a [T, 3H] tensor larger than L2, one head's
+// slice of each row at a time, which the hardware prefetchers do not follow.
+struct RowPrefetch {
+  const char* src[4];
+  int64_t stride[4];  // bytes between rows
+  int64_t bytes = 0, rows = 0, next = 0;
+
+  template <typename T>
+  void start(const T* q, const T* k, const T* v, T* out, const AttnStrides& st, int64_t heads, int64_t d,
+             int64_t h, int64_t row0, int64_t len) {
+    const T* base[4] = {q + row0 * st.q_row + h * st.q_head, k + row0 * st.k_row + h * st.k_head,
+                        v + row0 * st.v_row + h * st.v_head, out + row0 * heads * d + h * d};
+    const int64_t strides[4] = {st.q_row, st.k_row, st.v_row, heads * d};
+    for (int i = 0; i < 4; ++i) {
+      src[i] = reinterpret_cast<const char*>(base[i]);
+      stride[i] = strides[i] * int64_t(sizeof(T));
+    }
+    bytes = d * int64_t(sizeof(T));
+    rows = len;
+    next = 0;
+  }
+
+  BF_INLINE void step(int64_t n) {
+    for (const int64_t end = std::min(rows, next + n); next < end; ++next) {
+      for (int i = 0; i < 3; ++i) lines<0>(src[i] + next * stride[i]);
+      lines<1>(src[3] + next * stride[3]);
+    }
+  }
+
+  template <int kWrite>
+  BF_INLINE void lines(const char* row) const {
+    const char* line = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row) & ~uintptr_t(63));
+    for (; line < row + bytes; line += 64) __builtin_prefetch(line, kWrite, 2);
+  }
+};
+
 // Buffers of one thread, in fp32. d_pad = head_dim rounded up to 16 (zero columns), so vector code
 // needs no tail handling along head_dim.
 struct Scratch {
   std::vector<float> qf;   // [kQBlock][d_pad], pre-scaled, rows past the block end zero
   std::vector<float> kt;   // [key tiles][d][kKBlock], K transposed per tile, keys past the end zero
   std::vector<float> vf;   // [keys rounded to kKBlock][d_pad]
-  std::vector<float> acc;  // [kQBlock][d_pad]
+  std::vector<float> acc;  // [kQBlock][d_pad], written (not added to) by the first key tile
   std::vector<float> s;    // [kQBlock][kKBlock] scores, then probabilities
   float m[kQBlock], l[kQBlock];
 };
@@ -93,10 +130,8 @@ struct GenericBlock {
       sc.l[i] = sc.l[i] * alpha + sum;
       sc.m[i] = mx;
       float* a = sc.acc.data() + i * dp;
-      if (!first) {
 #pragma omp simd
-        for (int64_t e = 0; e < d; ++e) a[e] *= alpha;
-      }
+      for (int64_t e = 0; e < d; ++e) a[e] = first ? 0.f : a[e] * alpha;
       for (int64_t j = 0; j < kn; ++j) {
         const float p = s[j];
         const float* vr = vf + j * dp;
@@ -228,8 +263,8 @@ struct Avx512Block {
         __m512 a[kR][4];
         for (int r = 0; r < kR; ++r)
           for (int c = 0; c < 4; ++c)
-            a[r][c] = (r < rows && c < nv) ? _mm512_loadu_ps(sc.acc.data() + (i + r) * dp + e0 + 16 * c)
-                                           : _mm512_setzero_ps();
+            a[r][c] = (!first && r < rows && c < nv) ? _mm512_loadu_ps(sc.acc.data() + (i + r) * dp + e0 + 16 * c)
+                                                     : _mm512_setzero_ps();
         for (int64_t j = 0; j < kn; ++j) {
           const float* vr = vf + j * dp + e0;
           __m512 vv[4];
@@ -338,7 +373,7 @@ struct Avx2Block {
                                  int64_t dp, bool first) {
     scores(sc, kt, qn, kn, d, dp);
     softmax(sc, qn, kn, dp, first);
-    accumulate(sc, vf, qn, kn, dp);
+    accumulate(sc, vf, qn, kn, dp, first);
   }
 
   // S for kR query rows (rows past qn are zero queries: computed, never used) and kC * 8 keys.
@@ -408,9 +443,10 @@ struct Avx2Block {
     }
   }
 
-  // acc += P V: kR rows x 16 head_dim columns per register tile (d_pad is a multiple of 16).
+  // acc += P V (acc = P V on the first key tile): kR rows x 16 head_dim columns per register tile (d_pad
+  // is a multiple of 16).
   BF_TARGET_AVX2 __attribute__((noinline)) static void accumulate(Scratch& sc, const float* vf, int64_t qn,
-                                                                   int64_t kn, int64_t dp) {
+                                                                   int64_t kn, int64_t dp, bool first) {
     constexpr int kC = 2;
     for (int64_t i = 0; i < qn; i += kR) {
       const int rows = int(std::min<int64_t>(kR, qn - i));
@@ -422,7 +458,7 @@ struct Avx2Block {
         for (int r = 0; r < kR; ++r)
 #pragma GCC unroll 8
           for (int c = 0; c < kC; ++c)
-            a[r][c] = r < rows ? _mm256_loadu_ps(acc + r * dp + 8 * c) : _mm256_setzero_ps();
+            a[r][c] = !first && r < rows ? _mm256_loadu_ps(acc + r * dp + 8 * c) : _mm256_setzero_ps();
         for (int64_t j = 0; j < kn; ++j) {
           __m256 vv[kC];
 #pragma GCC unroll 8
@@ -683,9 +719,15 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
   sc.acc.resize(kQBlock * dp);
   sc.s.resize(kQBlock * kKBlock);
   WorkItems items{next, cu_seqlens, batch * heads, heads};
-  int64_t h, start, len;
-  while (items.claim(&h, &start, &len)) {
+  int64_t h, start, len, h_next, start_next, len_next;
+  // One item claimed ahead, so its rows can be prefetched while this one computes.
+  for (bool have = items.claim(&h, &start, &len); have; h = h_next, start = start_next, len = len_next) {
+    RowPrefetch pf;
+    have = items.claim(&h_next, &start_next, &len_next);
+    if (have) pf.start(q, k, v, out, st, heads, d, h_next, start_next, len_next);
     const int64_t tiles = (len + kKBlock - 1) / kKBlock;
+    const int64_t runs = tiles * ((len + kQBlock - 1) / kQBlock);
+    const int64_t rows_per_run = have ? (len_next + runs - 1) / runs : 0;
     // K transposed per key tile and V, widened once for every query block of this (sequence, head).
     // Keys past the end of a tile are masked out of the softmax and never read from V; the columns
     // of V past head_dim (to d_pad) must be zero (they are accumulated, then dropped).
@@ -701,18 +743,20 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
     }
     for (int64_t q0 = 0; q0 < len; q0 += kQBlock) {
       const int64_t qn = std::min<int64_t>(kQBlock, len - q0);
-      std::fill(sc.qf.begin(), sc.qf.end(), 0.f);
       for (int64_t i = 0; i < qn; ++i) {
         const T* src = q + (start + q0 + i) * st.q_row + h * st.q_head;
         float* dst = sc.qf.data() + i * dp;
 #pragma omp simd
         for (int64_t e = 0; e < d; ++e) dst[e] = to_float(src[e]) * scale;
+        for (int64_t e = d; e < dp; ++e) dst[e] = 0.f;
         sc.m[i] = -INFINITY;
         sc.l[i] = 0.f;
       }
-      std::fill(sc.acc.begin(), sc.acc.end(), 0.f);
+      // The register tiles read up to a multiple of 4 rows: zero queries past the end.
+      std::fill(sc.qf.begin() + qn * dp, sc.qf.end(), 0.f);
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t kn = std::min<int64_t>(kKBlock, len - t * kKBlock);
+        pf.step(rows_per_run);
         Block::run(sc, sc.kt.data() + t * d * kKBlock, sc.vf.data() + t * kKBlock * dp, qn, kn, d, dp, t == 0);
       }
       for (int64_t i = 0; i < qn; ++i) {
