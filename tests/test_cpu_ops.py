@@ -280,6 +280,9 @@ def _qkv_views(lengths, heads, d, dtype, gen):
     pytest.param([65, 33], 1, 80, id="L65.33-H1-D80"),
     pytest.param([200], 2, 128, id="L200-H2-D128"),
     pytest.param([513], 1, 13, id="L513-H1-D13"),
+    # every remainder of 8- and 16-key chunks and of 4-row query tiles; head_dim a multiple of 8, not 16
+    pytest.param([8, 9, 15, 16, 17, 23, 24, 25, 63, 66], 3, 40, id="L8..66-H3-D40"),
+    pytest.param([3, 70], 2, 24, id="L3.70-H2-D24"),
 ])
 def test_attention(isa, dtype, lengths, heads, d):
     gen = torch.Generator().manual_seed(sum(lengths) + d)
@@ -325,13 +328,19 @@ def test_attention_batch_invariant(isa, dtype):
     assert torch.equal(batch[30:107], alone)
 
 
-def test_attention_non_contiguous_heads(isa):
+@pytest.mark.parametrize("lengths,d", [
+    pytest.param([12, 8], 16, id="L12.8-D16"),
+    pytest.param([129, 3], 64, id="L129.3-D64"),
+    pytest.param([70], 40, id="L70-D40"),
+])
+def test_attention_non_contiguous_heads(isa, lengths, d):
     """q/k/v with a head stride that is not head_dim (heads interleaved with another tensor)."""
     gen = torch.Generator().manual_seed(11)
-    base = torch.randn(3, 20, 2, 4, 16, generator=gen)  # (q|k|v, T, pair, heads, d)
+    T = sum(lengths)
+    base = torch.randn(3, T, 2, 4, d, generator=gen)  # (q|k|v, T, pair, heads, d)
     q, k, v = base[0, :, 1], base[1, :, 0], base[2, :, 1]
-    cu = torch.tensor([0, 12, 20], dtype=torch.int32)
-    ours = _C.attention(q, k, v, cu, 12, 0.25)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    ours = _C.attention(q, k, v, cu, max(lengths), 0.25)
     ref = reference.attention_loop(q.double(), k.double(), v.double(), cu, 0.25)
     torch.testing.assert_close(ours.double(), ref, atol=1e-5, rtol=1e-5)
 

@@ -43,13 +43,50 @@ struct WorkItems {
   }
 };
 
+// Pulls the q, k, v and output rows of the item a thread claimed next toward L2, a few rows per call of
+// step() while the current item computes: they come from a [T, 3H] tensor larger than L2, one head's
+// slice of each row at a time, which the hardware prefetchers do not follow.
+struct RowPrefetch {
+  const char* src[4];
+  int64_t stride[4];  // bytes between rows
+  int64_t bytes = 0, rows = 0, next = 0;
+
+  template <typename T>
+  void start(const T* q, const T* k, const T* v, T* out, const AttnStrides& st, int64_t heads, int64_t d,
+             int64_t h, int64_t row0, int64_t len) {
+    const T* base[4] = {q + row0 * st.q_row + h * st.q_head, k + row0 * st.k_row + h * st.k_head,
+                        v + row0 * st.v_row + h * st.v_head, out + row0 * heads * d + h * d};
+    const int64_t strides[4] = {st.q_row, st.k_row, st.v_row, heads * d};
+    for (int i = 0; i < 4; ++i) {
+      src[i] = reinterpret_cast<const char*>(base[i]);
+      stride[i] = strides[i] * int64_t(sizeof(T));
+    }
+    bytes = d * int64_t(sizeof(T));
+    rows = len;
+    next = 0;
+  }
+
+  BF_INLINE void step(int64_t n) {
+    for (const int64_t end = std::min(rows, next + n); next < end; ++next) {
+      for (int i = 0; i < 3; ++i) lines<0>(src[i] + next * stride[i]);
+      lines<1>(src[3] + next * stride[3]);
+    }
+  }
+
+  template <int kWrite>
+  BF_INLINE void lines(const char* row) const {
+    const char* line = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row) & ~uintptr_t(63));
+    for (; line < row + bytes; line += 64) __builtin_prefetch(line, kWrite, 2);
+  }
+};
+
 // Buffers of one thread, in fp32. d_pad = head_dim rounded up to 16 (zero columns), so vector code
 // needs no tail handling along head_dim.
 struct Scratch {
   std::vector<float> qf;   // [kQBlock][d_pad], pre-scaled, rows past the block end zero
   std::vector<float> kt;   // [key tiles][d][kKBlock], K transposed per tile, keys past the end zero
   std::vector<float> vf;   // [keys rounded to kKBlock][d_pad]
-  std::vector<float> acc;  // [kQBlock][d_pad]
+  std::vector<float> acc;  // [kQBlock][d_pad], written (not added to) by the first key tile
   std::vector<float> s;    // [kQBlock][kKBlock] scores, then probabilities
   float m[kQBlock], l[kQBlock];
 };
@@ -66,20 +103,20 @@ struct GenericBlock {
     }
   }
 
-  // One key tile (kn keys) against the query block (qn rows): online softmax update of acc/m/l.
+  // One key tile (kn keys) against the query block (qn rows): online softmax update of acc/m/l. The two
+  // products run on register tiles of 4-lane vectors (GCC vector extensions: SSE2 on x86-64, NEON on
+  // aarch64); the compiler's own vectorization of these loops kept every partial sum in memory.
   BF_INLINE static void run(Scratch& sc, const float* kt, const float* vf, int64_t qn, int64_t kn, int64_t d,
                             int64_t dp, bool first) {
-    for (int64_t i = 0; i < qn; ++i) {
-      const float* qi = sc.qf.data() + i * dp;
+    for (int64_t i = 0; i < qn; i += kR) {  // rows past qn are zero queries: computed, never used
+      const float* q = sc.qf.data() + i * dp;
       float* s = sc.s.data() + i * kKBlock;
-#pragma omp simd
-      for (int64_t j = 0; j < kn; ++j) s[j] = 0.f;
-      for (int64_t e = 0; e < d; ++e) {
-        const float qe = qi[e];
-        const float* kr = kt + e * kKBlock;
-#pragma omp simd
-        for (int64_t j = 0; j < kn; ++j) s[j] += qe * kr[j];
-      }
+      int64_t j = 0;
+      for (; j + 4 < kn; j += 8) score_tile<2>(q, dp, kt + j, d, s + j);
+      if (j < kn) score_tile<1>(q, dp, kt + j, d, s + j);
+    }
+    for (int64_t i = 0; i < qn; ++i) {
+      float* s = sc.s.data() + i * kKBlock;
       float mx = sc.m[i];
 #pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < kn; ++j) mx = s[j] > mx ? s[j] : mx;
@@ -92,18 +129,73 @@ struct GenericBlock {
       }
       sc.l[i] = sc.l[i] * alpha + sum;
       sc.m[i] = mx;
-      float* a = sc.acc.data() + i * dp;
       if (!first) {
+        float* a = sc.acc.data() + i * dp;
 #pragma omp simd
-        for (int64_t e = 0; e < d; ++e) a[e] *= alpha;
-      }
-      for (int64_t j = 0; j < kn; ++j) {
-        const float p = s[j];
-        const float* vr = vf + j * dp;
-#pragma omp simd
-        for (int64_t e = 0; e < d; ++e) a[e] += p * vr[e];
+        for (int64_t e = 0; e < dp; ++e) a[e] *= alpha;
       }
     }
+    // acc += P V (acc = P V on the first key tile), 4 rows x 8 head dims per register tile.
+    for (int64_t i = 0; i < qn; i += kR) {
+      const int rows = int(std::min<int64_t>(kR, qn - i));
+      const float* p = sc.s.data() + i * kKBlock;
+      for (int64_t e0 = 0; e0 < dp; e0 += 8) {
+        float* acc = sc.acc.data() + i * dp + e0;
+        f4 a[kR][2];
+#pragma GCC unroll 8
+        for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 8
+          for (int c = 0; c < 2; ++c) a[r][c] = !first && r < rows ? load4(acc + r * dp + 4 * c) : f4{};
+        for (int64_t j = 0; j < kn; ++j) {
+          const f4 v0 = load4(vf + j * dp + e0), v1 = load4(vf + j * dp + e0 + 4);
+#pragma GCC unroll 8
+          for (int r = 0; r < kR; ++r) {
+            const float pr = p[r * kKBlock + j];
+            a[r][0] += pr * v0;
+            a[r][1] += pr * v1;
+          }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < kR; ++r)
+          if (r < rows)
+#pragma GCC unroll 8
+            for (int c = 0; c < 2; ++c) store4(acc + r * dp + 4 * c, a[r][c]);
+      }
+    }
+  }
+
+  static constexpr int kR = 4;  // query rows per register tile
+  using f4 = float __attribute__((vector_size(16)));
+  BF_INLINE static f4 load4(const float* p) {
+    f4 v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  }
+  BF_INLINE static void store4(float* p, f4 v) { std::memcpy(p, &v, sizeof(v)); }
+
+  // S for kR query rows and kC * 4 keys.
+  template <int kC>
+  BF_INLINE static void score_tile(const float* q, int64_t dp, const float* kt, int64_t d, float* s) {
+    f4 acc[kR][kC];
+#pragma GCC unroll 8
+    for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < kC; ++c) acc[r][c] = f4{};
+    for (int64_t e = 0; e < d; ++e) {
+      f4 kv[kC];
+#pragma GCC unroll 8
+      for (int c = 0; c < kC; ++c) kv[c] = load4(kt + e * kKBlock + 4 * c);
+#pragma GCC unroll 8
+      for (int r = 0; r < kR; ++r) {
+        const float qe = q[r * dp + e];
+#pragma GCC unroll 8
+        for (int c = 0; c < kC; ++c) acc[r][c] += qe * kv[c];
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < kC; ++c) store4(s + r * kKBlock + 4 * c, acc[r][c]);
   }
 };
 
@@ -228,8 +320,8 @@ struct Avx512Block {
         __m512 a[kR][4];
         for (int r = 0; r < kR; ++r)
           for (int c = 0; c < 4; ++c)
-            a[r][c] = (r < rows && c < nv) ? _mm512_loadu_ps(sc.acc.data() + (i + r) * dp + e0 + 16 * c)
-                                           : _mm512_setzero_ps();
+            a[r][c] = (!first && r < rows && c < nv) ? _mm512_loadu_ps(sc.acc.data() + (i + r) * dp + e0 + 16 * c)
+                                                     : _mm512_setzero_ps();
         for (int64_t j = 0; j < kn; ++j) {
           const float* vr = vf + j * dp + e0;
           __m512 vv[4];
@@ -241,6 +333,205 @@ struct Avx512Block {
         }
         for (int r = 0; r < rows; ++r)
           for (int c = 0; c < nv; ++c) _mm512_storeu_ps(sc.acc.data() + (i + r) * dp + e0 + 16 * c, a[r][c]);
+      }
+    }
+  }
+};
+
+// ---- AVX2 block: the AVX-512 block's schedule on 8-wide vectors, tiles sized for 16 registers ----
+
+// In-register transpose of an 8 x 8 fp32 block (r[i] = row i on entry, column i on exit).
+BF_TARGET_AVX2 BF_INLINE void transpose8(__m256 r[8]) {
+  __m256 t[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);      // columns 0, 1 of rows i, i + 1 | columns 4, 5
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);  // columns 2, 3 | 6, 7
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);      // column 0 of rows i..i+3 | column 4
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);  // column 1 | 5
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < 4; ++j) {
+    t[j] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x20);
+    t[j + 4] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x31);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
+
+BF_TARGET_AVX2 BF_INLINE __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+BF_TARGET_AVX2 BF_INLINE __m256 load8(const bf16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// exp512 (common.h) on 8 lanes: same range clamp, Cody-Waite reduction and polynomial.
+BF_TARGET_AVX2 BF_INLINE __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.7f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+  __m256 p = _mm256_set1_ps(1.9841270e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3888889e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3333333e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1666667e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666667e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+BF_TARGET_AVX2 BF_INLINE float reduce_max8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+BF_TARGET_AVX2 BF_INLINE float reduce_add8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+struct Avx2Block {
+  static constexpr int kR = 4;  // query rows per register tile
+
+  // K transposed 8 keys x 8 dims at a time, widened on load; head dims past a multiple of 8 one by one.
+  template <typename T>
+  BF_TARGET_AVX2 __attribute__((noinline)) static void load_kt(const T* k, int64_t row_stride, int64_t len,
+                                                                int64_t d, float* kt) {
+    const int64_t d8 = d / 8 * 8;
+    for (int64_t j0 = 0; j0 < len; j0 += 8) {
+      float* tile = kt + (j0 / kKBlock) * d * kKBlock + (j0 % kKBlock);
+      const int64_t jn = std::min<int64_t>(8, len - j0);
+      for (int64_t e0 = 0; e0 < d8; e0 += 8) {
+        __m256 r[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) r[i] = i < jn ? load8(k + (j0 + i) * row_stride + e0) : _mm256_setzero_ps();
+        transpose8(r);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) _mm256_storeu_ps(tile + (e0 + c) * kKBlock, r[c]);
+      }
+      for (int64_t e = d8; e < d; ++e)
+        for (int64_t i = 0; i < 8; ++i) tile[e * kKBlock + i] = i < jn ? to_float(k[(j0 + i) * row_stride + e]) : 0.f;
+    }
+  }
+
+  BF_TARGET_AVX2 static void run(Scratch& sc, const float* kt, const float* vf, int64_t qn, int64_t kn, int64_t d,
+                                 int64_t dp, bool first) {
+    scores(sc, kt, qn, kn, d, dp);
+    softmax(sc, qn, kn, dp, first);
+    accumulate(sc, vf, qn, kn, dp, first);
+  }
+
+  // S for kR query rows (rows past qn are zero queries: computed, never used) and kC * 8 keys.
+  template <int kC>
+  BF_TARGET_AVX2 BF_INLINE static void score_tile(const float* q, int64_t dp, const float* kt, int64_t d, float* s) {
+    __m256 acc[kR][kC];
+#pragma GCC unroll 8
+    for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < kC; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t e = 0; e < d; ++e) {
+      __m256 kv[kC];
+#pragma GCC unroll 8
+      for (int c = 0; c < kC; ++c) kv[c] = _mm256_loadu_ps(kt + e * kKBlock + 8 * c);
+#pragma GCC unroll 8
+      for (int r = 0; r < kR; ++r) {
+        const __m256 qb = _mm256_broadcast_ss(q + r * dp + e);
+#pragma GCC unroll 8
+        for (int c = 0; c < kC; ++c) acc[r][c] = _mm256_fmadd_ps(qb, kv[c], acc[r][c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < kC; ++c) _mm256_storeu_ps(s + r * kKBlock + 8 * c, acc[r][c]);
+  }
+
+  BF_TARGET_AVX2 __attribute__((noinline)) static void scores(Scratch& sc, const float* kt, int64_t qn, int64_t kn,
+                                                               int64_t d, int64_t dp) {
+    for (int64_t i = 0; i < qn; i += kR) {
+      const float* q = sc.qf.data() + i * dp;
+      float* s = sc.s.data() + i * kKBlock;
+      int64_t j = 0;
+      for (; j + 8 < kn; j += 16) score_tile<2>(q, dp, kt + j, d, s + j);
+      if (j < kn) score_tile<1>(q, dp, kt + j, d, s + j);
+    }
+  }
+
+  // Online softmax per row; keys past kn are masked out (and their probabilities stored as zero).
+  BF_TARGET_AVX2 __attribute__((noinline)) static void softmax(Scratch& sc, int64_t qn, int64_t kn, int64_t dp,
+                                                                bool first) {
+    const int64_t nv = (kn + 7) / 8;
+    const __m256 tail = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(kn - 8 * (nv - 1))),
+                                                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < qn; ++i) {
+      float* s = sc.s.data() + i * kKBlock;
+      __m256 mx = _mm256_blendv_ps(neg_inf, _mm256_loadu_ps(s + 8 * (nv - 1)), tail);
+      for (int64_t c = 0; c < nv - 1; ++c) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + 8 * c));
+      const float m_new = std::max(sc.m[i], reduce_max8(mx));
+      const float alpha = exp_f(sc.m[i] - m_new);
+      const __m256 mv = _mm256_set1_ps(m_new);
+      __m256 sum = _mm256_setzero_ps();
+      for (int64_t c = 0; c < nv; ++c) {
+        __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * c), mv));
+        if (c == nv - 1) p = _mm256_and_ps(p, tail);
+        _mm256_storeu_ps(s + 8 * c, p);
+        sum = _mm256_add_ps(sum, p);
+      }
+      sc.l[i] = sc.l[i] * alpha + reduce_add8(sum);
+      sc.m[i] = m_new;
+      if (!first) {
+        float* a = sc.acc.data() + i * dp;
+        const __m256 av = _mm256_set1_ps(alpha);
+        for (int64_t e = 0; e < dp; e += 8) _mm256_storeu_ps(a + e, _mm256_mul_ps(_mm256_loadu_ps(a + e), av));
+      }
+    }
+  }
+
+  // acc += P V (acc = P V on the first key tile): kR rows x 16 head_dim columns per register tile (d_pad
+  // is a multiple of 16).
+  BF_TARGET_AVX2 __attribute__((noinline)) static void accumulate(Scratch& sc, const float* vf, int64_t qn,
+                                                                   int64_t kn, int64_t dp, bool first) {
+    constexpr int kC = 2;
+    for (int64_t i = 0; i < qn; i += kR) {
+      const int rows = int(std::min<int64_t>(kR, qn - i));
+      const float* p = sc.s.data() + i * kKBlock;
+      for (int64_t e0 = 0; e0 < dp; e0 += 8 * kC) {
+        float* acc = sc.acc.data() + i * dp + e0;
+        __m256 a[kR][kC];
+#pragma GCC unroll 8
+        for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 8
+          for (int c = 0; c < kC; ++c)
+            a[r][c] = !first && r < rows ? _mm256_loadu_ps(acc + r * dp + 8 * c) : _mm256_setzero_ps();
+        for (int64_t j = 0; j < kn; ++j) {
+          __m256 vv[kC];
+#pragma GCC unroll 8
+          for (int c = 0; c < kC; ++c) vv[c] = _mm256_loadu_ps(vf + j * dp + e0 + 8 * c);
+#pragma GCC unroll 8
+          for (int r = 0; r < kR; ++r) {
+            const __m256 pb = _mm256_broadcast_ss(p + r * kKBlock + j);
+#pragma GCC unroll 8
+            for (int c = 0; c < kC; ++c) a[r][c] = _mm256_fmadd_ps(pb, vv[c], a[r][c]);
+          }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < kR; ++r)
+          if (r < rows)
+#pragma GCC unroll 8
+            for (int c = 0; c < kC; ++c) _mm256_storeu_ps(acc + r * dp + 8 * c, a[r][c]);
       }
     }
   }
@@ -485,9 +776,15 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
   sc.acc.resize(kQBlock * dp);
   sc.s.resize(kQBlock * kKBlock);
   WorkItems items{next, cu_seqlens, batch * heads, heads};
-  int64_t h, start, len;
-  while (items.claim(&h, &start, &len)) {
+  int64_t h, start, len, h_next = 0, start_next = 0, len_next = 0;
+  // One item claimed ahead, so its rows can be prefetched while this one computes.
+  for (bool have = items.claim(&h, &start, &len); have; h = h_next, start = start_next, len = len_next) {
+    RowPrefetch pf;
+    have = items.claim(&h_next, &start_next, &len_next);
+    if (have) pf.start(q, k, v, out, st, heads, d, h_next, start_next, len_next);
     const int64_t tiles = (len + kKBlock - 1) / kKBlock;
+    const int64_t runs = tiles * ((len + kQBlock - 1) / kQBlock);
+    const int64_t rows_per_run = have ? (len_next + runs - 1) / runs : 0;
     // K transposed per key tile and V, widened once for every query block of this (sequence, head).
     // Keys past the end of a tile are masked out of the softmax and never read from V; the columns
     // of V past head_dim (to d_pad) must be zero (they are accumulated, then dropped).
@@ -503,18 +800,20 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
     }
     for (int64_t q0 = 0; q0 < len; q0 += kQBlock) {
       const int64_t qn = std::min<int64_t>(kQBlock, len - q0);
-      std::fill(sc.qf.begin(), sc.qf.end(), 0.f);
       for (int64_t i = 0; i < qn; ++i) {
         const T* src = q + (start + q0 + i) * st.q_row + h * st.q_head;
         float* dst = sc.qf.data() + i * dp;
 #pragma omp simd
         for (int64_t e = 0; e < d; ++e) dst[e] = to_float(src[e]) * scale;
+        for (int64_t e = d; e < dp; ++e) dst[e] = 0.f;
         sc.m[i] = -INFINITY;
         sc.l[i] = 0.f;
       }
-      std::fill(sc.acc.begin(), sc.acc.end(), 0.f);
+      // The register tiles read up to a multiple of 4 rows: zero queries past the end.
+      std::fill(sc.qf.begin() + qn * dp, sc.qf.end(), 0.f);
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t kn = std::min<int64_t>(kKBlock, len - t * kKBlock);
+        pf.step(rows_per_run);
         Block::run(sc, sc.kt.data() + t * d * kKBlock, sc.vf.data() + t * kKBlock * dp, qn, kn, d, dp, t == 0);
       }
       for (int64_t i = 0; i < qn; ++i) {
@@ -533,7 +832,7 @@ template <typename T>
 BF_TARGET_AVX2 void attention_avx2(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu,
                                    int64_t batch, int64_t heads, int64_t d, float scale, T* out,
                                    std::atomic<int64_t>* next) {
-  attention_thread<T, GenericBlock>(q, k, v, st, cu, batch, heads, d, scale, out, next);
+  attention_thread<T, Avx2Block>(q, k, v, st, cu, batch, heads, d, scale, out, next);
 }
 
 template <typename T>
