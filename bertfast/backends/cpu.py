@@ -117,11 +117,10 @@ def _packed(weight) -> PackedLinear:
 
 
 # Tiers without native bf16 dot products where the cpu backend's bf16 forward measured slower than its
-# fp32 one (`precision`; README "CPU ISA tiers" has the runs): none so far. avx2 and portable caps, paired
-# in one process: bf16 / fp32 0.70 and 0.93 at b1 x s16, 0.98 and 0.51 at b8 x s128 (portable fp32 runs
-# MKL's SSE2 sgemm there). avx512_vnni without AVX-512 BF16 (Intel before Cooper Lake) is unmeasured
-# since bf16 stays on the extension's kernel.
-BF16_SLOWER_TIERS: tuple[str, ...] = ()
+# fp32 one (`precision`; README "CPU ISA tiers" has the runs): portable, 1.06x fp32's time at BERT-base
+# b8 x s128 (both on MKL's SSE2 sgemm past 256 tokens, bf16 widened). avx2 0.72 / 0.98 at b1 x s16 /
+# b8 x s128. avx512_vnni without AVX-512 BF16 (Intel before Cooper Lake) is unmeasured.
+BF16_SLOWER_TIERS: tuple[str, ...] = ("portable",)
 
 
 class CpuBackend(Backend):
