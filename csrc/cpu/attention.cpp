@@ -370,26 +370,6 @@ BF_TARGET_AVX2 BF_INLINE __m256 load8(const bf16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-// exp512 (common.h) on 8 lanes: same range clamp, Cody-Waite reduction and polynomial.
-BF_TARGET_AVX2 BF_INLINE __m256 exp256(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.7f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-  __m256 p = _mm256_set1_ps(1.9841270e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3888889e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3333333e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1666667e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666667e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 BF_TARGET_AVX2 BF_INLINE float reduce_max8(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));

@@ -112,20 +112,23 @@ BF_INLINE void normalize_row(const float* row, float sum, int64_t H, float eps, 
   for (int64_t i = 0; i < H; ++i) out[i] = from_float<T>((row[i] - mean) * rstd * to_float(gamma[i]) + to_float(beta[i]));
 }
 
+// exp and its 8- and 16-lane forms (exp256, exp512), one set of numbers: clamp to the float range,
+// Cody-Waite reduction by ln 2 (hi + lo), Taylor to r^7 (1/5040 first: below 1 ulp on |r| <= ln2/2, Horner),
+// scale by 2^n.
+constexpr float kExpMin = -87.3f, kExpMax = 88.7f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
+constexpr float kExpPoly[] = {1.9841270e-4f, 1.3888889e-3f, 8.3333333e-3f, 4.1666667e-2f,
+                              1.6666667e-1f, 0.5f,          1.0f,          1.0f};
+
 BF_INLINE float exp_f(float x) {
-  x = x < -87.3f ? -87.3f : x;
-  x = x > 88.7f ? 88.7f : x;
-  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
-  float r = x - n * 0.693145751953125f;                               // Cody-Waite: ln2 = hi + lo
-  r = r - n * 1.428606765330187e-06f;
-  float p = 1.9841270e-4f;  // 1/5040: Taylor to r^7 on |r| <= ln2/2 is below 1 ulp
-  p = p * r + 1.3888889e-3f;
-  p = p * r + 8.3333333e-3f;
-  p = p * r + 4.1666667e-2f;
-  p = p * r + 1.6666667e-1f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  x = x < kExpMin ? kExpMin : x;
+  x = x > kExpMax ? kExpMax : x;
+  float n = (x * kLog2e + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  float r = x - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  float p = kExpPoly[0];
+#pragma GCC unroll 8
+  for (int i = 1; i < 8; ++i) p = p * r + kExpPoly[i];
   uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
@@ -223,23 +226,34 @@ __attribute__((target("amx-tile"))) BF_INLINE void amx_begin_block(int rows, int
   _tile_zero(2);
 }
 
+// exp_f on 16 lanes (the same numbers, above).
 BF_TARGET_AVX512 BF_INLINE __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
+  x = _mm512_min_ps(x, _mm512_set1_ps(kExpMax));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.9841270e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3888889e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3333333e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1666667e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666667e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+// exp_f on 8 lanes.
+BF_TARGET_AVX2 BF_INLINE __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));
+  x = _mm256_min_ps(x, _mm256_set1_ps(kExpMax));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
 // gelu_erf on 16 lanes; the division becomes rcp14 + one Newton step (relative error ~1e-8), which
