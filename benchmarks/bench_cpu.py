@@ -29,9 +29,9 @@ WORKLOADS = ("b1xs16", "b8xs128", "b8xs128-ragged")
 
 
 def make_inputs(workload: str, vocab: int, seed: int = 0):
-    """(input_ids, attention_mask) of a workload (bertfast.workloads: 'ragged' lengths are the evenly
+    """(input_ids, attention_mask) of a workload (bertfast.tools.workloads: 'ragged' lengths are the evenly
     spaced quantiles of uniform [16, 128], i.e. the distribution's mean fill)."""
-    from bertfast.workloads import Workload, make_batch
+    from bertfast.tools.workloads import Workload, make_batch
 
     wl = Workload.parse(workload)
     batch = make_batch(wl.batch, wl.seqlen, wl.lengths, vocab_size=vocab, seed=seed)

@@ -26,7 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bertfast import quant
+from bertfast.backends.cpu import quant
 
 SHAPES = [("qkv", 768, 2304, "none", False), ("attn_out", 768, 768, "none", True),
           ("ffn_in", 768, 3072, "gelu", False), ("ffn_out", 3072, 768, "none", True)]
@@ -42,7 +42,7 @@ def main():
         torch.set_num_threads(args.threads)
     ms = [int(v) for v in args.m.split(",")]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, native quant kernels: "
-          f"{quant._has_native('quantize_rows')}, oneDNN int8 linear: {quant._onednn_available()}")
+          f"{quant._C is not None}, oneDNN int8 linear: {quant._onednn_available()}")
     head = ("shape", "M", "fp32", "bf16", "int_mm", "onednn", "quant", "epilog", "linear", "linear TOP/s")
     print("  ".join(f"{h:>12}" for h in head))
     g = torch.Generator().manual_seed(0)
@@ -60,8 +60,8 @@ def main():
 
             def epilogue():
                 out = acc.clone()
-                quant._epilogue_torch(out, ql, xs, zp, bias, act, res) if not quant._has_native(
-                    "int8_epilogue_") else quant._native.int8_epilogue_(out, xs, zp, ql.colsum, bias, "none", None)
+                quant._epilogue_torch(out, ql, xs, zp, bias, act, res) if quant._C is None else \
+                    quant._C.int8_epilogue_(out, xs, zp, ql.colsum, bias, "none", None)
                 if act == "gelu":
                     torch.ops.aten.gelu_(out)
                 if res is not None:

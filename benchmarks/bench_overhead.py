@@ -19,7 +19,7 @@ from bertfast import ModelConfig
 from bertfast.backends.torch import TorchBackend
 from bertfast.encoder import check_inputs
 from bertfast.engine import Engine
-from bertfast.loading import EmbeddingWeights, LayerWeights, ModelWeights
+from bertfast.backends.weights import EmbeddingWeights, LayerWeights, ModelWeights
 
 
 class NullBackend(TorchBackend):

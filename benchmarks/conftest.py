@@ -1,7 +1,7 @@
 """pytest-benchmark suite: per-op rows (test_ops.py) and end to end rows (test_end_to_end.py).
 
 Run with `pytest benchmarks/` (not part of the default test suite, whose testpaths is tests/).
-Inputs come from `bertfast.workloads`, the builders the tests use; every row is checked against
+Inputs come from `bertfast.tools.workloads`, the builders the tests use; every row is checked against
 the reference before it is timed. Options:
   --bertfast-config NAME   random-weight shape for the op rows (bert-base | minilm | tiny; default bert-base)
   --bertfast-model DIR     checkpoint for the end to end rows (default: the embedded MiniLM;
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from bertfast import bench, workloads
+from bertfast.tools.bench import bench
+from bertfast.tools import workloads
 
 
 def pytest_addoption(parser):

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from bertfast import bench, workloads
+from bertfast.tools.bench import bench
+from bertfast.tools import workloads
 
 
 def _providers():

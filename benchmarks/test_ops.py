@@ -2,7 +2,7 @@
 
 Every row is first checked like the op tests check it: ours vs the fp64 reference must be no worse
 than twice the same-dtype reference's own error plus a small floor; a wrong op fails its row
-instead of producing a number. FLOPs and bytes come from `bertfast.workloads.op_cost` (the
+instead of producing a number. FLOPs and bytes come from `bertfast.tools.workloads.op_cost` (the
 compulsory traffic of a fused kernel), the same model the roofline notes in README.md use.
 """
 
@@ -13,9 +13,10 @@ import os
 import pytest
 import torch
 
-from bertfast import reference, workloads
+from bertfast import reference
+from bertfast.tools import workloads
 from bertfast.backends import REGISTRY, available_backends, get_backend
-from bertfast.bench import DTYPES
+from bertfast.tools.bench.bench import DTYPES
 
 SHAPES = ("b8xs128", "b32xs512", "b8xs128-uniform")
 ELEM_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}

@@ -1,12 +1,7 @@
 """bertfast: a fused inference engine for BERT-family encoders."""
 
-from . import isa as _isa
-
-# BERTFAST_ISA caps oneDNN, MKL and ATen too: their variables must be set before torch first uses them.
-_isa.apply_library_caps()
-
-from .isa import cpu_info  # noqa: E402
-from .backends import available_backends, get_backend  # noqa: E402
+from .backends import available_backends, get_backend  # first: it applies BERTFAST_ISA's library caps
+from .backends.cpu.isa import cpu_info
 from .config import ConfigError, ModelConfig
 from .encoder import Encoder, EncoderOutput
 from .loading import LoadError, ModelWeights, load_hf_model, load_pretrained

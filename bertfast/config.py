@@ -10,14 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 
-# Hugging Face activation names -> the engine's activation ids. `gelu_new` and `gelu_pytorch_tanh`
-# are the same function (tanh approximation), computed by torch in one case and spelled out in the other.
-ACTIVATIONS = {
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "relu": "relu",
-}
+from .kernels.activation import HF_NAMES as ACTIVATIONS
 
 # Families whose config and tensor names this version parses. Others raise ConfigError.
 SUPPORTED_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert")

@@ -82,7 +82,7 @@ def choose_dtype(dtype, backend: Backend, device) -> torch.dtype | None:
         return precision.auto
     dtype = resolve_dtype(dtype)
     if dtype in precision.slower:
-        from . import isa
+        from .backends.cpu import isa
 
         tier = isa.cpu_info()["active"] if device == "cpu" else None
         where = f"the {tier} ISA tier" if tier else device

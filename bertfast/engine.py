@@ -1,11 +1,10 @@
-"""The layer pipeline, written once for every backend.
+"""The engine: one forward pass over the real tokens only, the same for every backend.
 
-embed (-> projection) -> per layer: qkv -> attention (varlen) -> linear_residual -> layernorm -> linear_gelu ->
-linear_residual -> layernorm -> pooler. The pipeline runs on the packed real tokens only
-(`padding.unpad` at the start, `padding.pad` at the end); the backend supplies the ops. A layer is the
-backend's `layer` op: by default `reference.layer` over the backend's own ops (the cpu backend runs
-it whole in C++ where it can, the same kernels in the same order).
-Inputs are assumed validated (see `encoder.check_inputs`).
+unpad -> embed (-> projection) -> layers -> pad -> pooler. A layer is `compose_layer` over the backend's
+ops (qkv -> varlen attention -> linear + residual -> layernorm -> linear + activation -> linear +
+residual -> layernorm, post-LayerNorm as in BERT), unless the backend runs it whole
+(`Backend.whole_layer`: the same kernels in the same order). Inputs are assumed validated
+(`encoder.check_inputs`); padded positions of the outputs hold 0.
 """
 
 from __future__ import annotations
@@ -15,9 +14,42 @@ import math
 import torch
 
 from .backends import Backend
-from .loading import ModelWeights
+from .backends.weights import LayerWeights, ModelWeights
 from .padding import pad, unpad
-from .reference import default_position_ids
+
+
+def default_position_ids(config, input_ids: torch.Tensor) -> torch.Tensor:
+    """Position ids transformers uses when none are given. input_ids: (B, S) -> (B, S) int64.
+
+    Columns 0..S-1, except RoBERTa/XLM-R: real tokens (ids != pad) count up from pad_token_id + 1
+    and pad tokens get pad_token_id (fairseq's make_positions).
+    """
+    B, S = input_ids.shape
+    if config.positions_from_input_ids:
+        real = input_ids.ne(config.pad_token_id).long()
+        return torch.cumsum(real, dim=1) * real + config.pad_token_id
+    return torch.arange(S, device=input_ids.device).expand(B, S)
+
+
+def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int, heads: int,
+                  scale: float, eps: float, act: str) -> torch.Tensor:
+    """One post-LayerNorm encoder layer on x (T, H) from the backend's ops; cu_seqlens (B+1,) int32."""
+    q, k, v = ops.qkv(x, layer.qkv_weight, layer.qkv_bias, heads)
+    ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale)
+    x = ops.layernorm(ops.linear(ctx, layer.attn_out_weight, layer.attn_out_bias, "none", x),
+                      layer.attn_ln_weight, layer.attn_ln_bias, eps)
+    h = ops.linear(x, layer.ffn_in_weight, layer.ffn_in_bias, act)
+    return ops.layernorm(ops.linear(h, layer.ffn_out_weight, layer.ffn_out_bias, "none", x),
+                         layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
+
+
+def run_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int, heads: int, scale: float,
+              eps: float, act: str) -> torch.Tensor:
+    """The layer whole where the backend offers it for these tokens, else `compose_layer`."""
+    whole = ops.whole_layer(x, layer)
+    if whole is not None:
+        return whole(x, cu_seqlens, int(max_seqlen), float(scale))
+    return compose_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act)
 
 
 class Engine:
@@ -52,13 +84,13 @@ class Engine:
         heads, eps, act = cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation
         scale = 1.0 / math.sqrt(cfg.head_dim)
         for layer in w.layers:
-            x = ops.layer(x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act)
+            x = run_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act)
             if hidden is not None:
                 hidden.append(x)
 
         last = pad(x, indices, B, S)
         pooled = None
-        if w.pooler_weight is not None:
-            pooled = ops.pooler(last[:, 0].contiguous(), w.pooler_weight, w.pooler_bias)
+        if w.pooler_weight is not None:  # tanh(W h[CLS] + b)
+            pooled = ops.linear(last[:, 0].contiguous(), w.pooler_weight, w.pooler_bias, "tanh")
         states = tuple(pad(h, indices, B, S) for h in hidden) if hidden is not None else None
         return last, pooled, states

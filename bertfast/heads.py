@@ -28,7 +28,8 @@ from .encoder import Encoder, EncoderOutput, choose_dtype, model_device
 from .loading import BASE_PREFIX, LoadError, _TensorSource, assemble, open_checkpoint
 from .loading import POOLER as POOLER_MODULES
 from .padding import pad, unpad
-from .reference import activation
+from .kernels.activation import HF_NAMES
+from .kernels.activation import apply as activation
 
 # ------------------------------------------------------------------------------------------------
 # The table. Sources: what a head reads from the encoder.
@@ -127,9 +128,8 @@ HEADS = {
 CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
                 "albert": "Albert", "distilbert": "DistilBert"}
 
-# Activations a head may name: the engine's three, plus tanh and identity (ELECTRA summary).
-_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
-                "relu": "relu", "tanh": "tanh", "linear": None}
+# Activations a head may name: the layer's, plus tanh and identity (ELECTRA summary).
+_ACTIVATIONS = {**HF_NAMES, "gelu_tanh": "gelu_tanh", "tanh": "tanh", "linear": None}
 
 
 def supported_architectures(family: str | None = None) -> list[str]:
@@ -284,7 +284,7 @@ class Head(nn.Module):
             elif kind == "layernorm":
                 x = F.layer_norm(x, (x.shape[-1],), step[1], step[2], self.eps)
             elif kind == "act":
-                x = torch.tanh(x) if step[1] == "tanh" else x if step[1] is None else activation(x, step[1])
+                x = x if step[1] is None else activation(x, step[1])
             else:  # squeeze
                 x = x.squeeze(-1)
         return x

@@ -1,8 +1,8 @@
 """Eager reference: the exact math of Hugging Face's `BertModel`, in plain torch, in any dtype.
 
-This module is the oracle. Its op functions (`embed`, `qkv`, `attention`, `linear_gelu`,
-`linear_residual`, `layernorm`, `pooler`, and `layer`, one encoder layer made of them) define what
-every backend's op must compute, and
+This module is the oracle (product code never imports it; the torch backend wraps its ops). Its op
+functions (`embed`, `qkv`, `attention`, `linear_gelu`, `linear_residual`, `layernorm`, `pooler`, and
+`layer`, one encoder layer made of them) define what every backend's op must compute, and
 `forward` runs the whole padded model the way `transformers` does (additive key-padding mask,
 position ids ``0..S-1``). Tests check `forward` against `transformers` itself; kernels and backends
 are checked against the op functions. Nothing here is tuned for speed.
@@ -11,42 +11,21 @@ are checked against the op functions. Nothing here is tuned for speed.
 from __future__ import annotations
 
 import math
-import sys
 
 import torch
 import torch.nn.functional as F
 
-from .loading import EmbeddingWeights, LayerWeights, ModelWeights
-
-ACTIVATION_IDS = ("gelu", "gelu_tanh", "relu")
-
+from .kernels import activation as act_table
+from .backends.weights import EmbeddingWeights, LayerWeights, ModelWeights
+from .engine import default_position_ids
 
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
-    """kind: 'gelu' (exact erf), 'gelu_tanh' (tanh approximation) or 'relu'."""
-    if kind == "gelu":
-        return F.gelu(x)
-    if kind == "gelu_tanh":
-        return F.gelu(x, approximate="tanh")
-    if kind == "relu":
-        return F.relu(x)
-    raise ValueError(f"unknown activation {kind!r} (expected one of {', '.join(ACTIVATION_IDS)})")
+    """kind: 'gelu' (exact erf), 'gelu_tanh' (tanh approximation) or 'relu' (also 'tanh', 'none')."""
+    return act_table.apply(x, kind)
 
 
 # ----------------------------------------------------------------------------------------------
 # Ops on the packed token layout: x is [T, H] (T tokens of any number of sequences).
-
-
-def default_position_ids(config, input_ids: torch.Tensor) -> torch.Tensor:
-    """Position ids transformers uses when none are given. input_ids: (B, S) -> (B, S) int64.
-
-    Columns 0..S-1, except RoBERTa/XLM-R: real tokens (ids != pad) count up from pad_token_id + 1
-    and pad tokens get pad_token_id (fairseq's make_positions).
-    """
-    B, S = input_ids.shape
-    if config.positions_from_input_ids:
-        real = input_ids.ne(config.pad_token_id).long()
-        return torch.cumsum(real, dim=1) * real + config.pad_token_id
-    return torch.arange(S, device=input_ids.device).expand(B, S)
 
 
 def embed(input_ids, position_ids, token_type_ids, emb: EmbeddingWeights, eps: float) -> torch.Tensor:
@@ -127,7 +106,7 @@ def linear(x, weight, bias) -> torch.Tensor:
 
 
 def linear_gelu(x, weight, bias, act: str = "gelu") -> torch.Tensor:
-    """activation(x @ weight.T + bias); act in ACTIVATION_IDS."""
+    """activation(x @ weight.T + bias); act in activation.LAYER_IDS."""
     return activation(F.linear(x, weight, bias), act)
 
 
@@ -149,17 +128,15 @@ def pooler(cls_hidden, weight, bias) -> torch.Tensor:
 
 
 def layer(x, layer: LayerWeights, cu_seqlens, max_seqlen: int, num_heads: int, scale: float, eps: float,
-          act: str, ops=None) -> torch.Tensor:
-    """One encoder layer on the packed layout x: (T, H), composed from the ops above, or from the
-    same-named ops of `ops` (a backend: `Backend.layer` runs this on its own ops by default)."""
-    ops = ops if ops is not None else sys.modules[__name__]
-    q, k, v = ops.qkv(x, layer.qkv_weight, layer.qkv_bias, num_heads)
-    ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale)
-    x = ops.layernorm(ops.linear_residual(ctx, layer.attn_out_weight, layer.attn_out_bias, x),
-                      layer.attn_ln_weight, layer.attn_ln_bias, eps)
-    h = ops.linear_gelu(x, layer.ffn_in_weight, layer.ffn_in_bias, act)
-    return ops.layernorm(ops.linear_residual(h, layer.ffn_out_weight, layer.ffn_out_bias, x),
-                         layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
+          act: str) -> torch.Tensor:
+    """One encoder layer on the packed layout x: (T, H), composed from the ops above."""
+    q, k, v = qkv(x, layer.qkv_weight, layer.qkv_bias, num_heads)
+    ctx = attention(q, k, v, cu_seqlens, max_seqlen, scale)
+    x = layernorm(linear_residual(ctx, layer.attn_out_weight, layer.attn_out_bias, x),
+                  layer.attn_ln_weight, layer.attn_ln_bias, eps)
+    h = linear_gelu(x, layer.ffn_in_weight, layer.ffn_in_bias, act)
+    return layernorm(linear_residual(h, layer.ffn_out_weight, layer.ffn_out_bias, x),
+                     layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
-from bertfast import isa
+from bertfast.backends.cpu import isa
 
 
 def rel_err(ours: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = None) -> float:

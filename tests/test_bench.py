@@ -16,8 +16,9 @@ import zlib
 import pytest
 import torch
 
-from bertfast import bench, workloads
-from bertfast.cli import main
+from bertfast.tools.bench import bench
+from bertfast.tools import workloads
+from bertfast.tools.cli import main
 
 pytest.importorskip("transformers", reason="bench compares with transformers' BertModel")
 
@@ -175,7 +176,7 @@ def test_settle_pause_and_untimed_call_before_each_timed_call(settle_ms, tmp_pat
 def test_process_isolation_runs_each_provider_in_its_own_worker(tmp_path):
     # Each provider is built and timed in a worker process; its output comes back for validation and
     # matches the same provider run in this process exactly (same code, same single thread).
-    from bertfast.bench_process import Local, Worker
+    from bertfast.tools.bench.process import Local, Worker
 
     torch.set_num_threads(1)
     out_json = tmp_path / "bench.json"
@@ -229,7 +230,7 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
 def test_isa_tiers_each_in_a_child_with_one_json(tmp_path, capfd):
     """--isa runs the grid once per tier in a child process (BERTFAST_ISA set there), prints each tier's
     cpu_info line and table, lists tiers the CPU lacks as skipped, and merges every tier's rows."""
-    from bertfast import isa
+    from bertfast.backends.cpu import isa
 
     supported = isa.supported_tiers()
     if not supported:
@@ -256,7 +257,7 @@ def test_isa_tiers_each_in_a_child_with_one_json(tmp_path, capfd):
 def test_isa_argument_errors(capsys):
     assert _run_cli(["--isa", "sse9"]) == 2
     assert "--isa: unknown tier(s) sse9" in capsys.readouterr().err
-    from bertfast.bench_tiers import parse_tiers
+    from bertfast.tools.bench.tiers import parse_tiers
 
     assert parse_tiers("all") == ["amx", "avx512_vnni", "avx2", "portable"]
     assert parse_tiers("portable,avx2") == ["avx2", "portable"]

@@ -20,7 +20,8 @@ transformers = pytest.importorskip("transformers")
 CPU_REASON = available_backends("cpu").get("cpu")
 pytestmark = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")
 
-from bertfast.backends.cpu import CpuBackend  # noqa: E402  (imports fine without the extension)
+from bertfast.backends.cpu.backend import CpuBackend  # noqa: E402  (imports fine without the extension)
+from bertfast.engine import compose_layer, run_layer  # noqa: E402
 
 # GEMM path per test: "small" sends every GEMM to the extension's own kernel, "torch" none.
 PATHS = {"small": 1 << 30, "torch": 0}
@@ -171,7 +172,7 @@ def test_large_m_bf16_linear_row_blocks(isa, rows, shape, residual):
 
 
 def _prepared_layer(dtype, hidden, heads, inter, act="gelu", seed=0, quantize=None):
-    from bertfast.validate import random_weights, tiny_config
+    from bertfast.tools.validate.validate import random_weights, tiny_config
 
     cfg = tiny_config(hidden, heads, inter, act=act)
     backend = CpuBackend(quantize=quantize)
@@ -194,8 +195,8 @@ def test_whole_layer_equals_op_by_op(dtype, hidden, heads, inter, act, lengths):
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     x = torch.randn(int(cu[-1]), hidden, generator=torch.Generator().manual_seed(1)).to(dtype)
     args = (cu, max(lengths), heads, cfg.head_dim ** -0.5, cfg.layer_norm_eps, act)
-    whole = backend.layer(x, layer, *args)
-    op_by_op = reference.layer(x, layer, *args, ops=backend)
+    whole = run_layer(backend, x, layer, *args)
+    op_by_op = compose_layer(backend, x, layer, *args)
     assert torch.equal(whole, op_by_op)
     if quantize is not None:
         return  # the int8 numerics are judged in test_quant.py (quantized linears and the encoder)
@@ -255,4 +256,4 @@ def test_whole_layer_errors():
         _C.Layer(*parts, 64, 128, 2, 1e-12, "gelu", int8_scales=scales)
     with pytest.raises(ValueError, match="from pack_int8"):  # float packed weights offered as int8 ones
         _C.Layer(*parts, 64, 128, 2, 1e-12, "gelu", int8_scales=scales, int8_colsums=scales)
-    assert torch.equal(whole(x, cu, 3, 0.125), backend.layer(x, layer, cu, 3, 2, 0.125, 1e-12, "gelu"))
+    assert torch.equal(whole(x, cu, 3, 0.125), run_layer(backend, x, layer, cu, 3, 2, 0.125, 1e-12, "gelu"))

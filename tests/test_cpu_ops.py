@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from bertfast import reference
-from bertfast.loading import EmbeddingWeights
+from bertfast.backends.weights import EmbeddingWeights
 
 try:
     from bertfast import _C

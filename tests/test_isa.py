@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import bertfast
-from bertfast import isa
+from bertfast.backends.cpu import isa
 
 from conftest import TIERS, supported_tiers
 

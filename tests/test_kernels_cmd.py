@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from bertfast import kernels  # noqa: E402
+from bertfast.tools import aot as kernels  # noqa: E402
 
 PTXAS_LOG = """ptxas info    : Compiling entry function '_linear_kernel' for 'sm_90a'
 ptxas info    : Function properties for _linear_kernel

@@ -11,14 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertfast import quant
+from bertfast.backends.cpu import quant
 
 ACTS = ("none", "gelu", "gelu_tanh", "relu")
 EPS32 = 2.0 ** -24
 
 has_native = pytest.mark.skipif(
-    not (quant._has_native("quantize_rows") and quant._has_native("int8_epilogue_")),
-    reason="bertfast._C is not built or was built without csrc/cpu/quant.cpp (quantize_rows, int8_epilogue_)",
+    quant._C is None, reason="bertfast._C is not built (quantize_rows, int8_epilogue_)",
 )
 
 
@@ -185,12 +184,12 @@ def test_native_epilogue_each_isa(isa, act):
     x, weight, bias, residual = _linear_case(65, 96, 72, act, True, seed=3)
     qx, xs, zp = quant.quantize_rows_reference(x)
     out = quant.int8_gemm(qx, weight)
-    quant._native.int8_epilogue_(out, xs, zp, weight.colsum, bias, act, residual)
+    quant._C.int8_epilogue_(out, xs, zp, weight.colsum, bias, act, residual)
     _check(out, x, weight, bias, act, residual)
     x, weight, _, _ = _linear_case(5, 64, 20, act, False, seed=4)
     qx, xs, zp = quant.quantize_rows_reference(x)
     out = quant.int8_gemm(qx, weight)
-    quant._native.int8_epilogue_(out, xs, zp, weight.colsum, None, act, None)
+    quant._C.int8_epilogue_(out, xs, zp, weight.colsum, None, act, None)
     _check(out, x, weight, None, act, None)
 
 
@@ -198,7 +197,7 @@ def test_native_epilogue_each_isa(isa, act):
 def test_linear_fallback_paths(monkeypatch, path):
     """The same-math paths used where the native kernels or oneDNN's int8 linear are missing."""
     if path == "torch-ops":
-        monkeypatch.setattr(quant, "_native", None)
+        monkeypatch.setattr(quant, "_C", None)
     use_onednn = False if path == "int-mm" else None
     for act in ("none", "gelu"):
         x, weight, bias, residual = _linear_case(17, 80, 48, act, act == "none", use_onednn=use_onednn)
@@ -254,7 +253,7 @@ def test_linear_errors():
 
 def test_int8_on_backend_without_it_is_a_clear_error():
     from bertfast import Encoder, get_backend
-    from bertfast.workloads import random_hf_model
+    from bertfast.tools.workloads import random_hf_model
 
     with pytest.raises(ValueError, match="backend 'torch' does not support 'int8' quantization"):
         get_backend("torch", "cpu", quantize="int8")
@@ -292,7 +291,7 @@ def test_int8_kernel_paths(isa, M, K, N):
 
 @pytest.fixture(scope="module")
 def tiny_hf():
-    from bertfast.workloads import random_hf_model
+    from bertfast.tools.workloads import random_hf_model
 
     return random_hf_model("tiny", seed=3)
 
@@ -305,7 +304,7 @@ def _cpu_backend_reason():
 
 def test_int8_model_close_to_fp32_and_batch_independent(tiny_hf):
     from bertfast import Encoder
-    from bertfast.workloads import make_batch
+    from bertfast.tools.workloads import make_batch
 
     if _cpu_backend_reason() is not None:
         pytest.skip(f"cpu backend unavailable: {_cpu_backend_reason()}")
@@ -349,7 +348,7 @@ def test_int8_cpu_backend_errors(tiny_hf):
 
 
 def test_validate_int8_report(tiny_hf, tmp_path, capsys):
-    from bertfast.cli import main
+    from bertfast.tools.cli import main
 
     if _cpu_backend_reason() is not None:
         pytest.skip(f"cpu backend unavailable: {_cpu_backend_reason()}")
@@ -368,8 +367,8 @@ def test_validate_int8_report(tiny_hf, tmp_path, capsys):
 
 
 def test_bench_int8_rows():
-    from bertfast import bench
-    from bertfast.workloads import Workload
+    from bertfast.tools.bench import bench
+    from bertfast.tools.workloads import Workload
 
     source = bench.load_source(config_name="tiny")
     rows = bench.run_bench(source, [Workload.parse("b2xs16-uniform")], ["fp32", "bf16"],

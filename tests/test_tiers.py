@@ -3,7 +3,7 @@
 Per tier (the `isa` fixture switches the extension in-process: our kernels and the GEMM routing, which
 reads the active tier): fp32 within 1e-5 relative on a ragged batch with a 1-token row; bf16 no worse than
 twice Hugging Face's own bf16 error; a sequence alone equals itself inside the batch, bit for bit; int8
-sentence embeddings meet the int8 report's targets (bertfast.quant_report); dtype="auto" gives bf16 exactly
+sentence embeddings meet the int8 report's targets (bertfast.tools.validate.int8_report); dtype="auto" gives bf16 exactly
 where the tier has native bf16 dot products; an explicit bf16 warns once where it is measured slower.
 """
 
@@ -15,7 +15,8 @@ import warnings
 import pytest
 import torch
 
-from bertfast import Encoder, quant_report
+from bertfast import Encoder
+from bertfast.tools.validate import int8_report as quant_report
 from bertfast.backends import available_backends
 
 from conftest import hf_bert, ragged_batch, rel_err
@@ -77,7 +78,7 @@ def test_batch_invariance(isa, hf, dtype, lengths):
 
 @pytest.fixture(scope="module")
 def sentence_fp32(minilm_path):
-    from bertfast.quant_sentences import sentences
+    from bertfast.tools.validate.sentences import sentences
 
     texts = sentences()[:INT8_SENTENCES]
     fp32 = Encoder.from_pretrained(minilm_path, backend="torch", dtype=torch.float32)
@@ -92,7 +93,7 @@ def test_int8_report_targets(isa, minilm_path, sentence_fp32):
 
 
 def _native_bf16(tier: str) -> bool:
-    """The rule, stated independently of bertfast.isa: amx, or avx512_vnni on a CPU with AVX-512 BF16."""
+    """The rule, stated independently of bertfast.backends.cpu.isa: amx, or avx512_vnni on a CPU with AVX-512 BF16."""
     from bertfast import _C
 
     return tier == "amx" or (tier == "avx512_vnni" and _C.has_avx512_bf16())
@@ -113,7 +114,7 @@ def test_explicit_bf16_warns_once_where_slower(isa, hf, backend, monkeypatch):
     """cpu: on the tiers its bf16 forward measured slower (BF16_SLOWER_TIERS); torch: wherever the tier
     lacks native bf16 (ATen's scalar bf16 dot)."""
     from bertfast import backends
-    from bertfast.backends.cpu import BF16_SLOWER_TIERS
+    from bertfast.backends.cpu.backend import BF16_SLOWER_TIERS
 
     monkeypatch.setattr(backends, "_warned", set())
     with warnings.catch_warnings(record=True) as caught:

@@ -2,7 +2,7 @@
 reference model, on tiny random BERTs with ragged batches.
 
 TRITON_INTERPRET=1 is set before bertfast is imported (Triton fixes the mode when the kernels are
-defined). If something imported `bertfast.ops` earlier without it, the tests are skipped, naming
+defined). If something imported `bertfast.kernels.triton` earlier without it, the tests are skipped, naming
 that condition.
 """
 
@@ -18,10 +18,10 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 
 from bertfast import Encoder, ModelConfig, reference  # noqa: E402
-from bertfast.loading import EmbeddingWeights, LayerWeights, ModelWeights  # noqa: E402
+from bertfast.backends.weights import EmbeddingWeights, LayerWeights, ModelWeights  # noqa: E402
 
-_ops = pytest.importorskip("bertfast.ops")
-pytestmark = pytest.mark.skipif(not _ops.INTERPRET, reason="bertfast.ops was imported before TRITON_INTERPRET=1 "
+_ops = pytest.importorskip("bertfast.kernels.triton")
+pytestmark = pytest.mark.skipif(not _ops.INTERPRET, reason="bertfast.kernels.triton was imported before TRITON_INTERPRET=1 "
                                 "was set in this process, so its kernels were built for GPU")
 
 
@@ -130,7 +130,7 @@ def test_kernels_built_for_gpu_reject_cpu_tensors_with_a_reason():
 
     code = "\n".join([
         "import os, torch",
-        "from bertfast.ops.linear import linear",
+        "from bertfast.kernels.triton.linear import linear",
         "from bertfast.backends.triton import TritonBackend",
         "try:",
         "    linear(torch.ones(2, 3), torch.ones(4, 3))",
@@ -143,7 +143,7 @@ def test_kernels_built_for_gpu_reject_cpu_tensors_with_a_reason():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "ValueError: linear: CPU tensors need the Triton interpreter" in proc.stdout
-    assert "reason: bertfast.ops was imported before TRITON_INTERPRET=1" in proc.stdout
+    assert "reason: bertfast.kernels.triton was imported before TRITON_INTERPRET=1" in proc.stdout
 
 
 # Issue 4's parity bar: transformers itself, fp32, head dims 26/32/64/80 (hidden 312, 384, 768 at 2

@@ -12,8 +12,8 @@ import torch
 from bertfast import reference
 from bertfast.backends import REGISTRY
 from bertfast.backends.torch import TorchBackend
-from bertfast.cli import main
-from bertfast.validate import OP_NAMES, TABLE, judge, op_cases, run_model_check, run_op_sweep
+from bertfast.tools.cli import main
+from bertfast.tools.validate.validate import OP_NAMES, TABLE, judge, op_cases, run_model_check, run_op_sweep
 
 from conftest import hf_bert
 
@@ -58,8 +58,8 @@ class TanhGeluForErfGelu(TorchBackend):
     name = "broken-gelu"
 
     @staticmethod
-    def linear_gelu(x, weight, bias, act):
-        return reference.linear_gelu(x, weight, bias, "gelu_tanh" if act == "gelu" else act)
+    def linear(x, weight, bias, act="none", residual=None):
+        return TorchBackend.linear(x, weight, bias, "gelu_tanh" if act == "gelu" else act, residual)
 
 
 class CrashingQkv(TorchBackend):
@@ -138,16 +138,9 @@ class Fp32Epilogue(TorchBackend):
         return out[:, 0], out[:, 1], out[:, 2]
 
     @staticmethod
-    def linear_gelu(x, weight, bias, act):
-        return reference.activation(_blocked_linear(x, weight, bias), act).to(x.dtype)
-
-    @staticmethod
-    def linear_residual(x, weight, bias, residual):
-        return (_blocked_linear(x, weight, bias) + residual.float()).to(x.dtype)
-
-    @staticmethod
-    def pooler(cls_hidden, weight, bias):
-        return torch.tanh(_blocked_linear(cls_hidden, weight, bias)).to(cls_hidden.dtype)
+    def linear(x, weight, bias, act="none", residual=None):
+        out = reference.activation(_blocked_linear(x, weight, bias), act)
+        return (out if residual is None else out + residual.float()).to(x.dtype)
 
     @staticmethod
     def attention(q, k, v, cu_seqlens, max_seqlen, scale):

@@ -1,4 +1,4 @@
-"""Backend registry: a backend is a named set of op functions the engine pipeline calls.
+"""Backend registry: a backend is a named set of op functions the engine calls (`contract`).
 
 Backends are chosen once, when an Encoder is built (`get_backend`). Modules are imported lazily so
 that, for example, the torch backend works on a machine without triton. `"auto"` picks the first
@@ -10,13 +10,19 @@ from __future__ import annotations
 import importlib
 import warnings
 
-from .base import Backend, BackendUnavailable, Precision
+from .cpu import isa as _isa
+
+# BERTFAST_ISA caps oneDNN, MKL and ATen too: their variables must be set before torch first uses them,
+# so before anything here imports torch.
+_isa.apply_library_caps()
+
+from .contract import Backend, BackendUnavailable, Precision  # noqa: E402
 
 # name -> "module:Class". Adding a backend is one line here plus its module.
 REGISTRY = {
     "torch": "bertfast.backends.torch:TorchBackend",
     "triton": "bertfast.backends.triton:TritonBackend",
-    "cpu": "bertfast.backends.cpu:CpuBackend",
+    "cpu": "bertfast.backends.cpu.backend:CpuBackend",
 }
 
 # Preference per device type under backend="auto", fastest first. "torch" always works.

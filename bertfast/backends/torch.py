@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import torch.nn.functional as F
+
 from .. import reference
-from .base import Backend
+from ..kernels import activation
+from .contract import Backend
 
 
 class TorchBackend(Backend):
@@ -16,7 +19,9 @@ class TorchBackend(Backend):
     embed = staticmethod(reference.embed)
     qkv = staticmethod(reference.qkv)
     attention = staticmethod(reference.attention)
-    linear_residual = staticmethod(reference.linear_residual)
     layernorm = staticmethod(reference.layernorm)
-    linear_gelu = staticmethod(reference.linear_gelu)
-    pooler = staticmethod(reference.pooler)
+
+    @staticmethod
+    def linear(x, weight, bias, act="none", residual=None):
+        out = activation.apply(F.linear(x, weight, bias), act)
+        return out if residual is None else out + residual

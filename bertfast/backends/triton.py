@@ -1,7 +1,7 @@
-"""The "triton" backend: every op is a Triton kernel from `bertfast.ops`.
+"""The "triton" backend: every op is a Triton kernel from `bertfast.kernels.triton`.
 
 On CUDA this is the fast path. On CPU it runs under the Triton interpreter, which must be switched
-on with TRITON_INTERPRET=1 before `bertfast.ops` is imported; that mode is for validation (slow,
+on with TRITON_INTERPRET=1 before `bertfast.kernels.triton` is imported; that mode is for validation (slow,
 and fp32/fp16 only: the interpreter cannot compute in bf16).
 """
 
@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from .base import Backend, Precision
+from .contract import Backend, Precision
 
 
 def _triton_import_error() -> str | None:
@@ -39,16 +39,16 @@ class TritonBackend(Backend):
                         "set TRITON_INTERPRET=1 before importing bertfast")
             import sys
 
-            ops = sys.modules.get("bertfast.ops")
+            ops = sys.modules.get("bertfast.kernels.triton")
             if ops is not None and not ops.INTERPRET:
-                return ("bertfast.ops was imported before TRITON_INTERPRET=1 was set, so its kernels "
+                return ("bertfast.kernels.triton was imported before TRITON_INTERPRET=1 was set, so its kernels "
                         "were built for GPU; set the variable before the first import")
             return None
         return f"device type {device!r} is not supported (cuda, or cpu under TRITON_INTERPRET=1)"
 
     def __init__(self, quantize=None):
         super().__init__(quantize)
-        from .. import ops
+        from ..kernels import triton as ops
 
         self._ops = ops
 
@@ -74,14 +74,8 @@ class TritonBackend(Backend):
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale):
         return self._ops.attention.attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, validate=False)
 
-    def linear_residual(self, x, weight, bias, residual):
-        return self._ops.linear.linear_residual(x, weight, bias, residual)
+    def linear(self, x, weight, bias, act="none", residual=None):
+        return self._ops.linear.linear(x, weight, bias, activation=act, residual=residual)
 
     def layernorm(self, x, weight, bias, eps):
         return self._ops.layernorm.layernorm(x, weight, bias, eps)
-
-    def linear_gelu(self, x, weight, bias, act):
-        return self._ops.linear.linear_gelu(x, weight, bias, act)
-
-    def pooler(self, cls_hidden, weight, bias):
-        return self._ops.linear.linear(cls_hidden, weight, bias, activation="tanh")

@@ -1,7 +1,7 @@
 """Shared builders for the Triton kernel tests, which run on CPU under the Triton interpreter.
 
 Triton picks interpreted or compiled kernels when a `@triton.jit` function is defined, so
-TRITON_INTERPRET=1 is set here, at import, before any test module imports `bertfast.ops` (pytest
+TRITON_INTERPRET=1 is set here, at import, before any test module imports `bertfast.kernels.triton` (pytest
 loads this conftest before collecting the modules beside it). Tests elsewhere are unaffected:
 nothing here imports triton, and the variable only matters to code that does.
 """

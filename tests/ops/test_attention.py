@@ -1,4 +1,4 @@
-"""Flash attention forward (bertfast.ops.attention), varlen and padded, vs the reference."""
+"""Flash attention forward (bertfast.kernels.triton.attention), varlen and padded, vs the reference."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from bertfast import reference as ref
-from bertfast.ops import attention as attention_mod
-from bertfast.ops.attention import attention_padded, attention_varlen
+from bertfast.kernels.triton import attention as attention_mod
+from bertfast.kernels.triton.attention import attention_padded, attention_varlen
 
 from .conftest import DTYPES, NoLaunch, assert_matches_reference, f64, rand
 

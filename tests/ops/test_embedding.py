@@ -1,4 +1,4 @@
-"""Embedding gather + LayerNorm (bertfast.ops.embedding) vs the reference."""
+"""Embedding gather + LayerNorm (bertfast.kernels.triton.embedding) vs the reference."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from bertfast import reference as ref
-from bertfast.loading import EmbeddingWeights
-from bertfast.ops import embedding as embedding_mod
-from bertfast.ops.embedding import embed
+from bertfast.backends.weights import EmbeddingWeights
+from bertfast.kernels.triton import embedding as embedding_mod
+from bertfast.kernels.triton.embedding import embed
 
 from .conftest import DTYPES, NoLaunch, assert_matches_reference, rand
 

@@ -1,4 +1,4 @@
-"""Residual + LayerNorm (bertfast.ops.layernorm) vs the reference, including rows far from zero."""
+"""Residual + LayerNorm (bertfast.kernels.triton.layernorm) vs the reference, including rows far from zero."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from bertfast import reference as ref
-from bertfast.ops import layernorm as layernorm_mod
-from bertfast.ops.layernorm import layernorm
+from bertfast.kernels.triton import layernorm as layernorm_mod
+from bertfast.kernels.triton.layernorm import layernorm
 
 from .conftest import DTYPES, NoLaunch, assert_matches_reference, f64, rand
 

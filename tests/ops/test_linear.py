@@ -1,4 +1,4 @@
-"""GEMM + bias + activation / residual epilogues (bertfast.ops.linear) vs the reference."""
+"""GEMM + bias + activation / residual epilogues (bertfast.kernels.triton.linear) vs the reference."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from bertfast import reference as ref
-from bertfast.ops import linear as linear_mod
-from bertfast.ops.linear import linear, linear_gelu, linear_residual
+from bertfast.kernels.triton import linear as linear_mod
+from bertfast.kernels.triton.linear import linear, linear_gelu, linear_residual
 
 from .conftest import DTYPES, NoLaunch, assert_matches_reference, f64, rand
 

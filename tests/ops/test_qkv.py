@@ -1,4 +1,4 @@
-"""Fused QKV projection (bertfast.ops.qkv) vs the reference: values, layout, folded scale."""
+"""Fused QKV projection (bertfast.kernels.triton.qkv) vs the reference: values, layout, folded scale."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from bertfast import reference as ref
-from bertfast.ops import qkv as qkv_mod
-from bertfast.ops.qkv import qkv
+from bertfast.kernels.triton import qkv as qkv_mod
+from bertfast.kernels.triton.qkv import qkv
 
 from .conftest import DTYPES, NoLaunch, assert_matches_reference, f64, rand
 

@@ -1,15 +1,6 @@
-"""Triton kernels of the engine, one module per op (kernel(s), launcher, public function).
-
-Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter. Triton decides
-between compiled and interpreted kernels when a `@triton.jit` function is *defined*, so
-``TRITON_INTERPRET=1`` must be in the environment before this package is first imported; the
-mode seen then is kept in `INTERPRET` and every launcher checks its tensors against it (a CPU
-tensor given to compiled kernels raises ValueError instead of crashing inside Triton).
-
-This file also holds the few helpers every launcher shares: input checks that raise before any
-launch, and the autotune config list (a single config under the interpreter, where autotuning
-would only multiply the slow interpretation).
-"""
+"""Helpers every Triton launcher shares: the interpreter mode seen at import, input checks that raise
+before any launch, and the autotune config list (one config under the interpreter, where autotuning
+would only multiply the slow interpretation)."""
 
 from __future__ import annotations
 
@@ -44,7 +35,7 @@ def check_device(op: str, *tensors: torch.Tensor) -> torch.device:
     if device.type == "cpu" and not INTERPRET:
         raise ValueError(
             f"{op}: CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 in the environment "
-            "before bertfast.ops is first imported (the kernels here were built for GPU)"
+            "before bertfast.kernels.triton is first imported (the kernels here were built for GPU)"
         )
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"{op}: tensors on {device} are not supported (expected cuda, or cpu under "
@@ -75,11 +66,3 @@ def check_shape(op: str, name: str, t: torch.Tensor, shape: tuple) -> None:
 def dot_precision(dtype: torch.dtype) -> str:
     """tl.dot input precision: exact ("ieee") for fp32, where tl.dot would otherwise use TF32."""
     return "ieee" if dtype == torch.float32 else "tf32"
-
-
-# Build every kernel now, in the mode recorded in INTERPRET. Submodules are reached as modules
-# (`ops.linear.linear_gelu`); their public functions are not re-exported here, where names like
-# `linear` would shadow the modules of the same name.
-from . import attention, embedding, layernorm, linear, qkv  # noqa: E402
-
-__all__ = ["attention", "embedding", "layernorm", "linear", "qkv", "INTERPRET", "INTERPRETER_DTYPES"]

@@ -31,8 +31,8 @@ from typing import Callable
 
 import torch
 
-from . import isa
-from .workloads import DEFAULT_WORKLOADS, QUICK_WORKLOADS, Batch, Workload
+from bertfast.backends.cpu import isa
+from bertfast.tools.workloads import DEFAULT_WORKLOADS, QUICK_WORKLOADS, Batch, Workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FIXED_PROVIDERS = ("hf-eager", "hf-sdpa", "onnxruntime", "torch-compile", "bertfast-int8", "onnxruntime-int8",
@@ -96,8 +96,8 @@ class Source:
 def load_source(model_dir: str | None = None, config_name: str | None = None, device: str = "cpu",
                 seed: int = 0, label: str | None = None) -> Source:
     """The reference model: a checkpoint directory, or random weights of a named config."""
-    from . import workloads
-    from .config import ModelConfig
+    from bertfast.tools import workloads
+    from bertfast.config import ModelConfig
 
     spec = {"model_dir": model_dir, "config_name": config_name, "device": device, "seed": seed, "label": label}
     if config_name is not None:
@@ -139,8 +139,8 @@ class Provider:
 
 def _bertfast_factory(backend: str):
     def factory(source: Source, dtype: torch.dtype) -> Provider:
-        from .encoder import Encoder
-        from .loading import load_hf_model, load_pretrained
+        from bertfast.encoder import Encoder
+        from bertfast.loading import load_hf_model, load_pretrained
 
         t0 = time.perf_counter()
         # From the checkpoint files when there are some (the user's path), else from the model.
@@ -188,7 +188,7 @@ class _LastHidden(torch.nn.Module):
 
 def _export_onnx(source: Source, path: str, names: list[str]) -> None:
     """Plain torch.onnx.export of the reference (dynamic batch and sequence axes) to `path`."""
-    from .workloads import make_batch
+    from bertfast.tools.workloads import make_batch
 
     cfg = source.config
     # torch.onnx.export (torch 2.13, transformers 5) leaves the exported module changed: export a
@@ -249,8 +249,8 @@ def _ort_forward(ort, path: str, names: list[str]):
 
 
 def _bertfast_int8_factory(source: Source, dtype: torch.dtype) -> Provider:
-    from .encoder import Encoder
-    from .loading import load_hf_model, load_pretrained
+    from bertfast.encoder import Encoder
+    from bertfast.loading import load_hf_model, load_pretrained
 
     t0 = time.perf_counter()
     weights = (load_pretrained(source.model_dir, torch.float32) if source.model_dir is not None
@@ -375,7 +375,7 @@ def _factory(name: str):
 
 
 def known_providers() -> list[str]:
-    from .backends import REGISTRY
+    from bertfast.backends import REGISTRY
 
     return [f"bertfast-{b}" for b in REGISTRY] + list(FACTORIES)
 
@@ -386,7 +386,7 @@ INT8_PROVIDERS = ("bertfast-int8", "onnxruntime-int8", "ctranslate2-int8")
 def check_runnable(provider: str, source: Source, dtype: torch.dtype) -> None:
     """The reasons `provider` cannot run that need no build (dtype, device, backend availability):
     raises ProviderSkipped. `setup` checks them first; run_bench also before spawning a worker."""
-    from . import available_backends
+    from bertfast import available_backends
 
     if provider in INT8_PROVIDERS and dtype != torch.float32:
         raise ProviderSkipped("int8 rows run in the fp32 pass (int8 GEMM operands, fp32 activations)")
@@ -416,7 +416,7 @@ def setup(provider: str, source: Source, dtype: torch.dtype) -> Provider:
 
 def default_providers(device: str) -> tuple[list[str], dict[str, str]]:
     """(providers to run, {provider: reason} for bertfast backends skipped by default)."""
-    from .backends import REGISTRY
+    from bertfast.backends import REGISTRY
 
     names, skipped = [], {}
     for backend in REGISTRY:
@@ -595,7 +595,7 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
     isolation: "process" builds and runs each provider in a worker process of its own (see
     bench_process; needs `source.spec`), "none" in this process.
     """
-    from .bench_process import Local, Worker
+    from bertfast.tools.bench.process import Local, Worker
 
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
@@ -763,7 +763,7 @@ def environment(device: str) -> dict:
     """Machine, library versions and thread counts, for the JSON report."""
     import importlib
 
-    from . import __version__
+    from bertfast import __version__
 
     cpu, flags = isa.proc_cpuinfo()
     cpu = cpu or platform.processor()
@@ -957,7 +957,7 @@ def _parse(args):
 
 def auto_dtype_name(device: str) -> str:
     """The DTYPES name of what dtype="auto" loads with backend "auto" on `device` (this process's tier)."""
-    from .backends import get_backend
+    from bertfast.backends import get_backend
 
     auto = get_backend("auto", device).precision(torch.device(device).type).auto
     return next(name for name, dtype in DTYPES.items() if dtype == auto)
@@ -965,7 +965,7 @@ def auto_dtype_name(device: str) -> str:
 
 def run(args) -> int:
     if getattr(args, "isa", None):
-        from . import bench_tiers
+        from bertfast.tools.bench import tiers as bench_tiers
 
         return bench_tiers.run(args)
     try:
@@ -979,7 +979,7 @@ def run(args) -> int:
         if args.config:
             source = load_source(config_name=args.config, device=device, seed=args.seed)
         else:
-            from . import default_model_path
+            from bertfast import default_model_path
 
             if args.model:
                 source = load_source(model_dir=args.model, device=device)

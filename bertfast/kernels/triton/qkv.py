@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import check_device, check_float, check_shape, dot_precision, next_pow2
+from ._common import check_device, check_float, check_shape, dot_precision, next_pow2
 from .linear import CONFIGS, _CONFIGS, _gemm_tile, _program_tile, _prune_configs
 
 

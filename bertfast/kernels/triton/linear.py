@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import check_device, check_float, check_shape, configs_for_mode, dot_precision, next_pow2
+from ..activation import IDS as ACTIVATIONS
+from ._common import check_device, check_float, check_shape, configs_for_mode, dot_precision, next_pow2
 
-ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu", "tanh")
 
 
 @triton.jit

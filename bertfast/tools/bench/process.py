@@ -39,7 +39,7 @@ class Local:
 
     def call(self, measure_memory: bool = False):
         """One call: (seconds, output (B, S, H) tensor, peak extra MB or None)."""
-        from .bench import PeakMemory, time_call
+        from bertfast.tools.bench.bench import PeakMemory, time_call
 
         if not measure_memory:
             dt, out = time_call(self.provider.fn, self.batch, self.device)
@@ -52,7 +52,7 @@ class Local:
         """Seconds of one timed call, after `settle_s` idle and one untimed call (neither if settle_s is 0;
         no untimed call if not `untimed_call`). The garbage collector is off meanwhile: a collection
         inside the call would be charged to it."""
-        from .bench import time_call
+        from bertfast.tools.bench.bench import time_call
 
         gc_was_enabled = gc.isenabled()
         gc.disable()
@@ -72,7 +72,7 @@ class Local:
 
 def _serve(conn, source_spec: dict, name: str, dtype_name: str, device: str, threads: int) -> None:
     """Worker process: build the provider, report, then answer requests until "close" or EOF."""
-    from . import bench
+    from bertfast.tools.bench import bench
 
     torch.set_num_threads(threads)
     try:  # the parent already showed the model loading once; a bar per worker is noise
@@ -118,7 +118,7 @@ class Worker:
     thread pools). Raises `bench.ProviderSkipped` when the worker cannot build it."""
 
     def __init__(self, source_spec: dict, name: str, dtype_name: str, device: str):
-        from .bench import ProviderSkipped
+        from bertfast.tools.bench.bench import ProviderSkipped
 
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()

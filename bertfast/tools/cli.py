@@ -11,10 +11,10 @@ import importlib
 import sys
 
 COMMANDS = {
-    "demo": ("bertfast.demo", "encode sentences with the default model, check it, time it"),
-    "validate": ("bertfast.validate", "check a backend's ops (or a whole model) against the reference"),
-    "kernels": ("bertfast.kernels", "compile every Triton kernel ahead of time for GPU archs and report"),
-    "bench": ("bertfast.bench", "benchmark bertfast against Hugging Face, ONNX Runtime, torch.compile"),
+    "demo": ("bertfast.tools.demo", "encode sentences with the default model, check it, time it"),
+    "validate": ("bertfast.tools.validate.validate", "check a backend's ops (or a whole model) against the reference"),
+    "kernels": ("bertfast.tools.aot", "compile every Triton kernel ahead of time for GPU archs and report"),
+    "bench": ("bertfast.tools.bench.bench", "benchmark bertfast against Hugging Face, ONNX Runtime, torch.compile"),
 }
 
 

@@ -41,7 +41,7 @@ def variants(dtype: str = "fp16"):
     """All (name, jit_fn, {argument: representative value}, configs) the ops declare for BERT-base."""
     import torch
 
-    from .ops import attention, embedding, layernorm, linear, qkv
+    from bertfast.kernels.triton import attention, embedding, layernorm, linear, qkv
 
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     for module in (embedding, qkv, attention, linear, layernorm):
@@ -212,7 +212,7 @@ def run(args) -> int:
         print(f"bertfast kernels: unknown arch {', '.join(unknown) or '(none)'}; known: {', '.join(ARCHS)}",
               file=sys.stderr)
         return 2
-    ops_module = sys.modules.get("bertfast.ops")
+    ops_module = sys.modules.get("bertfast.kernels.triton")
     if os.environ.get("TRITON_INTERPRET", "0") == "1" or (ops_module is not None and ops_module.INTERPRET):
         return _rerun_without_interpreter(args)
     # Triton 3.9 warns when FP fusion is left implicit; fusion (FMA) is what the kernels are built with.

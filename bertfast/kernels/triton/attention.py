@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import check_device, check_float, configs_for_mode, dot_precision, next_pow2
+from ._common import check_device, check_float, configs_for_mode, dot_precision, next_pow2
 
 # A masked key's score (log2 units): finite so that a fully masked row is a uniform average
 # (exp2(MASKED - MASKED) = 1), far enough below any real score that exp2 gives exactly 0 next to one.

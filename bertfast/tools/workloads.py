@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ModelConfig
-from .loading import EmbeddingWeights, LayerWeights, ModelWeights
+from bertfast.config import ModelConfig
+from bertfast.backends.weights import EmbeddingWeights, LayerWeights, ModelWeights
 
 # Hugging Face config fields of the named random-weight models. "minilm" has the shape of the
 # embedded all-MiniLM-L6-v2 checkpoint; "tiny" is small enough for interpreted kernels in tests.

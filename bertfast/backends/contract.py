@@ -1,8 +1,10 @@
-"""The op interface every backend implements; the engine pipeline calls nothing else.
+"""The backend contract: what the engine calls, and nothing else.
 
-All ops work on the packed token layout: activations are (T, features) with T the real tokens of
-all sequences, sequences delimited by `cu_seqlens` (B+1,) int32. `prepare` runs once at load and
-may replace weight tensors by backend-specific packed forms; the ops then receive those forms.
+`prepare` runs once at load and may replace weight tensors by the backend's packed forms (the ops then
+receive those forms). The ops work on the packed token layout: activations are (T, features) with T the
+real tokens of all sequences, sequences delimited by `cu_seqlens` (B+1,) int32. The engine composes a
+layer from `qkv`, `attention`, `linear` and `layernorm` (`engine.compose_layer`) unless `whole_layer`
+hands it a callable that runs the layer in one piece (the cpu backend's C++ `Layer`).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import dataclasses
 
 import torch
 
-from .. import isa, reference
-from ..loading import ModelWeights
+from .cpu import isa
+from .weights import LayerWeights, ModelWeights
 
 
 class BackendUnavailable(RuntimeError):
@@ -71,32 +73,28 @@ class Backend:
         self.check_dtype(weights.dtype)
         return weights
 
-    # --- ops (shapes in bertfast.reference) ---
+    # --- ops (shapes and the exact math: the same-named functions of bertfast.reference) ---
     def embed(self, input_ids, position_ids, token_type_ids, emb, eps):
+        """LayerNorm(word[ids] + token_type[types] + position[positions]); ids (T,) int64 -> (T, E)."""
+        raise NotImplementedError
+
+    def linear(self, x, weight, bias, act: str = "none", residual=None):
+        """act(x @ weight.T + bias) + residual. x: (M, K); weight: (N, K) or this backend's packed form;
+        bias: (N,) or None; act: an id of `kernels.activation`; residual: (M, N) or None."""
         raise NotImplementedError
 
     def qkv(self, x, weight, bias, num_heads):
+        """Fused projection: x (T, H), weight (3H, H) -> q, k, v (T, heads, d), views allowed."""
         raise NotImplementedError
 
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale):
-        raise NotImplementedError
-
-    def linear_residual(self, x, weight, bias, residual):
+        """Varlen softmax attention of each sequence on itself: q, k, v (T, heads, d) -> (T, heads * d)."""
         raise NotImplementedError
 
     def layernorm(self, x, weight, bias, eps):
         raise NotImplementedError
 
-    def linear_gelu(self, x, weight, bias, act):
-        raise NotImplementedError
-
-    def pooler(self, cls_hidden, weight, bias):
-        raise NotImplementedError
-
-    def layer(self, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act):
-        """One encoder layer (post-LayerNorm) on x (T, H). Default: the ops above, composed as
-        `reference.layer` composes its own; a backend may run it whole (the cpu backend does)."""
-        return reference.layer(x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, ops=self)
-
-    # Used once per forward (embedding projection of ELECTRA/ALBERT); backends may override.
-    linear = staticmethod(reference.linear)
+    def whole_layer(self, x, layer: LayerWeights):
+        """A callable (x, cu_seqlens, max_seqlen, scale) -> x running `layer` on `x` in one piece, or
+        None for the engine to compose it from the ops above (the default)."""
+        return None

@@ -32,9 +32,9 @@ def _min_cos(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def layer_rows(backend, weights, directory: str, device="cpu"):
     """validate.Row per stage (embeddings, layer1..N, pooler) of the int8 engine vs the fp64 oracle."""
-    from . import reference
-    from .engine import Engine
-    from .validate import Row, model_batch
+    from bertfast import reference
+    from bertfast.engine import Engine
+    from bertfast.tools.validate.validate import Row, model_batch
 
     ids, mask, types, what = model_batch(directory, weights.config)
     B, S = ids.shape
@@ -64,8 +64,8 @@ def layer_rows(backend, weights, directory: str, device="cpu"):
 def sentence_report(directory: str, backend: str = "auto", sentences=None) -> dict | None:
     """Cosine of int8 vs fp32 sentence embeddings over `sentences` (default: the fixed set), and
     top-1 neighbour agreement. None when the checkpoint has no tokenizer."""
-    from .encoder import Encoder
-    from .quant_sentences import sentences as fixed_sentences
+    from bertfast.encoder import Encoder
+    from bertfast.tools.validate.sentences import sentences as fixed_sentences
 
     texts = list(sentences) if sentences is not None else fixed_sentences()
     fp32 = Encoder.from_pretrained(directory, backend="torch", dtype=torch.float32)

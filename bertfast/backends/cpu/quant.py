@@ -49,24 +49,14 @@ quantization and the epilogue after oneDNN's GEMM run in the native extension (`
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
-from . import reference
+from ...kernels import activation
+from . import routing
+from .ext import _C
 
 QMAX = 127  # symmetric weight grid [-127, 127]: -128 is never produced, so -q is always representable
-ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu")
-
-try:
-    from . import _C as _native
-except ImportError:  # extension not built: the torch-op path below is used
-    _native = None
-
-
-def _has_native(name: str) -> bool:
-    return _native is not None and hasattr(_native, name)
-
+ACTIVATIONS = ("none",) + activation.LAYER_IDS
 
 # ----------------------------------------------------------------------------------------------
 # Quantize / dequantize
@@ -130,10 +120,10 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
         raise ValueError(f"x must be (tokens, features), got shape {tuple(x.shape)}")
     if x.dtype != torch.float32:
         raise ValueError(f"int8 activation quantization expects float32 activations, got {x.dtype}")
-    if _has_native("quantize_rows") and x.device.type == "cpu":
+    if _C is not None and x.device.type == "cpu":
         if x.stride(1) != 1:
             x = x.contiguous()
-        return _native.quantize_rows(x)
+        return _C.quantize_rows(x)
     return quantize_rows_reference(x)
 
 
@@ -159,20 +149,16 @@ def _onednn_available() -> bool:
             and hasattr(torch.ops.onednn, "qlinear_pointwise") and hasattr(torch.ops.onednn, "qlinear_prepack"))
 
 
-# On the amx tier, the token count up to which the native kernel runs the GEMM; above, oneDNN's AMX one.
-# Measured on Sapphire Rapids, one thread, the 48 GEMMs of BERT-base: ours 3.8 vs oneDNN 6.9 ms at M=1,
-# 5.1 vs 9.6 at M=16, 15 vs 17 at M=128 (oneDNN without its epilogue pass), 29 vs 27 at M=256.
-SMALL_M = 128
 _PREPACK_M_HINT = 1024  # the M oneDNN tunes the packed layout for; any M runs correctly
 
 
 def _amx_tier() -> bool:
-    return _native is not None and _native.isa() == "amx"
+    return _C is not None and _C.isa() == "amx"
 
 
 def native_rows() -> int:
-    """The largest token count whose int8 GEMMs run on the native kernel (the GEMM routing rule)."""
-    return SMALL_M if _amx_tier() else sys.maxsize
+    """The largest token count whose int8 GEMMs run on the native kernel (`routing.native_rows`)."""
+    return routing.native_rows("int8", _C.isa() if _C is not None else "portable", False)
 
 
 class QuantLinear:
@@ -196,7 +182,7 @@ class QuantLinear:
         self.colsum = (self.q.sum(dim=1, dtype=torch.int64).to(torch.float64) * self.scale.double()).float()
         self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
         if use_onednn is None:  # only the amx tier runs oneDNN's int8 GEMM (see native_rows)
-            use_onednn = _onednn_available() and (_native is None or _amx_tier())
+            use_onednn = _onednn_available() and (_C is None or _amx_tier())
         self.onednn = None
         if use_onednn:
             try:
@@ -205,7 +191,7 @@ class QuantLinear:
                 self.onednn = None
         self.q_t = None if self.onednn is not None else self.q.t()
         # The native small-M kernel's layout ([N/16][K/4][16][4]), when the extension has it.
-        self.packed = _native.pack_int8(self.q) if _has_native("quant_linear") else None
+        self.packed = _C.pack_int8(self.q) if _C is not None else None
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, use_onednn: bool | None = None) -> "QuantLinear":
@@ -243,10 +229,6 @@ def int8_gemm(qx: torch.Tensor, weight: QuantLinear) -> torch.Tensor:
     return acc.to(torch.float32).mul_(weight.scale)
 
 
-_TORCH_ACT = {
-    "gelu": lambda t: torch.ops.aten.gelu_(t),
-    "gelu_tanh": lambda t: torch.ops.aten.gelu_(t, approximate="tanh"),
-}
 
 
 def _epilogue_torch(out, weight, x_scale, x_zero_point, bias, act, residual):
@@ -255,12 +237,7 @@ def _epilogue_torch(out, weight, x_scale, x_zero_point, bias, act, residual):
     out.mul_(x_scale[:, None])
     if bias is not None:
         out.add_(bias)
-    if act == "gelu":
-        out = torch.ops.aten.gelu_(out)
-    elif act == "gelu_tanh":
-        out = torch.ops.aten.gelu_(out, approximate="tanh")
-    elif act == "relu":
-        out = out.relu_()
+    out = activation.apply_(out, act)
     if residual is not None:
         out.add_(residual)
     return out
@@ -279,8 +256,7 @@ def linear(x: torch.Tensor, weight: QuantLinear, bias: torch.Tensor | None = Non
         raise ValueError(f"x must be (M, {weight.in_features}), got {tuple(x.shape)}")
     if x.dtype != torch.float32:
         raise ValueError(f"int8 linear takes float32 activations, got {x.dtype}")
-    if act not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {act!r} (expected one of {', '.join(ACTIVATIONS)})")
+    activation.check(act, ACTIVATIONS)
     M, N = x.shape[0], weight.out_features
     if bias is not None and (bias.shape != (N,) or bias.dtype != torch.float32):
         raise ValueError(f"bias must be ({N},) float32, got {bias.dtype} {tuple(bias.shape)}")
@@ -294,18 +270,18 @@ def linear(x: torch.Tensor, weight: QuantLinear, bias: torch.Tensor | None = Non
             x = x.contiguous()
         if residual is not None and residual.stride(1) != 1:
             residual = residual.contiguous()
-        return _native.quant_linear(x, weight.packed, weight.scale, weight.colsum, bias, act, residual)
+        return _C.quant_linear(x, weight.packed, weight.scale, weight.colsum, bias, act, residual)
     qx, x_scale, x_zero_point = quantize_rows(x)
     out = int8_gemm(qx, weight)
-    if not _has_native("int8_epilogue_"):
+    if _C is None:
         return _epilogue_torch(out, weight, x_scale, x_zero_point, bias, act, residual)
-    if act in _TORCH_ACT:
+    if act in ("gelu", "gelu_tanh"):
         # Measured (1024 x 3072, one thread): torch's vectorized erf-GELU 2.3 ms vs 5.1 ms for the
         # extension's gelu_erf512 fused in the epilogue, so the epilogue stops before the activation.
-        _native.int8_epilogue_(out, x_scale, x_zero_point, weight.colsum, bias, "none", None)
-        out = _TORCH_ACT[act](out)
+        _C.int8_epilogue_(out, x_scale, x_zero_point, weight.colsum, bias, "none", None)
+        out = activation.apply_(out, act)
         return out if residual is None else out.add_(residual)
-    _native.int8_epilogue_(out, x_scale, x_zero_point, weight.colsum, bias, act,
+    _C.int8_epilogue_(out, x_scale, x_zero_point, weight.colsum, bias, act,
                            None if residual is None else residual.contiguous())
     return out
 
@@ -325,7 +301,7 @@ def linear_reference(x: torch.Tensor, weight: QuantLinear, bias=None, act: str =
     if bias is not None:
         out = out + bias.to(dtype)
     if act != "none":
-        out = reference.activation(out, act)
+        out = activation.apply(out, act)
     if residual is not None:
         out = out + residual.to(dtype)
     return out

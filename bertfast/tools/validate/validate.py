@@ -26,7 +26,8 @@ from typing import Callable
 
 import torch
 
-from . import isa
+from bertfast.backends.cpu import isa
+from bertfast.engine import run_layer
 
 # Per-dtype limits on the normalised error `rel`.
 # TABLE: the hard ceiling (house tolerance table). FLOOR: the slack added to 2x the same-dtype
@@ -146,7 +147,7 @@ def summary(rows: list[Row]) -> str:
 
 
 def tiny_config(hidden, heads, intermediate=None, vocab=50, max_pos=64, act="gelu", eps=1e-12):
-    from .config import ACTIVATIONS, ModelConfig
+    from bertfast.config import ACTIVATIONS, ModelConfig
 
     hf_act = {v: k for k, v in reversed(list(ACTIVATIONS.items()))}[act]
     return ModelConfig(family="bert", hidden_size=hidden, num_attention_heads=heads,
@@ -158,7 +159,7 @@ def tiny_config(hidden, heads, intermediate=None, vocab=50, max_pos=64, act="gel
 
 def random_weights(config, gen: torch.Generator):
     """fp64 CPU ModelWeights for `config`; scales keep every activation O(1)."""
-    from .loading import EmbeddingWeights, LayerWeights, ModelWeights
+    from bertfast.backends.weights import EmbeddingWeights, LayerWeights, ModelWeights
 
     H, I = config.hidden_size, config.intermediate_size
 
@@ -295,7 +296,7 @@ def _linear_gelu_case(T, hidden, inter, act, noncontig=False, quick=False):
 
     def call(ops, w, inp):
         layer = w.layers[0]
-        return ops.linear_gelu(inp["x"], layer.ffn_in_weight, layer.ffn_in_bias, act)
+        return ops.linear(inp["x"], layer.ffn_in_weight, layer.ffn_in_bias, act)
 
     label = f"T{T}-K{hidden}-N{inter}-{act}" + ("-strided" if noncontig else "")
     return OpCase("linear_gelu", label, cfg, make, call, noncontig, quick)
@@ -313,7 +314,7 @@ def _linear_residual_case(T, hidden, inter, which, noncontig=False, quick=False)
         layer = w.layers[0]
         weight, bias = ((layer.attn_out_weight, layer.attn_out_bias) if which == "attn_out"
                         else (layer.ffn_out_weight, layer.ffn_out_bias))
-        return ops.linear_residual(inp["x"], weight, bias, inp["residual"])
+        return ops.linear(inp["x"], weight, bias, "none", inp["residual"])
 
     label = f"T{T}-K{K}-N{hidden}-{which}" + ("-strided" if noncontig else "")
     return OpCase("linear_residual", label, cfg, make, call, noncontig, quick)
@@ -351,7 +352,7 @@ def _pooler_case(B, hidden, noncontig=False, quick=False):
         return dict(cls=cast(torch.randn(B, hidden, generator=gen, dtype=torch.float64)))
 
     def call(ops, w, inp):
-        return ops.pooler(inp["cls"], w.pooler_weight, w.pooler_bias)
+        return ops.linear(inp["cls"], w.pooler_weight, w.pooler_bias, "tanh")
 
     label = f"B{B}-H{hidden}" + ("-strided" if noncontig else "")
     return OpCase("pooler", label, cfg, make, call, noncontig, quick)
@@ -369,7 +370,7 @@ def _layer_case(lengths, hidden, heads, inter, act="gelu", quick=False):
                     cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=dev), max_seqlen=max(lengths))
 
     def call(ops, w, inp):
-        return ops.layer(inp["x"], w.layers[0], inp["cu_seqlens"], inp["max_seqlen"], heads,
+        return run_layer(ops, inp["x"], w.layers[0], inp["cu_seqlens"], inp["max_seqlen"], heads,
                          1.0 / math.sqrt(hidden // heads), cfg.layer_norm_eps, act)
 
     label = f"cu{'-'.join(map(str, cu))}-H{hidden}-h{heads}-I{inter}-{act}"
@@ -429,8 +430,9 @@ def check_op_case(backend, case: OpCase, dtype: torch.dtype, device, master=None
 
     master: the case's fp64 weights when the caller already drew them (they depend on the case only).
     """
-    from . import reference
+    from bertfast.backends.torch import TorchBackend
 
+    reference = TorchBackend()  # the oracle's ops behind the backend contract
     name = DTYPE_IDS[dtype]
     if master is None:
         master = random_weights(case.config, torch.Generator().manual_seed(case.seed))
@@ -528,7 +530,7 @@ def model_batch(directory: str, config, seed: int = 0):
     """
     tokenizer = None
     try:
-        from .tokenization import load_tokenizer
+        from bertfast.tokenization import load_tokenizer
 
         tokenizer = load_tokenizer(directory, config.max_position_embeddings)
     except ImportError:
@@ -558,8 +560,8 @@ def run_model_check(backend, weights, directory: str, dtypes, device="cpu") -> l
     weights: the checkpoint's ModelWeights (any dtype; rounded to each run dtype, and the oracle
     runs in fp64 on those rounded weights).
     """
-    from . import reference
-    from .engine import Engine
+    from bertfast import reference
+    from bertfast.engine import Engine
 
     ids, mask, types, what = model_batch(directory, weights.config)
     B, S = ids.shape
@@ -633,7 +635,7 @@ def _usage_error(msg: str) -> int:
 
 def parse_dtypes(text: str, backend=None, device: str = "cpu") -> list[torch.dtype]:
     """Comma-separated dtype names; "auto" is `backend`'s choice on `device` (Backend.precision)."""
-    from .loading import resolve_dtype
+    from bertfast.loading import resolve_dtype
 
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
@@ -645,7 +647,7 @@ def parse_dtypes(text: str, backend=None, device: str = "cpu") -> list[torch.dty
 
 
 def run(args) -> int:
-    from .backends import BackendUnavailable, get_backend
+    from bertfast.backends import BackendUnavailable, get_backend
 
     if "int8" in [d.strip() for d in args.dtype.split(",")]:
         return run_int8(args)
@@ -678,7 +680,7 @@ def run_with_backend(backend, args, dtypes=None, device="cpu", ops=None, out=Non
     weights = directory = None
     if model is not None:
         try:
-            from .loading import load_pretrained
+            from bertfast.loading import load_pretrained
 
             directory = _model_dir(model)
             weights = load_pretrained(directory)
@@ -715,10 +717,10 @@ def run_with_backend(backend, args, dtypes=None, device="cpu", ops=None, out=Non
 
 
 def run_int8(args, out=None) -> int:
-    """`--dtype int8 --model DIR`: the int8 accuracy report (bertfast.quant_report)."""
-    from . import quant_report
-    from .backends import BackendUnavailable, get_backend
-    from .loading import load_pretrained
+    """`--dtype int8 --model DIR`: the int8 accuracy report (bertfast.tools.validate.int8_report)."""
+    from bertfast.tools.validate import int8_report as quant_report
+    from bertfast.backends import BackendUnavailable, get_backend
+    from bertfast.loading import load_pretrained
 
     out = out or sys.stdout
     if [d.strip() for d in args.dtype.split(",") if d.strip()] != ["int8"]:
@@ -753,7 +755,7 @@ def run_int8(args, out=None) -> int:
 
 def _model_dir(model: str) -> str:
     if model == "default":
-        from . import default_model_path
+        from bertfast import default_model_path
 
         return default_model_path()
     return model

@@ -45,7 +45,8 @@ def run(args) -> int:
     import torch
 
     import bertfast
-    from bertfast import isa, reference
+    from bertfast import reference
+    from bertfast.backends.cpu import isa
 
     path = args.model or bertfast.default_model_path()
     print(isa.describe())

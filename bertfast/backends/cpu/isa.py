@@ -65,9 +65,9 @@ def apply_library_caps() -> None:
 def supported_tiers() -> list[str]:
     """The tiers this CPU runs, highest first: every tier up to the extension's detected one ([] without
     the extension)."""
-    try:
-        from . import _C
-    except ImportError:
+    from .ext import _C
+
+    if _C is None:
         return []
     return list(reversed(TIERS[:TIERS.index(_C.detected_isa()) + 1]))
 
@@ -77,9 +77,9 @@ def native_bf16() -> bool:
     AVX-512 BF16. Below that, bf16 GEMMs widen to fp32 (the extension) or run ATen's scalar bf16 dot
     (torch, 3-9 GFLOP/s here): bf16 saves memory traffic but not arithmetic. Without the extension the
     CPU flags and BERTFAST_ISA's cap decide."""
-    try:
-        from . import _C
-    except ImportError:
+    from .ext import _C
+
+    if _C is None:
         cap = requested_cap()
         return "avx512_bf16" in proc_cpuinfo()[1] and (cap is None or TIERS.index(cap) >= TIERS.index("avx512_vnni"))
     tier = _C.isa()
@@ -110,10 +110,8 @@ def cpu_info() -> dict:
     """
     import torch
 
-    try:
-        from . import _C
-    except ImportError:
-        _C = None
+    from .ext import _C
+
     model, flags = proc_cpuinfo()
     detected = _C.detected_isa() if _C is not None else None
     active = _C.isa() if _C is not None else None

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import check_device, check_float, check_shape, next_pow2
+from ._common import check_device, check_float, check_shape, next_pow2
 from .layernorm import ROW_CONFIGS, _layernorm_row, row_warps_prune
 
 ID_DTYPES = (torch.int64, torch.int32)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import check_device, check_float, check_shape, configs_for_mode, next_pow2
+from ._common import check_device, check_float, check_shape, configs_for_mode, next_pow2
 
 
 @triton.jit

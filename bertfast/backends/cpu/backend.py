@@ -1,0 +1,138 @@
+"""The "cpu" backend: native kernels from `bertfast._C` (csrc/) on the packed [T, H] token layout.
+
+Embedding + LayerNorm, varlen attention (reading q/k/v in place from the fused QKV output) and LayerNorm
+run in C++ (code per ISA tier, `isa`). GEMMs run where `routing` sends them, on weights packed once in
+`prepare` (`linear.PackedLinear`, or `quant.QuantLinear` under int8). A layer whose GEMMs all run on the
+extension runs whole in C++ (`_C.Layer`, csrc/cpu/layer.cpp): the same kernels in the same order, without
+the Python between them. fp32 and bf16; with quantize="int8" (`dtype="int8"`) the four per-layer GEMMs
+run int8 (docs/int8.md), everything else fp32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..contract import Backend, Precision
+from ..weights import LayerWeights, ModelWeights
+from . import isa, linear, quant, routing
+from .ext import _C, IMPORT_ERROR
+
+# Tiers without native bf16 dot products where the backend's bf16 forward measured slower than its fp32
+# one (docs/cpu-gemm.md#bf16-slower-tiers).
+BF16_SLOWER_TIERS: tuple[str, ...] = ("portable",)
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    dtypes = (torch.float32, torch.bfloat16)
+    quantizations = ("int8",)
+
+    @classmethod
+    def unavailable_reason(cls, device):
+        if device != "cpu":
+            return f"the cpu backend runs on CPU tensors only, not on device {device!r}"
+        if _C is None:
+            return f"native extension not built: run bash install.sh ({IMPORT_ERROR})"
+        return None
+
+    def check_dtype(self, dtype):
+        if dtype not in self.dtypes:
+            raise ValueError(
+                f"backend 'cpu' does not support dtype {dtype}; it supports float32 and bfloat16 "
+                "(use dtype=torch.bfloat16 for reduced precision, or backend='torch' for other dtypes)"
+            )
+
+    def prepare(self, weights: ModelWeights) -> ModelWeights:
+        """Pack every linear weight once (PackedLinear, or QuantLinear for the layers' GEMMs under
+        int8); everything else is made contiguous."""
+        self.check_dtype(weights.dtype)
+        if weights.device.type != "cpu":
+            raise ValueError(f"backend 'cpu' needs weights on the CPU, got {weights.device}")
+        if self.quantize == "int8" and weights.dtype != torch.float32:
+            raise ValueError(f"int8 quantization starts from float32 weights, got {weights.dtype}")
+        contiguous = weights.map(lambda t: t.contiguous())
+        pack = quant.QuantLinear.from_float if self.quantize == "int8" else linear.PackedLinear
+        seen: dict[int, LayerWeights] = {}
+        layers = []
+        for layer in contiguous.layers:
+            if id(layer) not in seen:  # shared layers stay shared
+                seen[id(layer)] = dataclasses.replace(
+                    layer,
+                    qkv_weight=pack(layer.qkv_weight),
+                    attn_out_weight=pack(layer.attn_out_weight),
+                    ffn_in_weight=pack(layer.ffn_in_weight),
+                    ffn_out_weight=pack(layer.ffn_out_weight),
+                )
+            layers.append(seen[id(layer)])
+        pooler = None if contiguous.pooler_weight is None else linear.PackedLinear(contiguous.pooler_weight)
+        # Each distinct layer also as one C++ object running it whole on the extension's GEMMs.
+        self._whole = {id(layer): self._whole_layer(layer, weights.config) for layer in seen.values()}
+        return dataclasses.replace(contiguous, layers=layers, pooler_weight=pooler)
+
+    def precision(self, device):
+        """dtype="auto": bf16 where the active tier has native bf16 dot products (`isa.native_bf16`), else
+        fp32, with bf16 marked slower on BF16_SLOWER_TIERS."""
+        if isa.native_bf16():
+            return Precision(torch.bfloat16)
+        return Precision(torch.float32, (torch.bfloat16,) if _C.isa() in BF16_SLOWER_TIERS else ())
+
+    def native_rows(self, dtype) -> int:
+        """`routing.native_rows` on the active tier (dtype: torch.float32, torch.bfloat16 or "int8")."""
+        return routing.native_rows(dtype, _C.isa(), isa.native_bf16())
+
+    # --- ops (shapes in bertfast.reference) ---
+    def linear(self, x, weight, bias, act: str = "none", residual=None):
+        """act(x @ weight.T + bias) + residual. x: (M, K); weight: (N, K), PackedLinear or QuantLinear
+        (int8 GEMM, fp32 x); bias: (N,)."""
+        if isinstance(weight, quant.QuantLinear):
+            return quant.linear(x, weight, bias, act, residual)
+        if x.shape[0] <= self.native_rows(x.dtype):
+            kernel = routing.EXT
+        else:
+            kernel = routing.library_kernel(x.dtype, isa.native_bf16())
+        return linear.linear(x, weight, bias, act, residual, kernel=kernel)
+
+    def embed(self, input_ids, position_ids, token_type_ids, emb, eps):
+        if emb.token_type is None:
+            token_type_ids = None
+        elif token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        table = emb.token_type if token_type_ids is not None else None
+        return _C.embed(input_ids, position_ids, token_type_ids, emb.word, emb.position, table,
+                        emb.ln_weight, emb.ln_bias, eps)
+
+    def qkv(self, x, weight, bias, num_heads):
+        """Returns q, k, v: (T, heads, d) strided views of one (T, 3H) GEMM output."""
+        out = self.linear(x, weight, bias)
+        qkv = out.view(out.shape[0], 3, num_heads, -1)
+        return qkv[:, 0], qkv[:, 1], qkv[:, 2]
+
+    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale):
+        # Under int8 the products run on bf16 operands where AMX is present (docs/int8.md#what-stays-fp32).
+        return _C.attention(q, k, v, cu_seqlens, int(max_seqlen), float(scale),
+                            bf16_products=self.quantize == "int8")
+
+    def layernorm(self, x, weight, bias, eps):
+        return _C.layernorm(x.contiguous(), weight, bias, eps)
+
+    def _whole_layer(self, layer, cfg):
+        gemms = [layer.qkv_weight, layer.attn_out_weight, layer.ffn_in_weight, layer.ffn_out_weight]
+        int8 = {}
+        if self.quantize == "int8":
+            int8 = dict(int8_scales=[g.scale for g in gemms], int8_colsums=[g.colsum for g in gemms])
+        return _C.Layer(
+            gemms[0].packed, layer.qkv_bias, gemms[1].packed, layer.attn_out_bias, layer.attn_ln_weight,
+            layer.attn_ln_bias, gemms[2].packed, layer.ffn_in_bias, gemms[3].packed, layer.ffn_out_bias,
+            layer.ffn_ln_weight, layer.ffn_ln_bias, cfg.hidden_size, cfg.intermediate_size,
+            cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation, **int8)
+
+    def whole_layer(self, x, layer):
+        """`_C.Layer` where every GEMM of these tokens runs on the extension's kernel (bit-identical to the
+        ops composed one by one), else None."""
+        whole = getattr(self, "_whole", {}).get(id(layer))
+        rows = self.native_rows("int8" if self.quantize == "int8" else x.dtype)
+        if whole is not None and x.shape[0] <= rows and x.is_contiguous():
+            return whole
+        return None

@@ -1,0 +1,1 @@
+"""`bertfast bench`: the benchmark command."""
