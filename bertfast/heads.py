@@ -1,9 +1,7 @@
 """Task heads on top of the engine, and `load(path_or_model)`: encoder + head from one checkpoint.
 
-Every head transformers offers for the supported families is one row of `HEADS`: per output field,
-which encoder output it reads (the pooler, token 0, or every real token) and a short list of steps
-(linear by tensor name, activation, LayerNorm, tied decoder) that spell out the transformers
-forward pass in eval mode (dropout is the identity there). The table is resolved once at load time
+Every head transformers offers for the supported families is one row of `tasks.HEADS` (dropout is the
+identity in eval mode and has no step). The table is resolved once at load time
 into tensors: every head tensor is looked up by name and checked against the shape config.json
 implies before anything is returned, so a missing or misshapen tensor raises `LoadError` naming it
 and nothing half-loaded escapes.
@@ -28,130 +26,9 @@ from .encoder import Encoder, EncoderOutput, choose_dtype, model_device
 from .loading import BASE_PREFIX, LoadError, _TensorSource, assemble, open_checkpoint
 from .loading import POOLER as POOLER_MODULES
 from .padding import pad, unpad
-from .kernels.activation import HF_NAMES
 from .kernels.activation import apply as activation
-
-# ------------------------------------------------------------------------------------------------
-# The table. Sources: what a head reads from the encoder.
-POOLER = "pooler"  # pooler_output (B, H): tanh(dense(token 0)), computed by the engine
-FIRST = "first"  # last_hidden_state[:, 0] (B, H)
-TOKENS = "tokens"  # last_hidden_state at every real token (T, H)
-
-
-# Steps. Dimensions are symbols resolved from config.json: "H" hidden_size, "E" embedding_size,
-# "L" num_labels, "V" vocab_size, or a literal int.
-def lin(name, out="H", inp="H"):
-    """nn.Linear `name` (`name.weight` [out, inp], `name.bias` [out])."""
-    return ("linear", name, out, inp)
-
-
-def act(kind):
-    """Activation: "hidden_act" (the config's), "summary_activation" (ELECTRA's config), or fixed."""
-    return ("act", kind)
-
-
-def ln(name, dim="H"):
-    """nn.LayerNorm `name` over `dim`, eps = config.layer_norm_eps."""
-    return ("layernorm", name, dim)
-
-
-def decoder(weight, biases, inp="H"):
-    """Vocabulary projection [V, inp]. With tie_word_embeddings (the default) the weight is the word
-    embedding matrix and `weight` is ignored, as transformers does; the bias is the first present of
-    `biases` (transformers aliases the decoder's bias to the first). Untied: `weight` and the decoder's
-    own bias (the last of `biases`) come first."""
-    return ("decoder", weight, tuple(biases), inp)
-
-
-SQUEEZE = ("squeeze",)  # drop the trailing size-1 dim (ELECTRA discriminator: [T, 1] -> [T])
-ELECTRA_SUMMARY = ("electra_summary",)  # ElectraSequenceSummary: expanded from the config at load
-
-BERT_MLM = [lin("cls.predictions.transform.dense"), act("hidden_act"), ln("cls.predictions.transform.LayerNorm"),
-            decoder("cls.predictions.decoder.weight", ["cls.predictions.bias", "cls.predictions.decoder.bias"])]
-ALBERT_MLM = [lin("predictions.dense", "E"), act("hidden_act"), ln("predictions.LayerNorm", "E"),
-              decoder("predictions.decoder.weight", ["predictions.bias", "predictions.decoder.bias"], "E")]
-ROBERTA = {
-    "SequenceClassification": {"logits": (FIRST, [lin("classifier.dense"), act("tanh"),
-                                                  lin("classifier.out_proj", "L")])},
-    "TokenClassification": {"logits": (TOKENS, [lin("classifier", "L")])},
-    "QuestionAnswering": {"logits": (TOKENS, [lin("qa_outputs", "L")])},
-    "MultipleChoice": {"logits": (POOLER, [lin("classifier", 1)])},
-    "MaskedLM": {"logits": (TOKENS, [lin("lm_head.dense"), act("gelu"), ln("lm_head.layer_norm"),
-                                     decoder("lm_head.decoder.weight", ["lm_head.bias", "lm_head.decoder.bias"])])},
-}
-
-# family -> task -> {output field: (source, steps)}; the task is the class name after "<Family>For".
-HEADS = {
-    "bert": {
-        "SequenceClassification": {"logits": (POOLER, [lin("classifier", "L")])},
-        "TokenClassification": {"logits": (TOKENS, [lin("classifier", "L")])},
-        "QuestionAnswering": {"logits": (TOKENS, [lin("qa_outputs", "L")])},
-        "MultipleChoice": {"logits": (POOLER, [lin("classifier", 1)])},
-        "MaskedLM": {"logits": (TOKENS, BERT_MLM)},
-        "NextSentencePrediction": {"logits": (POOLER, [lin("cls.seq_relationship", 2)])},
-        "PreTraining": {"prediction_logits": (TOKENS, BERT_MLM),
-                        "seq_relationship_logits": (POOLER, [lin("cls.seq_relationship", 2)])},
-    },
-    "roberta": ROBERTA,
-    "xlm-roberta": ROBERTA,
-    "electra": {
-        "SequenceClassification": {"logits": (FIRST, [lin("classifier.dense"), act("gelu"),
-                                                      lin("classifier.out_proj", "L")])},
-        "TokenClassification": {"logits": (TOKENS, [lin("classifier", "L")])},
-        "QuestionAnswering": {"logits": (TOKENS, [lin("qa_outputs", "L")])},
-        "MultipleChoice": {"logits": (FIRST, [ELECTRA_SUMMARY, lin("classifier", 1)])},
-        "MaskedLM": {"logits": (TOKENS, [lin("generator_predictions.dense", "E"), act("gelu"),
-                                         ln("generator_predictions.LayerNorm", "E"),
-                                         decoder("generator_lm_head.weight", ["generator_lm_head.bias"], "E")])},
-        "PreTraining": {"logits": (TOKENS, [lin("discriminator_predictions.dense"), act("hidden_act"),
-                                            lin("discriminator_predictions.dense_prediction", 1), SQUEEZE])},
-    },
-    "albert": {
-        "SequenceClassification": {"logits": (POOLER, [lin("classifier", "L")])},
-        "TokenClassification": {"logits": (TOKENS, [lin("classifier", "L")])},
-        "QuestionAnswering": {"logits": (TOKENS, [lin("qa_outputs", "L")])},
-        "MultipleChoice": {"logits": (POOLER, [lin("classifier", 1)])},
-        "MaskedLM": {"logits": (TOKENS, ALBERT_MLM)},
-        "PreTraining": {"prediction_logits": (TOKENS, ALBERT_MLM),
-                        "sop_logits": (POOLER, [lin("sop_classifier.classifier", "L")])},
-    },
-    "distilbert": {
-        "SequenceClassification": {"logits": (FIRST, [lin("pre_classifier"), act("relu"), lin("classifier", "L")])},
-        "TokenClassification": {"logits": (TOKENS, [lin("classifier", "L")])},
-        "QuestionAnswering": {"logits": (TOKENS, [lin("qa_outputs", "L")])},
-        "MultipleChoice": {"logits": (FIRST, [lin("pre_classifier"), act("relu"), lin("classifier", 1)])},
-        "MaskedLM": {"logits": (TOKENS, [lin("vocab_transform"), act("hidden_act"), ln("vocab_layer_norm"),
-                                         decoder("vocab_projector.weight", ["vocab_projector.bias"])])},
-    },
-}
-# Class-name prefix of each family in transformers (`BertForMaskedLM`, `XLMRobertaModel`, ...).
-CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
-                "albert": "Albert", "distilbert": "DistilBert"}
-
-# Activations a head may name: the layer's, plus tanh and identity (ELECTRA summary).
-_ACTIVATIONS = {**HF_NAMES, "gelu_tanh": "gelu_tanh", "tanh": "tanh", "linear": None}
-
-
-def supported_architectures(family: str | None = None) -> list[str]:
-    """Supported transformers class names (all families, or one): base models and task models."""
-    families = [family] if family else list(HEADS)
-    return [CLASS_PREFIX[f] + name for f in families
-            for name in ["Model"] + [f"For{task}" for task in HEADS[f]]]
-
-
-def _task_of(family: str, arch: str) -> str | None:
-    """'BertForMaskedLM' -> 'MaskedLM'; the base model -> None; anything else raises LoadError."""
-    prefix = CLASS_PREFIX[family]
-    if arch == prefix + "Model":
-        return None
-    task = arch[len(prefix) + 3:] if arch.startswith(prefix + "For") else None
-    if task not in HEADS[family]:
-        raise LoadError(
-            f"architecture {arch!r} is not supported for model_type {family!r} "
-            f"(supported: {', '.join(supported_architectures(family))})"
-        )
-    return task
-
+from .tasks import (ELECTRA_SUMMARY, FIRST, HEAD_ACTIVATIONS, HEADS, POOLER, task_of, act, lin,
+                    supported_architectures)
 
 # ------------------------------------------------------------------------------------------------
 # Resolving the table against a checkpoint.
@@ -217,10 +94,10 @@ class _Resolver:
         if kind == "hidden_act":
             return self.config.activation  # already validated and mapped by ModelConfig
         name = self.d.get("summary_activation") if kind == "summary_activation" else kind
-        if name not in _ACTIVATIONS:
+        if name not in HEAD_ACTIVATIONS:
             raise LoadError(f"{self.config.family} {self.task}: activation {name!r} is not supported "
-                            f"(supported: {', '.join(_ACTIVATIONS)})")
-        return _ACTIVATIONS[name]
+                            f"(supported: {', '.join(HEAD_ACTIVATIONS)})")
+        return HEAD_ACTIVATIONS[name]
 
     def step(self, step):
         """A table step -> an executable step: ("linear", W, b) | ("act", id) | ("layernorm", w, b) | ("squeeze",)."""
@@ -428,7 +305,7 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
         raise LoadError("expected a model directory or an in-memory transformers model, got "
                         f"{type(path_or_hf_model).__name__}")
     config = ModelConfig.from_dict(d)
-    task = _task_of(config.family, arch) if arch else None  # unknown architecture fails before any read
+    task = task_of(config.family, arch) if arch else None  # unknown architecture fails before any read
     device = "cpu" if model_dir is not None else model_device(path_or_hf_model)
     engine_backend = get_backend(backend, device)
     dtype = choose_dtype(dtype, engine_backend, device)

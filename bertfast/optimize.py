@@ -22,7 +22,6 @@ import inspect
 import sys
 import warnings
 
-import torch
 
 from .config import ConfigError
 from .encoder import Encoder

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from bertfast import reference as ref
+from bertfast.kernels.triton import _common
 from bertfast.kernels.triton import linear as linear_mod
 from bertfast.kernels.triton.linear import linear, linear_gelu, linear_residual
 
@@ -108,11 +109,11 @@ def test_bad_input_raises_before_launch(case, monkeypatch):
 def test_config_filter_fits_the_problem():
     # The compiled-mode autotune list (a single config under the interpreter) and its filter.
     f16, f32 = torch.empty(0, dtype=torch.float16), torch.empty(0, dtype=torch.float32)
-    prune, every = linear_mod._prune_configs, linear_mod._CONFIGS
+    prune, every = _common._prune_configs, _common._CONFIGS
     small = prune(every, {"M": 16, "x_ptr": f16})
     assert small and all(c.kwargs["BLOCK_M"] <= 64 for c in small)
     # Tensor-core tiles for fp16, FMA tiles (short K steps) for exact fp32, never mixed.
-    assert prune(every, {"M": 4096, "x_ptr": f16}) == linear_mod.MMA_CONFIGS
+    assert prune(every, {"M": 4096, "x_ptr": f16}) == _common.MMA_CONFIGS
     fp32 = prune(every, {"M": 4096, "x_ptr": f32})
-    assert fp32 == linear_mod.FMA_CONFIGS and all(c.kwargs["BLOCK_K"] <= 32 for c in fp32)
-    assert len(linear_mod.CONFIGS) == 1  # this suite runs under TRITON_INTERPRET=1
+    assert fp32 == _common.FMA_CONFIGS and all(c.kwargs["BLOCK_K"] <= 32 for c in fp32)
+    assert len(_common.CONFIGS) == 1  # this suite runs under TRITON_INTERPRET=1

@@ -10,11 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_device, check_float, check_shape, next_pow2
-from .layernorm import ROW_CONFIGS, _layernorm_row, row_warps_prune
+from ._common import ROW_CONFIGS, _layernorm_row, check_device, check_float, check_shape, next_pow2, row_warps_prune
 
 ID_DTYPES = (torch.int64, torch.int32)
-
 
 @triton.autotune(configs=ROW_CONFIGS, key=["BLOCK_N"], prune_configs_by={"early_config_prune": row_warps_prune})
 @triton.jit
@@ -37,7 +35,6 @@ def _embedding_kernel(
     y = _layernorm_row(x, w_ptr, b_ptr, offs, mask, N, eps)
     tl.store(out_ptr + row * stride_om + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-
 def _check_ids(op, name, ids, T, table_rows, check_values):
     if not torch.is_tensor(ids) or ids.dtype not in ID_DTYPES or ids.dim() != 1:
         desc = f"{ids.dtype} {tuple(ids.shape)}" if torch.is_tensor(ids) else type(ids).__name__
@@ -48,7 +45,6 @@ def _check_ids(op, name, ids, T, table_rows, check_values):
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= table_rows:
             raise ValueError(f"{op}: {name} holds values in [{lo}, {hi}], the table has {table_rows} rows")
-
 
 def embed(input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
           emb, eps: float, check_ids: bool = True) -> torch.Tensor:
@@ -101,7 +97,6 @@ def embed(input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: t
             HAS_TOKEN_TYPE=has_types, BLOCK_N=next_pow2(H),
         )
     return out
-
 
 def aot_variants(dtype: torch.dtype = torch.float16, hidden: int = 768):
     """A representative BERT-base embeddings + LayerNorm launch for `bertfast kernels`:

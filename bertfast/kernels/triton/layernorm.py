@@ -12,33 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_device, check_float, check_shape, configs_for_mode, next_pow2
-
-
-@triton.jit
-def _layernorm_row(x, w_ptr, b_ptr, offs, mask, N, eps):
-    """x: fp32 [BLOCK_N], 0 where ~mask. Returns LayerNorm(x) * w + b in fp32."""
-    mean = tl.sum(x, 0) / N
-    xc = tl.where(mask, x - mean, 0.0)
-    var = tl.sum(xc * xc, 0) / N
-    rstd = 1.0 / tl.sqrt(var + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    return xc * rstd * w + b
-
-
-def row_warps_prune(configs, named_args, **kwargs):
-    """Keep warp counts that give every thread at least 4 elements of a BLOCK_N row (so loads
-    vectorise), and always the smallest one."""
-    block_n = kwargs.get("BLOCK_N", named_args.get("BLOCK_N"))
-    kept = [c for c in configs if block_n >= 4 * 32 * c.num_warps]
-    return kept or [min(configs, key=lambda c: c.num_warps)]
-
-
-# BERT rows are 384..1024 wide (BLOCK_N 512..1024): 2-8 warps; keyed on BLOCK_N only, so the
-# token count never retunes (one program per row, the grid grows with it).
-ROW_CONFIGS = configs_for_mode([triton.Config({}, num_warps=w, num_stages=1) for w in (2, 4, 8)],
-                               triton.Config({}, num_warps=4, num_stages=1))
+from ._common import ROW_CONFIGS, _layernorm_row, check_device, check_float, check_shape, next_pow2, row_warps_prune
 
 
 @triton.autotune(configs=ROW_CONFIGS, key=["BLOCK_N"], prune_configs_by={"early_config_prune": row_warps_prune})

@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 
 from ..activation import IDS as ACTIVATIONS
-from ._common import check_device, check_float, check_shape, configs_for_mode, dot_precision, next_pow2
-
+from ._common import (CONFIGS, _CONFIGS, _gemm_tile, _program_tile, _prune_configs, check_device, check_float,
+                      check_shape, dot_precision, next_pow2)
 
 
 @triton.jit
@@ -39,90 +39,6 @@ def _apply_activation(acc, ACTIVATION: tl.constexpr):
     elif ACTIVATION == "tanh":
         acc = _tanh(acc)
     return acc
-
-
-@triton.jit
-def _program_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Map the 1-D program id to a (pid_m, pid_n) tile, GROUP_M row-tiles at a time so that
-    programs running together share weight tiles in L2."""
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    group_size = GROUP_M * num_pid_n
-    first_m = (pid // group_size) * GROUP_M
-    rows_in_group = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group_size) % rows_in_group
-    pid_n = (pid % group_size) // rows_in_group
-    return pid_m, pid_n
-
-
-@triton.jit
-def _gemm_tile(x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               INPUT_PRECISION: tl.constexpr):
-    """fp32 tile [BLOCK_M, BLOCK_N] of x[M, K] @ w[N, K].T, with its row and column offsets."""
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        mask_k = offs_k < K - k0
-        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
-        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
-        acc = tl.dot(x, w, acc, input_precision=INPUT_PRECISION)
-        x_ptrs += BLOCK_K * stride_xk
-        w_ptrs += BLOCK_K * stride_wk
-    return acc, offs_m, offs_n
-
-
-def _prune_configs(configs, named_args, **kwargs):
-    """Keep the configs of this dtype's family that fit the problem (the autotuner's filter)."""
-    m = named_args["M"]
-    x = named_args["x_ptr"]
-    family = FMA_CONFIGS if x.dtype == torch.float32 else MMA_CONFIGS
-    kept = []
-    for c in configs:
-        if not any(c is f for f in family):
-            continue
-        bm, bn, bk = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
-        # Row tiles far taller than the token count only compute padding (b1 x s16 has M = 16).
-        if bm > max(64, next_pow2(m)):
-            continue
-        # Software pipelining keeps `num_stages` x and w tiles in shared memory (A100: 164 KB).
-        if c.num_stages * (bm + bn) * bk * x.element_size() > 160 * 1024:
-            continue
-        kept.append(c)
-    return kept or [c for c in configs if any(c is f for f in family)][-1:] or [configs[-1]]
-
-
-# fp16/bf16 (tensor cores). BERT GEMMs are M = tokens (16..16k) by N, K in {H, 3H, 4H} for
-# H 384..1024: 128x128 tiles win from ~1k tokens on A100/H100, 64-row tiles keep small batches
-# busy. 128x256 tiles spill once the GELU or residual epilogue holds the fp32 accumulator, and
-# so do 128x128 tiles on 4 warps: `bertfast kernels` checks every config here.
-MMA_CONFIGS = [
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=8, num_stages=4),
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
-]
-# fp32 with input_precision="ieee" runs on the FMA units, operands in registers: small K steps,
-# or the kernel spills heavily.
-FMA_CONFIGS = [
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M": 8}, num_warps=8, num_stages=2),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=2),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M": 8}, num_warps=4, num_stages=2),
-    triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=2),
-]
-_CONFIGS = MMA_CONFIGS + FMA_CONFIGS
-# Under the interpreter fewer, larger programs are faster (numpy does the tile work).
-_INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 4},
-                                    num_warps=4, num_stages=1)
-CONFIGS = configs_for_mode(_CONFIGS, _INTERPRETER_CONFIG)
 
 
 @triton.autotune(configs=CONFIGS, key=["m_bucket", "N", "K"],

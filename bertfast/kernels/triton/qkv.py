@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_device, check_float, check_shape, dot_precision, next_pow2
-from .linear import CONFIGS, _CONFIGS, _gemm_tile, _program_tile, _prune_configs
+from ._common import (CONFIGS, _CONFIGS, _gemm_tile, _program_tile, _prune_configs, check_device, check_float,
+                      check_shape, dot_precision, next_pow2)
 
 
 @triton.autotune(configs=CONFIGS, key=["m_bucket", "N", "K"],
@@ -43,7 +43,6 @@ def _qkv_kernel(
     offs_out = plane.to(tl.int64)[None, :] * M * hidden + offs_m.to(tl.int64)[:, None] * hidden + col[None, :]
     mask = (offs_m < M)[:, None] & mask_n[None, :]
     tl.store(out_ptr + offs_out, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
 
 def qkv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, num_heads: int,
         q_scale: float | None = None):
@@ -77,7 +76,6 @@ def qkv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, num_he
             INPUT_PRECISION=dot_precision(x.dtype),
         )
     return out[0], out[1], out[2]
-
 
 def aot_variants(dtype: torch.dtype = torch.float16, tokens: int = 1024, hidden: int = 768):
     """A representative BERT-base fused QKV launch for `bertfast kernels`:
