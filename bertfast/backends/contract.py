@@ -60,8 +60,7 @@ class Backend:
 
         CUDA: bf16 where the GPU has it, else fp32. CPU: bf16 where the active ISA tier has native bf16 dot
         products (`isa.native_bf16`: amx, or avx512_vnni with AVX-512 BF16), else fp32 with bf16 marked
-        slower: torch's bf16 GEMM there is ATen's scalar bf16 dot, HF BERT-base b8 x s128 in 4370 ms bf16
-        vs 1092 fp32 under the avx2 cap, 12958 vs 1183 under portable (AMD EPYC Zen 4, README tiers)."""
+        slower: torch's bf16 GEMM there is ATen's scalar bf16 dot (docs/cpu-gemm.md#bf16-without-native-dot-products)."""
         if device == "cuda":
             return Precision(torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32)
         if isa.native_bf16():

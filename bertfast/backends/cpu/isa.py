@@ -20,9 +20,8 @@ _LIBRARY_CAPS = {
     "avx512_vnni": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX512",
                     "ATEN_CPU_CAPABILITY": "avx512"},
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
-    # MKL honours MKL_ENABLE_INSTRUCTIONS on Intel CPUs only: on an AMD EPYC (Zen 4) its sgemm ran the
-    # AVX2 + FMA kernel `mkl_blas_def_sgemm_kernel_0_zen` under every cap (perf, MKL 2024.0 in torch
-    # 2.13). MKL_CBWR=COMPATIBLE (its SSE2 code path on any processor) moved it to SSE mulps/addps there.
+    # MKL honours MKL_ENABLE_INSTRUCTIONS on Intel CPUs only; MKL_CBWR=COMPATIBLE is its SSE2 path on any
+    # processor (docs/cpu-gemm.md#mkl-on-amd).
     "portable": {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "MKL_CBWR": "COMPATIBLE",
                  "ATEN_CPU_CAPABILITY": "default"},
 }
@@ -74,9 +73,9 @@ def supported_tiers() -> list[str]:
 
 def native_bf16() -> bool:
     """Whether the active tier has native bf16 dot products: `amx`, or `avx512_vnni` on a CPU with
-    AVX-512 BF16. Below that, bf16 GEMMs widen to fp32 (the extension) or run ATen's scalar bf16 dot
-    (torch, 3-9 GFLOP/s here): bf16 saves memory traffic but not arithmetic. Without the extension the
-    CPU flags and BERTFAST_ISA's cap decide."""
+    AVX-512 BF16. Below that, bf16 saves memory traffic but not arithmetic
+    (docs/cpu-gemm.md#bf16-without-native-dot-products). Without the extension the CPU flags and
+    BERTFAST_ISA's cap decide."""
     from .ext import _C
 
     if _C is None:

@@ -1,50 +1,10 @@
 """Int8 dynamic quantization of the encoder's GEMMs (`dtype="int8"` on the cpu backend).
 
-Weights are quantized once at load, symmetric per output channel, and prepacked for oneDNN's int8
-GEMM (`QuantLinear`); activations are quantized at run time per token (per row), asymmetric (a zero
-point per row). The GEMM accumulates in int32 and one epilogue pass produces fp32 again:
-
-    scale_w[n] = max_k |W[n, k]| / 127,          qw = round(W / scale_w) in [-127, 127]
-    lo[m], hi[m] = min(min_k x[m], 0), max(max_k x[m], 0)
-    scale_x[m] = (hi - lo) / 255,  zp[m] = -128 - round(lo / scale_x),
-    qx = clamp(round(x / scale_x) + zp, -128, 127)   (x / scale_x computed as x * (1 / scale_x))
-    out[m, n] = act(scale_x[m] * scale_w[n] * sum_k (qx[m, k] - zp[m]) qw[n, k] + bias[n]) + residual[m, n]
-
-and since sum_k (qx - zp) qw = sum_k qx qw - zp sum_k qw, the GEMM runs on qx as is and the epilogue
-subtracts zp[m] * colsum[n] (colsum[n] = scale_w[n] sum_k qw[n, k], made at load).
-
-The invariant: activations between ops are fp32; only the operands of the four per-layer GEMMs (QKV,
-attention output, FFN in, FFN out) are ever int8. What stays fp32, and why:
-- embeddings: a table gather plus LayerNorm, no GEMM to speed up;
-- LayerNorm: its input is a residual sum whose large channels (outliers) would swamp an 8-bit grid,
-  and it costs one memory pass either way;
-- attention's softmax, and its inputs and output: the softmax is the most precision-sensitive step of
-  the layer. Its two products (QK^T, PV) are not int8, because both operands are activations and a
-  per-token scale cannot be folded out of the reduction the way it is for a weight; where the CPU has
-  AMX they run on bf16 operands with fp32 accumulation (q, k, v and the probabilities rounded to bf16,
-  as in the bf16 engine), which at BERT-base b8 x s128 took attention from ~35 to ~21 ms of a ~160-190 ms
-  forward, at an accuracy cost far below int8's own (measured below); elsewhere fp32;
-- the pooler: one row per sequence (negligible time), and its output is what classifier heads read.
-
-Per-token rather than per-tensor activation scales (ONNX Runtime's choice), and asymmetric rather than
-symmetric: measured on all-MiniLM-L6-v2 over `quant_sentences` (cosine of int8 vs fp32 sentence
-embeddings, mean / min, top-1 neighbour agreement): per-tensor symmetric 0.982 / 0.920 / 88.6%,
-per-tensor asymmetric (ORT) 0.993 / 0.954 / 90.1%, per-token symmetric 0.997 / 0.969 / 96.5%,
-per-token asymmetric 0.9988 / 0.9886 / 98.5-99.0% (weights-only int8: 0.9996 / 0.995 / 98.5%; these with
-fp32 attention; with bf16 attention products the chosen scheme measures 0.9988 / 0.9892 / 98.0%). One token
-with large activations (BERT's [CLS]/[SEP] outliers) would otherwise coarsen every token's grid and
-make a sequence's result depend on its batch; GELU outputs (the FFN-out input) lie in [-0.17, inf), so
-a symmetric grid wastes half its codes there. oneDNN's int8 GEMM takes one activation scale and zero
-point per tensor, so it runs with scale 1 and zero point 0 and the row scale and zero point go in our
-epilogue.
-
-The GEMM: the native extension's kernel (`_C.quant_linear`: AMX-int8 tiles, AVX512-VNNI, AVX2 or a
-portable loop by the ISA tier; the epilogue fused, weights packed at load) at every token count, except
-above SMALL_M tokens on the amx tier, where oneDNN's `qlinear_pointwise` runs on AMX. Never oneDNN below
-the amx tier: with signed int8 activations and no AMX it falls back to its reference kernel (seconds
-for one BERT-base GEMM). Without the extension, `torch._int_mm` (correct, slower). Per-token
-quantization and the epilogue after oneDNN's GEMM run in the native extension (`_C.quantize_rows`,
-`_C.int8_epilogue_`) when it is built with them, else as torch ops (same math, more memory passes).
+Weights are quantized once at load, symmetric per output channel, and packed (`QuantLinear`); activations
+per token at run time, asymmetric; the GEMM accumulates in int32 and one epilogue produces fp32 again.
+The invariant: activations between ops are fp32, only the four per-layer GEMMs' operands are ever int8.
+The scheme, what stays fp32 and why, the measured choice of activation scales, and which GEMM runs on
+which tier: docs/int8.md.
 """
 
 from __future__ import annotations
@@ -276,13 +236,12 @@ def linear(x: torch.Tensor, weight: QuantLinear, bias: torch.Tensor | None = Non
     if _C is None:
         return _epilogue_torch(out, weight, x_scale, x_zero_point, bias, act, residual)
     if act in ("gelu", "gelu_tanh"):
-        # Measured (1024 x 3072, one thread): torch's vectorized erf-GELU 2.3 ms vs 5.1 ms for the
-        # extension's gelu_erf512 fused in the epilogue, so the epilogue stops before the activation.
+        # torch's vectorized GELU beats the epilogue's (docs/int8.md#epilogue): stop before the activation.
         _C.int8_epilogue_(out, x_scale, x_zero_point, weight.colsum, bias, "none", None)
         out = activation.apply_(out, act)
         return out if residual is None else out.add_(residual)
     _C.int8_epilogue_(out, x_scale, x_zero_point, weight.colsum, bias, act,
-                           None if residual is None else residual.contiguous())
+                      None if residual is None else residual.contiguous())
     return out
 
 

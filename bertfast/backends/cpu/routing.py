@@ -14,10 +14,10 @@ ONEDNN = "onednn"      # oneDNN on a weight prepacked at load: bf16 with native 
 TORCH_FP32 = "torch"   # torch's fp32 GEMM (MKL sgemm); bf16 operands widened to fp32
 
 AVX512_TIERS = ("avx512_vnni", "amx")
-FP32_NATIVE_ROWS_BELOW_AVX512 = 256  # fp32 below AVX-512: MKL past this (docs/cpu-gemm.md#fp32)
-BF16_NATIVE_ROWS = 64                # bf16 with native dot products: oneDNN past this (#bf16)
-BF16_PORTABLE_ROWS = 256             # bf16 on the portable tier: widened fp32 GEMM past this (#bf16)
-INT8_AMX_NATIVE_ROWS = 128           # int8 on the amx tier: oneDNN's AMX GEMM past this (docs/int8.md#gemm)
+FP32_NATIVE_ROWS_BELOW_AVX512 = 256  # fp32 below AVX-512: MKL past this (docs/cpu-gemm.md#mkl-fp32)
+BF16_NATIVE_ROWS = 64                # bf16 with native dot products: oneDNN past this (#routing)
+BF16_PORTABLE_ROWS = 256             # portable bf16: widened fp32 GEMM past this (#bf16-without-native-dot-products)
+INT8_AMX_NATIVE_ROWS = 128           # int8 on the amx tier: oneDNN's AMX GEMM past this (docs/int8.md#amx-routing)
 ONEDNN_MAX_ROWS = 384                # oneDNN bf16 in row blocks of at most this many rows ...
 ONEDNN_BLOCK_MIN_OUT = 768           # ... when out_features is in [this, in_features] (#onednn-row-blocks)
 
