@@ -17,11 +17,10 @@ from bertfast import reference
 from bertfast.tools import workloads
 from bertfast.backends import REGISTRY, available_backends, get_backend
 from bertfast.tools.bench.bench import DTYPES
+from bertfast.tools.validate.accuracy import tolerance
 
 SHAPES = ("b8xs128", "b32xs512", "b8xs128-uniform")
 ELEM_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
-# Absolute floor of the check, scaled by the output's magnitude.
-FLOOR = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3}
 
 
 def _backend_or_skip(name):
@@ -79,7 +78,7 @@ def test_op(benchmark, session_cache, op_config_name, backend_name, op, shape, d
     ours = _flat(fn(*args)).double()
     assert ours.shape == ref64.shape, f"{backend_name}.{fn_name}: shape {tuple(ours.shape)} != {tuple(ref64.shape)}"
     err, own = float((ours - ref64).abs().max()), float((ref_lowp - ref64).abs().max())
-    bound = 2 * own + FLOOR[dtype] * max(1.0, float(ref64.abs().max()))
+    bound = tolerance(own, dtype, scale=max(1.0, float(ref64.abs().max())), cap=False)
     assert err <= bound, f"{backend_name}.{fn_name} {shape} {dtype_name}: max err {err:.3g} > {bound:.3g}"
 
     flops, nbytes = workloads.op_cost(op, config, lengths, ELEM_BYTES[dtype])

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from bertfast import reference
 from bertfast.backends.weights import EmbeddingWeights
+from bertfast.tools.validate.accuracy import TABLE, tolerance
 
 try:
     from bertfast import _C
@@ -30,8 +31,6 @@ DTYPES = [
     pytest.param(torch.float32, id="fp32"),
     pytest.param(torch.bfloat16, id="bf16"),
 ]
-# Absolute/relative tolerance of the per-dtype allclose table (vs the fp64 reference).
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
 def rounded(t, dtype):
@@ -47,11 +46,13 @@ def check(ours, ref_low, ref_hi, dtype, floor=1e-6):
     scale = max(ref_hi.abs().max().item(), 1.0)
     err = (ours - ref_hi).abs().max().item()
     if dtype == torch.float32:
-        assert err <= TOL[dtype] * scale, f"fp32 max error {err:.3g} (scale {scale:.3g})"
+        assert err <= TABLE[dtype] * scale, f"fp32 max error {err:.3g} (scale {scale:.3g})"
     else:
         ref_err = (ref_low - ref_hi).abs().max().item()
-        assert err <= 2 * ref_err + floor * scale, f"bf16 error {err:.3g} vs reference's own {ref_err:.3g}"
-        torch.testing.assert_close(ours, ref_hi, atol=TOL[dtype] * scale, rtol=TOL[dtype])
+        # floor: 1e-6 unless a test says otherwise, stricter than accuracy.FLOOR's bf16 ulp.
+        bound = tolerance(ref_err, dtype, floor=floor, scale=scale, cap=False)
+        assert err <= bound, f"bf16 error {err:.3g} vs reference's own {ref_err:.3g}"
+        torch.testing.assert_close(ours, ref_hi, atol=TABLE[dtype] * scale, rtol=TABLE[dtype])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -209,7 +210,7 @@ def test_linear_strided_rows(isa, dtype, rows):
     w = torch.randn(20, 51, generator=g).to(dtype)
     ours = _C.linear(x, _C.pack_linear(w), 20)
     expected = x.double() @ w.double().T
-    torch.testing.assert_close(ours.double(), expected, atol=TOL[dtype] * 4, rtol=TOL[dtype])
+    torch.testing.assert_close(ours.double(), expected, atol=TABLE[dtype] * 4, rtol=TABLE[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -256,7 +257,7 @@ def test_linear_threads_share_panels(isa, dtype, threads, m):
         torch.set_num_threads(before)
     assert torch.equal(shared, alone)
     expected = F.gelu(reference.linear(x.double(), w.double(), bias.double()))
-    torch.testing.assert_close(shared.double(), expected, atol=TOL[dtype] * 4, rtol=TOL[dtype])
+    torch.testing.assert_close(shared.double(), expected, atol=TABLE[dtype] * 4, rtol=TABLE[dtype])
 
 
 # ----------------------------------------------------------------------------------------------

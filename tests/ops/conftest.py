@@ -15,10 +15,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Per-dtype tables: (atol, rtol) for allclose against the fp64 reference, and the absolute floor
-# added to "twice the low-precision reference's own error".
-ALLCLOSE = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2)}
-FLOOR = {torch.float32: 1e-6, torch.float16: 1e-3}
+from bertfast.tools.validate.accuracy import TABLE, errors, tolerance  # noqa: E402
+
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16")]
 
 
@@ -40,26 +38,23 @@ def f64(*tensors):
     return out if len(out) > 1 else out[0]
 
 
-def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-
-
 def assert_matches_reference(ours, ref_low, ref_hi, dtype, what="", table=True):
-    """The house check: ours vs the fp64 reference is no worse than twice the same-dtype reference's
-    own error plus a small floor, and within the per-dtype allclose table. table=False only for
-    inputs whose conditioning alone exceeds the table (the reference misses it too); the first
-    check still holds there."""
+    """The house check (bertfast.tools.validate.accuracy): ours vs the fp64 reference is no worse than
+    twice the same-dtype reference's own error plus the floor (absolute errors, the floor scaled by
+    the output's magnitude), and within the per-dtype table as allclose (atol = rtol = TABLE).
+    table=False only for inputs whose conditioning alone exceeds the table (the reference misses it
+    too); the first check still holds there."""
     assert ours.shape == ref_hi.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(ref_hi.shape)}"
     assert ours.dtype == dtype, f"{what}: dtype {ours.dtype} != {dtype}"
     assert torch.isfinite(ours).all(), f"{what}: non-finite output"
-    err, ref_err = max_err(ours, ref_hi), max_err(ref_low, ref_hi)
+    err, ref_err = errors(ours, ref_hi).abs_err, errors(ref_low, ref_hi).abs_err
     scale = max(1.0, ref_hi.abs().max().item()) if ref_hi.numel() else 1.0
-    bound = 2 * ref_err + FLOOR[dtype] * scale
+    bound = tolerance(ref_err, dtype, scale=scale, cap=False)
     assert err <= bound, f"{what}: max err {err:.3g} > 2 x reference's own {ref_err:.3g} + floor = {bound:.3g}"
     if not table:
         return
-    atol, rtol = ALLCLOSE[dtype]
-    torch.testing.assert_close(ours.double(), ref_hi, atol=atol * scale, rtol=rtol, msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(ours.double(), ref_hi, atol=TABLE[dtype] * scale, rtol=TABLE[dtype],
+                               msg=lambda m: f"{what}: {m}")
 
 
 class NoLaunch:

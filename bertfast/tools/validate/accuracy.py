@@ -1,6 +1,8 @@
 """The one accuracy rule: every check (validate, bench, tests, benchmarks) compares an output with an fp64
 oracle and allows twice the error of the reference computed in the same dtype, plus a small floor, within a
-per-dtype table. `judge` applies it to tensors and returns a `Row` of validate's table."""
+per-dtype table. `tolerance` is that bound and `within` the test of an error against it; `errors` and
+`rel_error` measure (max |out - oracle|, and that over max |oracle|); `judge` applies the rule to tensors
+and returns a `Row` of validate's table."""
 
 from __future__ import annotations
 
@@ -17,9 +19,6 @@ import torch
 TABLE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 FLOOR = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}
 DTYPE_IDS = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-
-
-
 
 
 @dataclass
@@ -44,25 +43,31 @@ class Errors:
 
 
 def errors(out: torch.Tensor, oracle: torch.Tensor) -> Errors:
-    """max |out - oracle| and that over max |oracle| (both fp64 on CPU, same shape)."""
+    """max |out - oracle| and that over max |oracle| (oracle fp64 on CPU, same shape); against an
+    all-zero oracle any difference is an infinite relative error."""
     if oracle.numel() == 0:
         return Errors(0.0, 0.0)
     diff = (out.double().cpu() - oracle).abs().max().item()
     scale = oracle.abs().max().item()
-    return Errors(diff, diff / scale if scale > 0 else diff)
+    return Errors(diff, diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf))
 
 
-def tolerance(ref_rel: float, dtype: torch.dtype) -> float:
+def tolerance(ref_err: float, dtype: torch.dtype, *, floor: float | None = None, scale: float = 1.0,
+              cap: bool = True) -> float:
     """2x the same-dtype reference's error plus the floor, capped by the dtype's table entry.
 
     The cap is dropped where the reference itself misses the table (an ill-conditioned case in a
     low precision, e.g. a peaked softmax in bf16, or many layers deep): there the only fair demand
-    is to be no worse than the reference.
+    is to be no worse than the reference. floor: FLOOR[dtype] unless given (a check that holds itself
+    to a stricter floor passes it). scale: 1 for relative errors; for absolute errors the output's
+    magnitude, which scales the floor and the table alike. cap=False: 2x the reference plus the floor
+    alone (for checks that hold the table separately, e.g. with allclose).
     """
-    if not math.isfinite(ref_rel):  # the reference overflowed: it calibrates nothing
-        return TABLE[dtype]
-    tol = 2.0 * ref_rel + FLOOR[dtype]
-    return tol if ref_rel > TABLE[dtype] else min(tol, TABLE[dtype])
+    table = TABLE[dtype] * scale
+    if cap and not math.isfinite(ref_err):  # the reference overflowed: it calibrates nothing
+        return table
+    tol = 2.0 * ref_err + (FLOOR[dtype] if floor is None else floor) * scale
+    return tol if not cap or ref_err > table else min(tol, table)
 
 
 def judge(op, shape, dtype, ours, ref_lowp, oracle) -> Row:
@@ -93,3 +98,19 @@ def judge(op, shape, dtype, ours, ref_lowp, oracle) -> Row:
     elif ref_rel > TABLE[dtype]:
         note = (note + "; " if note else "") + "reference itself above the table: 2x-reference rule only"
     return Row(op, shape, name, "PASS" if ok else "FAIL", e.abs_err, e.rel_err, ref_rel, tol, note)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """max |out - ref| / max |ref| in fp64 (the `rel_err` of `errors`), over the real positions only
+    when a mask is given ((B, S), 1 = real, for (B, S, ...) outputs)."""
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    if mask is not None:
+        real = mask.bool().cpu()
+        out, ref = out[real], ref[real]
+    return errors(out, ref).rel_err
+
+
+def within(err: float, ref_err: float, dtype: torch.dtype, **kwargs) -> bool:
+    """Whether an error vs the fp64 oracle meets the rule: err <= tolerance(ref_err, dtype, **kwargs),
+    ref_err being the same-dtype reference's error measured the same way. False for NaN."""
+    return err <= tolerance(ref_err, dtype, **kwargs)
