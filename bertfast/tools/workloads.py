@@ -308,8 +308,8 @@ def layer_inputs(op: str, weights: ModelWeights, lengths, seed: int = 0):
 
     Activations are random in the weights' dtype and device (LayerNorm input offset from zero, as
     after a residual add). `weights` should already be `backend.prepare`d when the op expects
-    packed forms. Returns a tuple to splat into `getattr(backend, name)` where name is the
-    backend op ('attn_out' and 'ffn_out' both call 'linear_residual').
+    packed forms. Returns a tuple to splat into `getattr(backend, OP_FUNCTION[op])` ('attn_out',
+    'linear_gelu' and 'ffn_out' all call the backend's `linear`).
     """
     cfg, layer = weights.config, weights.layers[0]
     dt, dev = weights.dtype, weights.device
@@ -328,18 +328,18 @@ def layer_inputs(op: str, weights: ModelWeights, lengths, seed: int = 0):
         q, k, v = act(T, heads, d), act(T, heads, d), act(T, heads, d)
         return q, k, v, cu.to(dev), int(max(lengths)), 1.0 / math.sqrt(d)
     if op == "attn_out":
-        return act(T, H), layer.attn_out_weight, layer.attn_out_bias, act(T, H)
+        return act(T, H), layer.attn_out_weight, layer.attn_out_bias, "none", act(T, H)
     if op == "linear_gelu":
         return act(T, H), layer.ffn_in_weight, layer.ffn_in_bias, cfg.activation
     if op == "ffn_out":
-        return act(T, I), layer.ffn_out_weight, layer.ffn_out_bias, act(T, H)
+        return act(T, I), layer.ffn_out_weight, layer.ffn_out_bias, "none", act(T, H)
     if op == "layernorm":
         return act(T, H, offset=3.0), layer.attn_ln_weight, layer.attn_ln_bias, cfg.layer_norm_eps
     raise ValueError(f"unknown op {op!r}; known: {', '.join(OPS)}")
 
 
-OP_FUNCTION = {"qkv": "qkv", "attention": "attention", "attn_out": "linear_residual",
-               "linear_gelu": "linear_gelu", "ffn_out": "linear_residual", "layernorm": "layernorm"}
+OP_FUNCTION = {"qkv": "qkv", "attention": "attention", "attn_out": "linear", "linear_gelu": "linear",
+               "ffn_out": "linear", "layernorm": "layernorm"}
 
 
 __all__ = [
