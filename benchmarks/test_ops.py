@@ -16,7 +16,7 @@ import torch
 from bertfast import reference
 from bertfast.tools import workloads
 from bertfast.backends import REGISTRY, available_backends, get_backend
-from bertfast.tools.bench.bench import DTYPES
+from bertfast.tools.bench.providers import DTYPES
 
 SHAPES = ("b8xs128", "b32xs512", "b8xs128-uniform")
 ELEM_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}

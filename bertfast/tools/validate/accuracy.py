@@ -93,3 +93,10 @@ def judge(op, shape, dtype, ours, ref_lowp, oracle) -> Row:
     elif ref_rel > TABLE[dtype]:
         note = (note + "; " if note else "") + "reference itself above the table: 2x-reference rule only"
     return Row(op, shape, name, "PASS" if ok else "FAIL", e.abs_err, e.rel_err, ref_rel, tol, note)
+
+
+def reference_bound(ref_err: float, floor: float) -> float:
+    """The rule's core without the table: 2x the same-dtype reference's error plus `floor`, both in the
+    caller's units. For checks whose oracle is not fp64, e.g. bench's max abs error on last_hidden_state
+    against the fp32 Hugging Face model (bertfast.tools.bench.runner.tolerance)."""
+    return 2.0 * ref_err + floor
