@@ -2,10 +2,10 @@
 
     python benchmarks/bench_cpu.py [--reps 15] [--dtypes fp32,bf16] [--workloads b1xs16,b8xs128,b8xs128-ragged]
 
-BERT-base config, random weights, the same weights and inputs for every provider. Providers are timed
-round-robin (one call of each per round) so machine noise hits them alike; the table shows medians,
-the spread (p25-p75) and the speedup of bertfast over hf-sdpa. Every provider's output is checked
-against Hugging Face fp32 before timing (a wrong row is an error, not a number). Then the GEMM rows:
+BERT-base config, random weights, the same weights and inputs for every provider, timed by bertfast's
+one interleaved timer (docs/bench-method.md#other-scripts); the table shows medians, the spread
+(p25-p75) and the speedup of bertfast over hf-sdpa. Every provider's output is checked against Hugging
+Face fp32 before timing (a wrong row is an error, not a number). Then the GEMM rows:
 the extension's GEMM streaming BERT-base's packed weights at small M (GB/s) against torch's F.linear at
 the same M, and at 576 and 1024 rows its fp32 blocked regime against torch.addmm (MKL sgemm), GFLOP/s
 and the paired time ratio.
@@ -14,15 +14,17 @@ and the paired time ratio.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 # Runnable from a source checkout without installing: the repository root holds the package.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bertfast.tools.bench.measure import interleaved, timer  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 WORKLOADS = ("b1xs16", "b8xs128", "b8xs128-ragged")
@@ -63,16 +65,8 @@ def setup(provider: str, hf_fp32, dtype: torch.dtype):
 
 
 def time_interleaved(fns: dict, args, reps: int, warmup: int = 2):
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn(*args)
-    times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn(*args)
-            times[name].append(time.perf_counter() - t0)
-    return times
+    """Seconds per call of each fn(*args): bertfast's one interleaved timer (docs/bench-method.md#other-scripts)."""
+    return interleaved({name: timer(functools.partial(fn, *args)) for name, fn in fns.items()}, reps, warmup=warmup)
 
 
 def quartiles(ts):

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from bertfast.backends.cpu import quant
+from bertfast.tools.bench.measure import interleaved, timer
 
 SHAPES = [("qkv", 768, 2304, "none", False), ("attn_out", 768, 768, "none", True),
           ("ffn_in", 768, 3072, "gelu", False), ("ffn_out", 3072, 768, "none", True)]
@@ -76,16 +76,7 @@ def main():
                 "epilog": epilogue,
                 "linear": lambda: quant.linear(x, ql, bias, act, res),
             }
-            times = {k: [] for k in fns}
-            for f in fns.values():
-                f()
-            for r in range(args.rounds):
-                order = list(fns.items())
-                k0 = r % len(order)
-                for k, f in order[k0:] + order[:k0]:
-                    t0 = time.perf_counter()
-                    f()
-                    times[k].append(time.perf_counter() - t0)
+            times = interleaved({k: timer(f) for k, f in fns.items()}, args.rounds, warmup=1)
             med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
             tops = 2 * M * N * K / (med["linear"] * 1e-3) / 1e12
             cells = [name, str(M)] + [f"{med[k]:.3f}" for k in fns] + [f"{tops:.2f}"]

@@ -10,8 +10,6 @@ Python calls. This bounds how much a small-batch forward can lose to Python on a
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
@@ -20,6 +18,7 @@ from bertfast.backends.torch import TorchBackend
 from bertfast.encoder import check_inputs
 from bertfast.engine import Engine
 from bertfast.backends.weights import EmbeddingWeights, LayerWeights, ModelWeights
+from bertfast.tools.bench.measure import interleaved, quantile, timer
 
 
 class NullBackend(TorchBackend):
@@ -76,14 +75,8 @@ def main():
         i, m, t, pos = check_inputs(cfg, ids, None, None, None, True, torch.device("cpu"))
         engine.forward(i, m, t, pos)
 
-    for _ in range(50):
-        forward()
-    times = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        forward()
-        times.append(time.perf_counter() - t0)
-    med = statistics.median(times) * 1e6
+    times = interleaved({"forward": timer(forward)}, args.repeats, warmup=50)["forward"]
+    med = quantile(times, 0.5) * 1e6
     print(f"pipeline overhead, {args.layers} layers, b1 x s{T}: {med:.0f} us per forward "
           f"({med / args.layers:.1f} us per layer incl. fixed costs), p90 {sorted(times)[int(0.9 * len(times))] * 1e6:.0f} us")
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from bertfast.tools.bench import bench
+from bertfast.tools.bench.providers import DTYPES
+from bertfast.tools.bench.source import load_source
 from bertfast.tools import workloads
 
 
@@ -31,8 +32,8 @@ def pytest_generate_tests(metafunc):
     if "dtype_name" in metafunc.fixturenames:
         names = [d.strip() for d in metafunc.config.getoption("--bertfast-dtypes").split(",") if d.strip()]
         for d in names:
-            if d not in bench.DTYPES:
-                raise pytest.UsageError(f"--bertfast-dtypes: unknown dtype {d!r}; use {', '.join(bench.DTYPES)}")
+            if d not in DTYPES:
+                raise pytest.UsageError(f"--bertfast-dtypes: unknown dtype {d!r}; use {', '.join(DTYPES)}")
         metafunc.parametrize("dtype_name", names)
 
 
@@ -47,7 +48,7 @@ def e2e_source(request):
     pytest.importorskip("transformers", reason="end to end rows compare with transformers' BertModel")
     name = request.config.getoption("--bertfast-e2e-config")
     if name:
-        return bench.load_source(config_name=name)
+        return load_source(config_name=name)
     model_dir = request.config.getoption("--bertfast-model")
     if model_dir is None:
         from bertfast import default_model_path
@@ -56,7 +57,7 @@ def e2e_source(request):
             model_dir = default_model_path()
         except RuntimeError as e:
             pytest.skip(f"no default model: {e}")
-    return bench.load_source(model_dir=model_dir)
+    return load_source(model_dir=model_dir)
 
 
 class _Cache(dict):

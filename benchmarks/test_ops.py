@@ -16,7 +16,7 @@ import torch
 from bertfast.backends.torch import TorchBackend
 from bertfast.tools import workloads
 from bertfast.backends import REGISTRY, available_backends, get_backend
-from bertfast.tools.bench.bench import DTYPES
+from bertfast.tools.bench.providers import DTYPES
 from bertfast.tools.validate.accuracy import tolerance
 
 ORACLE = TorchBackend()  # the reference ops behind the backend contract

@@ -16,7 +16,8 @@ import zlib
 import pytest
 import torch
 
-from bertfast.tools.bench import bench
+from bertfast.tools.bench import measure, providers, report, runner
+from bertfast.tools.bench.source import load_source
 from bertfast.tools import workloads
 from bertfast.tools.cli import main
 
@@ -105,11 +106,11 @@ def _wrong_mask_provider(source, dtype):
     from bertfast import Encoder
 
     enc = Encoder.from_hf(source.reference, backend="torch", dtype=dtype)
-    return bench.Provider("wrong-mask", dtype, lambda b: enc(b.input_ids, None, b.token_type_ids).last_hidden_state)
+    return providers.Provider("wrong-mask", dtype, lambda b: enc(b.input_ids, None, b.token_type_ids).last_hidden_state)
 
 
 def test_validation_refuses_a_wrong_provider_before_timing(tmp_path, monkeypatch):
-    monkeypatch.setitem(bench.FACTORIES, "wrong-mask", _wrong_mask_provider)
+    monkeypatch.setitem(providers.FACTORIES, "wrong-mask", _wrong_mask_provider)
     out_json = tmp_path / "bench.json"
     rc = _run_cli(["--workloads", "b2xs16,b4xs16-uniform", "--dtypes", "fp32",
                    "--providers", "bertfast-torch,hf-sdpa,wrong-mask", "--json", str(out_json)])
@@ -129,10 +130,10 @@ def test_failed_or_missing_providers_are_skipped_with_reason(monkeypatch, tmp_pa
     def broken(source, dtype):
         raise RuntimeError("no such device")
 
-    monkeypatch.setitem(bench.FACTORIES, "broken", broken)
+    monkeypatch.setitem(providers.FACTORIES, "broken", broken)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
-    source = bench.load_source(config_name="tiny")
-    rows = bench.run_bench(source, [workloads.Workload.parse("b1xs8")], ["fp32"],
+    source = load_source(config_name="tiny")
+    rows = runner.run_bench(source, [workloads.Workload.parse("b1xs8")], ["fp32"],
                            ["bertfast-torch", "broken", "onnxruntime", "hf-sdpa"], repeats=1, min_repeats=1,
                            progress=None, isolation="none")
     by = {r.provider: r for r in rows}
@@ -140,7 +141,7 @@ def test_failed_or_missing_providers_are_skipped_with_reason(monkeypatch, tmp_pa
     assert by["broken"].status == "skipped" and "RuntimeError: no such device" in by["broken"].reason
     assert by["onnxruntime"].status == "skipped" and "not installed" in by["onnxruntime"].reason
     assert by["bertfast-torch"].status == by["hf-sdpa"].status == "ok"
-    table = bench.format_table(rows)
+    table = report.format_table(rows)
     assert "SKIPPED: set-up failed: RuntimeError: no such device" in table
 
 
@@ -160,9 +161,9 @@ def test_settle_pause_and_untimed_call_before_each_timed_call(settle_ms, tmp_pat
             calls.append(time.perf_counter())
             return enc(b.input_ids, b.attention_mask, b.token_type_ids).last_hidden_state
 
-        return bench.Provider("counting", dtype, fn)
+        return providers.Provider("counting", dtype, fn)
 
-    monkeypatch.setitem(bench.FACTORIES, "counting", counting)
+    monkeypatch.setitem(providers.FACTORIES, "counting", counting)
     out_json = tmp_path / "bench.json"
     assert _run_cli(["--workloads", "b2xs16", "--dtypes", "fp32", "--providers", "counting",
                      "--settle-ms", str(settle_ms), "--json", str(out_json)]) == 0
@@ -189,11 +190,11 @@ def test_process_isolation_runs_each_provider_in_its_own_worker(tmp_path):
         row = rows[("b2xs16-ragged", "fp32", provider)]
         assert row["status"] == "ok" and row["repeats"] == 3 and row["max_abs_err"] <= row["tolerance"]
 
-    source = bench.load_source(config_name="tiny")
+    source = load_source(config_name="tiny")
     batch = workloads.make_batch(2, 16, "ragged", vocab_size=source.config.vocab_size)
     worker = Worker(source.spec, "bertfast-torch", "fp32", "cpu")
     try:
-        local = Local(bench.setup("bertfast-torch", source, torch.float32), "cpu")
+        local = Local(providers.setup("bertfast-torch", source, torch.float32), "cpu")
         worker.load(batch)
         local.load(batch)
         out_w, out_l = worker.call()[1], local.call()[1]
@@ -209,9 +210,9 @@ def test_process_isolation_runs_each_provider_in_its_own_worker(tmp_path):
     finally:
         worker.close()
     # What cannot run is refused in the parent before a worker starts, and by the worker itself too.
-    with pytest.raises(bench.ProviderSkipped, match="fp32 pass"):
-        bench.check_runnable("bertfast-int8", source, torch.bfloat16)
-    with pytest.raises(bench.ProviderSkipped, match="fp32 pass"):
+    with pytest.raises(providers.ProviderSkipped, match="fp32 pass"):
+        providers.check_runnable("bertfast-int8", source, torch.bfloat16)
+    with pytest.raises(providers.ProviderSkipped, match="fp32 pass"):
         Worker(source.spec, "bertfast-int8", "bf16", "cpu")
 
 
@@ -269,10 +270,49 @@ def test_peak_memory_sees_a_large_temporary():
             f.write("5")
     except OSError:
         pytest.skip("/proc/self/clear_refs is not writable here: peak RSS cannot be reset")
-    with bench.PeakMemory("cpu") as mem:
+    with measure.PeakMemory("cpu") as mem:
         t = torch.ones(64 * 2**20 // 4)  # 64 MB, touched
         del t
     assert 56 <= mem.mb <= 200
+
+
+
+def test_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert _run_cli(["--workloads", "b1xs8", "--plot", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert "matplotlib" in err and "bertfast[plot]" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_interleaved_rotates_the_start_and_pauses_the_collector():
+    import gc
+
+    order, gc_on = [], []
+
+    def contender(name):
+        def call():
+            order.append(name)
+            gc_on.append(gc.isenabled())
+            return 1.0
+
+        return call
+
+    times = measure.interleaved({"a": contender("a"), "b": contender("b"), "c": contender("c")}, 3, warmup=1)
+    assert times == {"a": [1.0] * 3, "b": [1.0] * 3, "c": [1.0] * 3}
+    assert order == ["a", "b", "c"] + ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # warm-up, then rotated
+    assert gc_on[3:] == [False] * 9 and gc.isenabled()
+    failures = []
+
+    def broken():
+        raise RuntimeError("boom")
+
+    times = measure.interleaved({"ok": measure.timer(lambda: None), "bad": broken}, 2,
+                                on_error=lambda name, e: failures.append((name, str(e))))
+    assert len(times["ok"]) == 2 and all(t >= 0 for t in times["ok"]) and times["bad"] == []
+    assert failures == [("bad", "boom")] * 2
+    with pytest.raises(RuntimeError, match="boom"):
+        measure.interleaved({"bad": broken}, 1)
 
 
 # --- shared input builders ---------------------------------------------------------------------
@@ -330,9 +370,9 @@ def test_workload_parse_roundtrip():
 
 
 def test_steal_fraction_from_proc_stat_ticks():
-    assert bench.steal_fraction((10, 1000), (60, 2000)) == pytest.approx(0.05)
-    assert bench.steal_fraction(None, (1, 2)) is None
-    assert bench.steal_fraction((5, 100), (5, 100)) is None  # no time passed
-    ticks = bench.cpu_ticks()
+    assert measure.steal_fraction((10, 1000), (60, 2000)) == pytest.approx(0.05)
+    assert measure.steal_fraction(None, (1, 2)) is None
+    assert measure.steal_fraction((5, 100), (5, 100)) is None  # no time passed
+    ticks = measure.cpu_ticks()
     if ticks is not None:  # Linux: steal <= total
         assert 0 <= ticks[0] <= ticks[1]

@@ -367,11 +367,12 @@ def test_validate_int8_report(tiny_hf, tmp_path, capsys):
 
 
 def test_bench_int8_rows():
-    from bertfast.tools.bench import bench
+    from bertfast.tools.bench import runner
+    from bertfast.tools.bench.source import load_source
     from bertfast.tools.workloads import Workload
 
-    source = bench.load_source(config_name="tiny")
-    rows = bench.run_bench(source, [Workload.parse("b2xs16-uniform")], ["fp32", "bf16"],
+    source = load_source(config_name="tiny")
+    rows = runner.run_bench(source, [Workload.parse("b2xs16-uniform")], ["fp32", "bf16"],
                            ["bertfast-int8", "onnxruntime-int8", "ctranslate2-int8"], repeats=1, min_repeats=1,
                            progress=None, isolation="none")
     by = {(r.provider, r.dtype): r for r in rows}
@@ -381,5 +382,5 @@ def test_bench_int8_rows():
             assert "not installed" in row.reason or "backend" in row.reason, row.reason
             continue
         assert row.status == "ok", row.reason
-        assert row.info["min_token_cosine"] >= bench.INT8_MIN_COSINE and row.tolerance is None
+        assert row.info["min_token_cosine"] >= runner.INT8_MIN_COSINE and row.tolerance is None
         assert by[(name, "bf16")].status == "skipped" and "fp32 pass" in by[(name, "bf16")].reason

@@ -14,7 +14,7 @@ COMMANDS = {
     "demo": ("bertfast.tools.demo", "encode sentences with the default model, check it, time it"),
     "validate": ("bertfast.tools.validate.cli", "check a backend's ops (or a whole model) against the reference"),
     "kernels": ("bertfast.tools.aot", "compile every Triton kernel ahead of time for GPU archs and report"),
-    "bench": ("bertfast.tools.bench.bench", "benchmark bertfast against Hugging Face, ONNX Runtime, torch.compile"),
+    "bench": ("bertfast.tools.bench.cli", "benchmark bertfast against Hugging Face, ONNX Runtime, torch.compile"),
 }
 
 

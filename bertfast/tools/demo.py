@@ -6,9 +6,9 @@ fp64 reference model, and the engine's latency next to Hugging Face's on the sam
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
+
+from bertfast.tools.bench.measure import interleaved, quantile, timer
 
 SENTENCES = [
     "The cat sits on the mat.",
@@ -29,16 +29,10 @@ def add_arguments(p):
 
 
 def _interleaved_median_ms(fns, repeats):
-    """Median ms per function, timed round-robin so machine noise hits all of them alike."""
-    for fn in fns:
-        fn()  # warm-up (first touch, one-time packing)
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, t in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            t.append((time.perf_counter() - t0) * 1e3)
-    return [statistics.median(t) for t in times]
+    """Median ms per function over `repeats` interleaved rounds, after one warm-up call each (first
+    touch, one-time packing): the one timer of bertfast.tools.bench.measure."""
+    times = interleaved({str(i): timer(fn) for i, fn in enumerate(fns)}, repeats, warmup=1)
+    return [quantile(t, 0.5) * 1e3 for t in times.values()]
 
 
 def run(args) -> int:

@@ -1,29 +1,23 @@
-"""How `bertfast bench` holds a provider while it validates and times it: in this process (`Local`), or
-in a worker process of its own (`Worker`, `--isolation process`, the default). Both answer the same
-calls, so the bench's round-robin loop does not know which it drives.
-
-Why a process each: libraries loaded into one process share more than the cores. libgomp, the OpenMP
-runtime of torch's GEMMs and of bertfast's kernels, counts every thread it manages, and once a second
-thread has opened a parallel region (CTranslate2's inference thread, or any torch op run from another
-Python thread) the count exceeds the cores and libgomp stops letting its workers spin between regions:
-each of the ~100 short regions of a small forward then waits for a futex wake-up. Measured here
-(2 cores, BERT-base int8 b1 x s16): 7.6-8.0 ms alone, 11.6-13.3 ms after one torch.mm on a second,
-still living Python thread, 12.5-13.9 ms after CTranslate2 ran in the same process. In a process of
-its own each provider runs as it would for a user serving one engine per process. The parent keeps
-the reference, the validation and the interleaving: a worker builds its provider, then runs one call
-at a time on request, so timed calls of different providers never overlap.
+"""Where `bertfast bench` holds a provider while it validates and times it: in this process (`Local`),
+or in a spawned worker process of its own (`Worker`, `--isolation process`, the default), because
+libraries sharing a process slow each other's thread pools (docs/bench-method.md#isolation). Both
+answer the same calls (`load`, `call`, `timed`, `close`), so the run loop does not know which it
+drives; the parent keeps the reference, the validation and the interleaving, and a worker runs one
+call at a time on request.
 """
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import pickle
-import time
 import traceback
 
 import numpy as np
 import torch
+
+from bertfast.tools.bench.measure import PeakMemory, time_call, time_once
+from bertfast.tools.bench.providers import DTYPES, ProviderSkipped, setup
+from bertfast.tools.bench.source import load_source
 
 
 class Local:
@@ -39,32 +33,17 @@ class Local:
 
     def call(self, measure_memory: bool = False):
         """One call: (seconds, output (B, S, H) tensor, peak extra MB or None)."""
-        from bertfast.tools.bench.bench import PeakMemory, time_call
-
         if not measure_memory:
-            dt, out = time_call(self.provider.fn, self.batch, self.device)
+            dt, out = time_call(self.provider.fn, self.batch, device=self.device)
             return dt, out, None
         with PeakMemory(self.device) as mem:
-            dt, out = time_call(self.provider.fn, self.batch, self.device)
+            dt, out = time_call(self.provider.fn, self.batch, device=self.device)
         return dt, out, mem.mb
 
     def timed(self, settle_s: float, untimed_call: bool = True) -> float:
-        """Seconds of one timed call, after `settle_s` idle and one untimed call (neither if settle_s is 0;
-        no untimed call if not `untimed_call`). The garbage collector is off meanwhile: a collection
-        inside the call would be charged to it."""
-        from bertfast.tools.bench.bench import time_call
-
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            if settle_s > 0:
-                time.sleep(settle_s)
-                if untimed_call:
-                    time_call(self.provider.fn, self.batch, self.device)
-            return time_call(self.provider.fn, self.batch, self.device)[0]
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        """Seconds of one timed call (`measure.time_once`: settle pause, untimed call, no GC)."""
+        return time_once(lambda: self.provider.fn(self.batch), settle_s=settle_s, untimed_call=untimed_call,
+                         device=self.device)
 
     def close(self) -> None:
         self.provider = None
@@ -72,8 +51,6 @@ class Local:
 
 def _serve(conn, source_spec: dict, name: str, dtype_name: str, device: str, threads: int) -> None:
     """Worker process: build the provider, report, then answer requests until "close" or EOF."""
-    from bertfast.tools.bench import bench
-
     torch.set_num_threads(threads)
     try:  # the parent already showed the model loading once; a bar per worker is noise
         from transformers.utils import logging as hf_logging
@@ -82,9 +59,9 @@ def _serve(conn, source_spec: dict, name: str, dtype_name: str, device: str, thr
     except ImportError:
         pass
     try:
-        source = bench.load_source(**source_spec)
-        provider = bench.setup(name, source, bench.DTYPES[dtype_name])
-    except bench.ProviderSkipped as e:
+        source = load_source(**source_spec)
+        provider = setup(name, source, DTYPES[dtype_name])
+    except ProviderSkipped as e:
         conn.send(("skipped", str(e)))
         return
     except Exception as e:
@@ -115,11 +92,9 @@ def _serve(conn, source_spec: dict, name: str, dtype_name: str, device: str, thr
 
 class Worker:
     """A provider built and run in a child process (spawned: a clean interpreter, no inherited
-    thread pools). Raises `bench.ProviderSkipped` when the worker cannot build it."""
+    thread pools). Raises `ProviderSkipped` when the worker cannot build it."""
 
     def __init__(self, source_spec: dict, name: str, dtype_name: str, device: str):
-        from bertfast.tools.bench.bench import ProviderSkipped
-
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, name=f"bertfast-bench-{name}-{dtype_name}", daemon=True,

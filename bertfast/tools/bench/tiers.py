@@ -1,8 +1,8 @@
 """`bertfast bench --isa all|tier,...`: the bench grid once per CPU ISA tier, in one invocation.
 
-oneDNN, MKL and ATen read their caps once per process (bertfast.backends.cpu.isa), so each tier runs as a child
-`bertfast bench` with the same arguments and BERTFAST_ISA set: it prints its own cpu_info line and table
-as it goes, and writes a JSON report that this process merges into one, every row tagged with its tier.
+Each tier runs as a child `bertfast bench` with the same arguments and BERTFAST_ISA set, because the
+libraries read their caps once per process (docs/bench-method.md#tiers); the child prints its own
+table and writes a JSON report that this process merges into one, every row tagged with its tier.
 Tiers the CPU lacks are listed as skipped with the reason and never started.
 """
 

@@ -1,0 +1,316 @@
+"""The named rows of `bertfast bench`: `setup(provider, source, dtype)` builds one, ready to time.
+
+Rows: `bertfast-<backend>` (one per registered backend), `hf-eager`, `hf-sdpa` (the baseline),
+`onnxruntime`, `torch-compile`, and the int8 rows `bertfast-int8`, `onnxruntime-int8`,
+`ctranslate2-int8` (int8 GEMM operands, fp32 activations: run in the fp32 pass). A provider that is
+not installed, cannot run this dtype or device, or fails to build raises `ProviderSkipped` with the
+reason, reported as a skipped row. Each factory works on deep copies of the reference
+(`source.Source`) and times its own build (`Provider.build_s`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import logging
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from bertfast.backends import REGISTRY, available_backends
+from bertfast.encoder import Encoder
+from bertfast.loading import load_hf_model, load_pretrained
+from bertfast.tools.bench.source import Source
+from bertfast.tools.workloads import Batch, make_batch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+FIXED_PROVIDERS = ("hf-eager", "hf-sdpa", "onnxruntime", "torch-compile", "bertfast-int8", "onnxruntime-int8",
+                   "ctranslate2-int8")
+INT8_PROVIDERS = ("bertfast-int8", "onnxruntime-int8", "ctranslate2-int8")
+BASELINE = "hf-sdpa"  # the row every speedup is relative to (same dtype)
+
+
+class ProviderSkipped(Exception):
+    """A provider cannot run here (not installed, unsupported dtype or device); the message says why."""
+
+
+@dataclass
+class Provider:
+    """A ready-to-time provider: `fn(batch)` returns last_hidden_state (B, S, H) on the device."""
+
+    name: str
+    dtype: torch.dtype
+    fn: Callable[[Batch], torch.Tensor]
+    build_s: float = 0.0
+    info: dict = field(default_factory=dict)
+
+
+def _bertfast_factory(backend: str, quantize: str | None = None):
+    """bertfast on `backend` (int8: the cpu backend's int8 GEMMs on fp32 weights, in the fp32 pass)."""
+    name = "bertfast-int8" if quantize else f"bertfast-{backend}"
+
+    def factory(source: Source, dtype: torch.dtype) -> Provider:
+        t0 = time.perf_counter()
+        load_dtype = torch.float32 if quantize else dtype
+        # From the checkpoint files when there are some (the user's path), else from the model.
+        if source.model_dir is not None:
+            weights = load_pretrained(source.model_dir, load_dtype)
+        else:
+            weights = load_hf_model(source.reference, load_dtype)
+        enc = Encoder(weights.to(device=source.device), backend=backend, model_dir=source.model_dir,
+                      quantize=quantize)
+        build = time.perf_counter() - t0
+
+        def fn(b: Batch):
+            return enc(b.input_ids, b.attention_mask, b.token_type_ids).last_hidden_state
+
+        info = {"backend": enc.backend, **({"quantized": quantize} if quantize else {})}
+        return Provider(name, dtype, fn, build, info)
+
+    return factory
+
+
+def _hf_factory(attn: str):
+    def factory(source: Source, dtype: torch.dtype) -> Provider:
+        t0 = time.perf_counter()
+        model = source.hf_copy(attn, dtype)
+        build = time.perf_counter() - t0
+
+        @torch.inference_mode()
+        def fn(b: Batch):
+            return model(**b.inputs()).last_hidden_state
+
+        return Provider(f"hf-{attn}", dtype, fn, build)
+
+    return factory
+
+
+class _LastHidden(torch.nn.Module):
+    """Positional (input_ids, attention_mask, token_type_ids) -> last_hidden_state, for export."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          token_type_ids=token_type_ids).last_hidden_state
+
+
+def _export_onnx(source: Source, path: str, names: list[str]) -> None:
+    """Plain torch.onnx.export of the reference (dynamic batch and sequence axes) to `path`."""
+    cfg = source.config
+    # torch.onnx.export (torch 2.13, transformers 5) leaves the exported module changed: export a
+    # deep copy so the reference and the other providers keep the original.
+    wrapper = _LastHidden(copy.deepcopy(source.reference).eval())
+    # A sample with one padded row so the traced graph keeps the general masking path.
+    sample = make_batch(2, 16, [16, 9], vocab_size=cfg.vocab_size, type_vocab_size=cfg.type_vocab_size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(
+                wrapper, (sample.input_ids, sample.attention_mask, sample.token_type_ids), path,
+                input_names=names, output_names=["last_hidden_state"],
+                dynamic_axes={n: {0: "batch", 1: "seq"} for n in names + ["last_hidden_state"]},
+                opset_version=17, dynamo=False,
+            )
+        except Exception as e:
+            raise ProviderSkipped(f"torch.onnx.export failed: {type(e).__name__}: {e}") from None
+
+
+def _onnxruntime_factory(source: Source, dtype: torch.dtype) -> Provider:
+    try:
+        import onnx  # noqa: F401  (the exporter and the optimizer need it)
+        import onnxruntime as ort
+        from onnxruntime.transformers import optimizer
+    except ImportError as e:
+        raise ProviderSkipped(f"not installed ({e.name}): pip install onnxruntime onnx") from None
+
+    cfg = source.config
+    t0 = time.perf_counter()
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    with tempfile.TemporaryDirectory(prefix="bertfast-bench-") as tmp:
+        raw, opt = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "model.opt.onnx")
+        _export_onnx(source, raw, names)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optimized = optimizer.optimize_model(raw, model_type="bert", num_heads=cfg.num_attention_heads,
+                                                 hidden_size=cfg.hidden_size)
+            fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+            optimized.save_model_to_file(opt)
+        fn = _ort_forward(ort, opt, names)
+    build = time.perf_counter() - t0
+    return Provider("onnxruntime", dtype, fn, build, {"fused_ops": fused, "opset": 17})
+
+
+def _ort_forward(ort, path: str, names: list[str]):
+    """An ONNX Runtime CPU session on the model at `path` (loaded now), as a Batch -> last_hidden_state."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = torch.get_num_threads()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+    def fn(b: Batch):
+        feeds = {n: t.numpy() for n, t in zip(names, (b.input_ids, b.attention_mask, b.token_type_ids))}
+        return torch.from_numpy(session.run(["last_hidden_state"], feeds)[0])
+
+    return fn
+
+
+def _onnxruntime_int8_factory(source: Source, dtype: torch.dtype) -> Provider:
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime as ort
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as e:
+        raise ProviderSkipped(f"not installed ({e.name}): pip install onnxruntime onnx") from None
+    t0 = time.perf_counter()
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    with tempfile.TemporaryDirectory(prefix="bertfast-bench-") as tmp:
+        raw, q8 = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "model.int8.onnx")
+        _export_onnx(source, raw, names)
+        # quantize_dynamic works on the plain export (not on the transformers-optimized graph);
+        # defaults as a user would call it: int8 weights per tensor, uint8 activations per tensor.
+        level = logging.getLogger().level
+        logging.getLogger().setLevel(logging.ERROR)  # its "consider pre-processing" warning
+        try:
+            quantize_dynamic(raw, q8, weight_type=QuantType.QInt8)
+        finally:
+            logging.getLogger().setLevel(level)
+        fn = _ort_forward(ort, q8, names)
+    build = time.perf_counter() - t0
+    return Provider("onnxruntime-int8", dtype, fn, build,
+                    {"quantized": "int8", "scheme": "quantize_dynamic, QInt8 weights per tensor"})
+
+
+def _ctranslate2_int8_factory(source: Source, dtype: torch.dtype) -> Provider:
+    try:
+        import ctranslate2
+        import numpy as np
+    except ImportError:
+        raise ProviderSkipped("not installed (ctranslate2): pip install ctranslate2") from None
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bertfast-bench-") as tmp:
+        hf_dir, ct2_dir = os.path.join(tmp, "hf"), os.path.join(tmp, "ct2")
+        with contextlib.redirect_stderr(io.StringIO()):  # save_pretrained's and the converter's progress bars
+            source.reference.save_pretrained(hf_dir)
+            # Its BERT converter reads position_embedding_type, which transformers 5 may leave out.
+            cfg_path = os.path.join(hf_dir, "config.json")
+            with open(cfg_path) as f:
+                cfg = json.load(f)
+            cfg.setdefault("position_embedding_type", "absolute")
+            with open(cfg_path, "w") as f:
+                json.dump(cfg, f)
+            ctranslate2.converters.TransformersConverter(hf_dir).convert(ct2_dir, quantization="int8")
+        # The encoder reads the whole model at construction; the directory can go afterwards.
+        encoder = ctranslate2.Encoder(ct2_dir, device="cpu", compute_type="int8",
+                                      intra_threads=torch.get_num_threads())
+    build = time.perf_counter() - t0
+
+    def fn(b: Batch):
+        ids = ctranslate2.StorageView.from_array(b.input_ids.to(torch.int32).numpy())
+        lengths = ctranslate2.StorageView.from_array(b.attention_mask.sum(1).to(torch.int32).numpy())
+        out = encoder.forward_batch(ids, lengths, b.token_type_ids.tolist())
+        return torch.from_numpy(np.asarray(out.last_hidden_state))
+
+    return Provider("ctranslate2-int8", dtype, fn, build,
+                    {"quantized": "int8", "scheme": f"ctranslate2 {ctranslate2.__version__} converter "
+                                                    "quantization=int8, compute_type=int8"})
+
+
+def _torch_compile_factory(source: Source, dtype: torch.dtype) -> Provider:
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    t0 = time.perf_counter()
+    model = source.hf_copy("sdpa", dtype)
+    if source.device == "cpu":
+        # Freezing folds the weights into the graph as constants (and lets oneDNN prepack them).
+        inductor_config.freezing = True
+    # Each new shape/dtype recompiles; without a higher limit dynamo falls back to eager silently.
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
+    compiled = torch.compile(model)
+    build = time.perf_counter() - t0
+
+    @torch.no_grad()
+    def fn(b: Batch):
+        return compiled(**b.inputs()).last_hidden_state
+
+    return Provider("torch-compile", dtype, fn, build,
+                    {"freezing": bool(inductor_config.freezing), "note": "compiles on first call per shape"})
+
+
+# Fixed providers; `bertfast-<backend>` names are added from the backend registry.
+FACTORIES: dict[str, Callable[[Source, torch.dtype], Provider]] = {
+    "hf-eager": _hf_factory("eager"),
+    "hf-sdpa": _hf_factory("sdpa"),
+    "onnxruntime": _onnxruntime_factory,
+    "torch-compile": _torch_compile_factory,
+    "bertfast-int8": _bertfast_factory("cpu", quantize="int8"),
+    "onnxruntime-int8": _onnxruntime_int8_factory,
+    "ctranslate2-int8": _ctranslate2_int8_factory,
+}
+
+
+def factory_of(name: str):
+    """The factory of provider `name`; ValueError for an unknown name."""
+    if name in FACTORIES:
+        return FACTORIES[name]
+    if name.startswith("bertfast-"):
+        return _bertfast_factory(name[len("bertfast-"):])
+    raise ValueError(f"unknown provider {name!r}; known: {', '.join(known_providers())}")
+
+
+def known_providers() -> list[str]:
+    return [f"bertfast-{b}" for b in REGISTRY] + list(FACTORIES)
+
+
+def check_runnable(provider: str, source: Source, dtype: torch.dtype) -> None:
+    """The reasons `provider` cannot run that need no build (dtype, device, backend availability):
+    raises ProviderSkipped. `setup` checks them first; run_bench also before spawning a worker."""
+    if provider in INT8_PROVIDERS and dtype != torch.float32:
+        raise ProviderSkipped("int8 rows run in the fp32 pass (int8 GEMM operands, fp32 activations)")
+    if provider in ("onnxruntime", "onnxruntime-int8", "ctranslate2-int8") and source.device != "cpu":
+        raise ProviderSkipped("only the CPU device is wired in this bench")
+    if provider == "onnxruntime" and dtype != torch.float32:
+        raise ProviderSkipped("fp32 only on CPU (ONNX Runtime's fused BERT kernels are fp32 on CPU, "
+                              "fp16 on GPU)")
+    if provider.startswith("bertfast-"):
+        backend = "cpu" if provider == "bertfast-int8" else provider[len("bertfast-"):]
+        reason = available_backends(source.device).get(backend, f"unknown backend {backend!r}")
+        if reason is not None:
+            raise ProviderSkipped(reason)
+
+
+def setup(provider: str, source: Source, dtype: torch.dtype) -> Provider:
+    """Build `provider` for `source` in `dtype`. Raises ProviderSkipped(reason) if it cannot run."""
+    factory = factory_of(provider)
+    check_runnable(provider, source, dtype)
+    try:
+        return factory(source, dtype)
+    except ProviderSkipped:
+        raise
+    except Exception as e:  # a set-up failure is reported as a skipped row with its reason
+        raise ProviderSkipped(f"set-up failed: {type(e).__name__}: {e}") from e
+
+
+def default_providers(device: str) -> tuple[list[str], dict[str, str]]:
+    """(providers to run, {provider: reason} for bertfast backends skipped by default)."""
+    names, skipped = [], {}
+    for backend in REGISTRY:
+        name = f"bertfast-{backend}"
+        if backend == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+            skipped[name] = ("Triton runs in its interpreter on CPU (TRITON_INTERPRET=1): a correctness "
+                             "tool, far too slow to time; name it in --providers to force")
+        else:
+            names.append(name)  # unavailable ones become skipped rows with the registry's reason
+    return names + list(FIXED_PROVIDERS), skipped

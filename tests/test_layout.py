@@ -1,0 +1,116 @@
+"""The house's floors, read from the source: which module may import which, no import cycles, modules
+readable in one sitting.
+
+Floors, top to bottom: `bertfast.tools` (commands) -> the product at the top of `bertfast/` -> `backends`
+-> `kernels`. A module imports only from its own floor or below; the product never imports the oracle
+`bertfast.reference` (only the torch backend wraps it, and tools and tests use it). Every import counts,
+function-local ones included, so a cycle cannot hide behind a deferred import.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "bertfast"
+MAX_LINES = 450
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports(name: str) -> set[str]:
+    """The bertfast modules `name` imports (a `from pkg import x` counts as pkg.x when that is a module)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    tree = ast.parse(path.read_text(), str(path))
+    type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                 and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in type_only:  # annotations only: not a dependency at run time
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:  # a name inside a module: the module
+                target = target.rpartition(".")[0]
+            if target.startswith("bertfast") and target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def _floor(name: str) -> int:
+    """3 tools, 2 product, 1 backends, 0 kernels (the package root counts as product)."""
+    if name.startswith("bertfast.tools") or name == "bertfast.__main__":
+        return 3
+    if name.startswith("bertfast.backends"):
+        return 1
+    if name.startswith("bertfast.kernels") or name == "bertfast._C":
+        return 0
+    return 2
+
+
+def test_graph_is_read():
+    assert "bertfast.engine" in GRAPH and "bertfast.backends" in GRAPH["bertfast.engine"]
+    assert "bertfast.backends.cpu.isa" in GRAPH["bertfast.backends"]
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_point_down(name):
+    """A module imports its own floor or below; the oracle is imported by the torch backend only."""
+    for target in GRAPH[name]:
+        if target == "bertfast.reference":
+            assert name in ("bertfast.backends.torch",) or _floor(name) == 3, (
+                f"{name} imports the oracle bertfast.reference")
+        elif target != "bertfast":  # `from bertfast import __version__` style reads of the root
+            assert _floor(target) <= _floor(name), f"{name} (floor {_floor(name)}) imports {target} above it"
+
+
+def test_no_import_cycles():
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(GRAPH[node]):
+            if nxt == "bertfast" or nxt not in GRAPH:
+                continue
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_is_readable_in_one_sitting(name):
+    lines = MODULES[name].read_text().count("\n")
+    assert lines <= MAX_LINES, f"{name} has {lines} lines (split it along a seam, house style ~{MAX_LINES})"
