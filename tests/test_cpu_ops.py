@@ -163,7 +163,7 @@ def test_gelu_extremes(isa):
 
 # ----------------------------------------------------------------------------------------------
 # GEMM on packed weights (`_C.linear`): up to 32 rows the streaming regime, more rows the blocked one
-# (fp32 AVX-512; rows in blocks of up to 192, K in blocks of 192)
+# (fp32 AVX-512; rows in blocks of up to 128 (kBlockRows), K in blocks of 192)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
