@@ -1,4 +1,4 @@
-"""Int8 dynamic quantization (bertfast/quant.py and its native kernels, csrc/cpu/quant.cpp).
+"""Int8 dynamic quantization (bertfast/quant.py and its native kernels, csrc/cpu/quantize_rows.cpp, int8_*.cpp).
 
 Quantize/dequantize round trips; the native per-token quantization bitwise equal to its torch
 definition (both ISAs); the int8 GEMM with every epilogue against an fp64 evaluation of the same
@@ -18,7 +18,7 @@ EPS32 = 2.0 ** -24
 
 has_native = pytest.mark.skipif(
     not (quant._has_native("quantize_rows") and quant._has_native("int8_epilogue_")),
-    reason="bertfast._C is not built or was built without csrc/cpu/quant.cpp (quantize_rows, int8_epilogue_)",
+    reason="bertfast._C is not built or was built without quantize_rows and int8_epilogue_",
 )
 
 

@@ -20,7 +20,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "common.h"
+#include "isa.h"
+#include "kernels.h"
+#include "scalar_math.h"
+#include "simd.h"
+#include "vec_math.h"
 #include "parallel.h"
 
 namespace bertfast {
@@ -51,7 +55,7 @@ struct Int8Args {
   const float* ws;
   const float* colsum;
   const float* bias;
-  Act act;
+  Activation act;
   const float* residual;
   int64_t ldr;
   float* out;
@@ -75,11 +79,11 @@ BF_INLINE void finish_cols(const int32_t* acc, int64_t m, int64_t n0, Cols n, co
     for (int64_t j = 0; j < n; ++j) v[j] += a.bias[n0 + j];
   }
   switch (a.act) {
-    case Act::Gelu:
+    case Activation::Gelu:
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) v[j] = gelu_erf(v[j]);
       break;
-    case Act::None:
+    case Activation::None:
       break;
     default:
       for (int64_t j = 0; j < n; ++j) v[j] = apply_act(v[j], a.act);
@@ -279,11 +283,11 @@ BF_TARGET_VNNI BF_INLINE void finish16(__m512i acc, int64_t m, int64_t n0, __mma
   const __m512 o = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), ws);
   const __m512 centred = _mm512_fnmadd_ps(_mm512_set1_ps(float(a.zp[m] + zp_shift)), cs, o);
   __m512 v = _mm512_fmadd_ps(_mm512_set1_ps(a.xs[m]), centred, b);
-  if (a.act == Act::Gelu) {
+  if (a.act == Activation::Gelu) {
     v = gelu_erf512(v);
-  } else if (a.act == Act::Relu) {
+  } else if (a.act == Activation::Relu) {
     v = _mm512_max_ps(v, _mm512_setzero_ps());
-  } else if (a.act != Act::None) {  // tanh-GELU, tanh: scalar, rare
+  } else if (a.act != Activation::None) {  // tanh-GELU, tanh: scalar, rare
     alignas(64) float tmp[16];
     _mm512_store_ps(tmp, v);
     for (int e = 0; e < 16; ++e) tmp[e] = apply_act(tmp[e], a.act);
@@ -491,7 +495,7 @@ BF_TARGET_AMX_INT8 void panels_amx(const Int8Args& a, int64_t p0, int64_t p1) {
 }  // namespace
 
 void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
-                 const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias, Act act,
+                 const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias, Activation act,
                  const float* residual, int64_t ldr, float* out) {
   if (M == 0 || N == 0) return;
   const Int8Args a{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, act, residual, ldr, out};

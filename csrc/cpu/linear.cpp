@@ -14,7 +14,11 @@
 #include <cstring>
 #include <vector>
 
-#include "common.h"
+#include "isa.h"
+#include "kernels.h"
+#include "scalar_math.h"
+#include "simd.h"
+#include "vec_math.h"
 #include "parallel.h"
 
 #if BF_X86
@@ -60,7 +64,7 @@ struct Epilogue {
   const void* bias;
   const void* residual;
   int64_t ldr;
-  Act act;
+  Activation act;
   void* out;
   int64_t ldo;
 };
@@ -79,19 +83,19 @@ BF_INLINE void store_tile(const float* tile, int mr, int64_t m0, int64_t n0, int
 #pragma omp simd
     for (int64_t j = 0; j < nvalid; ++j) tmp[j] = c[j] + (bias != nullptr ? to_float(bias[n0 + j]) : 0.f);
     switch (ep.act) {
-      case Act::Gelu:
+      case Activation::Gelu:
 #pragma omp simd
         for (int64_t j = 0; j < nvalid; ++j) tmp[j] = gelu_erf(tmp[j]);
         break;
-      case Act::GeluTanh:
+      case Activation::GeluTanh:
 #pragma omp simd
         for (int64_t j = 0; j < nvalid; ++j) tmp[j] = gelu_tanh(tmp[j]);
         break;
-      case Act::Relu:
+      case Activation::Relu:
 #pragma omp simd
         for (int64_t j = 0; j < nvalid; ++j) tmp[j] = tmp[j] > 0.f ? tmp[j] : 0.f;
         break;
-      case Act::Tanh:
+      case Activation::Tanh:
 #pragma omp simd
         for (int64_t j = 0; j < nvalid; ++j) tmp[j] = tanh_f(tmp[j]);
         break;
@@ -672,7 +676,7 @@ struct TileOut {
   int64_t m0, n0, nvalid;
 };
 
-template <int MR, Act ACT>
+template <int MR, Activation ACT>
 BF_TARGET_AVX512 BF_INLINE void finish_tile(const __m512 (&acc)[MR][3], const TileOut& to) {
   const Epilogue& ep = *to.ep;
   const float* bias = static_cast<const float*>(ep.bias);
@@ -724,12 +728,12 @@ BF_TARGET_AVX512 BF_INLINE void tile_blocked(const float* xt, const float* w, in
   }
   if (to.ep == nullptr)
     store_acc<MR>(acc, to.sums);
-  else if (to.ep->act == Act::Gelu)
-    finish_tile<MR, Act::Gelu>(acc, to);
-  else if (to.ep->act == Act::Relu)
-    finish_tile<MR, Act::Relu>(acc, to);
+  else if (to.ep->act == Activation::Gelu)
+    finish_tile<MR, Activation::Gelu>(acc, to);
+  else if (to.ep->act == Activation::Relu)
+    finish_tile<MR, Activation::Relu>(acc, to);
   else
-    finish_tile<MR, Act::None>(acc, to);
+    finish_tile<MR, Activation::None>(acc, to);
 }
 
 BF_TARGET_AVX512 void tile_blocked_rows(int mr, const float* xt, const float* w, int64_t kc, const float* c, bool first,
@@ -752,17 +756,17 @@ template <typename T>
 BF_TARGET_AVX512BF16 void Avx512Pass<T>::store(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid,
                                               const Epilogue& ep) const {
   if constexpr (sizeof(T) == 4) {
-    if (ep.act == Act::None || ep.act == Act::Gelu || ep.act == Act::Relu) {
+    if (ep.act == Activation::None || ep.act == Activation::Gelu || ep.act == Activation::Relu) {
       for (int r = 0; r < mr; ++r) {
         __m512 acc[1][3];
         load_acc<1>(acc, tile + r * kPanel, false);
         const TileOut to{nullptr, &ep, m0 + r, n0, nvalid};
-        if (ep.act == Act::Gelu)
-          finish_tile<1, Act::Gelu>(acc, to);
-        else if (ep.act == Act::Relu)
-          finish_tile<1, Act::Relu>(acc, to);
+        if (ep.act == Activation::Gelu)
+          finish_tile<1, Activation::Gelu>(acc, to);
+        else if (ep.act == Activation::Relu)
+          finish_tile<1, Activation::Relu>(acc, to);
         else
-          finish_tile<1, Act::None>(acc, to);
+          finish_tile<1, Activation::None>(acc, to);
       }
       return;
     }
@@ -780,7 +784,7 @@ BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const floa
   // The sums between k blocks: [panels][tiles][8][kPanel], a tile's in 1.5 KB at one place.
   sums.resize((p1 - p0) * tiles * kMaxRows * kPanel);
   alignas(64) float tile[kMaxRows * kPanel];
-  const bool in_registers = ep.act == Act::None || ep.act == Act::Gelu || ep.act == Act::Relu;  // act512 has them
+  const bool in_registers = ep.act == Activation::None || ep.act == Activation::Gelu || ep.act == Activation::Relu;  // act512 has them
   for (int64_t k0 = 0; k0 < K; k0 += kBlockK) {
     const int64_t kc = std::min(kBlockK, K - k0);
     const bool first = k0 == 0, last = k0 + kc == K;
@@ -883,7 +887,7 @@ BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, in
 
 template <typename T>
 void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
-                    int64_t m, int64_t n, int64_t k, Act act, T* out, int64_t ldo) {
+                    int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo) {
   if (m == 0 || n == 0) return;
   const Epilogue ep{bias, residual, ldr, act, out, ldo};
   const int64_t panels = (n + kPanel - 1) / kPanel;
@@ -921,9 +925,9 @@ void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, cons
 }
 
 template void linear_packed<float>(const float*, int64_t, const float*, const float*, const float*, int64_t,
-                                    int64_t, int64_t, int64_t, Act, float*, int64_t);
+                                    int64_t, int64_t, int64_t, Activation, float*, int64_t);
 template void linear_packed<bf16>(const bf16*, int64_t, const bf16*, const bf16*, const bf16*, int64_t, int64_t,
-                                   int64_t, int64_t, Act, bf16*, int64_t);
+                                   int64_t, int64_t, Activation, bf16*, int64_t);
 
 }  // namespace cpu
 }  // namespace bertfast
