@@ -32,19 +32,11 @@ BF_INLINE void epilogue_rows_generic(float* out, int64_t lo_row, int64_t hi_row,
 }
 
 void epilogue_range_generic(float* out, int64_t lo_row, int64_t hi_row, int64_t N, const float* xs, const int32_t* zp,
-                            const float* colsum, const float* bias, Activation act, const float* residual, int64_t ldr) {
-  switch (act) {
-    case Activation::Gelu:
-      return epilogue_rows_generic<Activation::Gelu>(out, lo_row, hi_row, N, xs, zp, colsum, bias, residual, ldr);
-    case Activation::GeluTanh:
-      return epilogue_rows_generic<Activation::GeluTanh>(out, lo_row, hi_row, N, xs, zp, colsum, bias, residual, ldr);
-    case Activation::Relu:
-      return epilogue_rows_generic<Activation::Relu>(out, lo_row, hi_row, N, xs, zp, colsum, bias, residual, ldr);
-    case Activation::Tanh:
-      return epilogue_rows_generic<Activation::Tanh>(out, lo_row, hi_row, N, xs, zp, colsum, bias, residual, ldr);
-    default:
-      return epilogue_rows_generic<Activation::None>(out, lo_row, hi_row, N, xs, zp, colsum, bias, residual, ldr);
-  }
+                            const float* colsum, const float* bias, Activation act, const float* residual,
+                            int64_t ldr) {
+  with_activation(act, [&](auto a) {
+    epilogue_rows_generic<decltype(a)::value>(out, lo_row, hi_row, N, xs, zp, colsum, bias, residual, ldr);
+  });
 }
 
 #if BF_X86
@@ -76,16 +68,12 @@ BF_TARGET_AVX512 void epilogue_rows_avx512(float* out, int64_t lo_row, int64_t h
 BF_TARGET_AVX512 void epilogue_range_avx512(float* out, int64_t lo_row, int64_t hi_row, int64_t N, const float* xs,
                                             const int32_t* zp, const float* colsum, const float* bias, Activation act,
                                             const float* residual, int64_t ldr) {
-  switch (act) {
-    case Activation::None:
-      return epilogue_rows_avx512<Activation::None>(out, lo_row, hi_row, N, xs, zp, colsum, bias, residual, ldr);
-    case Activation::Gelu:
-      return epilogue_rows_avx512<Activation::Gelu>(out, lo_row, hi_row, N, xs, zp, colsum, bias, residual, ldr);
-    case Activation::Relu:
-      return epilogue_rows_avx512<Activation::Relu>(out, lo_row, hi_row, N, xs, zp, colsum, bias, residual, ldr);
-    default:  // tanh-GELU and tanh: the portable loop (auto-vectorized) is fast enough for them
-      return epilogue_range_generic(out, lo_row, hi_row, N, xs, zp, colsum, bias, act, residual, ldr);
-  }
+  with_activation(act, [&](auto a) {
+    if constexpr (has_act512(decltype(a)::value))
+      epilogue_rows_avx512<decltype(a)::value>(out, lo_row, hi_row, N, xs, zp, colsum, bias, residual, ldr);
+    else  // tanh-GELU and tanh: the portable loop (auto-vectorized) is fast enough for them
+      epilogue_range_generic(out, lo_row, hi_row, N, xs, zp, colsum, bias, act, residual, ldr);
+  });
 }
 #endif
 

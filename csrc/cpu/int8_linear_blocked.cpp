@@ -27,17 +27,7 @@ BF_INLINE void finish_cols(const int32_t* acc, int64_t m, int64_t n0, Cols n, co
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) v[j] += a.bias[n0 + j];
   }
-  switch (a.act) {
-    case Activation::Gelu:
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) v[j] = gelu_erf(v[j]);
-      break;
-    case Activation::None:
-      break;
-    default:
-      for (int64_t j = 0; j < n; ++j) v[j] = apply_act(v[j], a.act);
-      break;
-  }
+  activate(v, n, a.act);
   float* o = a.out + m * a.N + n0;
   if (a.residual != nullptr) {
     const float* r = a.residual + m * a.ldr + n0;
@@ -213,32 +203,29 @@ BF_TARGET_AVX2 void widen_codes_avx2(const Int8Args& a, int64_t lo, int64_t hi, 
 
 namespace {
 
-// Blocked tile: MR rows x NP panels from the unsigned codes xu ([M][ldu], padded to whole groups); each
-// row's 4 codes are one broadcast load (24 zmm accumulators at 6 x 4).
+// Row r's 4 codes of group g, already unsigned (xr: the tile's first row, rows ldu bytes apart): one
+// broadcast load.
+struct UnsignedCodes {
+  const uint8_t* xr;
+  int64_t ldu, g;
+  BF_TARGET_VNNI BF_INLINE __m512i operator()(int r) const {
+    int32_t c;
+    std::memcpy(&c, xr + r * ldu + 4 * g, 4);
+    return _mm512_set1_epi32(c);
+  }
+};
+
+// Blocked tile: MR rows x NP panels from the unsigned codes xu ([M][ldu], padded to whole groups)
+// (24 zmm accumulators at 6 x 4).
 template <int MR, int NP>
 BF_TARGET_VNNI BF_INLINE void blocked_tile_vnni(const Int8Args& a, const uint8_t* xu, int64_t ldu, int64_t m0,
                                                 int64_t p0) {
   const int64_t k4 = (a.K + 3) / 4;
   __m512i acc[MR][NP];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-    for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_si512();
+  zero_vnni<MR, NP>(acc);
   const uint8_t* xr = xu + m0 * ldu;
   const int8_t* wp = a.packed + p0 * k4 * 64;
-  for (int64_t g = 0; g < k4; ++g) {
-    __m512i w[NP];
-#pragma GCC unroll 8
-    for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_si512(wp + (j * k4 + g) * 64);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      int32_t c;
-      std::memcpy(&c, xr + r * ldu + 4 * g, 4);
-      const __m512i xv = _mm512_set1_epi32(c);
-#pragma GCC unroll 8
-      for (int j = 0; j < NP; ++j) dpbusd(acc[r][j], xv, w[j]);
-    }
-  }
+  for (int64_t g = 0; g < k4; ++g) vnni_group<MR, NP>(acc, wp, k4, g, UnsignedCodes{xr, ldu, g});
   store_vnni<MR, NP>(acc, m0, p0, a);
 }
 

@@ -68,6 +68,32 @@ BF_TARGET_VNNI BF_INLINE void finish16(__m512i acc, int64_t m, int64_t n0, __mma
   _mm512_mask_storeu_ps(a.out + m * a.N + n0, mk, v);
 }
 
+// An MR x (16 * NP) register tile's int32 sums, zeroed.
+template <int MR, int NP>
+BF_TARGET_VNNI BF_INLINE void zero_vnni(__m512i (&acc)[MR][NP]) {
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_si512();
+}
+
+// One k group g of an MR x (16 * NP) register tile (the streaming and the blocked one): the group's 64 weight
+// bytes of each of the NP panels (k4 groups apart from wp) times row r's 4 unsigned codes broadcast,
+// `codes(r)` (a functor whose call is BF_TARGET_VNNI and force-inlined).
+template <int MR, int NP, typename Codes>
+BF_TARGET_VNNI BF_INLINE void vnni_group(__m512i (&acc)[MR][NP], const int8_t* wp, int64_t k4, int64_t g,
+                                         const Codes& codes) {
+  __m512i w[NP];
+#pragma GCC unroll 8
+  for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_si512(wp + (j * k4 + g) * 64);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    const __m512i xv = codes(r);
+#pragma GCC unroll 8
+    for (int j = 0; j < NP; ++j) dpbusd(acc[r][j], xv, w[j]);
+  }
+}
+
 // The epilogue of an MR x (16 * NP) register tile of sums over the unsigned codes.
 template <int MR, int NP>
 BF_TARGET_VNNI BF_INLINE void store_vnni(const __m512i (&acc)[MR][NP], int64_t m0, int64_t p0, const Int8Args& a) {

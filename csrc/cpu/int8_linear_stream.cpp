@@ -26,44 +26,33 @@ BF_INLINE uint32_t codes4(const int8_t* row, int64_t g, int64_t K) {
   return v;
 }
 
-// One k group g of the streaming tile; PADDED: the last group when K % 4 != 0.
-template <int MR, int NP, bool PADDED>
-BF_TARGET_VNNI BF_INLINE void stream_step(__m512i (&acc)[MR][NP], const int8_t* const (&rows)[MR], const int8_t* wp,
-                                          int64_t k4, int64_t g, int64_t K) {
-  __m512i w[NP];
-#pragma GCC unroll 8
-  for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_si512(wp + (j * k4 + g) * 64);
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    __m512i xv;
-    if (PADDED) {
-      xv = _mm512_set1_epi32(int32_t(codes4(rows[r], g, K)));
-    } else {
-      int32_t c;
-      std::memcpy(&c, rows[r] + g * 4, 4);
-      xv = _mm512_xor_si512(_mm512_set1_epi32(c), _mm512_set1_epi32(int32_t(0x80808080u)));
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < NP; ++j) dpbusd(acc[r][j], xv, w[j]);
+// Row r's 4 codes of group g, signed in `rows`, flipped to unsigned as they are broadcast; PADDED: the last
+// group when K % 4 != 0.
+template <int MR, bool PADDED>
+struct FlippedCodes {
+  const int8_t* const (&rows)[MR];
+  int64_t g, K;
+  BF_TARGET_VNNI BF_INLINE __m512i operator()(int r) const {
+    if constexpr (PADDED) return _mm512_set1_epi32(int32_t(codes4(rows[r], g, K)));
+    int32_t c;
+    std::memcpy(&c, rows[r] + g * 4, 4);
+    return _mm512_xor_si512(_mm512_set1_epi32(c), _mm512_set1_epi32(int32_t(0x80808080u)));
   }
-}
+};
 
 // Streaming tile: MR rows x NP panels from the signed codes, each row's 4 codes flipped as they are broadcast.
 template <int MR, int NP>
 BF_TARGET_VNNI BF_INLINE void stream_tile_vnni(const Int8Args& a, int64_t m0, int64_t p0) {
   const int64_t k4 = (a.K + 3) / 4, k4_full = a.K / 4;
   __m512i acc[MR][NP];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-    for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_si512();
+  zero_vnni<MR, NP>(acc);
   const int8_t* rows[MR];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) rows[r] = a.x + (m0 + r) * a.ldx;
   const int8_t* wp = a.packed + p0 * k4 * 64;
   // The padded last group (K % 4 != 0) outside the loop: with the branch inside, GCC spilled an accumulator.
-  for (int64_t g = 0; g < k4_full; ++g) stream_step<MR, NP, false>(acc, rows, wp, k4, g, a.K);
-  if (k4_full < k4) stream_step<MR, NP, true>(acc, rows, wp, k4, k4_full, a.K);
+  for (int64_t g = 0; g < k4_full; ++g) vnni_group<MR, NP>(acc, wp, k4, g, FlippedCodes<MR, false>{rows, g, a.K});
+  if (k4_full < k4) vnni_group<MR, NP>(acc, wp, k4, k4_full, FlippedCodes<MR, true>{rows, k4_full, a.K});
   store_vnni<MR, NP>(acc, m0, p0, a);
 }
 

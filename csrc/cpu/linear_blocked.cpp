@@ -86,13 +86,7 @@ BF_TARGET_AVX512 BF_INLINE void tile_blocked(const float* xt, const float* w, in
     for (int u = 0; u < 4; ++u, w += kPanel, xt += kMaxRows) fma_step<MR>(acc, w, x_at);
   }
   for (; k < kc; ++k, w += kPanel, xt += kMaxRows) fma_step<MR>(acc, w, x_at);
-  if (!first) {
-    __m512 sum[MR][3];
-    load_acc<MR>(sum, c, false);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r)
-      for (int v = 0; v < 3; ++v) acc[r][v] = _mm512_add_ps(sum[r][v], acc[r][v]);
-  }
+  if (!first) add_earlier<MR>(acc, c);
   if (to.ep == nullptr)
     store_acc<MR>(acc, to.sums);
   else if (to.ep->act == Activation::Gelu)

@@ -42,26 +42,7 @@ BF_INLINE void store_tile(const float* tile, int mr, int64_t m0, int64_t n0, int
     float tmp[kPanel];
 #pragma omp simd
     for (int64_t j = 0; j < nvalid; ++j) tmp[j] = c[j] + (bias != nullptr ? to_float(bias[n0 + j]) : 0.f);
-    switch (ep.act) {
-      case Activation::Gelu:
-#pragma omp simd
-        for (int64_t j = 0; j < nvalid; ++j) tmp[j] = gelu_erf(tmp[j]);
-        break;
-      case Activation::GeluTanh:
-#pragma omp simd
-        for (int64_t j = 0; j < nvalid; ++j) tmp[j] = gelu_tanh(tmp[j]);
-        break;
-      case Activation::Relu:
-#pragma omp simd
-        for (int64_t j = 0; j < nvalid; ++j) tmp[j] = tmp[j] > 0.f ? tmp[j] : 0.f;
-        break;
-      case Activation::Tanh:
-#pragma omp simd
-        for (int64_t j = 0; j < nvalid; ++j) tmp[j] = tanh_f(tmp[j]);
-        break;
-      default:
-        break;
-    }
+    activate(tmp, nvalid, ep.act);
     if (rr != nullptr) {
 #pragma omp simd
       for (int64_t j = 0; j < nvalid; ++j) o[j] = from_float<T>(tmp[j] + to_float(rr[j]));
@@ -159,6 +140,16 @@ BF_TARGET_AVX512 BF_INLINE void store_acc(const __m512 (&c)[MR][3], float* tile)
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < 3; ++v) _mm512_storeu_ps(tile + r * kPanel + 16 * v, c[r][v]);
+}
+
+// c = (the sums of the earlier k blocks in `tile`) + c: a block's sums onto those before it.
+template <int MR>
+BF_TARGET_AVX512 BF_INLINE void add_earlier(__m512 (&c)[MR][3], const float* tile) {
+  __m512 sum[MR][3];
+  load_acc<MR>(sum, tile, false);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < 3; ++v) c[r][v] = _mm512_add_ps(sum[r][v], c[r][v]);
 }
 
 // One fp32 k step of an MR x 48 tile: the step's 48 weights times row r's x value `x_at(r)`.

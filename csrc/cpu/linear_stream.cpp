@@ -90,13 +90,7 @@ BF_TARGET_AVX512 BF_INLINE void tile_avx512_f32(const float* x, const float* w, 
     pf.step();
     fma_step<MR>(c, w, [&](int r) { return x[r * S + k]; });
   }
-  if (!first) {
-    __m512 sum[MR][3];
-    load_acc<MR>(sum, tile, false);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r)
-      for (int v = 0; v < 3; ++v) c[r][v] = _mm512_add_ps(sum[r][v], c[r][v]);
-  }
+  if (!first) add_earlier<MR>(c, tile);
   store_acc<MR>(c, tile);
 }
 

@@ -90,6 +90,32 @@ BF_INLINE float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanh_f(y));
 }
 
+// v[j] = act(v[j]) for j in [0, n), a straight vectorizable loop per activation (force-inlined, so the loops
+// are compiled for the caller's ISA).
+template <typename Count>
+BF_INLINE void activate(float* v, Count n, Activation act) {
+  switch (act) {
+    case Activation::Gelu:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) v[j] = gelu_erf(v[j]);
+      break;
+    case Activation::GeluTanh:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) v[j] = gelu_tanh(v[j]);
+      break;
+    case Activation::Relu:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) v[j] = v[j] > 0.f ? v[j] : 0.f;
+      break;
+    case Activation::Tanh:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) v[j] = tanh_f(v[j]);
+      break;
+    default:
+      break;
+  }
+}
+
 BF_INLINE float apply_act(float x, Activation act) {
   switch (act) {
     case Activation::Gelu:
