@@ -1,5 +1,7 @@
-// Internals of the int8 GEMM shared by its files (int8_linear*.cpp): the arguments of a call, the work-item
-// sizes, the VNNI dot product and epilogue, and each regime's entry point (dispatch: int8_linear.cpp).
+// Internals shared by the int8 GEMM's files (int8_linear*.cpp): call arguments, VNNI steps, regime entry points.
+//
+// The arguments of a call, the work-item sizes, the VNNI dot product, k-group step and epilogue, and each
+// regime's entry point (the dispatch is int8_linear.cpp).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,4 @@
-// ISA tiers: run-time detection and the cap (isa.cpp), per-function target attributes, BF_DISPATCH, and the
-// denormal guard every kernel thread sets.
+// ISA tiers: detection and cap (isa.cpp), per-function target attributes, BF_DISPATCH, the denormal guard.
 //
 // Kernels are written once as always-inline templates over the element type and instantiated per tier:
 // inside a function marked with the tier's BF_TARGET_* attribute (GCC compiles it for that ISA) and inside

@@ -1,5 +1,6 @@
-// The kernels' entry points, one per op (raw pointers; shapes, strides and indices are validated once, in
-// bindings.cpp): embed, layernorm, attention, the fp32/bf16 GEMM, int8 quantization and GEMM, the layer.
+// The kernels' entry points, one per op: embed, layernorm, attention, GEMMs, int8 quantization, the layer.
+//
+// Raw pointers: shapes, strides and indices are validated once, in bindings.cpp.
 #pragma once
 
 #include <cstdint>

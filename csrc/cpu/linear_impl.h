@@ -1,5 +1,7 @@
-// Internals of the fp32/bf16 GEMM shared by its files (linear*.cpp): the epilogue, the streaming schedule with
-// its prefetches, the AVX-512 register-tile steps, and each regime's entry point (dispatch: linear.cpp).
+// Internals shared by the fp32/bf16 GEMM's files (linear*.cpp): epilogue, streaming schedule, tile steps, entries.
+//
+// The epilogue, the streaming schedule with its prefetches, the AVX-512 register-tile steps, and each regime's
+// entry point (the dispatch is linear.cpp).
 #pragma once
 
 #include <algorithm>
@@ -174,10 +176,10 @@ BF_INLINE void near_prefetch(const void* w) {
   _mm_prefetch(p + 128, _MM_HINT_T0);
 }
 
-// The streaming schedule (linear_stream_avx512 and linear_stream_avx2): each claimed panel in blocks of kBlockSteps<T> k
-// steps (k pairs for bf16); per block, passes of up to `rows` rows (pass 0 near-prefetches the block and
-// every pass takes its share of the far prefetch) add onto the panel's fp32 sums `acc` (M x kPanel); then
-// the epilogue (`pass.store`). xp: x packed by the tier ([blocks][M][kXRow<T>] of XT). `pass` runs one pass;
+// The streaming schedule (linear_stream_avx512 and linear_stream_avx2): each claimed panel in blocks of
+// kBlockSteps<T> k steps (k pairs for bf16); per block, passes of up to `rows` rows (pass 0 near-prefetches the
+// block and every pass takes its share of the far prefetch) add onto the panel's fp32 sums `acc` (M x kPanel);
+// then the epilogue (`pass.store`). xp: x packed by the tier ([blocks][M][kXRow<T>] of XT). `pass` runs one pass;
 // it is a functor whose call is not force-inlined, so this untargeted template can serve both targets (a
 // call per pass of up to kBlockSteps<T> k steps).
 template <typename T, typename XT, typename Pass>

@@ -1,5 +1,6 @@
-// How the kernels use threads: `parallel_for(threads, n, f)` runs f(i) for i in [0, n); how many threads a
-// piece of work gets (threads_for); static and meet-in-the-middle splits of it.
+// Threads: parallel_for, how many threads a piece of work gets, static and meet-in-the-middle splits of it.
+//
+// `parallel_for(threads, n, f)` runs f(i) for i in [0, n).
 //
 // Always on OpenMP, the runtime torch's own GEMMs (MKL, oneDNN) and ops run on: one team for the whole
 // forward, whichever ops it mixes. After a parallel region libgomp's workers spin for a while before

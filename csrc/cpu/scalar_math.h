@@ -1,5 +1,6 @@
-// Scalar fp32 math the kernels share: exp, erf-GELU, tanh-GELU, tanh, an activation on one value, and the
-// end of a LayerNorm row. Branch-free, so loops over them vectorize in the caller's ISA.
+// Scalar fp32 math the kernels share: exp, GELU (erf, tanh), tanh, the activations, a LayerNorm row's end.
+//
+// Branch-free, so loops over them vectorize in the caller's ISA.
 #pragma once
 
 #include <cmath>

@@ -1,5 +1,6 @@
-// The vector forms of scalar_math.h (same algorithms, same numbers): exp on 16 and 8 lanes, erf-GELU and
-// the epilogue activations on 16 lanes.
+// Vector forms of scalar_math.h (same algorithms, same numbers): exp on 16 and 8 lanes, GELU and act512.
+//
+// erf-GELU and the epilogue activations with a 16-lane form are AVX-512 only.
 #pragma once
 
 #include "activation.h"
