@@ -1,6 +1,11 @@
 // The one Python module of the native CPU backend, `bertfast._C`: validates every input at the boundary
 // (device, dtype, shape, strides, index ranges) and raises ValueError with a message before any kernel
 // runs, then calls the kernels in csrc/cpu/ on raw pointers with the GIL released.
+//
+// Ops and their kernels (csrc/cpu/): embed (embed.cpp), layernorm (layernorm.cpp), attention (attention.cpp),
+// pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
+// int8_epilogue_ (int8_epilogue.cpp), pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows),
+// isa / detected_isa / set_isa / has_avx512_bf16 (isa.cpp), num_threads (parallel.h).
 #include <torch/extension.h>
 
 #include <cstdlib>
@@ -10,7 +15,10 @@
 #include <sys/mman.h>
 #endif
 
-#include "cpu/common.h"
+#include "cpu/activation.h"
+#include "cpu/isa.h"
+#include "cpu/kernels.h"
+#include "cpu/parallel.h"
 
 namespace bc = bertfast::cpu;
 
@@ -40,10 +48,31 @@ void check_contig(const at::Tensor& t, const char* name) {
   BF_CHECK(t.is_contiguous(), name, " must be contiguous (got strides ", t.strides(), ")");
 }
 
-void check_vector(const at::Tensor& t, const at::Tensor& ref, int64_t n, const char* name) {
+// How an operand's elements must lie: all contiguous, or contiguous along the last dim (rows any stride apart).
+enum class Layout { Contiguous, Rows };
+
+// An operand of `ref`'s dtype and of shape `shape`, laid out as `layout` says.
+void check_operand(const at::Tensor& t, const at::Tensor& ref, at::IntArrayRef shape, Layout layout,
+                   const char* name) {
   check_like(t, ref, name);
-  BF_CHECK(t.dim() == 1 && t.size(0) == n, name, " must have shape (", n, "), got ", t.sizes());
-  check_contig(t, name);
+  BF_CHECK(t.sizes() == shape, name, " must have shape ", shape, ", got ", t.sizes());
+  if (layout == Layout::Contiguous)
+    check_contig(t, name);
+  else
+    BF_CHECK(t.stride(-1) == 1 || t.size(-1) <= 1, name, " must be contiguous along features, got strides ",
+             t.strides());
+}
+
+void check_vector(const at::Tensor& t, const at::Tensor& ref, int64_t n, const char* name) {
+  check_operand(t, ref, {n}, Layout::Contiguous, name);
+}
+
+// An optional operand (a bias, a residual): undefined when absent, else checked as check_operand does.
+at::Tensor optional_operand(const c10::optional<at::Tensor>& t, const at::Tensor& ref, at::IntArrayRef shape,
+                            Layout layout, const char* name) {
+  if (!t.has_value()) return at::Tensor();
+  check_operand(*t, ref, shape, layout, name);
+  return *t;
 }
 
 // A weight packed by pack_linear for an (n, k) linear, in `ref`'s dtype.
@@ -98,14 +127,11 @@ int64_t check_cu_seqlens(const at::Tensor& cu_seqlens, int64_t tokens, int64_t m
   return B;
 }
 
-bc::Act parse_act(const std::string& act) {
-  if (act == "none") return bc::Act::None;
-  if (act == "gelu") return bc::Act::Gelu;
-  if (act == "gelu_tanh") return bc::Act::GeluTanh;
-  if (act == "relu") return bc::Act::Relu;
-  if (act == "tanh") return bc::Act::Tanh;
-  BF_CHECK(false, "unknown activation '", act, "' (expected none, gelu, gelu_tanh, relu or tanh)");
-  return bc::Act::None;
+bc::Activation activation(const std::string& name) {
+  bc::Activation act = bc::Activation::None;
+  BF_CHECK(bc::parse_activation(name.c_str(), &act), "unknown activation '", name, "' (expected ",
+           bc::kActivationChoices, ")");
+  return act;
 }
 
 template <typename T>
@@ -165,8 +191,7 @@ at::Tensor embed(const at::Tensor& ids, const at::Tensor& positions, const c10::
 }
 
 at::Tensor layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, double eps,
-                     const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& bias,
-                     const c10::optional<at::Tensor>& out_opt) {
+                     const c10::optional<at::Tensor>& residual) {
   check_float(x, "x");
   BF_CHECK(x.dim() == 2, "x must be (tokens, hidden), got ", x.sizes());
   check_contig(x, "x");
@@ -174,55 +199,16 @@ at::Tensor layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Ten
   BF_CHECK(H > 0, "hidden size must be positive");
   check_vector(gamma, x, H, "weight");
   check_vector(beta, x, H, "bias");
-  at::Tensor r, b;
-  if (residual.has_value()) {
-    r = *residual;
-    check_like(r, x, "residual");
-    BF_CHECK(r.sizes() == x.sizes(), "residual has shape ", r.sizes(), " but x has ", x.sizes());
-    check_contig(r, "residual");
-  }
-  if (bias.has_value()) {
-    b = *bias;
-    check_vector(b, x, H, "residual bias");
-  }
-  at::Tensor out;
-  if (out_opt.has_value()) {
-    out = *out_opt;
-    check_like(out, x, "out");
-    BF_CHECK(out.sizes() == x.sizes(), "out has shape ", out.sizes(), " but x has ", x.sizes());
-    check_contig(out, "out");
-  } else {
-    out = at::empty_like(x);
-  }
+  const at::Tensor r = optional_operand(residual, x, x.sizes(), Layout::Contiguous, "residual");
+  at::Tensor out = at::empty_like(x);
   {
     py::gil_scoped_release nogil;
     dispatch(x.scalar_type(), [&](auto tag) {
       using T_ = decltype(tag);
-      bc::layernorm<T_>(ptr<T_>(x), ptr<T_>(r), ptr<T_>(b), ptr<T_>(gamma), ptr<T_>(beta), float(eps), T, H,
-                        ptr<T_>(out));
+      bc::layernorm<T_>(ptr<T_>(x), ptr<T_>(r), ptr<T_>(gamma), ptr<T_>(beta), float(eps), T, H, ptr<T_>(out));
     });
   }
   return out;
-}
-
-at::Tensor bias_act_(at::Tensor x, const c10::optional<at::Tensor>& bias, const std::string& act) {
-  check_float(x, "x");
-  BF_CHECK(x.dim() == 2, "x must be (tokens, features), got ", x.sizes());
-  check_contig(x, "x");
-  const bc::Act a = parse_act(act);
-  at::Tensor b;
-  if (bias.has_value()) {
-    b = *bias;
-    check_vector(b, x, x.size(1), "bias");
-  }
-  {
-    py::gil_scoped_release nogil;
-    dispatch(x.scalar_type(), [&](auto tag) {
-      using T_ = decltype(tag);
-      bc::bias_act<T_>(ptr<T_>(x), ptr<T_>(b), x.size(0), x.size(1), a);
-    });
-  }
-  return x;
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
@@ -296,19 +282,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
   BF_CHECK(N > 0 && K > 0, "in_features and out_features must be positive, got ", K, " and ", N);
   check_packed(packed, x, N, K, "packed weight");
-  const bc::Act a = parse_act(act);
-  at::Tensor b, r;
-  if (bias.has_value()) {
-    b = *bias;
-    check_vector(b, x, N, "bias");
-  }
-  if (residual.has_value()) {
-    r = *residual;
-    check_like(r, x, "residual");
-    BF_CHECK(r.dim() == 2 && r.size(0) == M && r.size(1) == N, "residual must have shape (", M, ", ", N,
-             "), got ", r.sizes());
-    BF_CHECK(r.stride(1) == 1, "residual must be contiguous along features, got strides ", r.strides());
-  }
+  const bc::Activation a = activation(act);
+  const at::Tensor b = optional_operand(bias, x, {N}, Layout::Contiguous, "bias");
+  const at::Tensor r = optional_operand(residual, x, {M, N}, Layout::Rows, "residual");
   at::Tensor out = at::empty({M, N}, x.options());
   const int64_t ldx = M > 1 ? x.stride(0) : K;
   {
@@ -322,68 +298,69 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   return out;
 }
 
+// The tensors of one encoder layer (Python: `_C.LayerWeights(qkv=..., ...)`, keyword arguments): the four
+// GEMM weights packed by pack_linear (the dtype of the rest), or by pack_int8 with their per-channel scales
+// and column sums (int8_scales, int8_colsums: one per GEMM, in the order qkv, attn_out, ffn_in, ffn_out; an
+// fp32 layer), their biases and the two LayerNorms.
+struct LayerTensors {
+  at::Tensor qkv, qkv_bias, attn_out, attn_out_bias, attn_ln_weight, attn_ln_bias;
+  at::Tensor ffn_in, ffn_in_bias, ffn_out, ffn_out_bias, ffn_ln_weight, ffn_ln_bias;
+  c10::optional<std::vector<at::Tensor>> int8_scales, int8_colsums;
+};
+
 // One encoder layer on packed weights, run whole in C++ (csrc/cpu/layer.cpp): the weights are checked
-// once here, each call checks only its input. The GEMM weights come from pack_linear (same dtype as
-// the rest), or from pack_int8 with their per-channel scales and column sums (fp32 layer).
+// once here, each call checks only its input.
 class Layer {
  public:
-  Layer(at::Tensor qkv, at::Tensor qkv_bias, at::Tensor attn_out, at::Tensor attn_out_bias, at::Tensor attn_ln_weight,
-        at::Tensor attn_ln_bias, at::Tensor ffn_in, at::Tensor ffn_in_bias, at::Tensor ffn_out, at::Tensor ffn_out_bias,
-        at::Tensor ffn_ln_weight, at::Tensor ffn_ln_bias, int64_t hidden, int64_t intermediate, int64_t heads,
-        double eps, const std::string& act, const c10::optional<std::vector<at::Tensor>>& int8_scales,
-        const c10::optional<std::vector<at::Tensor>>& int8_colsums)
-      : tensors_{qkv, qkv_bias, attn_out, attn_out_bias, attn_ln_weight, attn_ln_bias,
-                 ffn_in, ffn_in_bias, ffn_out, ffn_out_bias, ffn_ln_weight, ffn_ln_bias},
-        hidden_(hidden), intermediate_(intermediate), heads_(heads), eps_(eps), act_(parse_act(act)),
-        int8_(int8_scales.has_value()) {
+  Layer(const LayerTensors& w, int64_t hidden, int64_t intermediate, int64_t heads, double eps, const std::string& act)
+      : w_(w), config_{hidden, intermediate, heads, float(eps), activation(act), w.int8_scales.has_value()} {
     BF_CHECK(hidden > 0 && intermediate > 0 && heads > 0, "hidden, intermediate and heads must be positive, got ",
              hidden, ", ", intermediate, ", ", heads);
     BF_CHECK(hidden % heads == 0, "hidden size ", hidden, " is not a multiple of heads ", heads);
-    BF_CHECK(int8_scales.has_value() == int8_colsums.has_value(), "int8_scales and int8_colsums go together");
-    const at::Tensor& ref = qkv_bias;  // the layer's float dtype
+    BF_CHECK(w.int8_scales.has_value() == w.int8_colsums.has_value(), "int8_scales and int8_colsums go together");
+    const at::Tensor& ref = w.qkv_bias;  // the layer's float dtype
     check_float(ref, "qkv bias");
-    BF_CHECK(!int8_ || ref.scalar_type() == at::kFloat, "an int8 layer computes in float32, got ", ref.scalar_type());
-    const char* names[] = {"qkv weight", "attention output weight", "ffn input weight", "ffn output weight"};
-    const int64_t shapes[4][2] = {{3 * hidden, hidden}, {hidden, hidden}, {intermediate, hidden}, {hidden, intermediate}};
-    if (int8_) {
-      BF_CHECK(int8_scales->size() == 4 && int8_colsums->size() == 4,
-               "int8_scales and int8_colsums need one tensor per GEMM (4), got ", int8_scales->size(), " and ",
-               int8_colsums->size());
+    BF_CHECK(!config_.int8 || ref.scalar_type() == at::kFloat, "an int8 layer computes in float32, got ",
+             ref.scalar_type());
+    if (config_.int8) {
+      BF_CHECK(w.int8_scales->size() == 4 && w.int8_colsums->size() == 4,
+               "int8_scales and int8_colsums need one tensor per GEMM (4), got ", w.int8_scales->size(), " and ",
+               w.int8_colsums->size());
     }
+    const Gemm gemms[4] = {gemm(0), gemm(1), gemm(2), gemm(3)};
     for (int g = 0; g < 4; ++g) {
-      const at::Tensor& w = tensors_[gemm_index(g)];
-      const int64_t n = shapes[g][0], k = shapes[g][1];
-      if (int8_) {
-        check_packed_int8(w, n, k, names[g]);
-        check_vector((*int8_scales)[g], ref, n, "int8 weight scale");
-        check_vector((*int8_colsums)[g], ref, n, "int8 weight column sum");
-        scales_[g] = (*int8_scales)[g];
-        colsums_[g] = (*int8_colsums)[g];
+      if (config_.int8) {
+        check_packed_int8(*gemms[g].weight, gemms[g].n, gemms[g].k, gemms[g].name);
+        check_vector((*w.int8_scales)[g], ref, gemms[g].n, "int8 weight scale");
+        check_vector((*w.int8_colsums)[g], ref, gemms[g].n, "int8 weight column sum");
+        scales_[g] = (*w.int8_scales)[g];
+        colsums_[g] = (*w.int8_colsums)[g];
       } else {
-        check_packed(w, ref, n, k, names[g]);
+        check_packed(*gemms[g].weight, ref, gemms[g].n, gemms[g].k, gemms[g].name);
       }
     }
-    check_vector(qkv_bias, ref, 3 * hidden, "qkv bias");
-    check_vector(attn_out_bias, ref, hidden, "attention output bias");
-    check_vector(attn_ln_weight, ref, hidden, "attention LayerNorm weight");
-    check_vector(attn_ln_bias, ref, hidden, "attention LayerNorm bias");
-    check_vector(ffn_in_bias, ref, intermediate, "ffn input bias");
-    check_vector(ffn_out_bias, ref, hidden, "ffn output bias");
-    check_vector(ffn_ln_weight, ref, hidden, "ffn LayerNorm weight");
-    check_vector(ffn_ln_bias, ref, hidden, "ffn LayerNorm bias");
+    check_vector(w.qkv_bias, ref, 3 * hidden, "qkv bias");
+    check_vector(w.attn_out_bias, ref, hidden, "attention output bias");
+    check_vector(w.attn_ln_weight, ref, hidden, "attention LayerNorm weight");
+    check_vector(w.attn_ln_bias, ref, hidden, "attention LayerNorm bias");
+    check_vector(w.ffn_in_bias, ref, intermediate, "ffn input bias");
+    check_vector(w.ffn_out_bias, ref, hidden, "ffn output bias");
+    check_vector(w.ffn_ln_weight, ref, hidden, "ffn LayerNorm weight");
+    check_vector(w.ffn_ln_bias, ref, hidden, "ffn LayerNorm bias");
   }
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale) const {
-    check_like(x, tensors_[1], "x");
-    BF_CHECK(x.dim() == 2 && x.size(1) == hidden_, "x must be (tokens, ", hidden_, "), got ", x.sizes());
+    const int64_t H = config_.hidden, I = config_.intermediate;
+    check_like(x, w_.qkv_bias, "x");
+    BF_CHECK(x.dim() == 2 && x.size(1) == H, "x must be (tokens, ", H, "), got ", x.sizes());
     check_contig(x, "x");
     const int64_t T = x.size(0);
     const int64_t B = check_cu_seqlens(cu_seqlens, T, max_seqlen, "x");
-    at::Tensor out = at::empty({T, hidden_}, x.options());
-    at::Tensor work = at::empty({bc::layer_work_numel(T, hidden_, intermediate_)}, x.options());
+    at::Tensor out = at::empty({T, H}, x.options());
+    at::Tensor work = at::empty({bc::layer_work_numel(T, H, I)}, x.options());
     at::Tensor q, q_scale, q_zp;
-    if (int8_) {
-      q = at::empty({T * std::max(hidden_, intermediate_)}, x.options().dtype(at::kChar));
+    if (config_.int8) {
+      q = at::empty({T * std::max(H, I)}, x.options().dtype(at::kChar));
       q_scale = at::empty({T}, x.options().dtype(at::kFloat));
       q_zp = at::empty({T}, x.options().dtype(at::kInt));
     }
@@ -392,30 +369,47 @@ class Layer {
       py::gil_scoped_release nogil;
       dispatch(x.scalar_type(), [&](auto tag) {
         using T_ = decltype(tag);
-        const auto t = [&](int i) { return ptr<T_>(tensors_[i]); };
-        const auto gemm = [&](int g) {
-          return bc::LayerGemm<T_>{tensors_[gemm_index(g)].data_ptr(), t(gemm_index(g) + 1), ptr<float>(scales_[g]),
-                                   ptr<float>(colsums_[g])};
+        const auto g = [&](int i) {
+          const Gemm gm = gemm(i);
+          return bc::LayerGemm<T_>{gm.weight->data_ptr(), ptr<T_>(*gm.bias), ptr<float>(scales_[i]),
+                                   ptr<float>(colsums_[i])};
         };
-        const bc::LayerPtrs<T_> w{gemm(0), gemm(1), gemm(2),   gemm(3),       t(4),  t(5),        t(10),
-                                  t(11),   hidden_, intermediate_, heads_, float(eps_), act_, int8_};
-        bc::encoder_layer<T_>(ptr<T_>(x), T, cu_seqlens.data_ptr<int32_t>(), B, float(scale), w, ptr<T_>(work), q8,
-                              ptr<T_>(out));
+        const bc::LayerWeights<T_> w{g(0),
+                                     g(1),
+                                     g(2),
+                                     g(3),
+                                     ptr<T_>(w_.attn_ln_weight),
+                                     ptr<T_>(w_.attn_ln_bias),
+                                     ptr<T_>(w_.ffn_ln_weight),
+                                     ptr<T_>(w_.ffn_ln_bias)};
+        bc::encoder_layer<T_>(ptr<T_>(x), T, cu_seqlens.data_ptr<int32_t>(), B, float(scale), w, config_,
+                              ptr<T_>(work), q8, ptr<T_>(out));
       });
     }
     return out;
   }
 
  private:
-  // Where GEMM g's packed weight sits in tensors_ (its bias follows it).
-  static int gemm_index(int g) { return g < 2 ? 2 * g : 6 + 2 * (g - 2); }
+  // GEMM g of the layer (qkv, attn_out, ffn_in, ffn_out): its packed weight, bias, name and (N, K).
+  struct Gemm {
+    const at::Tensor* weight;
+    const at::Tensor* bias;
+    const char* name;
+    int64_t n, k;
+  };
+  Gemm gemm(int g) const {
+    const int64_t H = config_.hidden, I = config_.intermediate;
+    switch (g) {
+      case 0: return {&w_.qkv, &w_.qkv_bias, "qkv weight", 3 * H, H};
+      case 1: return {&w_.attn_out, &w_.attn_out_bias, "attention output weight", H, H};
+      case 2: return {&w_.ffn_in, &w_.ffn_in_bias, "ffn input weight", I, H};
+      default: return {&w_.ffn_out, &w_.ffn_out_bias, "ffn output weight", H, I};
+    }
+  }
 
-  at::Tensor tensors_[12];
+  LayerTensors w_;
+  bc::LayerConfig config_;
   at::Tensor scales_[4], colsums_[4];  // int8 only
-  int64_t hidden_, intermediate_, heads_;
-  double eps_;
-  bc::Act act_;
-  bool int8_;
 };
 
 std::string isa() { return bc::isa_name(bc::active_isa()); }
@@ -430,15 +424,28 @@ bool set_isa(const std::string& name) {
 
 }  // namespace
 
-// ---- int8 dynamic quantization (csrc/cpu/quant.cpp; used by bertfast/quant.py) ----
+// ---- int8 dynamic quantization (quantize_rows.cpp, int8_epilogue.cpp, int8_linear*.cpp; bertfast/quant.py) ----
 
 namespace {
 
+// x (M, K) float32, contiguous along K (rows any stride apart).
+void check_rows_f32(const at::Tensor& x, const char* name) {
+  check_tensor(x, name);
+  BF_CHECK(x.scalar_type() == at::kFloat, name, " must be float32, got ", x.scalar_type());
+  BF_CHECK(x.dim() == 2, name, " must be (tokens, features), got ", x.sizes());
+  BF_CHECK(x.stride(1) == 1 || x.size(1) <= 1, name, " must be contiguous along features, got strides ", x.strides());
+}
+
+// Per-token zero points (M,) int32, as quantize_rows returns them.
+void check_zero_points(const at::Tensor& zp, int64_t M) {
+  check_tensor(zp, "x_zero_point");
+  BF_CHECK(zp.scalar_type() == at::kInt && zp.dim() == 1 && zp.size(0) == M, "x_zero_point must be (", M,
+           ",) int32, got ", zp.scalar_type(), " ", zp.sizes());
+  check_contig(zp, "x_zero_point");
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
-  check_tensor(x, "x");
-  BF_CHECK(x.scalar_type() == at::kFloat, "x must be float32, got ", x.scalar_type());
-  BF_CHECK(x.dim() == 2, "x must be (tokens, features), got ", x.sizes());
-  BF_CHECK(x.stride(1) == 1 || x.size(1) <= 1, "x must be contiguous along features, got strides ", x.strides());
+  check_rows_f32(x, "x");
   const int64_t M = x.size(0), K = x.size(1);
   at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
   at::Tensor scale = at::empty({M}, x.options());
@@ -460,24 +467,11 @@ at::Tensor int8_epilogue_(at::Tensor out, const at::Tensor& x_scale, const at::T
   check_contig(out, "out");
   const int64_t M = out.size(0), N = out.size(1);
   check_vector(x_scale, out, M, "x_scale");
-  check_tensor(x_zero_point, "x_zero_point");
-  BF_CHECK(x_zero_point.scalar_type() == at::kInt && x_zero_point.dim() == 1 && x_zero_point.size(0) == M,
-           "x_zero_point must be (", M, ",) int32, got ", x_zero_point.scalar_type(), " ", x_zero_point.sizes());
-  check_contig(x_zero_point, "x_zero_point");
+  check_zero_points(x_zero_point, M);
   check_vector(colsum, out, N, "colsum");
-  const bc::Act a = parse_act(act);
-  at::Tensor b, r;
-  if (bias.has_value()) {
-    b = *bias;
-    check_vector(b, out, N, "bias");
-  }
-  if (residual.has_value()) {
-    r = *residual;
-    check_like(r, out, "residual");
-    BF_CHECK(r.dim() == 2 && r.size(0) == M && r.size(1) == N, "residual must have shape (", M, ", ", N, "), got ",
-             r.sizes());
-    BF_CHECK(r.stride(1) == 1 || N <= 1, "residual must be contiguous along features, got strides ", r.strides());
-  }
+  const bc::Activation a = activation(act);
+  const at::Tensor b = optional_operand(bias, out, {N}, Layout::Contiguous, "bias");
+  const at::Tensor r = optional_operand(residual, out, {M, N}, Layout::Rows, "residual");
   if (M > 0) {
     py::gil_scoped_release nogil;
     bc::int8_epilogue(out.data_ptr<float>(), M, N, x_scale.data_ptr<float>(), x_zero_point.data_ptr<int32_t>(),
@@ -497,57 +491,36 @@ at::Tensor pack_int8(const at::Tensor& weight) {
   return packed;
 }
 
-at::Tensor int8_linear(const at::Tensor& qx, const at::Tensor& x_scale, const at::Tensor& x_zero_point,
-                       const at::Tensor& packed, const at::Tensor& w_scale, const at::Tensor& colsum,
-                       const c10::optional<at::Tensor>& bias, const std::string& act,
-                       const c10::optional<at::Tensor>& residual) {
-  check_tensor(qx, "qx");
-  BF_CHECK(qx.scalar_type() == at::kChar, "qx must be int8, got ", qx.scalar_type());
-  BF_CHECK(qx.dim() == 2, "qx must be (tokens, in_features), got ", qx.sizes());
-  BF_CHECK(qx.stride(1) == 1 || qx.size(1) <= 1, "qx must be contiguous along features, got strides ", qx.strides());
-  const int64_t M = qx.size(0), K = qx.size(1);
+// The whole int8 linear from fp32 x: quantize_rows, then the int8 GEMM with its epilogue fused,
+// act(x @ W.T + bias) + residual.
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
+                        const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
+                        const c10::optional<at::Tensor>& residual) {
+  check_rows_f32(x, "x");
+  const int64_t M = x.size(0), K = x.size(1);
   check_float(w_scale, "w_scale");
   BF_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.dim() == 1, "w_scale must be (N,) float32, got ",
            w_scale.scalar_type(), " ", w_scale.sizes());
   const int64_t N = w_scale.size(0);
   check_contig(w_scale, "w_scale");
   check_vector(colsum, w_scale, N, "colsum");
-  check_vector(x_scale, w_scale, M, "x_scale");
-  check_tensor(x_zero_point, "x_zero_point");
-  BF_CHECK(x_zero_point.scalar_type() == at::kInt && x_zero_point.dim() == 1 && x_zero_point.size(0) == M,
-           "x_zero_point must be (", M, ",) int32, got ", x_zero_point.scalar_type(), " ", x_zero_point.sizes());
-  check_contig(x_zero_point, "x_zero_point");
   check_packed_int8(packed, N, K, "packed weight");
-  const bc::Act a = parse_act(act);
-  at::Tensor b, r;
-  if (bias.has_value()) {
-    b = *bias;
-    check_vector(b, w_scale, N, "bias");
-  }
-  if (residual.has_value()) {
-    r = *residual;
-    check_like(r, w_scale, "residual");
-    BF_CHECK(r.dim() == 2 && r.size(0) == M && r.size(1) == N, "residual must have shape (", M, ", ", N, "), got ",
-             r.sizes());
-    BF_CHECK(r.stride(1) == 1 || N <= 1, "residual must be contiguous along features, got strides ", r.strides());
-  }
+  const bc::Activation a = activation(act);
+  const at::Tensor b = optional_operand(bias, w_scale, {N}, Layout::Contiguous, "bias");
+  const at::Tensor r = optional_operand(residual, w_scale, {M, N}, Layout::Rows, "residual");
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor x_scale = at::empty({M}, x.options());
+  at::Tensor x_zp = at::empty({M}, x.options().dtype(at::kInt));
   at::Tensor out = at::empty({M, N}, w_scale.options());
   if (M > 0) {
     py::gil_scoped_release nogil;
-    bc::int8_linear(qx.data_ptr<int8_t>(), M > 1 ? qx.stride(0) : K, M, K, x_scale.data_ptr<float>(),
-                    x_zero_point.data_ptr<int32_t>(), packed.data_ptr<int8_t>(), N, w_scale.data_ptr<float>(),
-                    colsum.data_ptr<float>(), ptr<float>(b), a, ptr<float>(r), r.defined() ? r.stride(0) : 0,
-                    out.data_ptr<float>());
+    bc::quantize_rows(x.data_ptr<float>(), M > 1 ? x.stride(0) : K, M, K, q.data_ptr<int8_t>(),
+                      x_scale.data_ptr<float>(), x_zp.data_ptr<int32_t>());
+    bc::int8_linear(q.data_ptr<int8_t>(), K, M, K, x_scale.data_ptr<float>(), x_zp.data_ptr<int32_t>(),
+                    packed.data_ptr<int8_t>(), N, w_scale.data_ptr<float>(), colsum.data_ptr<float>(), ptr<float>(b),
+                    a, ptr<float>(r), r.defined() ? r.stride(0) : 0, out.data_ptr<float>());
   }
   return out;
-}
-
-// quantize_rows + int8_linear in one call: the whole int8 linear from fp32 x.
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
-                        const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
-                        const c10::optional<at::Tensor>& residual) {
-  auto q = quantize_rows(x);
-  return int8_linear(std::get<0>(q), std::get<1>(q), std::get<2>(q), packed, w_scale, colsum, bias, act, residual);
 }
 
 }  // namespace
@@ -557,11 +530,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("embed", &embed, "LayerNorm(word[ids] + type[types] + position[positions]) -> (T, H)",
         py::arg("input_ids"), py::arg("position_ids"), py::arg("token_type_ids"), py::arg("word"),
         py::arg("position"), py::arg("token_type"), py::arg("ln_weight"), py::arg("ln_bias"), py::arg("eps"));
-  m.def("layernorm", &layernorm, "LayerNorm(x + bias + residual) over the last dim, fp32 statistics",
-        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("residual") = py::none(),
-        py::arg("residual_bias") = py::none(), py::arg("out") = py::none());
-  m.def("bias_act_", &bias_act_, "x = act(x + bias) in place; act in none|gelu|gelu_tanh|relu|tanh",
-        py::arg("x"), py::arg("bias"), py::arg("act"));
+  m.def("layernorm", &layernorm, "LayerNorm(x + residual) over the last dim, fp32 statistics", py::arg("x"),
+        py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("residual") = py::none());
   m.def("attention", &attention,
         "varlen attention on packed q, k, v (T, heads, d) -> (T, heads * d); bf16_products: fp32 inputs may "
         "run the products on bf16 operands (AMX, fp32 accumulation and softmax)",
@@ -569,44 +539,50 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bf16_products") = false);
   m.def("pack_linear", &pack_linear, "pack a (N, K) weight for `linear`", py::arg("weight"));
   m.def("linear", &linear,
-        "act(x @ w.T + bias) + residual on a packed weight (streaming at small M; fp32 blocked at large M)",
-        py::arg("x"),
-        py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(), py::arg("act") = "none",
-        py::arg("residual") = py::none());
-  py::class_<Layer>(m, "Layer",
-                    "one post-LayerNorm encoder layer on packed weights (pack_linear, or pack_int8 with "
-                    "int8_scales and int8_colsums), run whole in C++ on the extension's GEMMs; call it with (x, "
-                    "cu_seqlens, max_seqlen, scale)")
-      .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                    at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double,
-                    const std::string&, const c10::optional<std::vector<at::Tensor>>&,
-                    const c10::optional<std::vector<at::Tensor>>&>(),
-           py::arg("qkv"), py::arg("qkv_bias"), py::arg("attn_out"), py::arg("attn_out_bias"),
+        "act(x @ w.T + bias) + residual on a packed weight (streaming at small M; fp32 blocked at large M); act in "
+        "none|gelu|gelu_tanh|relu|tanh",
+        py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
+        py::arg("act") = "none", py::arg("residual") = py::none());
+  py::class_<LayerTensors>(m, "LayerWeights",
+                           "the weights of one encoder layer for `Layer`, as keyword arguments: qkv, attn_out, "
+                           "ffn_in, ffn_out packed by pack_linear (or pack_int8, with int8_scales and int8_colsums, "
+                           "one per GEMM in that order), their biases (qkv_bias, ...), attn_ln_weight, "
+                           "attn_ln_bias, ffn_ln_weight, ffn_ln_bias")
+      .def(py::init([](at::Tensor qkv, at::Tensor qkv_bias, at::Tensor attn_out, at::Tensor attn_out_bias,
+                       at::Tensor attn_ln_weight, at::Tensor attn_ln_bias, at::Tensor ffn_in, at::Tensor ffn_in_bias,
+                       at::Tensor ffn_out, at::Tensor ffn_out_bias, at::Tensor ffn_ln_weight, at::Tensor ffn_ln_bias,
+                       c10::optional<std::vector<at::Tensor>> int8_scales,
+                       c10::optional<std::vector<at::Tensor>> int8_colsums) {
+             return LayerTensors{qkv,         qkv_bias,      attn_out,      attn_out_bias, attn_ln_weight,
+                                 attn_ln_bias, ffn_in,       ffn_in_bias,   ffn_out,       ffn_out_bias,
+                                 ffn_ln_weight, ffn_ln_bias, int8_scales,   int8_colsums};
+           }),
+           py::kw_only(), py::arg("qkv"), py::arg("qkv_bias"), py::arg("attn_out"), py::arg("attn_out_bias"),
            py::arg("attn_ln_weight"), py::arg("attn_ln_bias"), py::arg("ffn_in"), py::arg("ffn_in_bias"),
            py::arg("ffn_out"), py::arg("ffn_out_bias"), py::arg("ffn_ln_weight"), py::arg("ffn_ln_bias"),
-           py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("eps"), py::arg("act"),
-           py::arg("int8_scales") = py::none(), py::arg("int8_colsums") = py::none())
+           py::arg("int8_scales") = py::none(), py::arg("int8_colsums") = py::none());
+  py::class_<Layer>(m, "Layer",
+                    "one post-LayerNorm encoder layer on packed weights (a LayerWeights), run whole in C++ on the "
+                    "extension's GEMMs; call it with (x, cu_seqlens, max_seqlen, scale)")
+      .def(py::init<const LayerTensors&, int64_t, int64_t, int64_t, double, const std::string&>(), py::arg("weights"),
+           py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("eps"), py::arg("act"))
       .def("__call__", &Layer::forward, py::arg("x"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"));
   m.def("isa", &isa, "the ISA tier the kernels dispatch to: 'amx', 'avx512_vnni', 'avx2' or 'portable'");
   m.def("detected_isa", &detected_isa, "the best ISA tier this CPU (and OS) supports");
   m.def("set_isa", &set_isa, "cap the kernels at an ISA tier; returns False if the CPU lacks it", py::arg("isa"));
   m.def("has_avx512_bf16", &bc::has_avx512_bf16, "whether the CPU has AVX-512 BF16 dot products");
   m.def("num_threads", &bc::num_threads, "OpenMP threads the kernels use");
-  // int8 dynamic quantization (csrc/cpu/quant.cpp, bertfast/quant.py)
+  // int8 dynamic quantization (bertfast/quant.py)
   m.def("quantize_rows", &quantize_rows, "per-token asymmetric int8 quantization: x (M, K) fp32 -> (q int8, scale, zero_point)",
         py::arg("x"));
   m.def("int8_epilogue_", &int8_epilogue_,
         "out = act(x_scale * (out - x_zero_point * colsum) + bias) + residual in place, after the int8 GEMM",
         py::arg("out"), py::arg("x_scale"), py::arg("x_zero_point"), py::arg("colsum"), py::arg("bias") = py::none(),
         py::arg("act") = "none", py::arg("residual") = py::none());
-  m.def("pack_int8", &pack_int8, "pack an int8 (N, K) weight for int8_linear", py::arg("weight"));
-  m.def("int8_linear", &int8_linear,
-        "int8 GEMM on pack_int8 weights, any M, with the dequantization epilogue fused (AMX-int8 / VNNI / AVX2 / "
-        "portable by the ISA tier)",
-        py::arg("qx"), py::arg("x_scale"), py::arg("x_zero_point"), py::arg("packed"), py::arg("w_scale"),
-        py::arg("colsum"), py::arg("bias") = py::none(), py::arg("act") = "none", py::arg("residual") = py::none());
+  m.def("pack_int8", &pack_int8, "pack an int8 (N, K) weight for quant_linear", py::arg("weight"));
   m.def("quant_linear", &quant_linear,
-        "quantize_rows then int8_linear: act(x @ W.T + bias) + residual for fp32 x (M, K)",
+        "quantize_rows, then the int8 GEMM on pack_int8 weights with the dequantization epilogue fused (AMX-int8 / "
+        "VNNI / AVX2 / portable by the ISA tier): act(x @ W.T + bias) + residual for fp32 x (M, K)",
         py::arg("x"), py::arg("packed"), py::arg("w_scale"), py::arg("colsum"), py::arg("bias") = py::none(),
         py::arg("act") = "none", py::arg("residual") = py::none());
 }

@@ -236,22 +236,25 @@ def test_whole_layer_errors():
         whole(x, torch.tensor([0, 2], dtype=torch.int32), 3, 0.125)
     with pytest.raises(ValueError, match="max_seqlen"):
         whole(x, cu, 2, 0.125)
-    parts = [layer.qkv_weight.packed, layer.qkv_bias, layer.attn_out_weight.packed, layer.attn_out_bias,
-             layer.attn_ln_weight, layer.attn_ln_bias, layer.ffn_in_weight.packed, layer.ffn_in_bias,
-             layer.ffn_out_weight.packed, layer.ffn_out_bias, layer.ffn_ln_weight, layer.ffn_ln_bias]
+    parts = dict(qkv=layer.qkv_weight.packed, qkv_bias=layer.qkv_bias, attn_out=layer.attn_out_weight.packed,
+                 attn_out_bias=layer.attn_out_bias, attn_ln_weight=layer.attn_ln_weight,
+                 attn_ln_bias=layer.attn_ln_bias, ffn_in=layer.ffn_in_weight.packed, ffn_in_bias=layer.ffn_in_bias,
+                 ffn_out=layer.ffn_out_weight.packed, ffn_out_bias=layer.ffn_out_bias,
+                 ffn_ln_weight=layer.ffn_ln_weight, ffn_ln_bias=layer.ffn_ln_bias)
+    weights = _C.LayerWeights(**parts)
     with pytest.raises(ValueError, match="ffn input weight does not match"):
-        _C.Layer(*parts, 64, 256, 2, 1e-12, "gelu")  # intermediate size the packed weights do not have
+        _C.Layer(weights, 64, 256, 2, 1e-12, "gelu")  # intermediate size the packed weights do not have
     with pytest.raises(ValueError, match="not a multiple of heads"):
-        _C.Layer(*parts, 64, 128, 3, 1e-12, "gelu")
+        _C.Layer(weights, 64, 128, 3, 1e-12, "gelu")
     with pytest.raises(ValueError, match="unknown activation"):
-        _C.Layer(*parts, 64, 128, 2, 1e-12, "swish")
-    bad = list(parts)
-    bad[1] = layer.qkv_bias[:-1]
+        _C.Layer(weights, 64, 128, 2, 1e-12, "swish")
     with pytest.raises(ValueError, match="qkv bias"):
-        _C.Layer(*bad, 64, 128, 2, 1e-12, "gelu")
+        _C.Layer(_C.LayerWeights(**{**parts, "qkv_bias": layer.qkv_bias[:-1]}), 64, 128, 2, 1e-12, "gelu")
+    with pytest.raises(TypeError):  # the weights are keyword arguments, all of them required
+        _C.LayerWeights(*parts.values())
     scales = [torch.ones(n) for n in (192, 64, 128, 64)]
     with pytest.raises(ValueError, match="go together"):
-        _C.Layer(*parts, 64, 128, 2, 1e-12, "gelu", int8_scales=scales)
+        _C.Layer(_C.LayerWeights(**parts, int8_scales=scales), 64, 128, 2, 1e-12, "gelu")
     with pytest.raises(ValueError, match="from pack_int8"):  # float packed weights offered as int8 ones
-        _C.Layer(*parts, 64, 128, 2, 1e-12, "gelu", int8_scales=scales, int8_colsums=scales)
+        _C.Layer(_C.LayerWeights(**parts, int8_scales=scales, int8_colsums=scales), 64, 128, 2, 1e-12, "gelu")
     assert torch.equal(whole(x, cu, 3, 0.125), run_layer(backend, x, layer, cu, 3, 2, 0.125, 1e-12, "gelu"))

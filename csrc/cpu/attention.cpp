@@ -12,7 +12,11 @@
 #include <cmath>
 #include <vector>
 
-#include "common.h"
+#include "isa.h"
+#include "kernels.h"
+#include "scalar_math.h"
+#include "simd.h"
+#include "vec_math.h"
 #include "parallel.h"
 
 

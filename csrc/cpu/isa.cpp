@@ -1,12 +1,10 @@
 // Run-time ISA tiers for the CPU kernels: the best tier the CPU supports, capped by the BERTFAST_ISA
 // environment variable (read once, when the extension loads) or by set_isa (tests and benchmarks).
-#include <omp.h>
-
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 
-#include "common.h"
+#include "isa.h"
 
 #if BF_X86 && defined(__linux__)
 #include <sys/syscall.h>
@@ -95,8 +93,6 @@ bool set_isa(Isa isa) {
   isa_state().store(static_cast<int>(isa));
   return true;
 }
-
-int num_threads() { return omp_get_max_threads(); }
 
 }  // namespace cpu
 }  // namespace bertfast

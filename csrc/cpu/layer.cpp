@@ -4,23 +4,24 @@
 // same kernels called in the same order on the same shapes, so the result is bit-identical to
 // calling them one by one from Python. What it saves is the Python between them (paired runs, b1 x s16:
 // BERT-base x0.93-0.95 the time in fp32, x0.92 bf16, x0.91 int8; MiniLM x0.84-0.90).
-#include "common.h"
+#include "kernels.h"
 
 namespace bertfast {
 namespace cpu {
 
 template <typename T>
 void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
-                   const LayerPtrs<T>& w, T* work, const Int8Scratch& q8, T* out) {
-  const int64_t T_ = tokens, H = w.hidden, I = w.intermediate, d = H / w.heads;
+                   const LayerWeights<T>& w, const LayerConfig& c, T* work, const Int8Scratch& q8, T* out) {
+  const int64_t T_ = tokens, H = c.hidden, I = c.intermediate, d = H / c.heads;
   T* qkv = work;              // (T, 3H): q | k | v per token
   T* ctx = qkv + T_ * 3 * H;  // (T, H)
   T* mid = ctx + T_ * H;      // (T, H): after the attention block
   T* inner = mid + T_ * H;    // (T, I)
   // out (T, N) = act(in (T, K) . g^T + bias) + residual (T, N); what the backend's linear runs on the extension.
-  const auto gemm = [&](const LayerGemm<T>& g, const T* in, int64_t K, int64_t N, const T* residual, Act act, T* o) {
+  const auto gemm = [&](const LayerGemm<T>& g, const T* in, int64_t K, int64_t N, const T* residual, Activation act,
+                        T* o) {
     if constexpr (sizeof(T) == 4) {
-      if (w.int8) {  // quant.linear's native call: quantize_rows, then the int8 GEMM with its epilogue
+      if (c.int8) {  // quant.linear's native call: quantize_rows, then the int8 GEMM with its epilogue
         quantize_rows(in, K, T_, K, q8.q, q8.scale, q8.zp);
         int8_linear(q8.q, K, T_, K, q8.scale, q8.zp, static_cast<const int8_t*>(g.packed), N, g.w_scale, g.colsum,
                     g.bias, act, residual, N, o);
@@ -29,20 +30,20 @@ void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_
     }
     linear_packed<T>(in, K, static_cast<const T*>(g.packed), g.bias, residual, N, T_, N, K, act, o, N);
   };
-  gemm(w.qkv, x, H, 3 * H, nullptr, Act::None, qkv);
+  gemm(w.qkv, x, H, 3 * H, nullptr, Activation::None, qkv);
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
-  attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, w.heads, d, scale, ctx, w.int8);
-  gemm(w.attn_out, ctx, H, H, x, Act::None, mid);
-  layernorm<T>(mid, nullptr, nullptr, w.attn_ln_weight, w.attn_ln_bias, w.eps, T_, H, mid);
-  gemm(w.ffn_in, mid, H, I, nullptr, w.act, inner);
-  gemm(w.ffn_out, inner, I, H, mid, Act::None, out);
-  layernorm<T>(out, nullptr, nullptr, w.ffn_ln_weight, w.ffn_ln_bias, w.eps, T_, H, out);
+  attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, c.heads, d, scale, ctx, c.int8);
+  gemm(w.attn_out, ctx, H, H, x, Activation::None, mid);
+  layernorm<T>(mid, nullptr, w.attn_ln_weight, w.attn_ln_bias, c.eps, T_, H, mid);
+  gemm(w.ffn_in, mid, H, I, nullptr, c.act, inner);
+  gemm(w.ffn_out, inner, I, H, mid, Activation::None, out);
+  layernorm<T>(out, nullptr, w.ffn_ln_weight, w.ffn_ln_bias, c.eps, T_, H, out);
 }
 
-template void encoder_layer<float>(const float*, int64_t, const int32_t*, int64_t, float, const LayerPtrs<float>&,
-                                   float*, const Int8Scratch&, float*);
-template void encoder_layer<bf16>(const bf16*, int64_t, const int32_t*, int64_t, float, const LayerPtrs<bf16>&,
-                                  bf16*, const Int8Scratch&, bf16*);
+template void encoder_layer<float>(const float*, int64_t, const int32_t*, int64_t, float, const LayerWeights<float>&,
+                                   const LayerConfig&, float*, const Int8Scratch&, float*);
+template void encoder_layer<bf16>(const bf16*, int64_t, const int32_t*, int64_t, float, const LayerWeights<bf16>&,
+                                  const LayerConfig&, bf16*, const Int8Scratch&, bf16*);
 
 }  // namespace cpu
 }  // namespace bertfast

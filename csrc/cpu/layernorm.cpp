@@ -1,11 +1,13 @@
-// Residual + bias + LayerNorm in one pass over each row, statistics in fp32 (two-pass mean/variance on
+// Residual + LayerNorm in one pass over each row, statistics in fp32 (two-pass mean/variance on
 // the row held shifted in an fp32 buffer, so inputs far from zero do not cancel).
 #include <omp.h>
 
 #include <cmath>
 #include <vector>
 
-#include "common.h"
+#include "isa.h"
+#include "kernels.h"
+#include "scalar_math.h"
 #include "parallel.h"
 
 namespace bertfast {
@@ -13,32 +15,20 @@ namespace cpu {
 namespace {
 
 template <typename T>
-BF_INLINE void layernorm_rows(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta,
-                              float eps, int64_t lo, int64_t hi, int64_t H, T* out, float* row) {
+BF_INLINE void layernorm_rows(const T* x, const T* residual, const T* gamma, const T* beta, float eps, int64_t lo,
+                              int64_t hi, int64_t H, T* out, float* row) {
   for (int64_t t = lo; t < hi; ++t) {
     const T* xr = x + t * H;
     const T* rr = residual != nullptr ? residual + t * H : nullptr;
     // Statistics of the row shifted by its first element: for rows far from zero (cancellation) the
-    // shifted values are small and exact, so the mean and variance keep full fp32 precision.
-    const float shift = to_float(xr[0]) + (bias != nullptr ? to_float(bias[0]) : 0.f) +
-                        (rr != nullptr ? to_float(rr[0]) : 0.f);
+    // shifted values are small and exact, so the mean and variance keep full fp32 precision. (+ 0.f makes
+    // a first element of -0 a shift of +0, as ever.)
+    const float shift = to_float(xr[0]) + 0.f + (rr != nullptr ? to_float(rr[0]) : 0.f);
     float sum = 0.f;
-    if (rr != nullptr && bias != nullptr) {
-#pragma omp simd reduction(+ : sum)
-      for (int64_t i = 0; i < H; ++i) {
-        row[i] = (to_float(xr[i]) + to_float(bias[i]) + to_float(rr[i])) - shift;
-        sum += row[i];
-      }
-    } else if (rr != nullptr) {
+    if (rr != nullptr) {
 #pragma omp simd reduction(+ : sum)
       for (int64_t i = 0; i < H; ++i) {
         row[i] = (to_float(xr[i]) + to_float(rr[i])) - shift;
-        sum += row[i];
-      }
-    } else if (bias != nullptr) {
-#pragma omp simd reduction(+ : sum)
-      for (int64_t i = 0; i < H; ++i) {
-        row[i] = (to_float(xr[i]) + to_float(bias[i])) - shift;
         sum += row[i];
       }
     } else {
@@ -53,50 +43,49 @@ BF_INLINE void layernorm_rows(const T* x, const T* residual, const T* bias, cons
 }
 
 template <typename T>
-BF_INLINE void layernorm_thread(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta,
+BF_INLINE void layernorm_thread(const T* x, const T* residual, const T* gamma, const T* beta,
                                 float eps, int64_t tokens, int64_t H, T* out, int part, int parts) {
   int64_t lo, hi;
   split_range(tokens, part, parts, &lo, &hi);
   std::vector<float> row(H);
-  layernorm_rows(x, residual, bias, gamma, beta, eps, lo, hi, H, out, row.data());
+  layernorm_rows(x, residual, gamma, beta, eps, lo, hi, H, out, row.data());
 }
 
 #if BF_X86
 template <typename T>
-BF_TARGET_AVX2 void layernorm_avx2(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta,
+BF_TARGET_AVX2 void layernorm_avx2(const T* x, const T* residual, const T* gamma, const T* beta,
                                    float eps, int64_t tokens, int64_t H, T* out, int part, int parts) {
-  layernorm_thread(x, residual, bias, gamma, beta, eps, tokens, H, out, part, parts);
+  layernorm_thread(x, residual, gamma, beta, eps, tokens, H, out, part, parts);
 }
 
 template <typename T>
-BF_TARGET_AVX512 void layernorm_avx512(const T* x, const T* residual, const T* bias, const T* gamma,
+BF_TARGET_AVX512 void layernorm_avx512(const T* x, const T* residual, const T* gamma,
                                        const T* beta, float eps, int64_t tokens, int64_t H, T* out, int part,
                                        int parts) {
-  layernorm_thread(x, residual, bias, gamma, beta, eps, tokens, H, out, part, parts);
+  layernorm_thread(x, residual, gamma, beta, eps, tokens, H, out, part, parts);
 }
 #endif
 
 template <typename T>
-void layernorm_generic(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta, float eps,
+void layernorm_generic(const T* x, const T* residual, const T* gamma, const T* beta, float eps,
                        int64_t tokens, int64_t H, T* out, int part, int parts) {
-  layernorm_thread(x, residual, bias, gamma, beta, eps, tokens, H, out, part, parts);
+  layernorm_thread(x, residual, gamma, beta, eps, tokens, H, out, part, parts);
 }
 
 }  // namespace
 
 template <typename T>
-void layernorm(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta, float eps,
+void layernorm(const T* x, const T* residual, const T* gamma, const T* beta, float eps,
                int64_t tokens, int64_t hidden, T* out) {
   const int nt = threads_for(tokens * hidden);
   parallel_for(nt, nt, [&](int64_t part) {
-    BF_DISPATCH(layernorm, x, residual, bias, gamma, beta, eps, tokens, hidden, out, int(part), nt);
+    BF_DISPATCH(layernorm, x, residual, gamma, beta, eps, tokens, hidden, out, int(part), nt);
   });
 }
 
-template void layernorm<float>(const float*, const float*, const float*, const float*, const float*, float,
-                               int64_t, int64_t, float*);
-template void layernorm<bf16>(const bf16*, const bf16*, const bf16*, const bf16*, const bf16*, float, int64_t,
-                              int64_t, bf16*);
+template void layernorm<float>(const float*, const float*, const float*, const float*, float, int64_t, int64_t,
+                               float*);
+template void layernorm<bf16>(const bf16*, const bf16*, const bf16*, const bf16*, float, int64_t, int64_t, bf16*);
 
 }  // namespace cpu
 }  // namespace bertfast

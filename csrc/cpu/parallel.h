@@ -1,4 +1,6 @@
-// How the kernels use threads: `parallel_for(threads, n, f)` runs f(i) for i in [0, n).
+// Threads: parallel_for, how many threads a piece of work gets, static and meet-in-the-middle splits of it.
+//
+// `parallel_for(threads, n, f)` runs f(i) for i in [0, n).
 //
 // Always on OpenMP, the runtime torch's own GEMMs (MKL, oneDNN) and ops run on: one team for the whole
 // forward, whichever ops it mixes. After a parallel region libgomp's workers spin for a while before
@@ -16,8 +18,24 @@
 #include <cstdint>
 #include <memory>
 
+#include "types.h"
+
 namespace bertfast {
 namespace cpu {
+
+// OpenMP threads the kernels use.
+inline int num_threads() { return omp_get_max_threads(); }
+
+// Static split of [0, n) into nt contiguous chunks; chunk `tid` is [*lo, *hi).
+BF_INLINE void split_range(int64_t n, int tid, int nt, int64_t* lo, int64_t* hi) {
+  int64_t base = n / nt, rem = n % nt;
+  *lo = tid * base + (tid < rem ? tid : rem);
+  *hi = *lo + base + (tid < rem ? 1 : 0);
+}
+
+// Threads worth using for `work` elementwise operations: one thread below ~32k elements, where
+// waking the OpenMP team costs more than it saves.
+BF_INLINE int threads_for(int64_t work) { return work < 32768 ? 1 : num_threads(); }
 
 // f(i) for every i in [0, n), on up to `threads` threads (1: inline on the caller, no region).
 template <typename F>

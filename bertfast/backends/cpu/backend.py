@@ -122,11 +122,13 @@ class CpuBackend(Backend):
         int8 = {}
         if self.quantize == "int8":
             int8 = dict(int8_scales=[g.scale for g in gemms], int8_colsums=[g.colsum for g in gemms])
-        return _C.Layer(
-            gemms[0].packed, layer.qkv_bias, gemms[1].packed, layer.attn_out_bias, layer.attn_ln_weight,
-            layer.attn_ln_bias, gemms[2].packed, layer.ffn_in_bias, gemms[3].packed, layer.ffn_out_bias,
-            layer.ffn_ln_weight, layer.ffn_ln_bias, cfg.hidden_size, cfg.intermediate_size,
-            cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation, **int8)
+        weights = _C.LayerWeights(
+            qkv=gemms[0].packed, qkv_bias=layer.qkv_bias, attn_out=gemms[1].packed, attn_out_bias=layer.attn_out_bias,
+            attn_ln_weight=layer.attn_ln_weight, attn_ln_bias=layer.attn_ln_bias, ffn_in=gemms[2].packed,
+            ffn_in_bias=layer.ffn_in_bias, ffn_out=gemms[3].packed, ffn_out_bias=layer.ffn_out_bias,
+            ffn_ln_weight=layer.ffn_ln_weight, ffn_ln_bias=layer.ffn_ln_bias, **int8)
+        return _C.Layer(weights, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                        cfg.layer_norm_eps, cfg.activation)
 
     def whole_layer(self, x, layer):
         """`_C.Layer` where every GEMM of these tokens runs on the extension's kernel (bit-identical to the

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <vector>
 
-#include "common.h"
+#include "isa.h"
+#include "kernels.h"
+#include "scalar_math.h"
 #include "parallel.h"
 
 namespace bertfast {

@@ -1,0 +1,71 @@
+// The int8 GEMM on AMX-INT8 tiles (tdpbssd): the Amx tier with K a multiple of 64, any M.
+#include <omp.h>
+
+#include <algorithm>
+
+#include "int8_linear_impl.h"
+
+namespace bertfast {
+namespace cpu {
+namespace int8_detail {
+
+#if BF_X86
+// ---- AMX-int8: tdpbssd on signed codes (no flip: the epilogue subtracts zp * colsum) ----
+// B tiles come straight from the packed layout: 16 groups of 4 along K for 16 columns are 16 rows of 64
+// bytes, contiguous. Used when K is a multiple of 64 (one A tile row per 64 codes).
+namespace {
+
+// Epilogue of one stored C block: rows [m0, m0 + mr), columns [n0, n0 + 16 * np) (signed codes).
+BF_TARGET_VNNI void amx_store(const int32_t* c, int mr, int np, int64_t m0, int64_t n0, const Int8Args& a) {
+  for (int j = 0; j < np; ++j) {
+    const int64_t n = n0 + 16 * j;
+    if (n >= a.N) break;
+    for (int r = 0; r < mr; ++r) finish16(_mm512_loadu_si512(c + r * 48 + 16 * j), m0 + r, n, tail_mask(a.N - n), 0, a);
+  }
+}
+
+}  // namespace
+
+BF_TARGET_AMX_INT8 void panels_amx(const Int8Args& a, int64_t p0, int64_t p1) {
+  DenormalGuard ftz;
+  const int64_t k4 = a.K / 4;
+  alignas(64) int32_t c[16 * 48];
+  int configured = -1;
+  for (int64_t p = p0; p < p1; p += 3) {
+    const int np = int(std::min<int64_t>(3, p1 - p));
+    for (int64_t m0 = 0; m0 < a.M; m0 += 16) {
+      const int mr = int(std::min<int64_t>(16, a.M - m0));
+      amx_begin_block(mr, &configured);
+      const int8_t* xa = a.x + m0 * a.ldx;
+      for (int64_t k0 = 0; k0 < a.K; k0 += 64) {
+        const int8_t* b = a.packed + (p * k4 + k0 / 4) * 64;  // panel p, groups k0/4 .. k0/4 + 15
+        const int64_t panel_bytes = k4 * 64;
+        if (m0 == 0) {  // first sweep streams the weights: fetch the next step's ahead
+          for (int j = 0; j < np; ++j)
+            for (int l = 0; l < 1024; l += 64) _mm_prefetch(reinterpret_cast<const char*>(b + j * panel_bytes + 2048 + l), _MM_HINT_T0);
+        }
+        _tile_loadd(3, xa + k0, a.ldx);
+        _tile_loadd(4, b, 64);
+        _tile_dpbssd(0, 3, 4);
+        if (np > 1) {
+          _tile_loadd(5, b + panel_bytes, 64);
+          _tile_dpbssd(1, 3, 5);
+        }
+        if (np > 2) {
+          _tile_loadd(6, b + 2 * panel_bytes, 64);
+          _tile_dpbssd(2, 3, 6);
+        }
+      }
+      _tile_stored(0, c, 48 * 4);
+      if (np > 1) _tile_stored(1, c + 16, 48 * 4);
+      if (np > 2) _tile_stored(2, c + 32, 48 * 4);
+      amx_store(c, mr, np, m0, p * 16, a);
+    }
+  }
+  if (configured >= 0) _tile_release();
+}
+#endif
+
+}  // namespace int8_detail
+}  // namespace cpu
+}  // namespace bertfast

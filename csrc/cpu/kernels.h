@@ -1,0 +1,117 @@
+// The kernels' entry points, one per op: embed, layernorm, attention, GEMMs, int8 quantization, the layer.
+//
+// Raw pointers: shapes, strides and indices are validated once, in bindings.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "activation.h"
+#include "types.h"
+
+namespace bertfast {
+namespace cpu {
+
+// ---- embed.cpp ----
+
+// out[t, :] = LayerNorm(word[ids[t]] + type[types[t]] + pos[positions[t]]) ; types may be null.
+template <typename T>
+void embed(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word, const T* pos,
+           const T* type, const T* gamma, const T* beta, float eps, int64_t tokens, int64_t hidden, T* out);
+
+// ---- layernorm.cpp ----
+
+// out[t, :] = LayerNorm(x[t, :] + residual[t, :]) with fp32 statistics; residual may be null; out may alias
+// x or residual.
+template <typename T>
+void layernorm(const T* x, const T* residual, const T* gamma, const T* beta, float eps, int64_t tokens,
+               int64_t hidden, T* out);
+
+// ---- attention.cpp ----
+
+// Varlen attention: q/k/v element (t, h, e) at ptr[t * row_stride + h * head_stride + e];
+// out: [T, heads * head_dim] contiguous. bf16_products: fp32 inputs may run the two products on bf16
+// operands (AMX; fp32 accumulation and softmax) where the CPU has it (the int8 path asks for it).
+struct AttnStrides {
+  int64_t q_row, q_head, k_row, k_head, v_row, v_head;
+};
+template <typename T>
+void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
+               int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products = false);
+
+// ---- linear*.cpp: GEMM on prepacked weights ----
+
+// out[m, n] = act(x[m, :] . w[n, :] + bias[n]) + residual[m, n]. Any M; out must not overlap x or residual.
+// Built for few rows (streaming the weights); fp32 with AVX-512 also runs large M (blocked), bf16 and the
+// portable kernels are meant for small M only.
+// Packed layout (linear_pack.cpp): panels of kPanel output columns; fp32: [panels][K][kPanel]; bf16:
+// [panels][ceil(K/2)][kPanel][2] (pairs along K for vdpbf16ps), zero padded in N and K.
+constexpr int64_t kPanel = 48;
+int64_t packed_numel(int64_t n, int64_t k, bool is_bf16);
+template <typename T>
+void pack_linear(const T* w, int64_t n, int64_t k, T* packed);
+template <typename T>
+void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
+                   int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo);
+
+// ---- int8 dynamic quantization (quantize_rows.cpp, int8_epilogue.cpp; used by bertfast/quant.py) ----
+
+// Per-token asymmetric int8 quantization of x (M, K) fp32 with row stride ldx: q (M, K) int8 contiguous,
+// scale (M,) fp32 and zero point (M,) int32 per row (the math of quant.quantize_rows_reference).
+void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp);
+// out (M, N) fp32 in place: act(xs[m] * (out - zp[m] * colsum[n]) + bias[n]) + residual[m, n] (row stride ldr);
+// bias and residual may be null.
+void int8_epilogue(float* out, int64_t M, int64_t N, const float* xs, const int32_t* zp, const float* colsum,
+                   const float* bias, Activation act, const float* residual, int64_t ldr);
+
+// ---- int8_linear*.cpp: int8 GEMM (the quant_linear op) ----
+
+// Any M, on every tier: weights packed once by pack_int8 ([N/16][K/4][16][4] int8, zero padded); x the signed
+// codes of quantize_rows; out (M, N) fp32 =
+// act(xs[m] * (ws[n] * sum_k q[m, k] w[n, k] - zp[m] * colsum[n]) + bias[n]) + residual[m, n].
+int64_t int8_packed_numel(int64_t n, int64_t k);
+void pack_int8(const int8_t* w, int64_t n, int64_t k, int8_t* packed);
+void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
+                 const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
+                 Activation act, const float* residual, int64_t ldr, float* out);
+
+// ---- layer.cpp: one post-LayerNorm encoder layer on the extension's GEMMs ----
+
+// One GEMM of a layer: the weight packed by pack_linear (elements of T), or by pack_int8 (int8, T = float;
+// then w_scale and colsum per output channel as int8_linear takes them); bias (N,).
+template <typename T>
+struct LayerGemm {
+  const void* packed;
+  const T* bias;
+  const float* w_scale;
+  const float* colsum;
+};
+// A layer's weights.
+template <typename T>
+struct LayerWeights {
+  LayerGemm<T> qkv, attn_out, ffn_in, ffn_out;
+  const T *attn_ln_weight, *attn_ln_bias, *ffn_ln_weight, *ffn_ln_bias;
+};
+// A layer's sizes and options.
+struct LayerConfig {
+  int64_t hidden, intermediate, heads;  // hidden = heads * head_dim
+  float eps;
+  Activation act;
+  bool int8;  // int8 GEMMs with x quantized per token (T = float), attention's products in bf16
+};
+// Scratch: work, layer_work_numel(T, H, I) elements of T; under int8 also x quantized for one GEMM
+// (T * max(H, I) int8) with its per-token scale and zero point (T each).
+constexpr int64_t layer_work_numel(int64_t tokens, int64_t hidden, int64_t intermediate) {
+  return tokens * (5 * hidden + intermediate);
+}
+struct Int8Scratch {
+  int8_t* q;
+  float* scale;
+  int32_t* zp;
+};
+// out (T, H) = the layer applied to x (T, H), sequences delimited by cu_seqlens.
+template <typename T>
+void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
+                   const LayerWeights<T>& w, const LayerConfig& c, T* work, const Int8Scratch& q8, T* out);
+
+}  // namespace cpu
+}  // namespace bertfast

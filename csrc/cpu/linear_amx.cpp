@@ -1,0 +1,66 @@
+// The GEMM on AMX tiles: bf16 with K a multiple of kAmxK on the Amx tier, any M.
+#include <omp.h>
+
+#include <algorithm>
+
+#include "linear_impl.h"
+
+namespace bertfast {
+namespace cpu {
+namespace linear_detail {
+
+#if BF_X86
+// ---- AMX (bf16, K a multiple of 32): 16 rows x 48 columns per sweep in three tile accumulators ----
+//
+// At small M the GEMM is bound by streaming the weights, and AMX leaves the cores nearly idle while the
+// stream runs (one TDPBF16PS does 16 x 16 x 32 multiply-adds). The packed bf16 panel is already AMX's B
+// layout: 16 consecutive k pairs of 16 columns are 16 rows of 64 bytes, kPanel * 4 bytes apart. K steps of
+// kAmxK (linear_impl.h).
+constexpr int kAmxRows = 16;
+constexpr int64_t kAmxPrefetch = 2 * 16 * kPanel * 4;  // bytes ahead in the weight stream: two steps
+
+BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N, int64_t K,
+                              const Epilogue& ep, MeetInTheMiddle::Walker& panels) {
+  static_assert(kPanel == 48, "the AMX kernel holds a panel in three 16-column tiles");
+  DenormalGuard ftz;
+  const int64_t panel_bytes = K * kPanel * 2;  // K is even here
+  alignas(64) float tile[kAmxRows * kPanel];
+  int configured = -1;
+  for (int64_t p = panels.claim(); p >= 0; p = panels.claim()) {
+    const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
+    const bf16* wp = packed + p * (panel_bytes / 2);
+    const int64_t p_next = panels.peek();
+    const char* here = reinterpret_cast<const char*>(wp);
+    const char* next = p_next >= 0 ? reinterpret_cast<const char*>(packed) + p_next * panel_bytes : nullptr;
+    for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {
+      const int mr = int(std::min<int64_t>(kAmxRows, M - m0));
+      amx_begin_block(mr, &configured);
+      const bf16* xa = x + m0 * ldx;
+      for (int64_t k0 = 0; k0 < K; k0 += kAmxK) {
+        const bf16* b = wp + (k0 / 2) * kPanel * 2;  // 16 k pairs x kPanel columns x 2
+        // Two steps ahead along the thread's stream.
+        const char* pf = stream_at(here, next, panel_bytes, k0 * kPanel * 2 + kAmxPrefetch);
+        if (pf != nullptr)
+          for (int l = 0; l < 16 * kPanel * 4; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+        _tile_loadd(3, xa + k0, ldx * 2);
+        _tile_loadd(4, b, kPanel * 4);
+        _tile_loadd(5, b + 32, kPanel * 4);
+        _tile_loadd(6, b + 64, kPanel * 4);
+        _tile_dpbf16ps(0, 3, 4);
+        _tile_dpbf16ps(1, 3, 5);
+        _tile_dpbf16ps(2, 3, 6);
+      }
+      _tile_stored(0, tile, kPanel * 4);
+      _tile_stored(1, tile + 16, kPanel * 4);
+      _tile_stored(2, tile + 32, kPanel * 4);
+      store_tile<bf16>(tile, mr, m0, p * kPanel, nvalid, ep);
+    }
+  }
+  if (configured >= 0) _tile_release();
+}
+
+#endif
+
+}  // namespace linear_detail
+}  // namespace cpu
+}  // namespace bertfast

@@ -1,0 +1,132 @@
+// quantize_rows: per-token asymmetric int8 quantization of fp32 activations (bertfast/quant.py), before the
+// int8 GEMM (int8_linear*.cpp).
+//
+// One read of each row for min/max (it is then in L1/L2), one more to write the codes; the math is the fp32
+// sequence of quant.quantize_rows_reference, so the codes are bitwise equal to it.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "isa.h"
+#include "kernels.h"
+#include "parallel.h"
+#include "simd.h"
+
+namespace bertfast {
+namespace cpu {
+namespace {
+
+// Per-row parameters from the row's min and max (shared by both ISAs so they agree bit for bit).
+struct RowQuant {
+  float scale, inv;
+  int32_t zero_point;
+  bool finite;
+};
+
+BF_INLINE RowQuant row_params(float lo, float hi, bool has_nan) {
+  lo = lo < 0.f ? lo : 0.f;
+  hi = hi > 0.f ? hi : 0.f;
+  const float span = hi - lo;
+  RowQuant r;
+  r.scale = has_nan ? std::numeric_limits<float>::quiet_NaN() : (span == 0.f ? 1.0f : span / 255.0f);
+  r.inv = 1.0f / r.scale;
+  r.finite = std::isfinite(r.scale);
+  float zp = r.finite ? -128.0f - std::nearbyint(lo * r.inv) : 0.0f;  // nearbyint: half to even
+  zp = zp < -128.f ? -128.f : (zp > 127.f ? 127.f : zp);
+  r.zero_point = int32_t(zp);
+  return r;
+}
+
+BF_INLINE int8_t code(float x, const RowQuant& r) {
+  float v = std::nearbyint(x * r.inv) + float(r.zero_point);
+  v = v < -128.f ? -128.f : (v > 127.f ? 127.f : v);
+  return r.finite ? int8_t(v) : int8_t(0);
+}
+
+// Inlined into each ISA's wrapper: a plain call from the AVX2 one ran the baseline (SSE2) build of these loops.
+BF_INLINE void quantize_rows_loops(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row, int64_t K, int8_t* q,
+                                   float* scale, int32_t* zp) {
+  for (int64_t m = lo_row; m < hi_row; ++m) {
+    const float* row = x + m * ldx;
+    float lo = 0.f, hi = 0.f;
+    int nan = 0;
+    // As reductions the loop vectorizes (a bool flag kept it scalar); the order of min/max does not matter
+    // to the result, and a row with NaN is flagged whatever its lo and hi.
+#pragma omp simd reduction(min : lo) reduction(max : hi) reduction(| : nan)
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = row[k];
+      nan |= v != v;
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
+    }
+    const RowQuant r = row_params(lo, hi, nan != 0);
+    int8_t* qr = q + m * K;
+    for (int64_t k = 0; k < K; ++k) qr[k] = code(row[k], r);
+    scale[m] = r.scale;
+    zp[m] = r.zero_point;
+  }
+}
+
+void quantize_rows_range_generic(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row, int64_t K, int8_t* q,
+                                 float* scale, int32_t* zp) {
+  quantize_rows_loops(x, ldx, lo_row, hi_row, K, q, scale, zp);
+}
+
+#if BF_X86
+BF_TARGET_AVX2 void quantize_rows_range_avx2(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row, int64_t K,
+                                             int8_t* q, float* scale, int32_t* zp) {
+  quantize_rows_loops(x, ldx, lo_row, hi_row, K, q, scale, zp);
+}
+
+BF_TARGET_AVX512 void quantize_rows_range_avx512(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row,
+                                                 int64_t K, int8_t* q, float* scale, int32_t* zp) {
+  for (int64_t m = lo_row; m < hi_row; ++m) {
+    const float* row = x + m * ldx;
+    __m512 vlo = _mm512_setzero_ps(), vhi = _mm512_setzero_ps();
+    __mmask16 nan = 0;
+    for (int64_t k = 0; k < K; k += 16) {
+      const __m512 v = _mm512_maskz_loadu_ps(tail_mask(K - k), row + k);  // masked lanes read 0: harmless
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      vlo = _mm512_min_ps(vlo, v);
+      vhi = _mm512_max_ps(vhi, v);
+    }
+    const RowQuant r = row_params(_mm512_reduce_min_ps(vlo), _mm512_reduce_max_ps(vhi), nan != 0);
+    int8_t* qr = q + m * K;
+    if (!r.finite) {
+      std::memset(qr, 0, size_t(K));
+    } else {
+      const __m512 inv = _mm512_set1_ps(r.inv);
+      const __m512i z = _mm512_set1_epi32(r.zero_point);
+      for (int64_t k = 0; k < K; k += 16) {
+        const __mmask16 mk = tail_mask(K - k);
+        const __m512 v = _mm512_maskz_loadu_ps(mk, row + k);
+        const __m512 rounded = _mm512_roundscale_ps(_mm512_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        // |x * inv| <= 255 after the row's own min/max, so the int32 conversion is exact; the add and the
+        // signed saturation to int8 give clamp(round(x * inv) + zp, -128, 127).
+        const __m512i c = _mm512_add_epi32(_mm512_cvtps_epi32(rounded), z);
+        _mm_mask_storeu_epi8(qr + k, mk, _mm512_cvtsepi32_epi8(c));
+      }
+    }
+    scale[m] = r.scale;
+    zp[m] = r.zero_point;
+  }
+}
+#endif
+
+}  // namespace
+
+void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp) {
+  // Threads only for large inputs: a short call is not worth waking another thread.
+  const int nt = M * K >= (int64_t(1) << 20) ? num_threads() : 1;
+  parallel_for(nt, nt, [&](int64_t part) {
+    DenormalGuard ftz;
+    int64_t lo, hi;
+    split_range(M, int(part), nt, &lo, &hi);
+    BF_DISPATCH(quantize_rows_range, x, ldx, lo, hi, K, q, scale, zp);
+  });
+}
+
+}  // namespace cpu
+}  // namespace bertfast

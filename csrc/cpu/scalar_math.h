@@ -1,0 +1,136 @@
+// Scalar fp32 math the kernels share: exp, GELU (erf, tanh), tanh, the activations, a LayerNorm row's end.
+//
+// Branch-free, so loops over them vectorize in the caller's ISA.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "activation.h"
+#include "types.h"
+
+namespace bertfast {
+namespace cpu {
+
+// The end of a portable LayerNorm row: `row` holds the H values shifted by a constant and `sum` their
+// sum; two-pass variance on the shifted row, then out = (row - mean) * rstd * gamma + beta.
+template <typename T>
+BF_INLINE void normalize_row(const float* row, float sum, int64_t H, float eps, const T* gamma, const T* beta,
+                             T* out) {
+  const float mean = sum / float(H);
+  float var = 0.f;
+#pragma omp simd reduction(+ : var)
+  for (int64_t i = 0; i < H; ++i) {
+    float c = row[i] - mean;
+    var += c * c;
+  }
+  const float rstd = 1.0f / std::sqrt(var / float(H) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < H; ++i) out[i] = from_float<T>((row[i] - mean) * rstd * to_float(gamma[i]) + to_float(beta[i]));
+}
+
+// exp(x) in fp32, ~1 ulp on the range softmax/GELU use; branch-free so loops over it vectorize.
+// Inputs below -87.3 return ~1e-38 instead of 0 (harmless for softmax weights and erfc tails).
+// exp and its 8- and 16-lane forms (exp256, exp512 in vec_math.h), one set of numbers: clamp to the float
+// range, Cody-Waite reduction by ln 2 (hi + lo), Taylor to r^7 (1/5040 first: below 1 ulp on |r| <= ln2/2,
+// Horner), scale by 2^n.
+constexpr float kExpMin = -87.3f, kExpMax = 88.7f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
+constexpr float kExpPoly[] = {1.9841270e-4f, 1.3888889e-3f, 8.3333333e-3f, 4.1666667e-2f,
+                              1.6666667e-1f, 0.5f,          1.0f,          1.0f};
+
+BF_INLINE float exp_f(float x) {
+  x = x < kExpMin ? kExpMin : x;
+  x = x > kExpMax ? kExpMax : x;
+  float n = (x * kLog2e + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  float r = x - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  float p = kExpPoly[0];
+#pragma GCC unroll 8
+  for (int i = 1; i < 8; ++i) p = p * r + kExpPoly[i];
+  uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+// Exact GELU, 0.5 x (1 + erf(x / sqrt 2)), through erfc with the Chebyshev fit of Numerical Recipes
+// (fractional error < 1.2e-7): x < 0 uses 0.5 x erfc(|x|/sqrt 2) directly, so no cancellation.
+BF_INLINE float gelu_erf(float x) {
+  const float z_abs = (x < 0.f ? -x : x) * 0.70710678118654752f;
+  // erfc(z) < 4.2e-37 past z = 9: taken as 0 there, and z clamped so no intermediate is denormal.
+  const float z = z_abs > 9.0f ? 9.0f : z_abs;
+  float t = 1.0f / (1.0f + 0.5f * z);
+  float p = 0.17087277f;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  float erfc_z = t * exp_f(p - z * z);
+  erfc_z = z_abs > 9.0f ? 0.0f : erfc_z;
+  return x >= 0.f ? x * (1.0f - 0.5f * erfc_z) : 0.5f * x * erfc_z;
+}
+
+BF_INLINE float tanh_f(float y) {
+  float a = y < 0.f ? -y : y;
+  a = a > 9.0f ? 9.0f : a;  // tanh(9) rounds to 1 in fp32; larger |y| would only make denormals
+  float e = exp_f(2.0f * a);
+  float t = 1.0f - 2.0f / (e + 1.0f);
+  return y < 0.f ? -t : t;
+}
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+BF_INLINE float gelu_tanh(float x) {
+  float y = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanh_f(y));
+}
+
+// v[j] = act(v[j]) for j in [0, n), a straight vectorizable loop per activation (force-inlined, so the loops
+// are compiled for the caller's ISA).
+template <typename Count>
+BF_INLINE void activate(float* v, Count n, Activation act) {
+  switch (act) {
+    case Activation::Gelu:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) v[j] = gelu_erf(v[j]);
+      break;
+    case Activation::GeluTanh:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) v[j] = gelu_tanh(v[j]);
+      break;
+    case Activation::Relu:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) v[j] = v[j] > 0.f ? v[j] : 0.f;
+      break;
+    case Activation::Tanh:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) v[j] = tanh_f(v[j]);
+      break;
+    default:
+      break;
+  }
+}
+
+BF_INLINE float apply_act(float x, Activation act) {
+  switch (act) {
+    case Activation::Gelu:
+      return gelu_erf(x);
+    case Activation::GeluTanh:
+      return gelu_tanh(x);
+    case Activation::Relu:
+      return x > 0.f ? x : 0.f;
+    case Activation::Tanh:
+      return tanh_f(x);
+    default:
+      return x;
+  }
+}
+
+}  // namespace cpu
+}  // namespace bertfast
