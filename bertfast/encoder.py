@@ -300,8 +300,25 @@ class Encoder(nn.Module):
             starts = tqdm(starts, desc="Batches", unit="batch", disable=None if show_progress_bar is None else False)
         for start in starts:
             rows = order[start:start + batch_size]
-            ids, mask, types = self.tokenize([texts[i] for i in rows])
-            last = self(ids, mask, types if self.config.type_vocab_size else None).last_hidden_state.float()
-            emb[rows] = cfg.embed(last, mask, pooling=modes, normalize=normalize, truncate_dim=truncate_dim,
-                                  prompt_length=prompt_len)
+            emb[rows] = self.embed_tokens(*self.tokenize([texts[i] for i in rows]), pooling=modes,
+                                          normalize=normalize, truncate_dim=truncate_dim, prompt_length=prompt_len)
         return emb.cpu().numpy() if convert_to_numpy else emb
+
+    @torch.inference_mode()
+    def embed_tokens(self, input_ids, attention_mask, token_type_ids=None, *, pooling=None,
+                     normalize: bool | None = None, truncate_dim: int | None = None,
+                     prompt_length: int | None = None):
+        """Sentence embeddings of texts already tokenized: what `encode` does after `tokenize`.
+
+        input_ids, attention_mask, token_type_ids: (N, S) integer, right padded (as `tokenize` returns;
+        token_type_ids None means all zeros); pooling, normalize, truncate_dim as in `encode`;
+        prompt_length: the tokens a prompt put at the start of every row (None: no prompt).
+        Returns (N, D) fp32 on the engine's device. Each row's vector depends on that row alone (the
+        engine is batch-invariant: bitwise for fp32 on the AVX-512 tiers and for int8), so callers may
+        batch rows from different requests together.
+        """
+        modes = None if pooling is None else pooling_modes(pooling)
+        types = token_type_ids if self.config.type_vocab_size else None
+        last = self(input_ids, attention_mask, types).last_hidden_state.float()
+        return self.sentence_config.embed(last, attention_mask.to(last.device), pooling=modes, normalize=normalize,
+                                          truncate_dim=truncate_dim, prompt_length=prompt_length)

@@ -65,3 +65,17 @@ def prompt_length(tokenizer, prompt: str) -> int:
     ids = tokenizer.encode(prompt).ids
     special = {i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.special}
     return len(ids) - (1 if ids and ids[-1] in special else 0)
+
+
+def unpadded(tokenizer, direction: str = "right"):
+    """A copy of a `load_tokenizer` tokenizer that returns each text's own tokens (no padding), truncated
+    at the same limit (`copy.truncation["max_length"]`) from `direction`: 'right' keeps a text's start,
+    'left' its end. A text longer than the limit keeps the rest in its encoding's `overflowing`."""
+    from tokenizers import Tokenizer
+
+    if direction not in ("right", "left"):
+        raise ValueError(f"direction must be 'right' or 'left', got {direction!r}")
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_padding()
+    copy.enable_truncation(max_length=tokenizer.truncation["max_length"], direction=direction)
+    return copy

@@ -275,3 +275,25 @@ def test_bad_arguments(minilm):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         enc.encode(["a"], pooling=["mean"])
+
+
+def test_embed_tokens_rows_alone_equal_encode(minilm, texts):
+    """`embed_tokens` on rows tokenized by `unpadded` (one row, or several right padded together) gives
+    encode's vectors bit for bit on the cpu backend, and `unpadded` truncates from the side asked."""
+    from bertfast.tokenization import unpadded
+
+    enc = Encoder.from_pretrained(minilm, backend="cpu")
+    some = texts[:6] + ["word " * 300]
+    ref = enc.encode(some)
+    rows = [e.ids for e in unpadded(enc.tokenizer).encode_batch(some)]
+    assert len(rows[-1]) == 256 and len({len(r) for r in rows}) > 1
+    for i, r in enumerate(rows):
+        ids = torch.tensor([r])
+        assert torch.equal(enc.embed_tokens(ids, torch.ones_like(ids))[0], ref[i])
+    together = enc.embed_tokens(*enc.tokenize(some))
+    assert torch.equal(together, ref)
+    left = unpadded(enc.tokenizer, "left").encode("first " + "word " * 300)
+    right = unpadded(enc.tokenizer, "right").encode("first " + "word " * 300)
+    assert left.overflowing and right.ids[1] == enc.tokenizer.token_to_id("first") != left.ids[1]
+    with pytest.raises(ValueError, match="direction must be 'right' or 'left'"):
+        unpadded(enc.tokenizer, "up")

@@ -1,0 +1,203 @@
+"""The server's routes: TEI-compatible (/embed, /tokenize, /info, /health, /metrics), OpenAI-compatible
+(/v1/embeddings), and clear refusals for what this version does not serve (/predict, /rerank).
+
+A route validates (schemas, then limits: 4xx JSON naming the field and the limit), is admitted or
+refused at once (429 when `max_concurrent_requests` are in flight, 503 at shutdown), tokenizes on a
+worker thread, and waits for the engine thread's result: the event loop never runs the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from .batcher import Batcher, Busy, Closed, Job
+from .gate import Gate
+from .metrics import Metrics
+from .model import ServedModel
+from .schemas import (ApiError, EmbedRequest, ErrorBody, Info, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse,
+                      Token, TokenizeRequest)
+
+SCHEMAS = {"/embed": EmbedRequest, "/tokenize": TokenizeRequest, "/v1/embeddings": OpenAIEmbeddingRequest}
+ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 405, 413, 422, 429, 501, 503)}
+
+
+@dataclass
+class Limits:
+    max_batch_tokens: int = 16384
+    max_concurrent_requests: int = 512
+    max_client_batch_size: int = 32
+    max_body_bytes: int = 2_000_000
+
+
+def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | None = None) -> FastAPI:
+    batcher = Batcher(limits.max_batch_tokens, limits.max_concurrent_requests)
+    metrics = Metrics(batcher)
+    batcher.on_batch = metrics.on_batch
+    state = {}
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await asyncio.wrap_future(batcher.start(model.load))  # a load error stops the server here
+        state["info"] = Info(**model.info(), **vars(limits)).model_dump()
+        yield
+        await run_in_threadpool(batcher.close)  # uvicorn has answered every request by now
+
+    app = FastAPI(title="bertfast serve", version="0.1.0", lifespan=lifespan, responses=ERRORS,
+                  description="Sentence embeddings from a BERT-family encoder, batched on one engine thread.")
+    app.add_middleware(Gate, max_body=limits.max_body_bytes, api_key=api_key, metrics=metrics, routes=app.routes)
+    install_error_handlers(app)
+
+    def texts_of(inputs, field: str) -> list[str]:
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        if not texts:
+            raise ApiError(422, f"{field} is empty: send at least one text", field=field)
+        if len(texts) > limits.max_client_batch_size:
+            raise ApiError(413, f"{field} has {len(texts)} items, more than the limit of "
+                           f"{limits.max_client_batch_size} (--max-client-batch-size)",
+                           field=field, limit=limits.max_client_batch_size)
+        for i, t in enumerate(texts):
+            if not t:
+                raise ApiError(422, f"{field}[{i}] is an empty string", field=f"{field}[{i}]")
+        return texts
+
+    async def embed_rows(rows: list[list[int]], key: tuple) -> np.ndarray:
+        try:
+            return await asyncio.wrap_future(batcher.submit(Job(rows, key)))
+        except Closed as e:
+            raise ApiError(503, str(e), "unavailable") from None
+
+    @asynccontextmanager
+    async def admitted():
+        try:
+            with batcher.admit():
+                yield
+        except Busy as e:
+            raise ApiError(429, f"{e}: retry later", "overloaded", limit=limits.max_concurrent_requests) from None
+        except Closed as e:
+            raise ApiError(503, str(e), "unavailable") from None
+
+    async def text_rows(texts, *, truncate=False, direction="right", prompt_name=None, field="inputs"):
+        prompt, prompt_len = model.prompt(prompt_name)
+        if prompt:
+            texts = [prompt + t for t in texts]
+        encodings = await run_in_threadpool(model.tokenize, texts, truncate=truncate, direction=direction,
+                                            field=field)
+        return [e.ids for e in encodings], prompt_len
+
+    @app.post("/embed", response_model=list[list[float]], summary="TEI: sentence embeddings")
+    async def embed(req: EmbedRequest):
+        texts = texts_of(req.inputs, "inputs")
+        async with admitted():
+            rows, prompt_len = await text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
+                                               prompt_name=req.prompt_name)
+            vectors = await embed_rows(rows, model.key(req.normalize, None, prompt_len))
+        return JSONResponse(vectors.tolist())
+
+    @app.post("/v1/embeddings", response_model=OpenAIEmbeddingResponse, summary="OpenAI: embeddings")
+    async def openai_embeddings(req: OpenAIEmbeddingRequest):
+        given = req.input
+        if isinstance(given, list) and given and isinstance(given[0], int):
+            given = [given]  # one text as token ids
+        dims = req.dimensions
+        if dims is not None and not 1 <= dims <= model.dimension:
+            raise ApiError(422, f"dimensions must be in [1, {model.dimension}] (the model's dimension), got {dims}",
+                           field="dimensions", limit=model.dimension)
+        async with admitted():
+            if isinstance(given, list) and given and isinstance(given[0], list):
+                if len(given) > limits.max_client_batch_size:
+                    texts_of(given, "input")  # raises the batch-size error
+                rows, prompt_len = model.check_ids(given), None
+            else:
+                rows, prompt_len = await text_rows(texts_of(given, "input"), field="input")
+            # dimensions: the first dims, renormalized when the model's vectors are unit length
+            # (sentence-transformers' truncate_dim with normalization); a plain prefix otherwise.
+            key = model.key(True if dims is not None and model.normalizes else None, dims, prompt_len)
+            vectors = await embed_rows(rows, key)
+        tokens = sum(len(r) for r in rows)
+        if req.encoding_format == "base64":
+            data = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
+        else:
+            data = vectors.tolist()
+        return JSONResponse({"object": "list", "model": req.model or model.model_id,
+                             "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(data)],
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    @app.post("/tokenize", response_model=list[list[Token]], summary="TEI: the tokens the model sees")
+    async def tokenize(req: TokenizeRequest):
+        texts = texts_of(req.inputs, "inputs")
+        encodings = await run_in_threadpool(model.tokenize, texts, truncate=True,
+                                            add_special_tokens=req.add_special_tokens)
+        return JSONResponse([[{"id": i, "text": t, "special": bool(s), "start": None if s else a, "stop": None if s else b}
+                              for i, t, s, (a, b) in zip(e.ids, e.tokens, e.special_tokens_mask, e.offsets)]
+                             for e in encodings])
+
+    @app.get("/health", summary="200 once the model is loaded and warmed up")
+    async def health():
+        if not batcher.alive:
+            raise ApiError(503, "the engine is not running", "unavailable")
+        return {"status": "ok"}
+
+    @app.get("/info", response_model=Info, summary="model, precision, backend, ISA tier, limits")
+    async def info():
+        return state["info"]
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.post("/predict", summary="TEI: sequence classification (not served by this version)")
+    @app.post("/rerank", summary="TEI: cross-encoder reranking (not served by this version)")
+    async def not_served(request: Request):
+        raise ApiError(501, f"this model is an embedding model: {request.url.path} needs a sequence-classification "
+                       "or cross-encoder checkpoint, which this version of bertfast serve does not serve yet "
+                       "(use /embed or /v1/embeddings)", "unsupported")
+
+    return app
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error as an ErrorBody: ours, pydantic's (field from its location), Starlette's 404/405."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, e: ApiError):
+        return JSONResponse(e.body(), e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, e: RequestValidationError):
+        errors = e.errors()
+        first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": ""}
+        if first["type"] == "json_invalid":
+            return JSONResponse(ApiError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}",
+                                         field="body").body(), 400)
+        loc = [str(p) for p in first["loc"] if p != "body"]
+        field = loc[0] if loc else "body"
+        schema = SCHEMAS.get(request.url.path)
+        hint = schema.model_fields[field].description if schema and field in schema.model_fields else None
+        message = f"{field} must be {hint}" if hint else f"{field}: {first['msg']}"
+        if first["type"] == "missing":
+            message = f"{field} is required" + (f": {hint}" if hint else "")
+        elif not loc:
+            message = "the body must be a JSON object"
+        return JSONResponse(ApiError(422, message, field=field).body(), 422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, e: HTTPException):
+        kinds = {404: "not_found", 405: "method_not_allowed"}
+        message = {404: f"no route {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        return JSONResponse(ApiError(e.status_code, message, kinds.get(e.status_code, "http")).body(), e.status_code,
+                            headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def crashed(request, e: Exception):
+        return JSONResponse(ApiError(500, f"internal error: {type(e).__name__}: {e}", "internal").body(), 500)

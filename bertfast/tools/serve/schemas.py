@@ -1,0 +1,110 @@
+"""Request and response models of the server's routes (pydantic), and the one error shape.
+
+Requests are strict (no string-to-number or number-to-string coercion): a wrong JSON type is a 422
+naming the field. Every error the server sends is `ErrorBody`: a message, a kind, and the field and
+limit it concerns where there is one.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Texts = Union[str, list[str]]
+TEXTS = "a string or a list of strings"
+DIRECTION = "'right' (keep the start) or 'left' (keep the end)"
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+
+class EmbedRequest(Request):
+    """TEI's /embed. normalize None follows the checkpoint (its Normalize module), as Encoder.encode."""
+
+    inputs: Texts = Field(description=TEXTS)
+    normalize: bool | None = Field(None, description="true, false or null (the model's own configuration)")
+    truncate: bool = Field(False, description="a boolean")
+    truncation_direction: Literal["right", "left", "Right", "Left"] = Field("right", description=DIRECTION)
+    prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
+
+
+class TokenizeRequest(Request):
+    inputs: Texts = Field(description=TEXTS)
+    add_special_tokens: bool = Field(True, description="a boolean")
+
+
+class Token(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+class OpenAIEmbeddingRequest(Request):
+    """OpenAI's /v1/embeddings. Token ids are the model's own vocabulary, special tokens included."""
+
+    input: Union[str, list[str], list[int], list[list[int]]] = Field(
+        description="a string, a list of strings, a list of token ids or a list of lists of token ids")
+    model: str | None = Field(None, description="a string (any value: the server runs one model)")
+    encoding_format: Literal["float", "base64"] = Field("float", description="'float' or 'base64'")
+    dimensions: int | None = Field(None, description="a positive integer, at most the model's dimension")
+    user: str | None = Field(None, description="a string")
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    embedding: Union[list[float], str]
+    index: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: Usage
+
+
+class Info(BaseModel):
+    model_id: str
+    model_dir: str
+    model_type: str
+    dimension: int
+    max_input_length: int
+    pooling: list[str]
+    normalizes: bool
+    dtype: str
+    backend: str
+    isa: str
+    cpu: str
+    max_batch_tokens: int
+    max_concurrent_requests: int
+    max_client_batch_size: int
+    max_body_bytes: int
+    version: str
+
+
+class ErrorBody(BaseModel):
+    error: str
+    error_type: str
+    field: str | None = None
+    limit: int | None = None
+
+
+class ApiError(Exception):
+    """Raised by a route: becomes an `ErrorBody` with this status."""
+
+    def __init__(self, status: int, message: str, kind: str = "validation", field: str | None = None,
+                 limit: int | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.field, self.limit = status, message, kind, field, limit
+
+    def body(self) -> dict:
+        return ErrorBody(error=self.message, error_type=self.kind, field=self.field, limit=self.limit).model_dump()
