@@ -16,7 +16,7 @@ from .backends import Backend, get_backend, warn_once
 from .engine import Engine
 from .loading import ModelWeights, load_hf_model, load_pretrained, resolve_dtype
 from .sentence import SentenceConfig, pooling_modes, read_sentence_config
-from .tokenization import load_tokenizer, prompt_length
+from .tokenization import load_tokenizer, prompt_length, token_budget_batches
 
 
 class EncoderOutput:
@@ -262,47 +262,80 @@ class Encoder(nn.Module):
                                      if self.model_dir else SentenceConfig())
         return self._sentence_config
 
+    def embedding_dim(self, pooling=None, truncate_dim: int | None = None) -> int:
+        """The width D of `encode`'s vectors for these pooling / truncate_dim arguments."""
+        modes = None if pooling is None else pooling_modes(pooling)
+        return self.sentence_config.dimension(self.config.hidden_size, modes, truncate_dim)
+
     @torch.inference_mode()
     def encode(self, texts, *, prompt_name: str | None = None, prompt: str | None = None, pooling=None,
-               normalize: bool | None = None, batch_size: int = 32, truncate_dim: int | None = None,
-               convert_to_numpy: bool = False, show_progress_bar: bool | None = None):
+               normalize: bool | None = None, batch_size: int = 32, batch_tokens: int | None = None,
+               truncate_dim: int | None = None, convert_to_numpy: bool = False,
+               show_progress_bar: bool | None = None):
         """Sentence embeddings (N, D) fp32, as the checkpoint's sentence-transformers modules make them.
 
         texts: a string or a list of strings. The configuration (`modules.json`, the Pooling config,
         Dense and Normalize modules, `max_seq_length`, prompts) is followed unless an argument says
         otherwise: pooling ('mean', 'cls', 'max', 'mean_sqrt_len_tokens', 'weightedmean', 'lasttoken',
         or a tuple of them, concatenated), normalize (True: unit length; False: skip Normalize modules),
-        prompt / prompt_name (prepended to each text, as sentence-transformers' encode). Returns a
+        prompt / prompt_name (prepended to each text, as sentence-transformers' encode). Batches hold
+        batch_size texts, or with batch_tokens as many as fit that many (padded) tokens. Returns a
         torch tensor on the engine's device, or a NumPy array with convert_to_numpy=True.
         show_progress_bar: None shows tqdm's bar on a terminal for inputs of 8 batches or more.
         """
-        if isinstance(texts, str):
-            texts = [texts]
-        modes = None if pooling is None else pooling_modes(pooling)
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        batches = self.encode_batches(texts, prompt_name=prompt_name, prompt=prompt, pooling=pooling,
+                                      normalize=normalize, batch_size=batch_size, batch_tokens=batch_tokens,
+                                      truncate_dim=truncate_dim)
+        emb = torch.zeros(len(texts), self.embedding_dim(pooling, truncate_dim), device=self.device)
+        bar = None
+        if show_progress_bar or (show_progress_bar is None and -(-len(texts) // batch_size) >= 8):
+            from tqdm.auto import tqdm
+
+            # disable=None: tqdm's own rule, no bar when stderr is not a terminal
+            bar = tqdm(total=None if batch_tokens else -(-len(texts) // batch_size), desc="Batches",
+                       unit="batch", disable=None if show_progress_bar is None else False)
+        for rows, _, vectors in batches:
+            emb[rows] = vectors
+            if bar is not None:
+                bar.update()
+        if bar is not None:
+            bar.close()
+        return emb.cpu().numpy() if convert_to_numpy else emb
+
+    def encode_batches(self, texts, *, prompt_name: str | None = None, prompt: str | None = None,
+                       pooling=None, normalize: bool | None = None, batch_size: int = 32,
+                       batch_tokens: int | None = None, truncate_dim: int | None = None):
+        """`encode` one batch at a time: yields (rows, tokens, embeddings) per batch, where rows are
+        the indices into texts the batch holds (list[int]), tokens its real token count (int) and
+        embeddings (len(rows), D) fp32 on the engine's device; arguments as `encode`.
+
+        With batch_tokens the texts are tokenized once, then grouped longest first under that token
+        budget (`token_budget_batches`); else batch_size texts per batch, longest (in characters)
+        first, as sentence-transformers batches. The engine is batch-invariant, so an embedding does
+        not depend on the grouping."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if pooling is not None:
+            pooling_modes(pooling)  # raises ValueError for a bad mode at the call, not at the first batch
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        texts = list(texts)
         cfg = self.sentence_config
         prompt = cfg.resolve_prompt(prompt, prompt_name)
         prompt_len = None
         if prompt:
             texts = [prompt + t for t in texts]
             prompt_len = prompt_length(self.tokenizer, prompt)
-        emb = torch.zeros(len(texts), cfg.dimension(self.config.hidden_size, modes, truncate_dim),
-                          device=self.device)
-        # Longest first, as sentence-transformers batches: similar lengths share a batch.
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        starts = range(0, len(texts), batch_size)
-        if show_progress_bar or (show_progress_bar is None and len(starts) >= 8):
-            from tqdm.auto import tqdm
-
-            # disable=None: tqdm's own rule, no bar when stderr is not a terminal
-            starts = tqdm(starts, desc="Batches", unit="batch", disable=None if show_progress_bar is None else False)
-        for start in starts:
-            rows = order[start:start + batch_size]
-            emb[rows] = self.embed_tokens(*self.tokenize([texts[i] for i in rows]), pooling=modes,
-                                          normalize=normalize, truncate_dim=truncate_dim, prompt_length=prompt_len)
-        return emb.cpu().numpy() if convert_to_numpy else emb
+        if batch_tokens is None:
+            order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+            groups = [order[s:s + batch_size] for s in range(0, len(texts), batch_size)]
+            tokenized = None
+        else:
+            # padded to the longest once; each batch slices its own width
+            tokenized = self.tokenize(texts) if texts else None
+            groups = token_budget_batches([] if tokenized is None else tokenized[1].sum(1).tolist(),
+                                          batch_tokens)
+        # arguments are checked above, at the call; the batches run as they are consumed
+        return self._run_batches(texts, groups, tokenized, pooling, normalize, truncate_dim, prompt_len)
 
     @torch.inference_mode()
     def embed_tokens(self, input_ids, attention_mask, token_type_ids=None, *, pooling=None,
@@ -322,3 +355,14 @@ class Encoder(nn.Module):
         last = self(input_ids, attention_mask, types).last_hidden_state.float()
         return self.sentence_config.embed(last, attention_mask.to(last.device), pooling=modes, normalize=normalize,
                                           truncate_dim=truncate_dim, prompt_length=prompt_length)
+
+    def _run_batches(self, texts, groups, tokenized, pooling, normalize, truncate_dim, prompt_len):
+        for rows in groups:
+            if tokenized is None:
+                ids, mask, types = self.tokenize([texts[i] for i in rows])
+            else:
+                index = torch.tensor(rows, device=self.device)
+                width = int(tokenized[1][index].sum(1).max())
+                ids, mask, types = (t[index, :width] for t in tokenized)
+            yield rows, int(mask.sum()), self.embed_tokens(ids, mask, types, pooling=pooling, normalize=normalize,
+                                                           truncate_dim=truncate_dim, prompt_length=prompt_len)

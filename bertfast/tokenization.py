@@ -79,3 +79,25 @@ def unpadded(tokenizer, direction: str = "right"):
     copy.no_padding()
     copy.enable_truncation(max_length=tokenizer.truncation["max_length"], direction=direction)
     return copy
+
+
+def token_budget_batches(lengths, batch_tokens: int) -> list[list[int]]:
+    """Group texts by token count so each padded batch holds at most `batch_tokens` tokens.
+
+    lengths: tokens per text (after truncation). Returns lists of indices into `lengths`, longest
+    first, each batch's rows x its longest length <= batch_tokens; a text longer than the budget
+    alone forms a batch. Every index appears exactly once.
+    """
+    if batch_tokens < 1:
+        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, current = [], []
+    for i in order:
+        # longest first: the batch's first row sets its padded length
+        if current and (len(current) + 1) * max(lengths[current[0]], 1) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches

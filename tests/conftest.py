@@ -80,3 +80,28 @@ def isa(request):
     assert _C.set_isa(request.param)
     yield request.param
     _C.set_isa(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_text_model(tmp_path_factory, minilm_path):
+    """A random 2-layer BERT (hidden 64, 64 positions) with the default model's tokenizer: a model
+    directory `encode` and `bertfast embed` run in milliseconds (mean pooling, no sentence config)."""
+    import shutil
+
+    model = hf_bert(vocab_size=30522, max_position_embeddings=64)
+    path = tmp_path_factory.mktemp("tiny_text_model")
+    model.save_pretrained(path)
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        if os.path.isfile(os.path.join(minilm_path, name)):
+            shutil.copy(os.path.join(minilm_path, name), path)
+    return str(path)
+
+
+def corpus(n: int, seed: int = 0) -> list[str]:
+    """n deterministic, varied sentences (1 to 60 words, punctuation, digits, accents)."""
+    import random
+
+    words = ("the a cat dog sat on mat quick brown fox jumps over lazy river mountain data engine vector "
+             "search model token café naïve 42 3.14 well-known e-mail, (brackets) question? yes!").split()
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(1, 60))) for _ in range(n)]

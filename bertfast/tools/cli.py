@@ -16,6 +16,7 @@ COMMANDS = {
     "kernels": ("bertfast.tools.aot", "compile every Triton kernel ahead of time for GPU archs and report"),
     "bench": ("bertfast.tools.bench.cli", "benchmark bertfast against Hugging Face, ONNX Runtime, torch.compile"),
     "serve": ("bertfast.tools.serve.cli", "HTTP embedding server (TEI and OpenAI routes), batched on one engine thread"),
+    "embed": ("bertfast.tools.embed.cli", "embed a corpus (txt/jsonl/csv/parquet) into Parquet shards or .npy, resumable"),
 }
 
 

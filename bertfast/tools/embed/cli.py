@@ -1,0 +1,133 @@
+"""`bertfast embed INPUT OUTPUT`: sentence embeddings for a corpus, streamed, sharded and resumable.
+
+INPUT: a .txt (one text per line), .jsonl, .csv or .parquet file, a directory of them or a glob.
+OUTPUT: a directory of Parquet shards (id, embedding, optional text) with a manifest, or FILE.npy
+((N, D) float32, the embedded rows in input order). The command parses, checks, and hands over to the
+job (`job.run`) with one `bertfast.ray.Embedder`, or a pool of them on a Ray cluster (`--ray`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .readers import InputError, count_rows, find_inputs, read_rows
+from .writer import OutputError, ShardWriter
+
+
+def add_arguments(p):
+    p.add_argument("input", help="a .txt/.jsonl/.csv/.parquet file, a directory of them, or a glob")
+    p.add_argument("output", help="a directory (Parquet shards + _manifest.json) or a FILE.npy")
+    p.add_argument("--model", default=None, help="model directory (default: the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--column", default="text", help="text column of .jsonl/.csv/.parquet inputs (default text)")
+    p.add_argument("--id-column", default=None, help="column carried through as the id (default: the row's "
+                   "0-based position among all input rows)")
+    p.add_argument("--keep-text", action="store_true", help="store the text next to its embedding (Parquet)")
+    p.add_argument("--dtype", default=None, help="fp32, bf16, int8, or auto (default: the checkpoint's)")
+    p.add_argument("--backend", default="auto", help="backend: auto, cpu, torch, triton (default auto)")
+    p.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per forward (default 8192)")
+    p.add_argument("--pooling", default=None, help="pooling mode(s), comma-separated: cls, mean, max, "
+                   "mean_sqrt_len_tokens, weightedmean, lasttoken (default: the model's configuration)")
+    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="unit-length vectors (default: the model's configuration)")
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt-name", default=None, help="a prompt configured by the model (e.g. query)")
+    prompt.add_argument("--prompt", default=None, help="text prepended to every input text")
+    p.add_argument("--truncate-dim", type=int, default=None, help="keep the first N dimensions")
+    p.add_argument("--shard-rows", type=int, default=10000, help="embedded rows per output shard (default 10000)")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted run into the same OUTPUT")
+    p.add_argument("--strict", action="store_true", help="stop at the first bad row instead of counting it")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="embed on a Ray cluster: 'auto', an address, or none for a local cluster")
+    p.add_argument("--ray-actors", type=int, default=None, help="embedding actors (default: cluster CPUs "
+                   "divided by --ray-cpus-per-actor)")
+    p.add_argument("--ray-cpus-per-actor", type=int, default=1, help="CPUs (torch threads) per actor (default 1)")
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"bertfast embed: error: {message}", file=sys.stderr)
+    return code
+
+
+def _check_args(args, files: list[str]) -> str | None:
+    for name in ("batch_tokens", "shard_rows", "ray_actors", "ray_cpus_per_actor", "truncate_dim"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {value}"
+    if args.output.endswith(".npy") and (args.id_column or args.keep_text):
+        return "--id-column and --keep-text need Parquet output (a directory): a .npy holds embeddings only"
+    if args.id_column and any(f.endswith(".txt") for f in files):
+        return ".txt inputs have no columns: --id-column needs .jsonl, .csv or .parquet inputs"
+    if args.pooling is not None:
+        from bertfast.sentence import pooling_modes
+
+        try:
+            args.pooling = pooling_modes([m.strip() for m in args.pooling.split(",")])
+        except ValueError as e:
+            return str(e)
+    if os.path.isfile(args.output) and not args.output.endswith(".npy"):
+        return f"OUTPUT {args.output} is a file: give a directory, or a path ending in .npy"
+    return None
+
+
+def settings(args, files: list[str]) -> dict:
+    """What decides the output's bytes: a --resume must match it (batch sizes and --ray do not)."""
+    return {"model": os.path.abspath(args.model), "dtype": args.dtype, "backend": args.backend,
+            "pooling": list(args.pooling) if args.pooling else None, "normalize": args.normalize,
+            "prompt_name": args.prompt_name, "prompt": args.prompt, "truncate_dim": args.truncate_dim,
+            "column": args.column, "id_column": args.id_column, "keep_text": args.keep_text,
+            "shard_rows": args.shard_rows,
+            "inputs": [[os.path.abspath(f), os.path.getsize(f)] for f in files]}
+
+
+def run(args) -> int:
+    import bertfast
+    from bertfast.ray import Embedder
+
+    from . import job
+
+    try:
+        files = find_inputs(args.input)
+    except InputError as e:
+        return _fail(str(e))
+    problem = _check_args(args, files)
+    if problem:
+        return _fail(problem)
+    try:
+        args.model = args.model or bertfast.default_model_path()
+    except RuntimeError as e:
+        return _fail(str(e))
+    options = dict(model=args.model, dtype=args.dtype, backend=args.backend, column=args.column,
+                   batch_tokens=args.batch_tokens, pooling=args.pooling, normalize=args.normalize,
+                   prompt_name=args.prompt_name, prompt=args.prompt, truncate_dim=args.truncate_dim)
+    try:
+        if args.ray is None:
+            embedder = Embedder(**options)
+            embed_chunks, pool = (lambda chunks: map(embedder.embed, chunks)), None
+        else:
+            from .cluster import ActorPool
+
+            pool = embed_chunks = ActorPool(args.ray, options, args.ray_actors, args.ray_cpus_per_actor)
+        writer = ShardWriter(args.output, settings(args, files), resume=args.resume)
+    except (OutputError, ValueError, RuntimeError, OSError) as e:  # LoadError, ConfigError are ValueErrors
+        return _fail(str(e))
+    if writer.complete:
+        print(f"{args.output}: already complete, nothing to do")
+        return 0
+    print(f"embedding {len(files)} file(s) into {args.output} ({args.model}, "
+          f"{'Ray ' + args.ray if args.ray else 'this process'})", file=sys.stderr)
+    try:
+        report = job.run(read_rows(files, args.column, args.id_column), writer, embed_chunks,
+                         shard_rows=args.shard_rows, total=sum(count_rows(f) for f in files),
+                         keep_text=args.keep_text, strict=args.strict, use_row_ids=args.id_column is None)
+    except job.BadRow as e:
+        return _fail(f"bad row (--strict): {e}", 1)
+    finally:
+        if pool is not None:
+            pool.close()
+    print(report.summary())
+    if report.embedded + report.skipped == 0:
+        return _fail("no texts to embed: every row was bad (see above)", 1)
+    print(f"wrote {writer.finish()}")
+    return 0

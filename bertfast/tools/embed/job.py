@@ -1,0 +1,120 @@
+"""The streaming loop of `bertfast embed`: rows -> shards of valid rows -> embeddings -> writer.
+
+Rows stream in from the readers; valid ones collect into shards of `shard_rows` (the only rows held in
+memory), each shard is embedded in chunks of `CHUNK` texts (the window within which texts are sorted by
+length for token-budget batches, and the unit of work of a Ray actor) and handed to the writer. Shards
+the writer already holds (--resume) are read but not embedded. Bad rows never stop the job: they are
+counted and reported at the end, unless `strict`, where the first one raises `BadRow`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+CHUNK = 1024  # texts per embed call: sort window for token batching, bounded tokenizer memory
+EXAMPLES = 10  # bad rows listed in the report
+
+
+class BadRow(ValueError):
+    """--strict: the first row that cannot be embedded."""
+
+
+@dataclass
+class Report:
+    rows: int = 0  # input rows seen, good and bad
+    embedded: int = 0  # rows embedded in this run
+    skipped: int = 0  # rows in shards an earlier run finished
+    tokens: int = 0
+    seconds: float = 0.0
+    bad: int = 0
+    bad_files: int = 0
+    examples: list = field(default_factory=list)
+
+    def add_bad(self, row) -> None:
+        if row.line == 0:
+            self.bad_files += 1
+        else:
+            self.bad += 1
+        if len(self.examples) < EXAMPLES:
+            self.examples.append(f"{row.where()}: {row.problem}")
+
+    def summary(self) -> str:
+        rate = self.embedded / self.seconds if self.seconds else 0.0
+        lines = [f"embedded {self.embedded} texts ({self.tokens} tokens) in {self.seconds:.1f} s "
+                 f"({rate:.1f} texts/s, {self.tokens / max(self.seconds, 1e-9):.0f} tokens/s)"]
+        if self.skipped:
+            lines.append(f"resumed: {self.skipped} texts were already embedded by an earlier run")
+        if self.bad or self.bad_files:
+            lines.append(f"skipped {self.bad} bad rows and {self.bad_files} unreadable or empty files"
+                         + (f"; the first {len(self.examples)}:" if self.examples else ""))
+            lines.extend(f"  {e}" for e in self.examples)
+        return "\n".join(lines)
+
+
+def _id_problem(value, kind: type | None) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return f"id is {type(value).__name__}, not an integer or a string"
+    if kind is not None and not isinstance(value, kind):
+        return f"id is {type(value).__name__}, but earlier ids are {kind.__name__}"
+    return None
+
+
+def shards(rows, shard_rows: int, report: Report, strict: bool = False, use_row_ids: bool = True):
+    """rows -> (index, ids, texts) per shard of up to shard_rows valid rows, in input order.
+
+    use_row_ids: the id is the row's 0-based position among all input rows (bad ones included, so a
+    gap in the ids marks a skipped row); else the row's own id (one kind: int or str)."""
+    ids, texts, index, kind = [], [], 0, None
+    for row in rows:
+        if row.line:
+            report.rows += 1
+        if row.problem is None and not use_row_ids:
+            row.problem = _id_problem(row.id, kind)
+            kind = kind or (type(row.id) if row.problem is None else None)
+        if row.problem is not None:
+            if strict:
+                raise BadRow(f"{row.where()}: {row.problem}")
+            report.add_bad(row)
+            continue
+        ids.append(report.rows - 1 if use_row_ids else row.id)
+        texts.append(row.text)
+        if len(texts) == shard_rows:
+            yield index, ids, texts
+            ids, texts, index = [], [], index + 1
+    if texts:
+        yield index, ids, texts
+
+
+def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None, keep_text: bool = False,
+        strict: bool = False, use_row_ids: bool = True, progress: bool | None = None) -> Report:
+    """Embed every valid row into `writer`; embed_chunks(list of text lists) yields (embeddings, tokens)
+    per list, in order. progress: None shows the bar on a terminal."""
+    from tqdm.auto import tqdm
+
+    report = Report()
+    bar = tqdm(total=total, unit="text", desc="embed", dynamic_ncols=True, smoothing=0.1,
+               disable=None if progress is None else not progress)
+    start = time.perf_counter()
+    try:
+        for index, ids, texts in shards(rows, shard_rows, report, strict, use_row_ids):
+            if writer.done(index):
+                report.skipped += len(texts)
+                bar.update(report.skipped + report.embedded + report.bad - bar.n)
+                continue
+            chunks = [texts[s:s + CHUNK] for s in range(0, len(texts), CHUNK)]
+            parts = []
+            for chunk, (emb, tokens) in zip(chunks, embed_chunks(chunks)):
+                parts.append(emb)
+                report.embedded += len(chunk)
+                report.tokens += tokens
+                elapsed = time.perf_counter() - start
+                bar.set_postfix_str(f"{report.tokens / elapsed:.0f} tok/s, {report.bad} bad", refresh=False)
+                bar.update(report.skipped + report.embedded + report.bad - bar.n)
+            writer.write(index, ids, np.concatenate(parts), texts if keep_text else None)
+    finally:
+        bar.close()
+        report.seconds = time.perf_counter() - start
+    return report

@@ -1,0 +1,147 @@
+"""Output of `bertfast embed`: Parquet shards written atomically, a manifest that makes `--resume` exact.
+
+A Parquet OUTPUT is a directory of `part-NNNNN.parquet` shards (columns `id`, `embedding` as a
+fixed-size list of float32, `text` with --keep-text) and `_manifest.json`. Shard k holds the k-th run of
+`shard_rows` embedded rows in input order, so shard boundaries depend only on the input and the settings.
+Each shard is written to a hidden temporary file and renamed into place, and only then recorded in the
+manifest (itself replaced atomically): a killed run leaves whole shards or nothing, and `--resume`
+recomputes exactly the shards the manifest lacks. A `.npy` OUTPUT keeps its shards in `OUTPUT.shards/`
+and is assembled from them (through a temporary file, then renamed) when every shard is done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+
+MANIFEST = "_manifest.json"  # "_": Parquet readers of the directory skip it
+VERSION = 1
+
+
+class OutputError(ValueError):
+    """The output location cannot be used as asked (exists without --resume, other settings)."""
+
+
+def _atomic_write(path: str, write) -> None:
+    """write(tmp_path) then rename over `path`: readers see the old file or the whole new one."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _shard_name(index: int) -> str:
+    return f"part-{index:05d}.parquet"
+
+
+class ShardWriter:
+    """Shards of one job in `directory`; settings (a JSON-able dict) must match on --resume."""
+
+    def __init__(self, output: str, settings: dict, resume: bool = False):
+        self.npy = output.endswith(".npy")
+        self.output = output
+        self.directory = output + ".shards" if self.npy else output
+        self.settings = settings
+        self.shards: dict[int, dict] = {}
+        self.complete = False
+        manifest = os.path.join(self.directory, MANIFEST)
+        if self.npy and os.path.exists(output):
+            if not resume:
+                raise OutputError(f"{output} exists: remove it, or pass --resume to keep it")
+            self.complete = True
+            return
+        if os.path.isfile(manifest):
+            if not resume:
+                raise OutputError(f"{self.directory} holds an earlier embed run ({MANIFEST}): pass --resume "
+                                  "to finish it, or choose another OUTPUT")
+            self._load(manifest)
+        elif os.path.isdir(self.directory) and os.listdir(self.directory):
+            raise OutputError(f"{self.directory} exists and is not an embed output (no {MANIFEST}): "
+                              "choose an empty or new directory")
+        os.makedirs(self.directory, exist_ok=True)
+        for name in os.listdir(self.directory):  # leftovers of a killed write
+            if name.startswith(".") and name.endswith(".tmp"):
+                os.remove(os.path.join(self.directory, name))
+        if not self.shards:
+            self._save()
+
+    def _load(self, path: str) -> None:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+        before = manifest.get("settings", {})
+        differ = sorted(k for k in set(before) | set(self.settings) if before.get(k) != self.settings.get(k))
+        if differ:
+            details = "; ".join(f"{k}: {before.get(k)!r} then, {self.settings.get(k)!r} now" for k in differ)
+            raise OutputError(f"cannot resume {self.directory}: it was written with other settings ({details})")
+        self.shards = {int(k): v for k, v in manifest.get("shards", {}).items()
+                       if os.path.isfile(os.path.join(self.directory, v["file"]))}
+        self.complete = bool(manifest.get("complete")) and not self.npy
+
+    def _save(self) -> None:
+        manifest = {"version": VERSION, "settings": self.settings, "complete": self.complete,
+                    "shards": {str(k): v for k, v in sorted(self.shards.items())}}
+
+        def write(tmp):
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(manifest, f, indent=1)
+
+        _atomic_write(os.path.join(self.directory, MANIFEST), write)
+
+    def done(self, index: int) -> bool:
+        return self.complete or index in self.shards
+
+    def write(self, index: int, ids: list, embeddings: np.ndarray, texts: list[str] | None = None) -> None:
+        """Shard `index`: ids (int or str, one kind), embeddings (N, D) float32, texts or None."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        n, dim = embeddings.shape
+        id_type = pa.int64() if ids and isinstance(ids[0], int) else pa.string()
+        columns = {"id": pa.array(ids, type=id_type),
+                   "embedding": pa.FixedSizeListArray.from_arrays(
+                       pa.array(np.ascontiguousarray(embeddings, dtype=np.float32).reshape(-1)), dim)}
+        if texts is not None:
+            columns["text"] = pa.array(texts, type=pa.string())
+        table = pa.table(columns)
+        name = _shard_name(index)
+        _atomic_write(os.path.join(self.directory, name), lambda tmp: pq.write_table(table, tmp))
+        self.shards[index] = {"file": name, "rows": n}
+        self._save()
+
+    def finish(self) -> str:
+        """Mark the job complete (a .npy OUTPUT: assemble it, then drop the shards); returns OUTPUT."""
+        if self.complete:
+            return self.output
+        if self.npy:
+            self._assemble()
+            shutil.rmtree(self.directory)
+        else:
+            self.complete = True
+            self._save()
+        return self.output
+
+    def _assemble(self) -> None:
+        import pyarrow.parquet as pq
+
+        order = sorted(self.shards)
+        if order != list(range(len(order))):
+            raise OutputError(f"{self.directory}: shards {order} are not contiguous from 0")
+        files = [os.path.join(self.directory, self.shards[k]["file"]) for k in order]
+        rows = sum(self.shards[k]["rows"] for k in order)
+        dim = pq.ParquetFile(files[0]).schema_arrow.field("embedding").type.list_size if files else 0
+
+        def write(tmp):
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(rows, dim))
+            start = 0
+            for path in files:  # one shard in memory at a time
+                column = pq.read_table(path, columns=["embedding"]).column("embedding").combine_chunks()
+                block = column.values.to_numpy().reshape(-1, dim)
+                out[start:start + len(block)] = block
+                start += len(block)
+            out.flush()
+            del out
+
+        _atomic_write(self.output, write)

@@ -1,0 +1,308 @@
+"""`bertfast embed`: every input format, ids, bad rows, resume after a failure, .npy, clear errors.
+
+The output must equal `Encoder.encode` on the same texts bit for bit (cpu backend: the engine is
+batch-invariant), whatever the shards, chunks and token budgets. A random 2-layer model with the default
+model's tokenizer keeps the file fast; one test runs the default model itself.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import corpus
+
+pa = pytest.importorskip("pyarrow", reason="bertfast embed needs pyarrow (the embed extra)")
+pq = pytest.importorskip("pyarrow.parquet")
+
+from bertfast import Encoder  # noqa: E402
+from bertfast.tokenization import token_budget_batches  # noqa: E402
+from bertfast.tools.cli import main  # noqa: E402
+from bertfast.tools.embed import writer as writer_module  # noqa: E402
+
+TEXTS = corpus(150)
+
+
+def embed(*argv) -> int:
+    return main(["embed", *map(str, argv)])
+
+
+def read_output(directory) -> dict:
+    """Shards in order -> {'id': list, 'embedding': (N, D) float32, 'text': list or None}."""
+    manifest = json.loads((directory / "_manifest.json").read_text())
+    assert manifest["complete"]
+    files = [manifest["shards"][k]["file"] for k in sorted(manifest["shards"], key=int)]
+    assert files == sorted(p.name for p in directory.glob("part-*.parquet"))
+    table = pa.concat_tables([pq.read_table(directory / f) for f in files])
+    dim = table.schema.field("embedding").type.list_size
+    emb = table.column("embedding").combine_chunks().values.to_numpy().reshape(-1, dim)
+    return {"id": table.column("id").to_pylist(), "embedding": emb,
+            "text": table.column("text").to_pylist() if "text" in table.column_names else None}
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_text_model):
+    return Encoder.from_pretrained(tiny_text_model, backend="cpu")
+
+
+@pytest.fixture(scope="module")
+def expected(encoder):
+    return encoder.encode(TEXTS, convert_to_numpy=True)
+
+
+def write_input(path, texts, ids=None):
+    """texts (and ids) as a .txt/.jsonl/.csv/.parquet file, by path's suffix."""
+    ids = list(range(len(texts))) if ids is None else ids
+    suffix = path.suffix
+    if suffix == ".txt":
+        path.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    elif suffix == ".jsonl":
+        path.write_text("".join(json.dumps({"doc": i, "text": t}) + "\n" for i, t in zip(ids, texts)),
+                        encoding="utf-8")
+    elif suffix == ".csv":
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["doc", "text"])
+            w.writerows(zip(ids, texts))
+    else:
+        pq.write_table(pa.table({"doc": ids, "text": texts}), path, row_group_size=37)
+    return path
+
+
+def test_token_budget_batches():
+    lengths = [3, 9, 1, 5, 5, 2, 9]
+    batches = token_budget_batches(lengths, 10)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 10
+    assert [lengths[b[0]] for b in batches] == sorted((lengths[b[0]] for b in batches), reverse=True)
+    assert token_budget_batches([50, 4], 10) == [[0], [1]]  # over budget: alone
+    with pytest.raises(ValueError, match="batch_tokens"):
+        token_budget_batches([1], 0)
+
+
+def test_encode_batch_tokens_is_bitwise(encoder, expected):
+    for budget in (64, 700, 100000):
+        assert np.array_equal(encoder.encode(TEXTS, batch_tokens=budget, convert_to_numpy=True), expected)
+    seen = []
+    for rows, tokens, vectors in encoder.encode_batches(TEXTS[:20], batch_tokens=128):
+        assert tokens > 0 and vectors.shape == (len(rows), encoder.embedding_dim())
+        seen += rows
+    assert sorted(seen) == list(range(20))
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl", ".csv", ".parquet"])
+def test_formats(tmp_path, tiny_text_model, expected, suffix):
+    ids = [f"doc-{i}" for i in range(len(TEXTS))] if suffix != ".parquet" else [10 * i for i in range(len(TEXTS))]
+    src = write_input(tmp_path / f"corpus{suffix}", TEXTS, ids)
+    extra = [] if suffix == ".txt" else ["--id-column", "doc"]
+    assert embed(src, tmp_path / "out", "--model", tiny_text_model, "--keep-text", "--shard-rows", 40,
+                 "--batch-tokens", 300, *extra) == 0
+    out = read_output(tmp_path / "out")
+    assert len(list((tmp_path / "out").glob("part-*.parquet"))) == 4
+    assert out["id"] == (list(range(len(TEXTS))) if suffix == ".txt" else ids)
+    assert out["text"] == TEXTS
+    assert out["embedding"].dtype == np.float32
+    assert np.array_equal(out["embedding"], expected)
+
+
+def test_directory_and_glob(tmp_path, tiny_text_model, expected):
+    (tmp_path / "in").mkdir()
+    write_input(tmp_path / "in" / "a.jsonl", TEXTS[:60])
+    write_input(tmp_path / "in" / "b.csv", TEXTS[60:100])
+    write_input(tmp_path / "in" / "c.parquet", TEXTS[100:])
+    (tmp_path / "in" / "notes.md").write_text("not an input")
+    assert embed(tmp_path / "in", tmp_path / "dir", "--model", tiny_text_model) == 0
+    out = read_output(tmp_path / "dir")
+    assert out["id"] == list(range(len(TEXTS))) and out["text"] is None
+    assert np.array_equal(out["embedding"], expected)
+    assert embed(tmp_path / "in" / "*.jsonl", tmp_path / "glob", "--model", tiny_text_model) == 0
+    assert np.array_equal(read_output(tmp_path / "glob")["embedding"], expected[:60])
+
+
+def test_overrides_match_encode(tmp_path, tiny_text_model, encoder):
+    src = write_input(tmp_path / "c.txt", TEXTS[:30])
+    assert embed(src, tmp_path / "out", "--model", tiny_text_model, "--pooling", "cls,max", "--normalize",
+                 "--prompt", "query: ", "--truncate-dim", 100) == 0
+    want = encoder.encode(TEXTS[:30], pooling=("cls", "max"), normalize=True, prompt="query: ",
+                          truncate_dim=100, convert_to_numpy=True)
+    assert want.shape == (30, 100)
+    assert np.array_equal(read_output(tmp_path / "out")["embedding"], want)
+
+
+def test_int8(tmp_path, tiny_text_model):
+    src = write_input(tmp_path / "c.txt", TEXTS[:40])
+    assert embed(src, tmp_path / "out", "--model", tiny_text_model, "--dtype", "int8", "--backend", "cpu") == 0
+    want = Encoder.from_pretrained(tiny_text_model, backend="cpu", dtype="int8").encode(
+        TEXTS[:40], convert_to_numpy=True)
+    assert np.array_equal(read_output(tmp_path / "out")["embedding"], want)
+
+
+def test_default_model(tmp_path, minilm_path):
+    src = write_input(tmp_path / "c.txt", TEXTS[:12])
+    assert embed(src, tmp_path / "out.npy") == 0
+    want = Encoder.from_pretrained(minilm_path).encode(TEXTS[:12], convert_to_numpy=True)
+    assert np.array_equal(np.load(tmp_path / "out.npy"), want)
+
+
+BAD_JSONL = [
+    {"doc": "a", "text": TEXTS[0]},
+    {"doc": "b", "body": "no text column"},
+    {"doc": "c", "text": 17},
+    {"doc": "d", "text": "   "},
+    "not json {",
+    {"doc": "e", "text": None},
+    [1, 2],
+    {"text": "no id"},
+    {"doc": 5, "text": "an int id after string ids"},
+    {"doc": "f", "text": TEXTS[1]},
+]
+
+
+def write_bad(directory):
+    directory.mkdir()
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in BAD_JSONL]
+    (directory / "a.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (directory / "b.csv").write_text("")  # an empty file
+    return directory
+
+
+def test_bad_rows_counted(tmp_path, tiny_text_model, encoder, capsys):
+    src = write_bad(tmp_path / "in")
+    assert embed(src, tmp_path / "out", "--model", tiny_text_model, "--id-column", "doc", "--keep-text") == 0
+    report = capsys.readouterr().out
+    assert "skipped 8 bad rows and 1 unreadable or empty files" in report
+    for reason in ("a.jsonl:2: missing column 'text'", "a.jsonl:3: column 'text' is int, not a string",
+                   "a.jsonl:4: column 'text' is empty", "a.jsonl:5: invalid JSON", "column 'text' is null",
+                   "a.jsonl:7: not a JSON object", "a.jsonl:8: missing id column 'doc'",
+                   "a.jsonl:9: id is int, but earlier ids are str", "b.csv: empty file"):
+        assert reason in report, reason
+    out = read_output(tmp_path / "out")
+    assert out["id"] == ["a", "f"] and out["text"] == TEXTS[:2]
+    assert np.array_equal(out["embedding"], encoder.encode(TEXTS[:2], convert_to_numpy=True))
+    # default ids are positions among all input rows: the gaps are the bad rows
+    assert embed(src / "a.jsonl", tmp_path / "rows", "--model", tiny_text_model) == 0
+    assert read_output(tmp_path / "rows")["id"] == [0, 7, 8, 9]
+
+
+def test_strict_stops_at_first_bad_row(tmp_path, tiny_text_model, capsys):
+    src = write_bad(tmp_path / "in")
+    assert embed(src, tmp_path / "out", "--model", tiny_text_model, "--strict") == 1
+    err = capsys.readouterr().err
+    assert "bad row (--strict)" in err and "a.jsonl:2: missing column 'text'" in err
+
+
+@pytest.mark.parametrize("where", ["shard", "manifest"])
+def test_resume_after_failure(tmp_path, tiny_text_model, expected, monkeypatch, capsys, where):
+    """A run dies after two shards (writing the third shard, or after renaming it but before the manifest
+    records it); --resume finishes with the output of an uninterrupted run and embeds only what is left."""
+    src = write_input(tmp_path / "c.jsonl", TEXTS)
+    args = [src, tmp_path / "out", "--model", tiny_text_model, "--shard-rows", 30, "--keep-text"]
+    target = "write_table" if where == "shard" else "_save"
+    calls = {"n": 0}
+    original = pq.write_table if where == "shard" else writer_module.ShardWriter._save
+    fatal_call = 3 if where == "shard" else 4  # _save runs once at the start, then once per shard
+
+    def dying(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == fatal_call:
+            if where == "shard":  # die half-way through the temporary file
+                open(a[1], "wb").write(b"PAR1 torn")
+            raise KeyboardInterrupt("killed")
+        return original(*a, **k)
+
+    monkeypatch.setattr(pq if where == "shard" else writer_module.ShardWriter, target, dying)
+    with pytest.raises(KeyboardInterrupt):
+        embed(*args)
+    monkeypatch.undo()
+    done = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert sorted(done["shards"]) == ["0", "1"] and not done["complete"]
+    assert embed(*args) == 2  # OUTPUT exists: --resume or another OUTPUT
+    assert "--resume" in capsys.readouterr().err
+    assert embed(*args, "--resume") == 0
+    assert "resumed: 60 texts were already embedded" in capsys.readouterr().out
+    out = read_output(tmp_path / "out")
+    assert out["id"] == list(range(len(TEXTS))) and out["text"] == TEXTS
+    assert np.array_equal(out["embedding"], expected)
+    assert not [p for p in os.listdir(tmp_path / "out") if p.endswith(".tmp")]
+    assert embed(*args, "--resume") == 0  # complete: nothing to do
+    assert "already complete" in capsys.readouterr().out
+
+
+def test_resume_with_other_settings_fails(tmp_path, tiny_text_model, capsys):
+    src = write_input(tmp_path / "c.txt", TEXTS[:20])
+    assert embed(src, tmp_path / "out", "--model", tiny_text_model) == 0
+    capsys.readouterr()
+    assert embed(src, tmp_path / "out", "--model", tiny_text_model, "--resume", "--pooling", "cls") == 2
+    assert "other settings (pooling: None then, ['cls'] now)" in capsys.readouterr().err
+
+
+def test_npy_output_and_resume(tmp_path, tiny_text_model, expected, monkeypatch):
+    src = write_input(tmp_path / "c.csv", TEXTS)
+    out = tmp_path / "emb.npy"
+    args = [src, out, "--model", tiny_text_model, "--shard-rows", 50]
+    calls = {"n": 0}
+    original = writer_module.ShardWriter.write
+
+    def dying(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("killed")
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(writer_module.ShardWriter, "write", dying)
+    with pytest.raises(KeyboardInterrupt):
+        embed(*args)
+    monkeypatch.undo()
+    assert not out.exists() and (tmp_path / "emb.npy.shards" / "part-00000.parquet").exists()
+    assert embed(*args, "--resume") == 0
+    emb = np.load(out)
+    assert emb.dtype == np.float32 and np.array_equal(emb, expected)
+    assert not (tmp_path / "emb.npy.shards").exists()
+    assert embed(*args) == 2  # exists
+    assert embed(*args, "--resume") == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["{missing}", "{out}"], "does not exist"),
+    (["{bad_suffix}", "{out}"], "unsupported format"),
+    (["{empty_dir}", "{out}"], "holds no .txt"),
+    (["{txt}", "{out}", "--id-column", "doc"], ".txt inputs have no columns"),
+    (["{jsonl}", "{out}.npy", "--id-column", "doc"], "need Parquet output"),
+    (["{txt}", "{out}", "--batch-tokens", "0"], "--batch-tokens must be >= 1"),
+    (["{txt}", "{out}", "--shard-rows", "-3"], "--shard-rows must be >= 1"),
+    (["{txt}", "{out}", "--pooling", "mean,median"], "unknown pooling mode 'median'"),
+    (["{txt}", "{out}", "--dtype", "fp8"], "dtype 'fp8' is not supported"),
+    (["{txt}", "{bad_suffix}"], "is a file"),
+    (["{txt}", "{not_empty}"], "is not an embed output"),
+    (["{txt}", "{out}", "--prompt-name", "nope"], "prompt name 'nope'"),
+], ids=["missing", "suffix", "empty-dir", "txt-id", "npy-id", "batch-tokens", "shard-rows", "pooling",
+        "dtype", "output-file", "output-not-empty", "prompt-name"])
+def test_clear_errors(tmp_path, tiny_text_model, capsys, argv, message):
+    (tmp_path / "empty_dir").mkdir()
+    (tmp_path / "not_empty").mkdir()
+    (tmp_path / "not_empty" / "x").write_text("x")
+    (tmp_path / "bad.xml").write_text("<a/>")
+    paths = dict(missing=tmp_path / "nope.txt", bad_suffix=tmp_path / "bad.xml", empty_dir=tmp_path / "empty_dir",
+                 txt=write_input(tmp_path / "c.txt", TEXTS[:3]), jsonl=write_input(tmp_path / "c.jsonl", TEXTS[:3]),
+                 out=tmp_path / "out", not_empty=tmp_path / "not_empty")
+    code = embed(*[a.format(**paths) for a in argv], "--model", tiny_text_model)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.startswith("bertfast embed: error:"), err
+
+
+def test_nothing_to_embed(tmp_path, tiny_text_model, capsys):
+    src = write_input(tmp_path / "c.csv", TEXTS[:5])
+    assert embed(src, tmp_path / "out", "--model", tiny_text_model, "--column", "body") == 1
+    captured = capsys.readouterr()
+    assert "no column 'body' (columns: doc, text)" in captured.out and "no texts to embed" in captured.err
+
+
+def test_bad_arguments_exit_nonzero():
+    with pytest.raises(SystemExit) as e:
+        embed("--no-such-flag")
+    assert e.value.code == 2
