@@ -13,9 +13,16 @@ from dataclasses import dataclass
 from .kernels.activation import HF_NAMES as ACTIVATIONS
 
 # Families whose config and tensor names this version parses. Others raise ConfigError.
-SUPPORTED_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert")
+SUPPORTED_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "mpnet")
 # Families that derive position ids from input_ids (fairseq style: start after the pad id, skip pads).
-POSITIONS_FROM_INPUT_IDS = ("roberta", "xlm-roberta")
+POSITIONS_FROM_INPUT_IDS = ("roberta", "xlm-roberta", "mpnet")
+# MPNet's embeddings count positions from padding_idx 1 whatever the config's pad_token_id says (transformers
+# hard-codes it in MPNetEmbeddings).
+MPNET_PADDING_IDX = 1
+# MPNet's relative position buckets: transformers' MPNetEncoder.compute_position_bias always buckets with these
+# (not with config.relative_attention_num_buckets, which only sizes the bias table), bidirectionally.
+RELATIVE_BUCKETS = 32
+RELATIVE_MAX_DISTANCE = 128
 # DistilBERT spells its config differently: its names -> the BERT names used here.
 DISTILBERT_FIELDS = {"dim": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
                      "hidden_dim": "intermediate_size", "activation": "hidden_act"}
@@ -45,6 +52,7 @@ class ModelConfig:
     embedding_size: int = 0  # ELECTRA / ALBERT factorised embeddings; 0 means hidden_size
     num_hidden_groups: int = 1  # ALBERT: distinct layer groups shared across the depth
     inner_group_num: int = 1  # ALBERT: layers per group
+    relative_attention_num_buckets: int = 0  # MPNet: rows of the relative position bias table; 0 = no such bias
 
     def __post_init__(self):
         if not self.embedding_size:
@@ -52,14 +60,19 @@ class ModelConfig:
 
     @property
     def positions_from_input_ids(self) -> bool:
-        """RoBERTa/XLM-R: position ids count real tokens from pad_token_id + 1 (not columns)."""
+        """RoBERTa/XLM-R/MPNet: position ids count real tokens from `position_padding_idx` + 1 (not columns)."""
         return self.family in POSITIONS_FROM_INPUT_IDS
+
+    @property
+    def position_padding_idx(self) -> int:
+        """The id that marks padding for position ids: pad_token_id, except MPNet's fixed 1."""
+        return MPNET_PADDING_IDX if self.family == "mpnet" else self.pad_token_id
 
     @property
     def max_sequence_length(self) -> int:
         """Longest input a row may have with default position ids."""
         if self.positions_from_input_ids:
-            return self.max_position_embeddings - self.pad_token_id - 1
+            return self.max_position_embeddings - self.position_padding_idx - 1
         return self.max_position_embeddings
 
     @property
@@ -118,6 +131,13 @@ class ModelConfig:
             )
         if d.get("is_decoder") or d.get("add_cross_attention"):
             raise ConfigError("config field 'is_decoder'/'add_cross_attention' is set: bertfast serves encoders only")
+        if family == "mpnet":  # no token types; a relative position bias table of at least the 32 buckets used
+            d = {**d, "type_vocab_size": 0}
+            buckets = need("relative_attention_num_buckets", default=RELATIVE_BUCKETS)
+            if buckets < RELATIVE_BUCKETS:
+                raise ConfigError(
+                    f"config field 'relative_attention_num_buckets' = {buckets} is below the {RELATIVE_BUCKETS} "
+                    f"buckets transformers' MPNet computes relative positions into")
         pad = d.get("pad_token_id", 0)
         if pad is None:
             pad = 0
@@ -138,6 +158,7 @@ class ModelConfig:
             embedding_size=need("embedding_size", default=hidden) if family in ("electra", "albert") else hidden,
             num_hidden_groups=need("num_hidden_groups", default=1) if family == "albert" else 1,
             inner_group_num=need("inner_group_num", default=1) if family == "albert" else 1,
+            relative_attention_num_buckets=buckets if family == "mpnet" else 0,
         )
 
     @classmethod

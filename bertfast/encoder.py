@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .backends import Backend, get_backend, warn_once
+from .config import ConfigError, read_config_json
 from .engine import Engine
 from .loading import ModelWeights, load_hf_model, load_pretrained, resolve_dtype
 from .sentence import SentenceConfig, pooling_modes, read_sentence_config
@@ -60,6 +61,14 @@ def model_device(model) -> torch.device:
         return next(model.parameters()).device
     except (StopIteration, AttributeError):
         return torch.device("cpu")
+
+
+def _model_type(path: str) -> str | None:
+    """config.json's model_type, or None where it cannot be read (loading then raises the precise error)."""
+    try:
+        return read_config_json(path).get("model_type")
+    except ConfigError:
+        return None
 
 
 def split_quantization(dtype):
@@ -172,7 +181,7 @@ class Encoder(nn.Module):
         self.config = weights.config
         self.quantize = quantize
         if not isinstance(backend, Backend):
-            backend = get_backend(backend, weights.device, quantize)
+            backend = get_backend(backend, weights.device, quantize, family=self.config.family)
         self.engine = Engine(weights, backend)
         self.model_dir = model_dir
         self._tokenizer = None
@@ -186,7 +195,7 @@ class Encoder(nn.Module):
         weights at load (backends that offer it) with fp32 activations."""
         path = os.fspath(path)
         dtype, quantize = split_quantization(dtype)
-        engine_backend = get_backend(backend, "cpu", quantize)
+        engine_backend = get_backend(backend, "cpu", quantize, family=_model_type(path))
         weights = load_pretrained(path, choose_dtype(dtype, engine_backend, "cpu"))
         return cls(weights, engine_backend, add_pooling_layer, model_dir=path, quantize=quantize)
 
@@ -196,7 +205,7 @@ class Encoder(nn.Module):
         dtype is unchanged); dtype as in `from_pretrained`."""
         dtype, quantize = split_quantization(dtype)
         device = model_device(model)
-        engine_backend = get_backend(backend, device, quantize)
+        engine_backend = get_backend(backend, device, quantize, family=getattr(model.config, "model_type", None))
         weights = load_hf_model(model, choose_dtype(dtype, engine_backend, device))
         return cls(weights, engine_backend, add_pooling_layer, quantize=quantize)
 

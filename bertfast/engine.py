@@ -1,6 +1,7 @@
 """The engine: one forward pass over the real tokens only, the same for every backend.
 
-unpad -> embed (-> projection) -> layers -> pad -> pooler. A layer is `compose_layer` over the backend's
+unpad -> embed (-> projection) -> layers -> pad -> pooler (MPNet: its relative position bias computed once, after
+unpad, for every layer's attention). A layer is `compose_layer` over the backend's
 ops (qkv -> varlen attention -> linear + residual -> layernorm -> linear + activation -> linear +
 residual -> layernorm, post-LayerNorm as in BERT), unless the backend runs it whole
 (`Backend.whole_layer`: the same kernels in the same order). Inputs are assumed validated
@@ -13,29 +14,33 @@ import math
 
 import torch
 
-from .backends import Backend
+from . import relative
+from .backends import AttentionBias, Backend
 from .backends.weights import LayerWeights, ModelWeights
+from .config import ConfigError
 from .padding import pad, unpad
 
 
 def default_position_ids(config, input_ids: torch.Tensor) -> torch.Tensor:
     """Position ids transformers uses when none are given. input_ids: (B, S) -> (B, S) int64.
 
-    Columns 0..S-1, except RoBERTa/XLM-R: real tokens (ids != pad) count up from pad_token_id + 1
-    and pad tokens get pad_token_id (fairseq's make_positions).
+    Columns 0..S-1, except RoBERTa/XLM-R/MPNet: real tokens (ids != pad) count up from pad + 1 and pad
+    tokens get pad (fairseq's make_positions), pad = `config.position_padding_idx`.
     """
     B, S = input_ids.shape
     if config.positions_from_input_ids:
-        real = input_ids.ne(config.pad_token_id).long()
-        return torch.cumsum(real, dim=1) * real + config.pad_token_id
+        pad = config.position_padding_idx
+        real = input_ids.ne(pad).long()
+        return torch.cumsum(real, dim=1) * real + pad
     return torch.arange(S, device=input_ids.device).expand(B, S)
 
 
 def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int, heads: int,
-                  scale: float, eps: float, act: str) -> torch.Tensor:
-    """One post-LayerNorm encoder layer on x (T, H) from the backend's ops; cu_seqlens (B+1,) int32."""
+                  scale: float, eps: float, act: str, bias: AttentionBias | None = None) -> torch.Tensor:
+    """One post-LayerNorm encoder layer on x (T, H) from the backend's ops; cu_seqlens (B+1,) int32; bias: the
+    relative position bias (MPNet) or None."""
     q, k, v = ops.qkv(x, layer.qkv_weight, layer.qkv_bias, heads)
-    ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale)
+    ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale, bias)
     x = ops.layernorm(ops.linear(ctx, layer.attn_out_weight, layer.attn_out_bias, "none", x),
                       layer.attn_ln_weight, layer.attn_ln_bias, eps)
     h = ops.linear(x, layer.ffn_in_weight, layer.ffn_in_bias, act)
@@ -44,17 +49,20 @@ def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: 
 
 
 def run_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int, heads: int, scale: float,
-              eps: float, act: str) -> torch.Tensor:
+              eps: float, act: str, bias: AttentionBias | None = None) -> torch.Tensor:
     """The layer whole where the backend offers it for these tokens, else `compose_layer`."""
     whole = ops.whole_layer(x, layer)
     if whole is not None:
-        return whole(x, cu_seqlens, int(max_seqlen), float(scale))
-    return compose_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act)
+        return whole(x, cu_seqlens, int(max_seqlen), float(scale), bias)
+    return compose_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias)
 
 
 class Engine:
     def __init__(self, weights: ModelWeights, backend: Backend):
         self.config = weights.config
+        if self.config.family in backend.unsupported_families:
+            raise ConfigError(f"backend {backend.name!r} does not run {self.config.family} models yet: "
+                              f"{backend.unsupported_families[self.config.family]}")
         self.backend = backend
         self.weights = backend.prepare(weights)
 
@@ -83,8 +91,11 @@ class Engine:
         hidden = [x] if output_hidden_states else None
         heads, eps, act = cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation
         scale = 1.0 / math.sqrt(cfg.head_dim)
+        bias = None
+        if w.embeddings.relative_bias is not None:  # MPNet: once per forward, shared by every layer
+            bias = relative.attention_bias(w.embeddings.relative_bias, indices, S)
         for layer in w.layers:
-            x = run_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act)
+            x = run_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias)
             if hidden is not None:
                 hidden.append(x)
 

@@ -307,7 +307,7 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
     config = ModelConfig.from_dict(d)
     task = task_of(config.family, arch) if arch else None  # unknown architecture fails before any read
     device = "cpu" if model_dir is not None else model_device(path_or_hf_model)
-    engine_backend = get_backend(backend, device)
+    engine_backend = get_backend(backend, device, family=config.family)
     dtype = choose_dtype(dtype, engine_backend, device)
     if model_dir is not None:
         src = open_checkpoint(model_dir)

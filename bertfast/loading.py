@@ -24,7 +24,7 @@ DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.fl
 
 # Where each family keeps its encoder inside task checkpoints (base checkpoints use no prefix).
 BASE_PREFIX = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta.", "electra": "electra.",
-               "albert": "albert.", "distilbert": "distilbert."}
+               "albert": "albert.", "distilbert": "distilbert.", "mpnet": "mpnet."}
 
 # Per family: module names (without .weight/.bias) of one layer's parts, relative to the layer.
 _BERT_LAYER = dict(query="attention.self.query", key="attention.self.key", value="attention.self.value",
@@ -38,10 +38,15 @@ LAYER_NAMES = {
     "distilbert": dict(query="attention.q_lin", key="attention.k_lin", value="attention.v_lin",
                        attn_out="attention.out_lin", attn_ln="sa_layer_norm",
                        ffn_in="ffn.lin1", ffn_out="ffn.lin2", ffn_ln="output_layer_norm"),
+    "mpnet": {**_BERT_LAYER, "query": "attention.attn.q", "key": "attention.attn.k", "value": "attention.attn.v",
+              "attn_out": "attention.attn.o", "attn_ln": "attention.LayerNorm"},
 }
+# MPNet's relative position bias table (an Embedding [buckets, heads]), shared by every layer.
+RELATIVE_BIAS = {"mpnet": "encoder.relative_attention_bias.weight"}
 # Embedding -> hidden projection (factorised embeddings) and pooler module names, per family.
 PROJECTION = {"electra": "embeddings_project", "albert": "encoder.embedding_hidden_mapping_in"}
-POOLER = {"bert": "pooler.dense", "roberta": "pooler.dense", "xlm-roberta": "pooler.dense", "albert": "pooler"}
+POOLER = {"bert": "pooler.dense", "roberta": "pooler.dense", "xlm-roberta": "pooler.dense", "albert": "pooler",
+          "mpnet": "pooler.dense"}
 
 
 class LoadError(ValueError):
@@ -244,6 +249,9 @@ def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> Mode
         ln_bias=get("embeddings.LayerNorm.bias", (E,)),
         projection_weight=projection[0],
         projection_bias=projection[1],
+        relative_bias=(get(RELATIVE_BIAS[config.family], (config.relative_attention_num_buckets,
+                                                          config.num_attention_heads))
+                       if config.family in RELATIVE_BIAS else None),
     )
     names = LAYER_NAMES[config.family]
     built: dict[str, LayerWeights] = {}  # shared (ALBERT) layers are built once and reused

@@ -35,6 +35,7 @@ OUTPUT_CLASS = {
     "albert": "BaseModelOutputWithPooling",
     "electra": "BaseModelOutputWithPastAndCrossAttentions",
     "distilbert": "BaseModelOutput",
+    "mpnet": "BaseModelOutputWithPooling",
 }
 # Arguments the engine serves; any other argument given a non-default value means fallback.
 SERVED = {"input_ids", "attention_mask", "token_type_ids", "position_ids", "output_hidden_states",
@@ -93,7 +94,9 @@ class _EngineForward:
         want_hidden = call.get("output_hidden_states")
         if want_hidden is None:
             want_hidden = bool(getattr(self.config, "output_hidden_states", False))
-        out = self._bertfast_encoder(call["input_ids"], call.get("attention_mask"), call.get("token_type_ids"),
+        # A model without token types ignores any it is given (MPNet takes them through **kwargs), as here.
+        types = call.get("token_type_ids") if self._bertfast_encoder.config.type_vocab_size else None
+        out = self._bertfast_encoder(call["input_ids"], call.get("attention_mask"), types,
                                      call.get("position_ids"), output_hidden_states=want_hidden)
         dtype = self._bertfast_dtype  # the head expects the model's own dtype
         fields = {"last_hidden_state": out.last_hidden_state.to(dtype)}
@@ -110,7 +113,7 @@ def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False):
     """Run `model`'s encoder on bertfast; returns `model` itself.
 
     model: a transformers base or task model of a supported family (BERT, RoBERTa, XLM-R, ELECTRA,
-    ALBERT, DistilBERT). dtype: the engine's dtype (None: the model's; "auto": the backend's fastest
+    ALBERT, DistilBERT, MPNet). dtype: the engine's dtype (None: the model's; "auto": the backend's fastest
     within the fidelity rule, see `Encoder.from_pretrained`); outputs are cast back to the model's dtype
     for its head. strict: raise EngineUnsupported instead of falling back.
     A sentence-transformers SentenceTransformer has its Transformer module's model optimized.

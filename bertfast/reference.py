@@ -4,7 +4,7 @@ This module is the oracle (product code never imports it; the torch backend wrap
 functions (`embed`, `qkv`, `attention`, `linear_gelu`, `linear_residual`, `layernorm`, `pooler`, and
 `layer`, one encoder layer made of them) define what every backend's op must compute, and
 `forward` runs the whole padded model the way `transformers` does (additive key-padding mask,
-position ids ``0..S-1``). Tests check `forward` against `transformers` itself; kernels and backends
+position ids ``0..S-1``; MPNet's relative position bias). Tests check `forward` against `transformers` itself; kernels and backends
 are checked against the op functions. Nothing here is tuned for speed.
 """
 
@@ -15,7 +15,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import relative
 from .kernels import activation as act_table
+from .backends import AttentionBias
 from .backends.weights import EmbeddingWeights, LayerWeights, ModelWeights
 from .engine import default_position_ids
 
@@ -48,14 +50,17 @@ def qkv(x, weight, bias, num_heads: int):
     return out[:, 0], out[:, 1], out[:, 2]
 
 
-def attention_padded(q, k, v, key_mask, scale: float) -> torch.Tensor:
+def attention_padded(q, k, v, key_mask, scale: float, bias=None) -> torch.Tensor:
     """Softmax attention with a key-padding mask, Hugging Face style.
 
-    q, k, v: (B, heads, S, d); key_mask: (B, S) bool or 0/1, True = real token.
+    q, k, v: (B, heads, S, d); key_mask: (B, S) bool or 0/1, True = real token; bias: None or an additive
+    (B or 1, heads, S, S) score bias (MPNet's relative positions), added before the mask as transformers does.
     Masked keys get the dtype's most negative value added, so a fully masked row is uniform,
     never NaN. Returns (B, heads, S, d).
     """
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias
     if key_mask is not None:
         neg = torch.finfo(scores.dtype).min
         additive = (1.0 - key_mask.to(scores.dtype))[:, None, None, :] * neg
@@ -64,11 +69,12 @@ def attention_padded(q, k, v, key_mask, scale: float) -> torch.Tensor:
     return torch.matmul(probs, v)
 
 
-def attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tensor:
+def attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float, bias: AttentionBias | None = None) -> torch.Tensor:
     """Variable-length attention on packed tokens.
 
-    q, k, v: (T, heads, d); cu_seqlens: (B+1,) int32 sequence starts; max_seqlen: longest sequence.
-    Each sequence attends to itself only. Returns (T, heads * d).
+    q, k, v: (T, heads, d); cu_seqlens: (B+1,) int32 sequence starts; max_seqlen: longest sequence; bias: the
+    relative position bias (`backends.AttentionBias`) or None. Each sequence attends to itself only.
+    Returns (T, heads * d).
     """
     T, heads, d = q.shape
     B = cu_seqlens.numel() - 1
@@ -80,12 +86,16 @@ def attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tenso
         buf = t.new_zeros(B * max_seqlen, heads, d).index_copy_(0, idx, t)
         return buf.view(B, max_seqlen, heads, d).transpose(1, 2)
 
-    out = attention_padded(to_padded(q), to_padded(k), to_padded(v), mask, scale)
+    dense = None
+    if bias is not None:
+        positions = bias.positions.new_zeros(B * max_seqlen).index_copy_(0, idx, bias.positions).view(B, max_seqlen)
+        dense = relative.dense_bias(bias, positions, positions, q.dtype)
+    out = attention_padded(to_padded(q), to_padded(k), to_padded(v), mask, scale, dense)
     out = out.transpose(1, 2).reshape(B * max_seqlen, heads * d)
     return out.index_select(0, idx)
 
 
-def attention_loop(q, k, v, cu_seqlens, scale: float) -> torch.Tensor:
+def attention_loop(q, k, v, cu_seqlens, scale: float, bias: AttentionBias | None = None) -> torch.Tensor:
     """The same as `attention`, one sequence at a time (an independent check of the packing)."""
     outs = []
     bounds = cu_seqlens.tolist()
@@ -93,7 +103,11 @@ def attention_loop(q, k, v, cu_seqlens, scale: float) -> torch.Tensor:
         if end == start:
             continue
         qs, ks, vs = (t[start:end].transpose(0, 1)[None] for t in (q, k, v))
-        o = attention_padded(qs, ks, vs, None, scale)[0].transpose(0, 1)
+        dense = None
+        if bias is not None:
+            positions = bias.positions[start:end]
+            dense = relative.dense_bias(bias, positions, positions, q.dtype)[None]
+        o = attention_padded(qs, ks, vs, None, scale, dense)[0].transpose(0, 1)
         outs.append(o.reshape(end - start, -1))
     if not outs:
         return q.new_zeros(0, q.shape[1] * q.shape[2])
@@ -128,10 +142,10 @@ def pooler(cls_hidden, weight, bias) -> torch.Tensor:
 
 
 def layer(x, layer: LayerWeights, cu_seqlens, max_seqlen: int, num_heads: int, scale: float, eps: float,
-          act: str) -> torch.Tensor:
+          act: str, bias: AttentionBias | None = None) -> torch.Tensor:
     """One encoder layer on the packed layout x: (T, H), composed from the ops above."""
     q, k, v = qkv(x, layer.qkv_weight, layer.qkv_bias, num_heads)
-    ctx = attention(q, k, v, cu_seqlens, max_seqlen, scale)
+    ctx = attention(q, k, v, cu_seqlens, max_seqlen, scale, bias)
     x = layernorm(linear_residual(ctx, layer.attn_out_weight, layer.attn_out_bias, x),
                   layer.attn_ln_weight, layer.attn_ln_bias, eps)
     h = linear_gelu(x, layer.ffn_in_weight, layer.ffn_in_bias, act)
@@ -143,13 +157,13 @@ def layer(x, layer: LayerWeights, cu_seqlens, max_seqlen: int, num_heads: int, s
 # The whole model, padded, exactly as transformers computes it.
 
 
-def layer_forward(x, mask, layer: LayerWeights, num_heads: int, act: str, eps: float):
-    """One encoder layer on a padded batch. x: (B, S, H); mask: (B, S) bool."""
+def layer_forward(x, mask, layer: LayerWeights, num_heads: int, act: str, eps: float, bias=None):
+    """One encoder layer on a padded batch. x: (B, S, H); mask: (B, S) bool; bias: (1, heads, S, S) or None."""
     B, S, H = x.shape
     d = H // num_heads
     q, k, v = (t.reshape(B, S, num_heads, d).transpose(1, 2)
                for t in F.linear(x, layer.qkv_weight, layer.qkv_bias).split(H, dim=-1))
-    ctx = attention_padded(q, k, v, mask, 1.0 / math.sqrt(d)).transpose(1, 2).reshape(B, S, H)
+    ctx = attention_padded(q, k, v, mask, 1.0 / math.sqrt(d), bias).transpose(1, 2).reshape(B, S, H)
     x = layernorm(linear_residual(ctx, layer.attn_out_weight, layer.attn_out_bias, x),
                   layer.attn_ln_weight, layer.attn_ln_bias, eps)
     h = linear_gelu(x, layer.ffn_in_weight, layer.ffn_in_bias, act)
@@ -182,8 +196,13 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
     if emb.projection_weight is not None:
         x = linear(x, emb.projection_weight, emb.projection_bias)
     hidden = [x]
+    bias = None
+    if emb.relative_bias is not None:  # transformers' MPNet: columns' relative positions, (1, heads, S, S)
+        columns = torch.arange(S, device=dev)
+        table = AttentionBias(relative.bias_table(emb.relative_bias, S), columns)
+        bias = relative.dense_bias(table, columns, columns, x.dtype)[None]
     for layer in weights.layers:
-        x = layer_forward(x, mask, layer, cfg.num_attention_heads, cfg.activation, cfg.layer_norm_eps)
+        x = layer_forward(x, mask, layer, cfg.num_attention_heads, cfg.activation, cfg.layer_norm_eps, bias)
         hidden.append(x)
     pooled = None
     if weights.pooler_weight is not None:

@@ -74,6 +74,7 @@ HEADS = {
     },
     "roberta": ROBERTA,
     "xlm-roberta": ROBERTA,
+    "mpnet": ROBERTA,  # the same modules under the same names (MPNetClassificationHead, MPNetLMHead)
     "electra": {
         "SequenceClassification": {"logits": (FIRST, [lin("classifier.dense"), act("gelu"),
                                                       lin("classifier.out_proj", "L")])},
@@ -106,7 +107,7 @@ HEADS = {
 }
 # Class-name prefix of each family in transformers (`BertForMaskedLM`, `XLMRobertaModel`, ...).
 CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
-                "albert": "Albert", "distilbert": "DistilBert"}
+                "albert": "Albert", "distilbert": "DistilBert", "mpnet": "MPNet"}
 
 # Activations a head may name: the layer's, plus tanh and identity (ELECTRA summary).
 HEAD_ACTIVATIONS = {**HF_NAMES, "gelu_tanh": "gelu_tanh", "tanh": "tanh", "linear": None}

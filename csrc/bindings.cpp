@@ -8,6 +8,7 @@
 // isa / detected_isa / set_isa / has_avx512_bf16 (isa.cpp), num_threads (parallel.h).
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -127,6 +128,35 @@ int64_t check_cu_seqlens(const at::Tensor& cu_seqlens, int64_t tokens, int64_t m
   return B;
 }
 
+// The optional relative position bias of attention (`bc::AttnBias`; table and positions go together): table
+// (heads, width) float32 contiguous with width odd, positions (T,) int32 contiguous, and every distance between
+// two tokens of one sequence inside the table. table == nullptr in the result when absent.
+bc::AttnBias check_attn_bias(const c10::optional<at::Tensor>& table, const c10::optional<at::Tensor>& positions,
+                             int64_t heads, int64_t tokens, const at::Tensor& cu_seqlens) {
+  BF_CHECK(table.has_value() == positions.has_value(), "bias_table and bias_positions go together");
+  if (!table.has_value()) return {nullptr, 0, nullptr};
+  check_tensor(*table, "bias_table");
+  BF_CHECK(table->scalar_type() == at::kFloat, "bias_table must be float32, got ", table->scalar_type());
+  BF_CHECK(table->dim() == 2 && table->size(0) == heads && table->size(1) % 2 == 1,
+           "bias_table must be (heads = ", heads, ", width) with width odd, got ", table->sizes());
+  check_contig(*table, "bias_table");
+  check_tensor(*positions, "bias_positions");
+  BF_CHECK(positions->scalar_type() == at::kInt, "bias_positions must be int32, got ", positions->scalar_type());
+  BF_CHECK(positions->dim() == 1 && positions->size(0) == tokens, "bias_positions must be (", tokens, ",), got ",
+           positions->sizes());
+  check_contig(*positions, "bias_positions");
+  const int32_t* pos = positions->data_ptr<int32_t>();
+  const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
+  const int64_t reach = (table->size(1) - 1) / 2;
+  for (int64_t b = 0; b + 1 < cu_seqlens.size(0); ++b) {
+    if (cu[b + 1] == cu[b]) continue;
+    const auto [lo, hi] = std::minmax_element(pos + cu[b], pos + cu[b + 1]);
+    BF_CHECK(int64_t(*hi) - *lo <= reach, "bias_positions of sequence ", b, " span ", int64_t(*hi) - *lo,
+             " but bias_table (width ", table->size(1), ") covers distances up to ", reach);
+  }
+  return {table->data_ptr<float>(), table->size(1), pos};
+}
+
 bc::Activation activation(const std::string& name) {
   bc::Activation act = bc::Activation::None;
   BF_CHECK(bc::parse_activation(name.c_str(), &act), "unknown activation '", name, "' (expected ",
@@ -212,7 +242,8 @@ at::Tensor layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Ten
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
-                     int64_t max_seqlen, double scale, bool bf16_products) {
+                     int64_t max_seqlen, double scale, bool bf16_products,
+                     const c10::optional<at::Tensor>& bias_table, const c10::optional<at::Tensor>& bias_positions) {
   check_float(q, "q");
   BF_CHECK(q.dim() == 3, "q must be (tokens, heads, head_dim), got ", q.sizes());
   check_like(k, q, "k");
@@ -226,6 +257,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   BF_CHECK(heads > 0 && d > 0, "heads and head_dim must be positive, got ", q.sizes());
   const int64_t B = check_cu_seqlens(cu_seqlens, T, max_seqlen, "q");
   const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
+  const bc::AttnBias bias = check_attn_bias(bias_table, bias_positions, heads, T, cu_seqlens);
   const bc::AttnStrides st{q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1)};
   at::Tensor out = at::empty({T, heads * d}, q.options());
   {
@@ -233,7 +265,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     dispatch(q.scalar_type(), [&](auto tag) {
       using T_ = decltype(tag);
       bc::attention<T_>(ptr<T_>(q), ptr<T_>(k), ptr<T_>(v), st, cu, B, heads, d, float(scale), ptr<T_>(out),
-                        bf16_products);
+                        bf16_products, bias.table ? &bias : nullptr);
     });
   }
   return out;
@@ -349,13 +381,16 @@ class Layer {
     check_vector(w.ffn_ln_bias, ref, hidden, "ffn LayerNorm bias");
   }
 
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale) const {
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale,
+                     const c10::optional<at::Tensor>& bias_table,
+                     const c10::optional<at::Tensor>& bias_positions) const {
     const int64_t H = config_.hidden, I = config_.intermediate;
     check_like(x, w_.qkv_bias, "x");
     BF_CHECK(x.dim() == 2 && x.size(1) == H, "x must be (tokens, ", H, "), got ", x.sizes());
     check_contig(x, "x");
     const int64_t T = x.size(0);
     const int64_t B = check_cu_seqlens(cu_seqlens, T, max_seqlen, "x");
+    const bc::AttnBias bias = check_attn_bias(bias_table, bias_positions, config_.heads, T, cu_seqlens);
     at::Tensor out = at::empty({T, H}, x.options());
     at::Tensor work = at::empty({bc::layer_work_numel(T, H, I)}, x.options());
     at::Tensor q, q_scale, q_zp;
@@ -383,7 +418,7 @@ class Layer {
                                      ptr<T_>(w_.ffn_ln_weight),
                                      ptr<T_>(w_.ffn_ln_bias)};
         bc::encoder_layer<T_>(ptr<T_>(x), T, cu_seqlens.data_ptr<int32_t>(), B, float(scale), w, config_,
-                              ptr<T_>(work), q8, ptr<T_>(out));
+                              ptr<T_>(work), q8, ptr<T_>(out), bias.table ? &bias : nullptr);
       });
     }
     return out;
@@ -534,9 +569,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("residual") = py::none());
   m.def("attention", &attention,
         "varlen attention on packed q, k, v (T, heads, d) -> (T, heads * d); bf16_products: fp32 inputs may "
-        "run the products on bf16 operands (AMX, fp32 accumulation and softmax)",
+        "run the products on bf16 operands (AMX, fp32 accumulation and softmax); bias_table (heads, width) float32 "
+        "and bias_positions (T,) int32: score(t, u) += bias_table[h, (width - 1) / 2 + pos[u] - pos[t]] (MPNet)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
-        py::arg("bf16_products") = false);
+        py::arg("bf16_products") = false, py::arg("bias_table") = py::none(), py::arg("bias_positions") = py::none());
   m.def("pack_linear", &pack_linear, "pack a (N, K) weight for `linear`", py::arg("weight"));
   m.def("linear", &linear,
         "act(x @ w.T + bias) + residual on a packed weight (streaming at small M; fp32 blocked at large M); act in "
@@ -563,10 +599,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("int8_scales") = py::none(), py::arg("int8_colsums") = py::none());
   py::class_<Layer>(m, "Layer",
                     "one post-LayerNorm encoder layer on packed weights (a LayerWeights), run whole in C++ on the "
-                    "extension's GEMMs; call it with (x, cu_seqlens, max_seqlen, scale)")
+                    "extension's GEMMs; call it with (x, cu_seqlens, max_seqlen, scale[, bias_table, bias_positions]), "
+                    "the bias as in `attention`")
       .def(py::init<const LayerTensors&, int64_t, int64_t, int64_t, double, const std::string&>(), py::arg("weights"),
            py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("eps"), py::arg("act"))
-      .def("__call__", &Layer::forward, py::arg("x"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"));
+      .def("__call__", &Layer::forward, py::arg("x"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
+           py::arg("bias_table") = py::none(), py::arg("bias_positions") = py::none());
   m.def("isa", &isa, "the ISA tier the kernels dispatch to: 'amx', 'avx512_vnni', 'avx2' or 'portable'");
   m.def("detected_isa", &detected_isa, "the best ISA tier this CPU (and OS) supports");
   m.def("set_isa", &set_isa, "cap the kernels at an ISA tier; returns False if the CPU lacks it", py::arg("isa"));

@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 CPU_BACKENDS = [n for n, r in bertfast.available_backends("cpu").items() if r is None and n != "triton"]
 COMMON = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
               max_position_embeddings=40, type_vocab_size=2, layer_norm_eps=1e-12)
+NO_TYPES = {k: v for k, v in COMMON.items() if k != "type_vocab_size"}  # MPNet has no token types
 
 FAMILIES = {
     "bert": lambda: transformers.BertModel(transformers.BertConfig(**COMMON)),
@@ -30,6 +31,7 @@ FAMILIES = {
     "distilbert-sinusoidal": lambda: transformers.DistilBertModel(transformers.DistilBertConfig(
         vocab_size=97, dim=64, n_layers=1, n_heads=2, hidden_dim=96, max_position_embeddings=40,
         sinusoidal_pos_embds=True)),
+    "mpnet": lambda: transformers.MPNetModel(transformers.MPNetConfig(**NO_TYPES, hidden_act="gelu_new")),
 }
 
 
@@ -46,7 +48,7 @@ def build(name, seed=0):
 def batch_for(model, lengths, seed=1):
     cfg = model.config
     pad = cfg.pad_token_id or 0
-    limit = cfg.max_position_embeddings - (pad + 1 if cfg.model_type in ("roberta", "xlm-roberta") else 0)
+    limit = cfg.max_position_embeddings - (pad + 1 if cfg.model_type in ("roberta", "xlm-roberta", "mpnet") else 0)
     lengths = [min(n, limit) for n in lengths]
     ids, mask, types = ragged_batch(lengths, vocab=cfg.vocab_size, seed=seed)
     ids = torch.where(mask.bool(), ids.clamp_min(pad + 1), torch.full_like(ids, pad))
@@ -75,7 +77,7 @@ def test_family_matches_transformers(family, backend):
         assert rel_err(ours, theirs, mask) <= 1e-5
 
 
-@pytest.mark.parametrize("family", ["roberta", "electra", "albert", "distilbert"])
+@pytest.mark.parametrize("family", ["roberta", "electra", "albert", "distilbert", "mpnet"])
 def test_family_from_saved_directory(tmp_path, family):
     model = build(family, seed=2)
     model.save_pretrained(tmp_path)

@@ -8,13 +8,13 @@ import torch
 import bertfast
 from bertfast.heads import TaskModel, load, supported_architectures
 from conftest import rel_err
-from test_families import COMMON, batch_for
+from test_families import COMMON, NO_TYPES, batch_for
 
 transformers = pytest.importorskip("transformers")
 
 CPU_BACKENDS = [n for n, r in bertfast.available_backends("cpu").items() if r is None and n != "triton"]
 PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
-          "albert": "Albert", "distilbert": "DistilBert"}
+          "albert": "Albert", "distilbert": "DistilBert", "mpnet": "MPNet"}
 TASKS = {
     "bert": ["SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice", "MaskedLM",
              "NextSentencePrediction", "PreTraining"],
@@ -26,7 +26,7 @@ TASKS = {
     "distilbert": ["SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice",
                    "MaskedLM"],
 }
-TASKS["xlm-roberta"] = TASKS["roberta"]
+TASKS["xlm-roberta"] = TASKS["mpnet"] = TASKS["roberta"]
 
 
 def _config(family, **kw):
@@ -46,6 +46,8 @@ def _config(family, **kw):
     if family == "albert":
         return transformers.AlbertConfig(**{**COMMON, "num_hidden_layers": 3}, embedding_size=16,
                                          num_hidden_groups=2, **kw)
+    if family == "mpnet":
+        return transformers.MPNetConfig(**{**NO_TYPES, "hidden_act": "relu"}, **kw)
     return transformers.DistilBertConfig(vocab_size=97, dim=64, n_layers=2, n_heads=4, hidden_dim=96,
                                          max_position_embeddings=40, activation="gelu_new", **kw)
 
@@ -95,7 +97,7 @@ def check_against(ours, ref, mask):
 CASES = [(f, t, True) for f in TASKS for t in TASKS[f]] + [
     # Untied decoders: the checkpoint's own decoder weight and bias, not the embeddings'.
     (f, t, False) for f, t in [("bert", "PreTraining"), ("roberta", "MaskedLM"), ("electra", "MaskedLM"),
-                               ("albert", "MaskedLM"), ("distilbert", "MaskedLM")]]
+                               ("albert", "MaskedLM"), ("distilbert", "MaskedLM"), ("mpnet", "MaskedLM")]]
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)

@@ -7,7 +7,7 @@ import torch
 
 import bertfast
 from conftest import rel_err
-from test_families import COMMON, batch_for
+from test_families import COMMON, NO_TYPES, batch_for
 
 transformers = pytest.importorskip("transformers")
 
@@ -25,6 +25,8 @@ def _config(family):
         return transformers.ElectraConfig(**COMMON, embedding_size=32, num_labels=2)
     if family == "albert":
         return transformers.AlbertConfig(**COMMON, embedding_size=16, num_labels=2)
+    if family == "mpnet":
+        return transformers.MPNetConfig(**NO_TYPES, num_labels=2)
     return transformers.DistilBertConfig(vocab_size=97, dim=64, n_layers=2, n_heads=4, hidden_dim=96,
                                          max_position_embeddings=40, num_labels=2)
 
@@ -38,6 +40,8 @@ MODELS = [
     ("electra", "ElectraForPreTraining"), ("electra", "ElectraForSequenceClassification"),
     ("albert", "AlbertForMaskedLM"), ("albert", "AlbertForSequenceClassification"),
     ("distilbert", "DistilBertForQuestionAnswering"), ("distilbert", "DistilBertForSequenceClassification"),
+    ("mpnet", "MPNetModel"), ("mpnet", "MPNetForSequenceClassification"), ("mpnet", "MPNetForMaskedLM"),
+    ("mpnet", "MPNetForMultipleChoice"),
 ]
 
 

@@ -50,7 +50,7 @@ class CrossSequenceAttention(TorchBackend):
     name = "broken-attention"
 
     @staticmethod
-    def attention(q, k, v, cu_seqlens, max_seqlen, scale):
+    def attention(q, k, v, cu_seqlens, max_seqlen, scale, bias=None):
         whole = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
         return reference.attention(q, k, v, whole, q.shape[0], scale)
 
@@ -146,8 +146,8 @@ class Fp32Epilogue(TorchBackend):
         return (out if residual is None else out + residual.float()).to(x.dtype)
 
     @staticmethod
-    def attention(q, k, v, cu_seqlens, max_seqlen, scale):
-        return reference.attention(q.float(), k.float(), v.float(), cu_seqlens, max_seqlen, scale).to(q.dtype)
+    def attention(q, k, v, cu_seqlens, max_seqlen, scale, bias=None):
+        return reference.attention(q.float(), k.float(), v.float(), cu_seqlens, max_seqlen, scale, bias).to(q.dtype)
 
     @staticmethod
     def layernorm(x, weight, bias, eps):

@@ -16,7 +16,7 @@ from .cpu import isa as _isa
 # so before anything here imports torch.
 _isa.apply_library_caps()
 
-from .contract import Backend, BackendUnavailable, Precision  # noqa: E402
+from .contract import AttentionBias, Backend, BackendUnavailable, Precision  # noqa: E402
 
 # name -> "module:Class". Adding a backend is one line here plus its module.
 REGISTRY = {
@@ -64,9 +64,9 @@ def _device_type(device) -> str:
     return device if isinstance(device, str) and ":" not in device else str(device).split(":")[0]
 
 
-def get_backend(name: str = "auto", device="cpu", quantize: str | None = None) -> Backend:
-    """Instantiate backend `name` for `device` (with weight quantization `quantize`, e.g. "int8");
-    raises ValueError naming the available ones."""
+def get_backend(name: str = "auto", device="cpu", quantize: str | None = None, family: str | None = None) -> Backend:
+    """Instantiate backend `name` for `device` (with weight quantization `quantize`, e.g. "int8") to run models
+    of `family` (a model_type; None: any); raises ValueError naming the available ones."""
     device = _device_type(device)
     if name == "auto":
         order = AUTO_ORDER.get(device, ("torch",))
@@ -79,6 +79,8 @@ def get_backend(name: str = "auto", device="cpu", quantize: str | None = None) -
                 cls, reason = None, str(e)
             if reason is None and quantize is not None and quantize not in cls.quantizations:
                 reason = f"no {quantize!r} quantization"
+            if reason is None and family in cls.unsupported_families:
+                reason = f"no {family} models yet: {cls.unsupported_families[family]}"
             if reason is None:
                 if passed_over:
                     warn_once(f"bertfast: backend 'auto' on {device} is using {candidate!r}, not the faster "
@@ -96,6 +98,8 @@ def get_backend(name: str = "auto", device="cpu", quantize: str | None = None) -
         reason = cls.unavailable_reason(device)
     except BackendUnavailable as e:
         reason = str(e)
+    if reason is None and family in cls.unsupported_families:
+        raise ValueError(f"backend {name!r} does not run {family} models yet: {cls.unsupported_families[family]}")
     if reason is not None:
         usable = [n for n, r in available_backends(device).items() if r is None]
         raise ValueError(
@@ -105,4 +109,4 @@ def get_backend(name: str = "auto", device="cpu", quantize: str | None = None) -
     return cls(quantize=quantize)
 
 
-__all__ = ["Backend", "BackendUnavailable", "Precision", "REGISTRY", "get_backend", "available_backends", "warn_once"]
+__all__ = ["AttentionBias", "Backend", "BackendUnavailable", "Precision", "REGISTRY", "get_backend", "available_backends", "warn_once"]

@@ -10,6 +10,7 @@ hands it a callable that runs the layer in one piece (the cpu backend's C++ `Lay
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
 
@@ -33,8 +34,20 @@ class Precision:
     slower: tuple[torch.dtype, ...] = ()
 
 
+class AttentionBias(NamedTuple):
+    """An additive relative position bias (MPNet), the same for every layer of one forward: score(t, u) +=
+    table[h, (width - 1) / 2 + positions[u] - positions[t]] for tokens t, u of one sequence.
+
+    table: (heads, width) float32, width odd, one value per head and distance; positions: (T,) int32."""
+
+    table: torch.Tensor
+    positions: torch.Tensor
+
+
 class Backend:
     name = "base"
+    # Families this backend cannot run yet: model_type -> why. backend="auto" passes over such a backend.
+    unsupported_families: dict[str, str] = {}
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
     quantizations: tuple[str, ...] = ()  # weight quantization schemes `prepare` can apply, e.g. "int8"
 
@@ -86,14 +99,15 @@ class Backend:
         """Fused projection: x (T, H), weight (3H, H) -> q, k, v (T, heads, d), views allowed."""
         raise NotImplementedError
 
-    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale):
-        """Varlen softmax attention of each sequence on itself: q, k, v (T, heads, d) -> (T, heads * d)."""
+    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias: AttentionBias | None = None):
+        """Varlen softmax attention of each sequence on itself: q, k, v (T, heads, d) -> (T, heads * d);
+        softmax(q k^T * scale + bias) v, bias an AttentionBias or None."""
         raise NotImplementedError
 
     def layernorm(self, x, weight, bias, eps):
         raise NotImplementedError
 
     def whole_layer(self, x, layer: LayerWeights):
-        """A callable (x, cu_seqlens, max_seqlen, scale) -> x running `layer` on `x` in one piece, or
-        None for the engine to compose it from the ops above (the default)."""
+        """A callable (x, cu_seqlens, max_seqlen, scale, bias) -> x running `layer` on `x` in one piece (bias:
+        an AttentionBias or None), or None for the engine to compose it from the ops above (the default)."""
         return None

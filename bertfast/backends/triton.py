@@ -25,6 +25,8 @@ def _triton_import_error() -> str | None:
 class TritonBackend(Backend):
     name = "triton"
     dtypes = (torch.float32, torch.float16, torch.bfloat16)  # tl.dot has no fp64 path worth having
+    unsupported_families = {"mpnet": "its flash attention takes no relative position bias (use backend='cpu' "
+                                     "or 'torch')"}
 
     @classmethod
     def unavailable_reason(cls, device):
@@ -71,7 +73,10 @@ class TritonBackend(Backend):
     def qkv(self, x, weight, bias, num_heads):
         return self._ops.qkv.qkv(x, weight, bias, num_heads)
 
-    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale):
+    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None):
+        if bias is not None:  # the engine never gets here (unsupported_families); a direct call must not drop it
+            raise ValueError("backend 'triton' takes no relative position bias yet (MPNet): "
+                             "use backend='cpu' or 'torch'")
         return self._ops.attention.attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, validate=False)
 
     def linear(self, x, weight, bias, act="none", residual=None):

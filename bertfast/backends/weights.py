@@ -25,6 +25,7 @@ class EmbeddingWeights:
     ln_bias: torch.Tensor  # [E]
     projection_weight: torch.Tensor | None = None  # [H, E] when embedding_size != hidden (ELECTRA, ALBERT)
     projection_bias: torch.Tensor | None = None  # [H]
+    relative_bias: torch.Tensor | None = None  # [buckets, heads]: MPNet's relative position bias, for every layer
 
 
 @dataclass

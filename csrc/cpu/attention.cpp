@@ -4,7 +4,9 @@
 // fused [T, 3H] QKV output). A work item is one (sequence, head): its K (transposed, per key tile) and V
 // are widened to fp32 once and reused by all its query blocks; all math is fp32. bf16 with head_dim <= 64
 // on a CPU with AMX runs the two products on tiles instead (attention_amx: same tiling, bf16 operands,
-// fp32 accumulation and softmax).
+// fp32 accumulation and softmax). An optional relative position bias (MPNet, `AttnBias`) is added to each
+// score tile between the product and the softmax, read per distance from a (heads, width) table; calls
+// with one run the fp32-math tiers (AVX-512, AVX2, portable), not the AMX tiles.
 #include <omp.h>
 
 #include <algorithm>
@@ -95,6 +97,24 @@ struct Scratch {
   float m[kQBlock], l[kQBlock];
 };
 
+// The position bias of one (query block, key tile): score (i, j) += row[kpos[j] - qpos[i]], row = this head's
+// table row at distance 0; row == nullptr: no bias.
+struct TileBias {
+  const float* row = nullptr;
+  const int32_t *qpos = nullptr, *kpos = nullptr;
+};
+
+// Adds the bias to the tile's scores s [qn][kKBlock] (kn keys); inlined into each tier's block.
+BF_INLINE void add_bias(float* s, const TileBias& b, int64_t qn, int64_t kn) {
+  if (b.row == nullptr) return;
+  for (int64_t i = 0; i < qn; ++i) {
+    const float* row = b.row - b.qpos[i];
+    float* si = s + i * kKBlock;
+#pragma omp simd
+    for (int64_t j = 0; j < kn; ++j) si[j] += row[b.kpos[j]];
+  }
+}
+
 // ---- portable block: plain loops the compiler vectorizes ----
 struct GenericBlock {
   // K rows [0, len) of one head into kt: [tile][d][kKBlock] (keys past len stay zero).
@@ -111,7 +131,7 @@ struct GenericBlock {
   // products run on register tiles of 4-lane vectors (GCC vector extensions: SSE2 on x86-64, NEON on
   // aarch64); the compiler's own vectorization of these loops kept every partial sum in memory.
   BF_INLINE static void run(Scratch& sc, const float* kt, const float* vf, int64_t qn, int64_t kn, int64_t d,
-                            int64_t dp, bool first) {
+                            int64_t dp, bool first, const TileBias& bias) {
     for (int64_t i = 0; i < qn; i += kR) {  // rows past qn are zero queries: computed, never used
       const float* q = sc.qf.data() + i * dp;
       float* s = sc.s.data() + i * kKBlock;
@@ -119,6 +139,7 @@ struct GenericBlock {
       for (; j + 4 < kn; j += 8) score_tile<2>(q, dp, kt + j, d, s + j);
       if (j < kn) score_tile<1>(q, dp, kt + j, d, s + j);
     }
+    add_bias(sc.s.data(), bias, qn, kn);
     for (int64_t i = 0; i < qn; ++i) {
       float* s = sc.s.data() + i * kKBlock;
       float mx = sc.m[i];
@@ -250,19 +271,19 @@ struct Avx512Block {
   // A tile of kn keys needs only ceil(kn / 16) score vectors per row: short sequences (and the last
   // tile of a longer one) do not pay for a full kKBlock of keys.
   BF_TARGET_AVX512 static void run(Scratch& sc, const float* kt, const float* vf, int64_t qn, int64_t kn, int64_t d,
-                                   int64_t dp, bool first) {
+                                   int64_t dp, bool first, const TileBias& bias) {
     switch ((kn + 15) / 16) {
-      case 1: run_cols<1>(sc, kt, vf, qn, kn, d, dp, first); break;
-      case 2: run_cols<2>(sc, kt, vf, qn, kn, d, dp, first); break;
-      case 3: run_cols<3>(sc, kt, vf, qn, kn, d, dp, first); break;
-      default: run_cols<kKBlock / 16>(sc, kt, vf, qn, kn, d, dp, first); break;
+      case 1: run_cols<1>(sc, kt, vf, qn, kn, d, dp, first, bias); break;
+      case 2: run_cols<2>(sc, kt, vf, qn, kn, d, dp, first, bias); break;
+      case 3: run_cols<3>(sc, kt, vf, qn, kn, d, dp, first, bias); break;
+      default: run_cols<kKBlock / 16>(sc, kt, vf, qn, kn, d, dp, first, bias); break;
     }
   }
 
   template <int kC>  // score vectors per row (16 keys each), kC * 16 >= kn
   BF_TARGET_AVX512 __attribute__((noinline)) static void run_cols(Scratch& sc, const float* kt, const float* vf,
                                                                   int64_t qn, int64_t kn, int64_t d, int64_t dp,
-                                                                  bool first) {
+                                                                  bool first, const TileBias& bias) {
     static_assert(kC >= 1 && kC * 16 <= kKBlock, "a tile has at most kKBlock keys");
     constexpr int kR = 4;                // query rows per register block
     const int64_t qn4 = (qn + kR - 1) / kR * kR;  // rows past qn are zero queries: computed, never used
@@ -284,6 +305,7 @@ struct Avx512Block {
       for (int r = 0; r < kR; ++r)
         for (int c = 0; c < kC; ++c) _mm512_storeu_ps(sc.s.data() + (i + r) * kKBlock + 16 * c, s[r][c]);
     }
+    add_bias(sc.s.data(), bias, qn, kn);
     // Online softmax per row; keys past kn are masked out.
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
     for (int64_t i = 0; i < qn; ++i) {
@@ -411,8 +433,9 @@ struct Avx2Block {
   }
 
   BF_TARGET_AVX2 static void run(Scratch& sc, const float* kt, const float* vf, int64_t qn, int64_t kn, int64_t d,
-                                 int64_t dp, bool first) {
+                                 int64_t dp, bool first, const TileBias& bias) {
     scores(sc, kt, qn, kn, d, dp);
+    add_bias(sc.s.data(), bias, qn, kn);
     softmax(sc, qn, kn, dp, first);
     accumulate(sc, vf, qn, kn, dp, first);
   }
@@ -750,7 +773,7 @@ BF_TARGET_AMX void attention_amx(const T* q, const T* k, const T* v, const AttnS
 template <typename T, typename Block>
 BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnStrides& st,
                                 const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d, float scale,
-                                T* out, std::atomic<int64_t>* next) {
+                                T* out, std::atomic<int64_t>* next, const AttnBias* bias) {
   DenormalGuard ftz;
   const int64_t H = heads * d;
   const int64_t dp = (d + 15) / 16 * 16;
@@ -798,7 +821,11 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t kn = std::min<int64_t>(kKBlock, len - t * kKBlock);
         pf.step(rows_per_run);
-        Block::run(sc, sc.kt.data() + t * d * kKBlock, sc.vf.data() + t * kKBlock * dp, qn, kn, d, dp, t == 0);
+        TileBias tb;
+        if (bias != nullptr)
+          tb = {bias->table + h * bias->width + (bias->width - 1) / 2, bias->pos + start + q0,
+                bias->pos + start + t * kKBlock};
+        Block::run(sc, sc.kt.data() + t * d * kKBlock, sc.vf.data() + t * kKBlock * dp, qn, kn, d, dp, t == 0, tb);
       }
       for (int64_t i = 0; i < qn; ++i) {
         const float inv = 1.0f / sc.l[i];
@@ -815,29 +842,31 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
 template <typename T>
 BF_TARGET_AVX2 void attention_avx2(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu,
                                    int64_t batch, int64_t heads, int64_t d, float scale, T* out,
-                                   std::atomic<int64_t>* next) {
-  attention_thread<T, Avx2Block>(q, k, v, st, cu, batch, heads, d, scale, out, next);
+                                   std::atomic<int64_t>* next, const AttnBias* bias) {
+  attention_thread<T, Avx2Block>(q, k, v, st, cu, batch, heads, d, scale, out, next, bias);
 }
 
 template <typename T>
 BF_TARGET_AVX512 void attention_avx512(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu,
                                        int64_t batch, int64_t heads, int64_t d, float scale, T* out,
-                                       std::atomic<int64_t>* next) {
-  attention_thread<T, Avx512Block>(q, k, v, st, cu, batch, heads, d, scale, out, next);
+                                       std::atomic<int64_t>* next, const AttnBias* bias) {
+  attention_thread<T, Avx512Block>(q, k, v, st, cu, batch, heads, d, scale, out, next, bias);
 }
 #endif
 
 template <typename T>
 void attention_generic(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu, int64_t batch,
-                       int64_t heads, int64_t d, float scale, T* out, std::atomic<int64_t>* next) {
-  attention_thread<T, GenericBlock>(q, k, v, st, cu, batch, heads, d, scale, out, next);
+                       int64_t heads, int64_t d, float scale, T* out, std::atomic<int64_t>* next,
+                       const AttnBias* bias) {
+  attention_thread<T, GenericBlock>(q, k, v, st, cu, batch, heads, d, scale, out, next, bias);
 }
 
 }  // namespace
 
 template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
-               int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products) {
+               int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products,
+               const AttnBias* bias) {
   int64_t work = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
@@ -849,7 +878,7 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
   // Every thread claims (sequence, head) items from one counter until none are left.
   std::atomic<int64_t> next{0};
 #if BF_X86
-  if (sizeof(T) == 2 || bf16_products) {
+  if ((sizeof(T) == 2 || bf16_products) && bias == nullptr) {  // the AMX path takes no position bias
     if (head_dim <= 64 && active_isa() == Isa::Amx) {
       parallel_for(nt, nt, [&](int64_t) {
         attention_amx(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
@@ -859,14 +888,14 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
   }
 #endif
   parallel_for(nt, nt, [&](int64_t) {
-    BF_DISPATCH(attention, q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
+    BF_DISPATCH(attention, q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias);
   });
 }
 
 template void attention<float>(const float*, const float*, const float*, const AttnStrides&, const int32_t*,
-                               int64_t, int64_t, int64_t, float, float*, bool);
+                               int64_t, int64_t, int64_t, float, float*, bool, const AttnBias*);
 template void attention<bf16>(const bf16*, const bf16*, const bf16*, const AttnStrides&, const int32_t*, int64_t,
-                              int64_t, int64_t, float, bf16*, bool);
+                              int64_t, int64_t, float, bf16*, bool, const AttnBias*);
 
 }  // namespace cpu
 }  // namespace bertfast

@@ -34,9 +34,18 @@ void layernorm(const T* x, const T* residual, const T* gamma, const T* beta, flo
 struct AttnStrides {
   int64_t q_row, q_head, k_row, k_head, v_row, v_head;
 };
+// An additive relative position bias (MPNet): score(t, u) += table[h * width + (width - 1) / 2 + pos[u] - pos[t]]
+// for tokens t, u of one sequence, pos: (T,) the tokens' positions, table: (heads, width) fp32 per distance,
+// width odd and covering every distance within a sequence (checked at the boundary): linear in length.
+struct AttnBias {
+  const float* table;
+  int64_t width;
+  const int32_t* pos;
+};
 template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
-               int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products = false);
+               int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products = false,
+               const AttnBias* bias = nullptr);
 
 // ---- linear*.cpp: GEMM on prepacked weights ----
 
@@ -111,7 +120,8 @@ struct Int8Scratch {
 // out (T, H) = the layer applied to x (T, H), sequences delimited by cu_seqlens.
 template <typename T>
 void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
-                   const LayerWeights<T>& w, const LayerConfig& c, T* work, const Int8Scratch& q8, T* out);
+                   const LayerWeights<T>& w, const LayerConfig& c, T* work, const Int8Scratch& q8, T* out,
+                   const AttnBias* bias = nullptr);
 
 }  // namespace cpu
 }  // namespace bertfast

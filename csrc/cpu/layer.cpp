@@ -11,7 +11,8 @@ namespace cpu {
 
 template <typename T>
 void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
-                   const LayerWeights<T>& w, const LayerConfig& c, T* work, const Int8Scratch& q8, T* out) {
+                   const LayerWeights<T>& w, const LayerConfig& c, T* work, const Int8Scratch& q8, T* out,
+                   const AttnBias* bias) {
   const int64_t T_ = tokens, H = c.hidden, I = c.intermediate, d = H / c.heads;
   T* qkv = work;              // (T, 3H): q | k | v per token
   T* ctx = qkv + T_ * 3 * H;  // (T, H)
@@ -32,7 +33,7 @@ void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_
   };
   gemm(w.qkv, x, H, 3 * H, nullptr, Activation::None, qkv);
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
-  attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, c.heads, d, scale, ctx, c.int8);
+  attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, c.heads, d, scale, ctx, c.int8, bias);
   gemm(w.attn_out, ctx, H, H, x, Activation::None, mid);
   layernorm<T>(mid, nullptr, w.attn_ln_weight, w.attn_ln_bias, c.eps, T_, H, mid);
   gemm(w.ffn_in, mid, H, I, nullptr, c.act, inner);
@@ -41,9 +42,11 @@ void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_
 }
 
 template void encoder_layer<float>(const float*, int64_t, const int32_t*, int64_t, float, const LayerWeights<float>&,
-                                   const LayerConfig&, float*, const Int8Scratch&, float*);
+                                   const LayerConfig&, float*, const Int8Scratch&, float*,
+                                   const AttnBias*);
 template void encoder_layer<bf16>(const bf16*, int64_t, const int32_t*, int64_t, float, const LayerWeights<bf16>&,
-                                  const LayerConfig&, bf16*, const Int8Scratch&, bf16*);
+                                  const LayerConfig&, bf16*, const Int8Scratch&, bf16*,
+                                  const AttnBias*);
 
 }  // namespace cpu
 }  // namespace bertfast

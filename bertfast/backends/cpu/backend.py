@@ -109,10 +109,11 @@ class CpuBackend(Backend):
         qkv = out.view(out.shape[0], 3, num_heads, -1)
         return qkv[:, 0], qkv[:, 1], qkv[:, 2]
 
-    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale):
-        # Under int8 the products run on bf16 operands where AMX is present (docs/int8.md#what-stays-fp32).
+    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None):
+        # Under int8 the products run on bf16 operands where AMX is present (docs/int8.md#what-stays-fp32); with a
+        # position bias (MPNet) on the fp32-math tiers (csrc/cpu/attention.cpp).
         return _C.attention(q, k, v, cu_seqlens, int(max_seqlen), float(scale),
-                            bf16_products=self.quantize == "int8")
+                            bf16_products=self.quantize == "int8", **_bias_args(bias))
 
     def layernorm(self, x, weight, bias, eps):
         return _C.layernorm(x.contiguous(), weight, bias, eps)
@@ -136,5 +137,11 @@ class CpuBackend(Backend):
         whole = getattr(self, "_whole", {}).get(id(layer))
         rows = self.native_rows("int8" if self.quantize == "int8" else x.dtype)
         if whole is not None and x.shape[0] <= rows and x.is_contiguous():
-            return whole
+            return lambda x, cu_seqlens, max_seqlen, scale, bias: whole(x, cu_seqlens, max_seqlen, scale,
+                                                                        **_bias_args(bias))
         return None
+
+
+def _bias_args(bias) -> dict:
+    """The native calls' keyword arguments for an AttentionBias (none without one)."""
+    return {} if bias is None else dict(bias_table=bias.table, bias_positions=bias.positions)
