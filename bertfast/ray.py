@@ -20,6 +20,8 @@ import sys
 import numpy as np
 import torch
 
+BATCH_TOKENS = 1024  # padded tokens per forward: on a CPU small batches keep activations in cache (README)
+
 
 def _assigned_cpus() -> int | None:
     """The CPUs Ray assigned the calling actor, or None outside a Ray actor."""
@@ -44,7 +46,7 @@ class Embedder:
     """
 
     def __init__(self, model: str | None = None, *, dtype=None, backend: str = "auto", column: str = "text",
-                 output_column: str = "embedding", batch_tokens: int = 8192, pooling=None,
+                 output_column: str = "embedding", batch_tokens: int = BATCH_TOKENS, pooling=None,
                  normalize: bool | None = None, prompt_name: str | None = None, prompt: str | None = None,
                  truncate_dim: int | None = None, threads: int | None = None):
         from . import default_model_path

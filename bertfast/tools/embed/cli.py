@@ -12,6 +12,8 @@ import argparse
 import os
 import sys
 
+from bertfast.ray import BATCH_TOKENS
+
 from .readers import InputError, count_rows, find_inputs, read_rows
 from .writer import OutputError, ShardWriter
 
@@ -26,7 +28,8 @@ def add_arguments(p):
     p.add_argument("--keep-text", action="store_true", help="store the text next to its embedding (Parquet)")
     p.add_argument("--dtype", default=None, help="fp32, bf16, int8, or auto (default: the checkpoint's)")
     p.add_argument("--backend", default="auto", help="backend: auto, cpu, torch, triton (default auto)")
-    p.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per forward (default 8192)")
+    p.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS,
+                   help=f"padded tokens per forward (default {BATCH_TOKENS})")
     p.add_argument("--pooling", default=None, help="pooling mode(s), comma-separated: cls, mean, max, "
                    "mean_sqrt_len_tokens, weightedmean, lasttoken (default: the model's configuration)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
