@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers")
 CPU_REASON = available_backends("cpu").get("cpu")
 pytestmark = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")
 
+from bertfast.backends.cpu import routing  # noqa: E402
 from bertfast.backends.cpu.backend import CpuBackend  # noqa: E402  (imports fine without the extension)
 from bertfast.engine import compose_layer, run_layer  # noqa: E402
 
@@ -31,7 +32,7 @@ PATHS = {"small": 1 << 30, "torch": 0}
 
 @pytest.fixture(params=["small", "torch"])
 def gemm_path(request, monkeypatch):
-    monkeypatch.setattr(CpuBackend, "native_rows", lambda self, dtype: PATHS[request.param])
+    monkeypatch.setattr(routing, "native_rows", lambda dtype, tier, native_bf16: PATHS[request.param])
     return request.param
 
 

@@ -88,11 +88,7 @@ class CpuBackend(Backend):
         (int8 GEMM, fp32 x); bias: (N,)."""
         if isinstance(weight, quant.QuantLinear):
             return quant.linear(x, weight, bias, act, residual)
-        if x.shape[0] <= self.native_rows(x.dtype):
-            kernel = routing.EXT
-        else:
-            kernel = routing.library_kernel(x.dtype, isa.native_bf16())
-        return linear.linear(x, weight, bias, act, residual, kernel=kernel)
+        return linear.linear(x, weight, bias, act, residual)
 
     def embed(self, input_ids, position_ids, token_type_ids, emb, eps):
         if emb.token_type is None:

@@ -72,18 +72,17 @@ def packed(weight) -> PackedLinear:
     return weight if isinstance(weight, PackedLinear) else PackedLinear(weight)
 
 
-def linear(x, weight, bias, act: str = "none", residual=None, kernel: str | None = None):
+def linear(x, weight, bias, act: str = "none", residual=None):
     """act(x @ weight.T + bias) + residual. x: (M, K) fp32/bf16; weight: PackedLinear or (N, K) of x's dtype;
     bias: (N,) or None; residual: (M, N) or None (not with an activation past the extension's rows).
-    kernel: `routing`'s choice for this call (default: the active tier's)."""
+    The kernel is `routing.gemm_kernel`'s choice on the active tier."""
     w = packed(weight)
     if x.dim() != 2 or x.shape[1] != w.in_features:
         raise ValueError(f"x must be (M, {w.in_features}), got {tuple(x.shape)}")
     if x.dtype != w.dtype:
         raise ValueError(f"x has dtype {x.dtype} but the weight has {w.dtype}")
     activation.check(act)
-    if kernel is None:
-        kernel = routing.gemm_kernel(x.dtype, x.shape[0], _C.isa(), isa.native_bf16())
+    kernel = routing.gemm_kernel(x.dtype, x.shape[0], _C.isa(), isa.native_bf16())
     if kernel == routing.EXT:
         return _C.linear(x, w.packed, w.out_features, bias, act, residual)
     if x.stride(1) != 1:
