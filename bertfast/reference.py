@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from . import relative
 from .kernels import activation as act_table
-from .backends import AttentionBias
+from .backends import AttentionBias, Rotary
 from .backends.weights import EmbeddingWeights, LayerWeights, ModelWeights
 from .engine import default_position_ids
 
@@ -39,42 +39,64 @@ def embed(input_ids, position_ids, token_type_ids, emb: EmbeddingWeights, eps: f
     x = emb.word[input_ids]
     if emb.token_type is not None:
         x = x + emb.token_type[token_type_ids]
-    x = x + emb.position[position_ids]
+    if emb.position is not None:  # rotary models (ModernBERT, NomicBERT, GTE) have no position table
+        x = x + emb.position[position_ids]
     return F.layer_norm(x, (x.shape[-1],), emb.ln_weight, emb.ln_bias, eps)
 
 
-def qkv(x, weight, bias, num_heads: int):
-    """Fused projection. x: (T, H); weight: (3H, H); bias: (3H,). Returns q, k, v: (T, heads, d)."""
+def rotate(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+    """RoPE, half-split convention (`backends.Rotary`): x (T, heads, d), cos/sin (T, d/2) fp32 -> (T, heads, d)
+    in x's dtype, computed in fp32."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    cos, sin = rotary.cos[:, None, :], rotary.sin[:, None, :]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def qkv(x, weight, bias, num_heads: int, rotary: Rotary | None = None):
+    """Fused projection. x: (T, H); weight: (3H, H); bias: (3H,) or None; rotary: RoPE for q and k or None.
+    Returns q, k, v: (T, heads, d)."""
     T = x.shape[0]
     out = F.linear(x, weight, bias).view(T, 3, num_heads, -1)
-    return out[:, 0], out[:, 1], out[:, 2]
+    q, k, v = out[:, 0], out[:, 1], out[:, 2]
+    if rotary is not None:
+        q, k = rotate(q, rotary), rotate(k, rotary)
+    return q, k, v
 
 
-def attention_padded(q, k, v, key_mask, scale: float, bias=None) -> torch.Tensor:
+def attention_padded(q, k, v, key_mask, scale: float, bias=None, window: int = 0) -> torch.Tensor:
     """Softmax attention with a key-padding mask, Hugging Face style.
 
     q, k, v: (B, heads, S, d); key_mask: (B, S) bool or 0/1, True = real token; bias: None or an additive
-    (B or 1, heads, S, S) score bias (MPNet's relative positions), added before the mask as transformers does.
+    (B or 1, heads, S, S) score bias (MPNet's relative positions), added before the mask as transformers does;
+    window > 0: query column i sees only key columns j with |i - j| <= window (ModernBERT's local layers).
     Masked keys get the dtype's most negative value added, so a fully masked row is uniform,
     never NaN. Returns (B, heads, S, d).
     """
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if bias is not None:
         scores = scores + bias
+    neg = torch.finfo(scores.dtype).min
     if key_mask is not None:
-        neg = torch.finfo(scores.dtype).min
         additive = (1.0 - key_mask.to(scores.dtype))[:, None, None, :] * neg
         scores = scores + additive
+    if window > 0:
+        S = scores.shape[-1]
+        columns = torch.arange(S, device=scores.device)
+        outside = (columns[:, None] - columns[None, :]).abs() > window
+        scores = scores.masked_fill(outside, neg)
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, v)
 
 
-def attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float, bias: AttentionBias | None = None) -> torch.Tensor:
+def attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float, bias: AttentionBias | None = None,
+              window: int = 0) -> torch.Tensor:
     """Variable-length attention on packed tokens.
 
     q, k, v: (T, heads, d); cu_seqlens: (B+1,) int32 sequence starts; max_seqlen: longest sequence; bias: the
-    relative position bias (`backends.AttentionBias`) or None. Each sequence attends to itself only.
-    Returns (T, heads * d).
+    relative position bias (`backends.AttentionBias`) or None; window > 0: each token sees only the tokens of
+    its sequence at most `window` places away. Each sequence attends to itself only. Returns (T, heads * d).
     """
     T, heads, d = q.shape
     B = cu_seqlens.numel() - 1
@@ -90,12 +112,13 @@ def attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float, bias: Attentio
     if bias is not None:
         positions = bias.positions.new_zeros(B * max_seqlen).index_copy_(0, idx, bias.positions).view(B, max_seqlen)
         dense = relative.dense_bias(bias, positions, positions, q.dtype)
-    out = attention_padded(to_padded(q), to_padded(k), to_padded(v), mask, scale, dense)
+    out = attention_padded(to_padded(q), to_padded(k), to_padded(v), mask, scale, dense, window)
     out = out.transpose(1, 2).reshape(B * max_seqlen, heads * d)
     return out.index_select(0, idx)
 
 
-def attention_loop(q, k, v, cu_seqlens, scale: float, bias: AttentionBias | None = None) -> torch.Tensor:
+def attention_loop(q, k, v, cu_seqlens, scale: float, bias: AttentionBias | None = None,
+                   window: int = 0) -> torch.Tensor:
     """The same as `attention`, one sequence at a time (an independent check of the packing)."""
     outs = []
     bounds = cu_seqlens.tolist()
@@ -107,7 +130,7 @@ def attention_loop(q, k, v, cu_seqlens, scale: float, bias: AttentionBias | None
         if bias is not None:
             positions = bias.positions[start:end]
             dense = relative.dense_bias(bias, positions, positions, q.dtype)[None]
-        o = attention_padded(qs, ks, vs, None, scale, dense)[0].transpose(0, 1)
+        o = attention_padded(qs, ks, vs, None, scale, dense, window)[0].transpose(0, 1)
         outs.append(o.reshape(end - start, -1))
     if not outs:
         return q.new_zeros(0, q.shape[1] * q.shape[2])
@@ -117,6 +140,12 @@ def attention_loop(q, k, v, cu_seqlens, scale: float, bias: AttentionBias | None
 def linear(x, weight, bias) -> torch.Tensor:
     """x: (T, K); weight: (N, K); bias: (N,). Returns (T, N)."""
     return F.linear(x, weight, bias)
+
+
+def linear_glu(x, weight, bias, act: str) -> torch.Tensor:
+    """A gated FFN's first GEMM: act(x @ a.T + bias_a) * (x @ b.T + bias_b) for weight rows [a; b] (2N, K) and
+    bias (2N,) or None. Returns (T, N)."""
+    return act_table.glu(F.linear(x, weight, bias), act)
 
 
 def linear_gelu(x, weight, bias, act: str = "gelu") -> torch.Tensor:

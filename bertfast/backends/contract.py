@@ -44,6 +44,18 @@ class AttentionBias(NamedTuple):
     positions: torch.Tensor
 
 
+class Rotary(NamedTuple):
+    """Rotary position embeddings (RoPE) for q and k, the half-split ("rotate_half") convention over the whole
+    head dim d: for i < d/2, y[i] = x[i] cos[t, i] - x[i + d/2] sin[t, i] and y[i + d/2] = x[i + d/2] cos[t, i] +
+    x[i] sin[t, i], computed in fp32 and rounded once to x's dtype. One table per forward (ModernBERT: one per
+    theta), from each token's position id (`engine.rotary_tables`).
+
+    cos, sin: (T, d/2) float32."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 class Backend:
     name = "base"
     # Families this backend cannot run yet: model_type -> why. backend="auto" passes over such a backend.
@@ -87,21 +99,30 @@ class Backend:
 
     # --- ops (shapes and the exact math: the same-named functions of bertfast.reference) ---
     def embed(self, input_ids, position_ids, token_type_ids, emb, eps):
-        """LayerNorm(word[ids] + token_type[types] + position[positions]); ids (T,) int64 -> (T, E)."""
+        """LayerNorm(word[ids] + token_type[types] + position[positions]); ids (T,) int64 -> (T, E). The token
+        type table (emb.token_type) and the position table (emb.position: None for rotary models) may be absent;
+        emb.ln_bias is always a tensor (zeros where the checkpoint's norm has no bias)."""
         raise NotImplementedError
 
-    def linear(self, x, weight, bias, act: str = "none", residual=None):
+    def linear(self, x, weight, bias, act: str = "none", residual=None, gated: bool = False):
         """act(x @ weight.T + bias) + residual. x: (M, K); weight: (N, K) or this backend's packed form;
-        bias: (N,) or None; act: an id of `kernels.activation`; residual: (M, N) or None."""
+        bias: (N,) or None; act: an id of `kernels.activation`; residual: (M, N) or None.
+
+        gated (GLU: GeGLU, SwiGLU): weight (2N, K) and bias (2N,) hold two halves, rows [a; b]; the result is
+        act(x @ a.T + bias_a) * (x @ b.T + bias_b), (M, N); no residual then."""
         raise NotImplementedError
 
-    def qkv(self, x, weight, bias, num_heads):
-        """Fused projection: x (T, H), weight (3H, H) -> q, k, v (T, heads, d), views allowed."""
+    def qkv(self, x, weight, bias, num_heads, rotary: Rotary | None = None):
+        """Fused projection: x (T, H), weight (3H, H) -> q, k, v (T, heads, d), views allowed; bias (3H,) or
+        None; with a `Rotary`, q and k come out rotated."""
         raise NotImplementedError
 
-    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias: AttentionBias | None = None):
+    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias: AttentionBias | None = None,
+                  window: int = 0):
         """Varlen softmax attention of each sequence on itself: q, k, v (T, heads, d) -> (T, heads * d);
-        softmax(q k^T * scale + bias) v, bias an AttentionBias or None."""
+        softmax(q k^T * scale + bias) v, bias an AttentionBias or None. window > 0 (sliding-window attention,
+        ModernBERT's local layers): token t of a sequence attends only to the tokens u of it with
+        |t - u| <= window, and the work outside the window is skipped, not masked after computing it."""
         raise NotImplementedError
 
     def layernorm(self, x, weight, bias, eps):

@@ -22,6 +22,10 @@ class TorchBackend(Backend):
     layernorm = staticmethod(reference.layernorm)
 
     @staticmethod
-    def linear(x, weight, bias, act="none", residual=None):
+    def linear(x, weight, bias, act="none", residual=None, gated=False):
+        if gated:
+            if residual is not None:
+                raise ValueError("a gated linear takes no residual")
+            return reference.linear_glu(x, weight, bias, act)
         out = activation.apply(F.linear(x, weight, bias), act)
         return out if residual is None else out + residual

@@ -14,13 +14,16 @@ _FUNCTIONS = {
     "gelu_tanh": (lambda t: F.gelu(t, approximate="tanh"), lambda t: torch.ops.aten.gelu_(t, approximate="tanh")),
     "relu": (F.relu, torch.relu_),
     "tanh": (torch.tanh, torch.tanh_),
+    "silu": (F.silu, lambda t: F.silu(t, inplace=True)),
 }
 IDS = tuple(_FUNCTIONS)  # every id an epilogue takes
 LAYER_IDS = ("gelu", "gelu_tanh", "relu")  # the ids an encoder layer's FFN may use
+GATED_IDS = ("gelu", "gelu_tanh", "relu", "silu")  # the ids a gated FFN (GeGLU, SwiGLU) may use on its gate
 
 # Hugging Face `hidden_act` names -> id. `gelu_new` and `gelu_pytorch_tanh` are the same function (the
 # tanh approximation), computed by torch in one case and spelled out in the other.
-HF_NAMES = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+HF_NAMES = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
+            "silu": "silu", "swish": "silu"}
 
 
 def check(act: str, allowed: tuple[str, ...] = IDS) -> str:
@@ -38,3 +41,9 @@ def apply(x: torch.Tensor, act: str) -> torch.Tensor:
 def apply_(x: torch.Tensor, act: str) -> torch.Tensor:
     """act(x) in place; returns x."""
     return _FUNCTIONS[check(act)][1](x)
+
+
+def glu(h: torch.Tensor, act: str) -> torch.Tensor:
+    """The gated half of a GLU FFN: h (M, 2N) with halves [a | b] -> act(a) * b, (M, N), a new tensor."""
+    a, b = h.chunk(2, dim=-1)
+    return apply(a, check(act, GATED_IDS)) * b
