@@ -10,10 +10,16 @@ import json
 import os
 from dataclasses import dataclass
 
-from .kernels.activation import HF_NAMES as ACTIVATIONS
+from .kernels.activation import GATED_IDS, HF_NAMES as ACTIVATIONS, LAYER_IDS
 
 # Families whose config and tensor names this version parses. Others raise ConfigError.
-SUPPORTED_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "mpnet")
+SUPPORTED_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "mpnet",
+                      "modernbert", "nomic_bert", "gte")
+# Families with rotary position embeddings (no position table) and a gated FFN (GeGLU / SwiGLU).
+ROTARY_FAMILIES = ("modernbert", "nomic_bert", "gte")
+# transformers' default RoPE bases when a config names none (ModernBERT: global layers, local layers).
+DEFAULT_ROPE_THETA = {"nomic_bert": 1000.0, "gte": 160_000.0, "modernbert": 160_000.0}
+DEFAULT_LOCAL_ROPE_THETA = 10_000.0
 # Families that derive position ids from input_ids (fairseq style: start after the pad id, skip pads).
 POSITIONS_FROM_INPUT_IDS = ("roberta", "xlm-roberta", "mpnet")
 # MPNet's embeddings count positions from padding_idx 1 whatever the config's pad_token_id says (transformers
@@ -53,6 +59,11 @@ class ModelConfig:
     num_hidden_groups: int = 1  # ALBERT: distinct layer groups shared across the depth
     inner_group_num: int = 1  # ALBERT: layers per group
     relative_attention_num_buckets: int = 0  # MPNet: rows of the relative position bias table; 0 = no such bias
+    rope_theta: float = 0.0  # RoPE base of the (global) attention layers; 0 = no rotary embeddings
+    local_rope_theta: float = 0.0  # ModernBERT: RoPE base of its sliding-window layers
+    layer_windows: tuple[int, ...] = ()  # per layer: 0 = global attention, w > 0 = sees tokens |t - u| <= w
+    gated_ffn: bool = False  # FFN in = one GEMM of both halves, act(a) * b (GeGLU, SwiGLU)
+    norm_first: bool = False  # pre-LayerNorm layers and a final norm (ModernBERT); else post-LayerNorm
 
     def __post_init__(self):
         if not self.embedding_size:
@@ -78,6 +89,14 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary(self) -> bool:
+        return self.rope_theta > 0
+
+    def window(self, layer: int) -> int:
+        """Layer `layer`'s attention window (0: global)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
@@ -117,11 +136,13 @@ class ModelConfig:
                 f"config field 'hidden_size' = {hidden} is not a multiple of "
                 f"'num_attention_heads' = {heads}"
             )
-        act = d.get("hidden_act", "gelu_new" if family == "albert" else "gelu")
-        if not isinstance(act, str) or act not in ACTIVATIONS:
+        act_field = "hidden_activation" if family == "modernbert" else "hidden_act"
+        act = d.get(act_field, "gelu_new" if family == "albert" else "gelu")
+        allowed = GATED_IDS if family in ROTARY_FAMILIES else LAYER_IDS
+        if not isinstance(act, str) or ACTIVATIONS.get(act) not in allowed:
             raise ConfigError(
-                f"config field 'hidden_act' = {act!r} is not supported "
-                f"(supported: {', '.join(ACTIVATIONS)})"
+                f"config field {act_field!r} = {act!r} is not supported "
+                f"(supported: {', '.join(n for n, i in ACTIVATIONS.items() if i in allowed)})"
             )
         pos_type = d.get("position_embedding_type", "absolute") or "absolute"
         if pos_type not in POSITION_EMBEDDING_TYPES:
@@ -138,6 +159,11 @@ class ModelConfig:
                 raise ConfigError(
                     f"config field 'relative_attention_num_buckets' = {buckets} is below the {RELATIVE_BUCKETS} "
                     f"buckets transformers' MPNet computes relative positions into")
+        rotary = _rotary_fields(family, d, hidden, heads) if family in ROTARY_FAMILIES else {}
+        if family == "modernbert":  # its own names for the norm eps; no token types
+            d = {**d, "layer_norm_eps": d.get("norm_eps", 1e-5), "type_vocab_size": 0}
+        if family in ROTARY_FAMILIES:  # no position table: transformers takes any length up to the config's
+            d = {**d, "max_position_embeddings": d.get("max_position_embeddings") or 8192}
         pad = d.get("pad_token_id", 0)
         if pad is None:
             pad = 0
@@ -159,11 +185,65 @@ class ModelConfig:
             num_hidden_groups=need("num_hidden_groups", default=1) if family == "albert" else 1,
             inner_group_num=need("inner_group_num", default=1) if family == "albert" else 1,
             relative_attention_num_buckets=buckets if family == "mpnet" else 0,
+            **rotary,
         )
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "ModelConfig":
         return cls.from_dict(read_config_json(path))
+
+
+def _rotary_fields(family: str, d: dict, hidden: int, heads: int) -> dict:
+    """RoPE bases, attention windows, gating and norm placement of a rotary family's config (transformers'
+    `rope_parameters`, or the older `rope_theta` / `global_rope_theta` / `local_rope_theta` fields)."""
+    if d.get("head_dim") not in (None, hidden // heads):
+        raise ConfigError(f"config field 'head_dim' = {d['head_dim']!r} differs from hidden_size / num_attention_heads "
+                          f"= {hidden // heads}: not supported")
+    params = d.get("rope_parameters") or {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"config field 'rope_parameters' must be an object, got {params!r}")
+    if d.get("rope_scaling"):
+        raise ConfigError(f"config field 'rope_scaling' = {d['rope_scaling']!r} is not supported (plain RoPE only)")
+
+    def theta(entry: dict, fallback: float, where: str) -> float:
+        if entry.get("rope_type", "default") != "default":
+            raise ConfigError(f"config field '{where}' has rope_type {entry['rope_type']!r}: only 'default' "
+                              "(unscaled) RoPE is supported")
+        for key in ("partial_rotary_factor",):
+            if entry.get(key, 1.0) != 1.0:
+                raise ConfigError(f"config field '{where}.{key}' = {entry[key]!r} is not supported (full-dim RoPE only)")
+        value = entry.get("rope_theta", fallback)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"config field '{where}.rope_theta' must be a positive number, got {value!r}")
+        return float(value)
+
+    layers = d.get("num_hidden_layers")
+    if family != "modernbert":
+        base = theta(params, d.get("rope_theta", DEFAULT_ROPE_THETA[family]), "rope_parameters")
+        return dict(rope_theta=base, gated_ffn=True)
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
+        raise ConfigError(f"config field 'num_hidden_layers' must be a positive integer, got {layers!r}")
+    types = d.get("layer_types")
+    if types is None:
+        every = d.get("global_attn_every_n_layers", 3)
+        types = ["sliding_attention" if i % every else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or \
+            any(t not in ("full_attention", "sliding_attention") for t in types):
+        raise ConfigError(f"config field 'layer_types' must list 'full_attention' / 'sliding_attention' once per layer "
+                          f"({layers}), got {types!r}")
+    local = d.get("local_attention", 128)
+    if isinstance(local, bool) or not isinstance(local, int) or local < 2:
+        raise ConfigError(f"config field 'local_attention' must be an integer >= 2, got {local!r}")
+    for flag in ("attention_bias", "mlp_bias", "norm_bias"):
+        if not isinstance(d.get(flag, False), bool):
+            raise ConfigError(f"config field {flag!r} must be true or false, got {d[flag]!r}")
+    full, sliding = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    return dict(
+        rope_theta=theta(full, d.get("global_rope_theta", DEFAULT_ROPE_THETA[family]), "rope_parameters.full_attention"),
+        local_rope_theta=theta(sliding, d.get("local_rope_theta", DEFAULT_LOCAL_ROPE_THETA),
+                               "rope_parameters.sliding_attention"),
+        layer_windows=tuple(local // 2 if t == "sliding_attention" else 0 for t in types),
+        gated_ffn=True, norm_first=True)
 
 
 def read_config_json(path: str | os.PathLike) -> dict:

@@ -1,11 +1,14 @@
 """The engine: one forward pass over the real tokens only, the same for every backend.
 
-unpad -> embed (-> projection) -> layers -> pad -> pooler (MPNet: its relative position bias computed once, after
-unpad, for every layer's attention). A layer is `compose_layer` over the backend's
-ops (qkv -> varlen attention -> linear + residual -> layernorm -> linear + activation -> linear +
-residual -> layernorm, post-LayerNorm as in BERT), unless the backend runs it whole
-(`Backend.whole_layer`: the same kernels in the same order). Inputs are assumed validated
-(`encoder.check_inputs`); padded positions of the outputs hold 0.
+unpad -> embed (-> projection) -> layers (-> final norm) -> pad -> pooler. What every layer shares is computed
+once per forward, after unpad: MPNet's relative position bias, the RoPE tables of rotary models (one per base).
+A layer is `compose_layer` over the backend's ops: post-LayerNorm as in BERT (qkv -> varlen attention -> linear +
+residual -> layernorm -> linear + activation -> linear + residual -> layernorm), or pre-LayerNorm as in ModernBERT
+(layernorm -> qkv -> attention -> linear + residual -> layernorm -> linear -> linear + residual); rotary models
+rotate q and k in `qkv`, gated FFNs (GeGLU, SwiGLU) gate in the first FFN linear, ModernBERT's local layers pass
+their window to attention. A plain BERT layer runs whole where the backend offers it (`Backend.whole_layer`: the
+same kernels in the same order). Inputs are assumed validated (`encoder.check_inputs`); padded positions of the
+outputs hold 0.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import math
 
 import torch
 
-from . import relative
-from .backends import AttentionBias, Backend
+from . import relative, rotary as rope
+from .backends import AttentionBias, Backend, Rotary
 from .backends.weights import LayerWeights, ModelWeights
 from .config import ConfigError
 from .padding import pad, unpad
@@ -36,25 +39,40 @@ def default_position_ids(config, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int, heads: int,
-                  scale: float, eps: float, act: str, bias: AttentionBias | None = None) -> torch.Tensor:
-    """One post-LayerNorm encoder layer on x (T, H) from the backend's ops; cu_seqlens (B+1,) int32; bias: the
-    relative position bias (MPNet) or None."""
-    q, k, v = ops.qkv(x, layer.qkv_weight, layer.qkv_bias, heads)
-    ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale, bias)
+                  scale: float, eps: float, act: str, bias: AttentionBias | None = None, *,
+                  rotary: Rotary | None = None, window: int = 0, gated: bool = False,
+                  norm_first: bool = False) -> torch.Tensor:
+    """One encoder layer on x (T, H) from the backend's ops; cu_seqlens (B+1,) int32; bias: the relative position
+    bias (MPNet) or None; rotary: RoPE tables for q and k or None; window: 0 (global) or the sliding window;
+    gated: a GLU FFN; norm_first: pre-LayerNorm (ModernBERT; attn_ln None = no norm before attention)."""
+    qkv_extra = {} if rotary is None else {"rotary": rotary}
+    attn_extra = {"window": window} if window else {}
+    ffn_extra = {"gated": True} if gated else {}
+    if norm_first:
+        h = x if layer.attn_ln_weight is None else ops.layernorm(x, layer.attn_ln_weight, layer.attn_ln_bias, eps)
+        q, k, v = ops.qkv(h, layer.qkv_weight, layer.qkv_bias, heads, **qkv_extra)
+        ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale, bias, **attn_extra)
+        x = ops.linear(ctx, layer.attn_out_weight, layer.attn_out_bias, "none", x)
+        h = ops.layernorm(x, layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
+        h = ops.linear(h, layer.ffn_in_weight, layer.ffn_in_bias, act, **ffn_extra)
+        return ops.linear(h, layer.ffn_out_weight, layer.ffn_out_bias, "none", x)
+    q, k, v = ops.qkv(x, layer.qkv_weight, layer.qkv_bias, heads, **qkv_extra)
+    ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale, bias, **attn_extra)
     x = ops.layernorm(ops.linear(ctx, layer.attn_out_weight, layer.attn_out_bias, "none", x),
                       layer.attn_ln_weight, layer.attn_ln_bias, eps)
-    h = ops.linear(x, layer.ffn_in_weight, layer.ffn_in_bias, act)
+    h = ops.linear(x, layer.ffn_in_weight, layer.ffn_in_bias, act, **ffn_extra)
     return ops.layernorm(ops.linear(h, layer.ffn_out_weight, layer.ffn_out_bias, "none", x),
                          layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
 
 
 def run_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int, heads: int, scale: float,
-              eps: float, act: str, bias: AttentionBias | None = None) -> torch.Tensor:
-    """The layer whole where the backend offers it for these tokens, else `compose_layer`."""
-    whole = ops.whole_layer(x, layer)
+              eps: float, act: str, bias: AttentionBias | None = None, **modern) -> torch.Tensor:
+    """The layer whole where the backend offers it for these tokens (plain BERT layers: no `modern` keyword of
+    `compose_layer` set), else `compose_layer`."""
+    whole = None if any(modern.values()) else ops.whole_layer(x, layer)
     if whole is not None:
         return whole(x, cu_seqlens, int(max_seqlen), float(scale), bias)
-    return compose_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias)
+    return compose_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias, **modern)
 
 
 class Engine:
@@ -94,10 +112,22 @@ class Engine:
         bias = None
         if w.embeddings.relative_bias is not None:  # MPNet: once per forward, shared by every layer
             bias = relative.attention_bias(w.embeddings.relative_bias, indices, S)
-        for layer in w.layers:
-            x = run_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias)
+        tables = {}
+        if cfg.rotary:  # once per forward and base: ModernBERT's local layers have their own
+            tables = {0: rope.tables(positions, cfg.rope_theta, cfg.head_dim)}
+            if cfg.local_rope_theta and any(cfg.layer_windows):
+                tables[1] = rope.tables(positions, cfg.local_rope_theta, cfg.head_dim)
+        for i, layer in enumerate(w.layers):
+            modern = {}
+            if cfg.rotary:
+                window = cfg.window(i)
+                modern = dict(rotary=tables[1 if window and 1 in tables else 0], window=window,
+                              gated=cfg.gated_ffn, norm_first=cfg.norm_first)
+            x = run_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias, **modern)
             if hidden is not None:
                 hidden.append(x)
+        if w.final_ln_weight is not None:  # pre-LayerNorm models end with a norm
+            x = ops.layernorm(x, w.final_ln_weight, w.final_ln_bias, eps)
 
         last = pad(x, indices, B, S)
         pooled = None

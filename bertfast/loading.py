@@ -24,7 +24,8 @@ DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.fl
 
 # Where each family keeps its encoder inside task checkpoints (base checkpoints use no prefix).
 BASE_PREFIX = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta.", "electra": "electra.",
-               "albert": "albert.", "distilbert": "distilbert.", "mpnet": "mpnet."}
+               "albert": "albert.", "distilbert": "distilbert.", "mpnet": "mpnet.", "modernbert": "model.",
+               "nomic_bert": "nomic_bert.", "gte": "gte."}
 
 # Per family: module names (without .weight/.bias) of one layer's parts, relative to the layer.
 _BERT_LAYER = dict(query="attention.self.query", key="attention.self.key", value="attention.self.value",
@@ -40,6 +41,20 @@ LAYER_NAMES = {
                        ffn_in="ffn.lin1", ffn_out="ffn.lin2", ffn_ln="output_layer_norm"),
     "mpnet": {**_BERT_LAYER, "query": "attention.attn.q", "key": "attention.attn.k", "value": "attention.attn.v",
               "attn_out": "attention.attn.o", "attn_ln": "attention.LayerNorm"},
+}
+# Rotary families (gated FFN, no position table): their embedding names and one layer's parts. ModernBERT fuses
+# QKV (rows q | k | v) and its FFN input (rows input | gate, the first half activated) in its checkpoints already.
+_ROTARY_LAYER = dict(query="self_attn.q_proj", key="self_attn.k_proj", value="self_attn.v_proj", attn_out="self_attn.o_proj",
+                     attn_ln="post_attention_layernorm", gate="mlp.gate_proj", up="mlp.up_proj", ffn_out="mlp.down_proj",
+                     ffn_ln="post_mlp_layernorm")
+ROTARY_NAMES = {
+    "nomic_bert": dict(word="embeddings.word_embeddings", token_type="embeddings.token_type_embeddings",
+                       embed_ln="embeddings.LayerNorm", layer=_ROTARY_LAYER),
+    "gte": dict(word="embeddings.word_embeddings", token_type="embeddings.token_type_embeddings",
+                embed_ln="embeddings.LayerNorm", layer=_ROTARY_LAYER),
+    "modernbert": dict(word="embeddings.tok_embeddings", embed_ln="embeddings.norm", final_ln="final_norm",
+                       layer=dict(qkv="attn.Wqkv", attn_out="attn.Wo", attn_ln="attn_norm", ffn_in="mlp.Wi",
+                                  ffn_out="mlp.Wo", ffn_ln="mlp_norm")),
 }
 # MPNet's relative position bias table (an Embedding [buckets, heads]), shared by every layer.
 RELATIVE_BIAS = {"mpnet": "encoder.relative_attention_bias.weight"}
@@ -186,7 +201,7 @@ def _lookup(src, prefix: str, name: str) -> str | None:
 
 
 def _detect_prefix(src, config: ModelConfig) -> str:
-    probe = "embeddings.word_embeddings.weight"
+    probe = ROTARY_NAMES[config.family]["word"] + ".weight" if config.rotary else "embeddings.word_embeddings.weight"
     prefixes = ("", BASE_PREFIX[config.family])
     for prefix in prefixes:
         if prefix + probe in src:
@@ -208,10 +223,8 @@ def _layer_prefixes(config: ModelConfig) -> list[str]:
             for i in range(L) for j in range(config.inner_group_num)]
 
 
-def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> ModelWeights:
-    """Build ModelWeights from a tensor source, checking names, shapes and dtypes."""
-    prefix = _detect_prefix(src, config)
-    H, I, E = config.hidden_size, config.intermediate_size, config.embedding_size
+def _getter(src, prefix: str):
+    """get(name, shape, optional=False): the tensor `prefix + name`, its shape and float dtype checked."""
 
     def get(name, shape, optional=False):
         full = _lookup(src, prefix, name)
@@ -227,6 +240,18 @@ def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> Mode
         if t.dtype not in FLOAT_DTYPES:
             raise LoadError(f"tensor {full!r} has dtype {t.dtype}, expected a floating point dtype")
         return t
+
+    return get
+
+
+def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> ModelWeights:
+    """Build ModelWeights from a tensor source, checking names, shapes and dtypes."""
+    prefix = _detect_prefix(src, config)
+    if config.rotary:
+        weights = _assemble_rotary(src, prefix, config)
+        return weights.to(dtype=dtype or weights.dtype)
+    H, I, E = config.hidden_size, config.intermediate_size, config.embedding_size
+    get = _getter(src, prefix)
 
     def linear(module, out_features, in_features=None, optional=False):
         """(weight, bias) of a Linear, or of a LayerNorm when in_features is None."""
@@ -278,6 +303,63 @@ def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> Mode
     weights = ModelWeights(config, embeddings, layers, *pooler)
     # One dtype throughout: the checkpoint's (of the word embeddings) unless asked otherwise.
     return weights.to(dtype=dtype or weights.dtype)
+
+
+def _assemble_rotary(src, prefix: str, config: ModelConfig) -> ModelWeights:
+    """ModernBERT, NomicBERT, GTE: no position table, gated FFN, linear biases where the checkpoint has them
+    (None otherwise), LayerNorm biases zero where it has none."""
+    H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
+    names = ROTARY_NAMES[config.family]
+    get = _getter(src, prefix)
+
+    def linear(module, out_features, in_features):
+        return get(module + ".weight", (out_features, in_features)), get(module + ".bias", (out_features,), optional=True)
+
+    def norm(module, optional=False):
+        w = get(module + ".weight", (H,), optional)
+        if w is None:
+            return None, None
+        b = get(module + ".bias", (H,), optional=True)
+        return w, torch.zeros_like(w) if b is None else b
+
+    def cat(module, *tensors):
+        if all(t is None for t in tensors):
+            return None
+        if any(t is None for t in tensors):
+            raise LoadError(f"{prefix}{module}: some of the fused projections have a bias and some do not")
+        return torch.cat(tensors, 0)
+
+    word = get(names["word"] + ".weight", (V, H))
+    token_type = None
+    if "token_type" in names and config.type_vocab_size:
+        token_type = get(names["token_type"] + ".weight", (config.type_vocab_size, H))
+    embed_ln = norm(names["embed_ln"])
+    embeddings = EmbeddingWeights(word=word, position=None, token_type=token_type, ln_weight=embed_ln[0],
+                                  ln_bias=embed_ln[1])
+    part = names["layer"]
+    layers = []
+    for i in range(config.num_hidden_layers):
+        p = f"layers.{i}."
+        if "qkv" in part:  # ModernBERT: fused in the checkpoint; its first layer has no attention norm
+            qkv, ffn_in = linear(p + part["qkv"], 3 * H, H), linear(p + part["ffn_in"], 2 * I, H)
+            attn_ln = norm(p + part["attn_ln"], optional=i == 0)
+        else:
+            q, k, v = (linear(p + part[n], H, H) for n in ("query", "key", "value"))
+            qkv = torch.cat([q[0], k[0], v[0]], 0), cat(p + "self_attn", q[1], k[1], v[1])
+            gate, up = linear(p + part["gate"], I, H), linear(p + part["up"], I, H)
+            ffn_in = torch.cat([gate[0], up[0]], 0), cat(p + "mlp", gate[1], up[1])
+            attn_ln = norm(p + part["attn_ln"])
+        attn_out, ffn_out = linear(p + part["attn_out"], H, H), linear(p + part["ffn_out"], H, I)
+        ffn_ln = norm(p + part["ffn_ln"])
+        layers.append(LayerWeights(
+            qkv_weight=qkv[0], qkv_bias=qkv[1], attn_out_weight=attn_out[0], attn_out_bias=attn_out[1],
+            attn_ln_weight=attn_ln[0], attn_ln_bias=attn_ln[1], ffn_in_weight=ffn_in[0], ffn_in_bias=ffn_in[1],
+            ffn_out_weight=ffn_out[0], ffn_out_bias=ffn_out[1], ffn_ln_weight=ffn_ln[0], ffn_ln_bias=ffn_ln[1]))
+    final = norm(names["final_ln"]) if "final_ln" in names else (None, None)
+    pooler = (None, None)
+    if _lookup(src, prefix, "pooler.dense.weight") is not None:  # NomicBERT / GTE task models
+        pooler = linear("pooler.dense", H, H)
+    return ModelWeights(config, embeddings, layers, *pooler, final_ln_weight=final[0], final_ln_bias=final[1])
 
 
 def load_pretrained(directory: str | os.PathLike, dtype=None) -> ModelWeights:

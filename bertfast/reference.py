@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import relative
+from . import relative, rotary as rope
 from .kernels import activation as act_table
 from .backends import AttentionBias, Rotary
 from .backends.weights import EmbeddingWeights, LayerWeights, ModelWeights
@@ -171,14 +171,28 @@ def pooler(cls_hidden, weight, bias) -> torch.Tensor:
 
 
 def layer(x, layer: LayerWeights, cu_seqlens, max_seqlen: int, num_heads: int, scale: float, eps: float,
-          act: str, bias: AttentionBias | None = None) -> torch.Tensor:
-    """One encoder layer on the packed layout x: (T, H), composed from the ops above."""
-    q, k, v = qkv(x, layer.qkv_weight, layer.qkv_bias, num_heads)
-    ctx = attention(q, k, v, cu_seqlens, max_seqlen, scale, bias)
-    x = layernorm(linear_residual(ctx, layer.attn_out_weight, layer.attn_out_bias, x),
+          act: str, bias: AttentionBias | None = None, *, rotary: Rotary | None = None, window: int = 0,
+          gated: bool = False, norm_first: bool = False) -> torch.Tensor:
+    """One encoder layer on the packed layout x: (T, H), composed from the ops above (keywords: as
+    `engine.compose_layer`)."""
+
+    def attend(h):
+        q, k, v = qkv(h, layer.qkv_weight, layer.qkv_bias, num_heads, rotary)
+        return attention(q, k, v, cu_seqlens, max_seqlen, scale, bias, window)
+
+    def ffn_in(h):
+        if gated:
+            return linear_glu(h, layer.ffn_in_weight, layer.ffn_in_bias, act)
+        return linear_gelu(h, layer.ffn_in_weight, layer.ffn_in_bias, act)
+
+    if norm_first:
+        h = x if layer.attn_ln_weight is None else layernorm(x, layer.attn_ln_weight, layer.attn_ln_bias, eps)
+        x = linear_residual(attend(h), layer.attn_out_weight, layer.attn_out_bias, x)
+        h = ffn_in(layernorm(x, layer.ffn_ln_weight, layer.ffn_ln_bias, eps))
+        return linear_residual(h, layer.ffn_out_weight, layer.ffn_out_bias, x)
+    x = layernorm(linear_residual(attend(x), layer.attn_out_weight, layer.attn_out_bias, x),
                   layer.attn_ln_weight, layer.attn_ln_bias, eps)
-    h = linear_gelu(x, layer.ffn_in_weight, layer.ffn_in_bias, act)
-    return layernorm(linear_residual(h, layer.ffn_out_weight, layer.ffn_out_bias, x),
+    return layernorm(linear_residual(ffn_in(x), layer.ffn_out_weight, layer.ffn_out_bias, x),
                      layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
 
 
@@ -186,18 +200,40 @@ def layer(x, layer: LayerWeights, cu_seqlens, max_seqlen: int, num_heads: int, s
 # The whole model, padded, exactly as transformers computes it.
 
 
-def layer_forward(x, mask, layer: LayerWeights, num_heads: int, act: str, eps: float, bias=None):
-    """One encoder layer on a padded batch. x: (B, S, H); mask: (B, S) bool; bias: (1, heads, S, S) or None."""
+def rotate_padded(x, cos, sin):
+    """RoPE on a padded (B, heads, S, d) tensor, transformers' way: cos/sin (B, S, d/2) fp32, half split."""
+    half = x.shape[-1] // 2
+    cos, sin = cos[:, None], sin[:, None]
+    x1, x2 = x.float()[..., :half], x.float()[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def layer_forward(x, mask, layer: LayerWeights, num_heads: int, act: str, eps: float, bias=None, *, cos_sin=None,
+                  window: int = 0, gated: bool = False, norm_first: bool = False):
+    """One encoder layer on a padded batch. x: (B, S, H); mask: (B, S) bool; bias: (1, heads, S, S) or None;
+    cos_sin: RoPE tables (B, S, d/2) each, or None; window, gated, norm_first: as `layer`."""
     B, S, H = x.shape
     d = H // num_heads
-    q, k, v = (t.reshape(B, S, num_heads, d).transpose(1, 2)
-               for t in F.linear(x, layer.qkv_weight, layer.qkv_bias).split(H, dim=-1))
-    ctx = attention_padded(q, k, v, mask, 1.0 / math.sqrt(d), bias).transpose(1, 2).reshape(B, S, H)
-    x = layernorm(linear_residual(ctx, layer.attn_out_weight, layer.attn_out_bias, x),
-                  layer.attn_ln_weight, layer.attn_ln_bias, eps)
-    h = linear_gelu(x, layer.ffn_in_weight, layer.ffn_in_bias, act)
-    return layernorm(linear_residual(h, layer.ffn_out_weight, layer.ffn_out_bias, x),
-                     layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
+
+    def attend(h):
+        q, k, v = (t.reshape(B, S, num_heads, d).transpose(1, 2)
+                   for t in F.linear(h, layer.qkv_weight, layer.qkv_bias).split(H, dim=-1))
+        if cos_sin is not None:
+            q, k = rotate_padded(q, *cos_sin), rotate_padded(k, *cos_sin)
+        ctx = attention_padded(q, k, v, mask, 1.0 / math.sqrt(d), bias, window)
+        return linear(ctx.transpose(1, 2).reshape(B, S, H), layer.attn_out_weight, layer.attn_out_bias)
+
+    def ffn(h):
+        h = F.linear(h, layer.ffn_in_weight, layer.ffn_in_bias)
+        h = act_table.glu(h, act) if gated else activation(h, act)
+        return linear(h, layer.ffn_out_weight, layer.ffn_out_bias)
+
+    if norm_first:
+        h = x if layer.attn_ln_weight is None else layernorm(x, layer.attn_ln_weight, layer.attn_ln_bias, eps)
+        x = x + attend(h)
+        return x + ffn(layernorm(x, layer.ffn_ln_weight, layer.ffn_ln_bias, eps))
+    x = layernorm(attend(x) + x, layer.attn_ln_weight, layer.attn_ln_bias, eps)
+    return layernorm(ffn(x) + x, layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
 
 
 def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_ids=None,
@@ -230,9 +266,23 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
         columns = torch.arange(S, device=dev)
         table = AttentionBias(relative.bias_table(emb.relative_bias, S), columns)
         bias = relative.dense_bias(table, columns, columns, x.dtype)[None]
-    for layer in weights.layers:
-        x = layer_forward(x, mask, layer, cfg.num_attention_heads, cfg.activation, cfg.layer_norm_eps, bias)
+    tables = {}
+    if cfg.rotary:  # transformers: angles position * inv_freq in fp32, per base (ModernBERT: global, local)
+        for key, theta in ((0, cfg.rope_theta), (1, cfg.local_rope_theta)):
+            if theta:
+                angles = position_ids.float()[..., None] * rope.inverse_frequencies(theta, cfg.head_dim, dev)
+                tables[key] = (angles.cos(), angles.sin())
+    for i, layer in enumerate(weights.layers):
+        modern = {}
+        if cfg.rotary:
+            window = cfg.window(i)
+            modern = dict(cos_sin=tables[1 if window and 1 in tables else 0], window=window, gated=cfg.gated_ffn,
+                          norm_first=cfg.norm_first)
+        x = layer_forward(x, mask, layer, cfg.num_attention_heads, cfg.activation, cfg.layer_norm_eps, bias,
+                          **modern)
         hidden.append(x)
+    if weights.final_ln_weight is not None:
+        x = layernorm(x, weights.final_ln_weight, weights.final_ln_bias, cfg.layer_norm_eps)
     pooled = None
     if weights.pooler_weight is not None:
         pooled = pooler(x[:, 0], weights.pooler_weight, weights.pooler_bias)

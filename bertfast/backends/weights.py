@@ -19,10 +19,10 @@ if TYPE_CHECKING:
 @dataclass
 class EmbeddingWeights:
     word: torch.Tensor  # [V, E], E = embedding_size (= hidden_size outside ELECTRA/ALBERT)
-    position: torch.Tensor  # [P, E]
+    position: torch.Tensor | None  # [P, E]; None for rotary models (ModernBERT, NomicBERT, GTE)
     token_type: torch.Tensor | None  # [TT, E]; None for DistilBERT
     ln_weight: torch.Tensor  # [E]
-    ln_bias: torch.Tensor  # [E]
+    ln_bias: torch.Tensor  # [E] (zeros where the checkpoint's norm has no bias)
     projection_weight: torch.Tensor | None = None  # [H, E] when embedding_size != hidden (ELECTRA, ALBERT)
     projection_bias: torch.Tensor | None = None  # [H]
     relative_bias: torch.Tensor | None = None  # [buckets, heads]: MPNet's relative position bias, for every layer
@@ -30,16 +30,21 @@ class EmbeddingWeights:
 
 @dataclass
 class LayerWeights:
+    """One layer. Linear biases are None where the checkpoint has none (ModernBERT, NomicBERT); LayerNorm biases
+    are always tensors (zeros where it has none). Post-LN (BERT): attn_ln follows attention, ffn_ln the FFN.
+    Pre-LN (config.norm_first, ModernBERT): attn_ln precedes attention (None for an identity, ModernBERT's first
+    layer) and ffn_ln the FFN. A gated FFN's ffn_in holds both halves, rows gate | up."""
+
     qkv_weight: torch.Tensor  # [3H, H], rows q | k | v
-    qkv_bias: torch.Tensor  # [3H]
+    qkv_bias: torch.Tensor | None  # [3H]
     attn_out_weight: torch.Tensor  # [H, H]
-    attn_out_bias: torch.Tensor  # [H]
-    attn_ln_weight: torch.Tensor  # [H]
-    attn_ln_bias: torch.Tensor  # [H]
-    ffn_in_weight: torch.Tensor  # [I, H]
-    ffn_in_bias: torch.Tensor  # [I]
+    attn_out_bias: torch.Tensor | None  # [H]
+    attn_ln_weight: torch.Tensor | None  # [H]
+    attn_ln_bias: torch.Tensor | None  # [H]
+    ffn_in_weight: torch.Tensor  # [I, H], gated: [2I, H]
+    ffn_in_bias: torch.Tensor | None  # [I], gated: [2I]
     ffn_out_weight: torch.Tensor  # [H, I]
-    ffn_out_bias: torch.Tensor  # [H]
+    ffn_out_bias: torch.Tensor | None  # [H]
     ffn_ln_weight: torch.Tensor  # [H]
     ffn_ln_bias: torch.Tensor  # [H]
 
@@ -51,6 +56,8 @@ class ModelWeights:
     layers: list[LayerWeights]
     pooler_weight: torch.Tensor | None = None  # [H, H]
     pooler_bias: torch.Tensor | None = None  # [H]
+    final_ln_weight: torch.Tensor | None = None  # [H]: the norm after the last layer of pre-LN models
+    final_ln_bias: torch.Tensor | None = None  # [H]
     extra: dict = field(default_factory=dict)  # backend-packed forms (e.g. prepacked GEMM weights)
 
     @property
@@ -74,12 +81,17 @@ class ModelWeights:
             if id(layer) not in seen:
                 seen[id(layer)] = conv(layer)
             layers.append(seen[id(layer)])
+        def opt(t):
+            return None if t is None else fn(t)
+
         return ModelWeights(
             config=self.config,
             embeddings=conv(self.embeddings),
             layers=layers,
-            pooler_weight=None if self.pooler_weight is None else fn(self.pooler_weight),
-            pooler_bias=None if self.pooler_bias is None else fn(self.pooler_bias),
+            pooler_weight=opt(self.pooler_weight),
+            pooler_bias=opt(self.pooler_bias),
+            final_ln_weight=opt(self.final_ln_weight),
+            final_ln_bias=opt(self.final_ln_bias),
         )
 
     def to(self, dtype: torch.dtype | None = None, device=None) -> "ModelWeights":
