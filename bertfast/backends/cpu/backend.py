@@ -67,8 +67,10 @@ class CpuBackend(Backend):
                 )
             layers.append(seen[id(layer)])
         pooler = None if contiguous.pooler_weight is None else linear.PackedLinear(contiguous.pooler_weight)
-        # Each distinct layer also as one C++ object running it whole on the extension's GEMMs.
-        self._whole = {id(layer): self._whole_layer(layer, weights.config) for layer in seen.values()}
+        # Each distinct layer also as one C++ object running it whole on the extension's GEMMs (plain BERT layers:
+        # the engine composes rotary, gated and pre-LN layers from the ops).
+        self._whole = {} if weights.config.rotary else {
+            id(layer): self._whole_layer(layer, weights.config) for layer in seen.values()}
         return dataclasses.replace(contiguous, layers=layers, pooler_weight=pooler)
 
     def precision(self, device):
