@@ -126,8 +126,10 @@ class Engine:
             x = run_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias, **modern)
             if hidden is not None:
                 hidden.append(x)
-        if w.final_ln_weight is not None:  # pre-LayerNorm models end with a norm
+        if w.final_ln_weight is not None:  # pre-LayerNorm models end with a norm (transformers: in the last state too)
             x = ops.layernorm(x, w.final_ln_weight, w.final_ln_bias, eps)
+            if hidden is not None:
+                hidden[-1] = x
 
         last = pad(x, indices, B, S)
         pooled = None

@@ -42,20 +42,33 @@ LAYER_NAMES = {
     "mpnet": {**_BERT_LAYER, "query": "attention.attn.q", "key": "attention.attn.k", "value": "attention.attn.v",
               "attn_out": "attention.attn.o", "attn_ln": "attention.LayerNorm"},
 }
-# Rotary families (gated FFN, no position table): their embedding names and one layer's parts. ModernBERT fuses
-# QKV (rows q | k | v) and its FFN input (rows input | gate, the first half activated) in its checkpoints already.
-_ROTARY_LAYER = dict(query="self_attn.q_proj", key="self_attn.k_proj", value="self_attn.v_proj", attn_out="self_attn.o_proj",
-                     attn_ln="post_attention_layernorm", gate="mlp.gate_proj", up="mlp.up_proj", ffn_out="mlp.down_proj",
-                     ffn_ln="post_mlp_layernorm")
-ROTARY_NAMES = {
-    "nomic_bert": dict(word="embeddings.word_embeddings", token_type="embeddings.token_type_embeddings",
-                       embed_ln="embeddings.LayerNorm", layer=_ROTARY_LAYER),
-    "gte": dict(word="embeddings.word_embeddings", token_type="embeddings.token_type_embeddings",
-                embed_ln="embeddings.LayerNorm", layer=_ROTARY_LAYER),
-    "modernbert": dict(word="embeddings.tok_embeddings", embed_ln="embeddings.norm", final_ln="final_norm",
-                       layer=dict(qkv="attn.Wqkv", attn_out="attn.Wo", attn_ln="attn_norm", ffn_in="mlp.Wi",
-                                  ffn_out="mlp.Wo", ffn_ln="mlp_norm")),
+# Rotary families (gated FFN, no position table): each checkpoint layout's names. A layout fuses QKV ("qkv", rows
+# q | k | v) or not ("query", "key", "value"), and the FFN input ("ffn_in", with the row order of its two halves:
+# "gate_up" = the activated half first) or not ("gate", "up"). The hub layouts are what the models' own repos and
+# transformers' save_pretrained write; the transformers layouts are its module names (in-memory models).
+_LAYER_TF = dict(query="self_attn.q_proj", key="self_attn.k_proj", value="self_attn.v_proj", attn_out="self_attn.o_proj",
+                 attn_ln="post_attention_layernorm", gate="mlp.gate_proj", up="mlp.up_proj", ffn_out="mlp.down_proj",
+                 ffn_ln="post_mlp_layernorm")
+_BERT_EMBED = dict(word="embeddings.word_embeddings", token_type="embeddings.token_type_embeddings",
+                   embed_ln="embeddings.LayerNorm")
+ROTARY_LAYOUTS = {
+    "nomic_bert": [
+        dict(_BERT_EMBED, embed_ln="emb_ln", layers="encoder.layers.",
+             layer=dict(qkv="attn.Wqkv", attn_out="attn.out_proj", attn_ln="norm1", gate="mlp.fc12", up="mlp.fc11",
+                        ffn_out="mlp.fc2", ffn_ln="norm2")),
+        dict(_BERT_EMBED, layers="layers.", layer=_LAYER_TF)],
+    "gte": [
+        dict(_BERT_EMBED, layers="encoder.layer.",
+             layer=dict(qkv="attention.qkv_proj", attn_out="attention.o_proj", attn_ln="attn_ln",
+                        ffn_in="mlp.up_gate_proj", ffn_order="up_gate", ffn_out="mlp.down_proj", ffn_ln="mlp_ln")),
+        dict(_BERT_EMBED, layers="layers.", layer=_LAYER_TF)],
+    "modernbert": [
+        dict(word="embeddings.tok_embeddings", embed_ln="embeddings.norm", final_ln="final_norm", layers="layers.",
+             layer=dict(qkv="attn.Wqkv", attn_out="attn.Wo", attn_ln="attn_norm", ffn_in="mlp.Wi", ffn_order="gate_up",
+                        ffn_out="mlp.Wo", ffn_ln="mlp_norm"))],
 }
+# Other prefixes of the encoder inside task checkpoints (GTE's own repos: "new.").
+EXTRA_PREFIXES = {"gte": ("new.",)}
 # MPNet's relative position bias table (an Embedding [buckets, heads]), shared by every layer.
 RELATIVE_BIAS = {"mpnet": "encoder.relative_attention_bias.weight"}
 # Embedding -> hidden projection (factorised embeddings) and pooler module names, per family.
@@ -201,7 +214,7 @@ def _lookup(src, prefix: str, name: str) -> str | None:
 
 
 def _detect_prefix(src, config: ModelConfig) -> str:
-    probe = ROTARY_NAMES[config.family]["word"] + ".weight" if config.rotary else "embeddings.word_embeddings.weight"
+    probe = "embeddings.word_embeddings.weight"
     prefixes = ("", BASE_PREFIX[config.family])
     for prefix in prefixes:
         if prefix + probe in src:
@@ -246,10 +259,10 @@ def _getter(src, prefix: str):
 
 def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> ModelWeights:
     """Build ModelWeights from a tensor source, checking names, shapes and dtypes."""
-    prefix = _detect_prefix(src, config)
     if config.rotary:
-        weights = _assemble_rotary(src, prefix, config)
+        weights = _assemble_rotary(src, config)
         return weights.to(dtype=dtype or weights.dtype)
+    prefix = _detect_prefix(src, config)
     H, I, E = config.hidden_size, config.intermediate_size, config.embedding_size
     get = _getter(src, prefix)
 
@@ -305,11 +318,27 @@ def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> Mode
     return weights.to(dtype=dtype or weights.dtype)
 
 
-def _assemble_rotary(src, prefix: str, config: ModelConfig) -> ModelWeights:
-    """ModernBERT, NomicBERT, GTE: no position table, gated FFN, linear biases where the checkpoint has them
-    (None otherwise), LayerNorm biases zero where it has none."""
+def _rotary_layout(src, config: ModelConfig) -> tuple[str, dict]:
+    """(prefix, layout) of a rotary family's checkpoint: the first layout whose word embeddings and first layer
+    are found under one of the family's prefixes."""
+    prefixes = ("", BASE_PREFIX[config.family]) + EXTRA_PREFIXES.get(config.family, ())
+    layouts = ROTARY_LAYOUTS[config.family]
+    for layout in layouts:
+        part = layout["layer"]
+        first = f"{layout['layers']}0.{part['qkv'] if 'qkv' in part else part['query']}.weight"
+        for prefix in prefixes:
+            if prefix + layout["word"] + ".weight" in src and prefix + first in src:
+                return prefix, layout
+    probes = " or ".join(repr(layout["word"] + ".weight") for layout in layouts)
+    raise LoadError(f"tensor {probes} (with its first layer) not found under any of the prefixes "
+                    f"{', '.join(repr(p) for p in prefixes)}: this is not a {config.family} checkpoint")
+
+
+def _assemble_rotary(src, config: ModelConfig) -> ModelWeights:
+    """ModernBERT, NomicBERT, GTE: no position table, gated FFN (rows: activated half | other half), linear biases
+    where the checkpoint has them (None otherwise), LayerNorm biases zero where it has none."""
     H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
-    names = ROTARY_NAMES[config.family]
+    prefix, names = _rotary_layout(src, config)
     get = _getter(src, prefix)
 
     def linear(module, out_features, in_features):
@@ -322,12 +351,15 @@ def _assemble_rotary(src, prefix: str, config: ModelConfig) -> ModelWeights:
         b = get(module + ".bias", (H,), optional=True)
         return w, torch.zeros_like(w) if b is None else b
 
-    def cat(module, *tensors):
-        if all(t is None for t in tensors):
-            return None
-        if any(t is None for t in tensors):
+    def fuse(module, parts):
+        """Row-concatenated weights and biases of `parts` ((weight, bias) pairs)."""
+        biases = [b for _, b in parts]
+        if any(b is None for b in biases) and not all(b is None for b in biases):
             raise LoadError(f"{prefix}{module}: some of the fused projections have a bias and some do not")
-        return torch.cat(tensors, 0)
+        return torch.cat([w for w, _ in parts], 0), None if biases[0] is None else torch.cat(biases, 0)
+
+    def swap_halves(pair):
+        return tuple(None if t is None else torch.cat(t.chunk(2, 0)[::-1], 0) for t in pair)
 
     word = get(names["word"] + ".weight", (V, H))
     token_type = None
@@ -339,16 +371,17 @@ def _assemble_rotary(src, prefix: str, config: ModelConfig) -> ModelWeights:
     part = names["layer"]
     layers = []
     for i in range(config.num_hidden_layers):
-        p = f"layers.{i}."
-        if "qkv" in part:  # ModernBERT: fused in the checkpoint; its first layer has no attention norm
-            qkv, ffn_in = linear(p + part["qkv"], 3 * H, H), linear(p + part["ffn_in"], 2 * I, H)
-            attn_ln = norm(p + part["attn_ln"], optional=i == 0)
+        p = f"{names['layers']}{i}."
+        if "qkv" in part:
+            qkv = linear(p + part["qkv"], 3 * H, H)
         else:
-            q, k, v = (linear(p + part[n], H, H) for n in ("query", "key", "value"))
-            qkv = torch.cat([q[0], k[0], v[0]], 0), cat(p + "self_attn", q[1], k[1], v[1])
-            gate, up = linear(p + part["gate"], I, H), linear(p + part["up"], I, H)
-            ffn_in = torch.cat([gate[0], up[0]], 0), cat(p + "mlp", gate[1], up[1])
-            attn_ln = norm(p + part["attn_ln"])
+            qkv = fuse(p + part["query"], [linear(p + part[n], H, H) for n in ("query", "key", "value")])
+        if "ffn_in" in part:
+            ffn_in = linear(p + part["ffn_in"], 2 * I, H)
+            ffn_in = swap_halves(ffn_in) if part["ffn_order"] == "up_gate" else ffn_in
+        else:
+            ffn_in = fuse(p + part["gate"], [linear(p + part[n], I, H) for n in ("gate", "up")])
+        attn_ln = norm(p + part["attn_ln"], optional=config.norm_first and i == 0)  # ModernBERT: none in layer 0
         attn_out, ffn_out = linear(p + part["attn_out"], H, H), linear(p + part["ffn_out"], H, I)
         ffn_ln = norm(p + part["ffn_ln"])
         layers.append(LayerWeights(

@@ -281,8 +281,8 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
         x = layer_forward(x, mask, layer, cfg.num_attention_heads, cfg.activation, cfg.layer_norm_eps, bias,
                           **modern)
         hidden.append(x)
-    if weights.final_ln_weight is not None:
-        x = layernorm(x, weights.final_ln_weight, weights.final_ln_bias, cfg.layer_norm_eps)
+    if weights.final_ln_weight is not None:  # transformers' last hidden state is the normed one
+        x = hidden[-1] = layernorm(x, weights.final_ln_weight, weights.final_ln_bias, cfg.layer_norm_eps)
     pooled = None
     if weights.pooler_weight is not None:
         pooled = pooler(x[:, 0], weights.pooler_weight, weights.pooler_bias)
