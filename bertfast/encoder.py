@@ -158,6 +158,16 @@ def check_inputs(config, input_ids, attention_mask, token_type_ids, position_ids
         if not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError("attention_mask must contain only 0 and 1")
         mask = mask.to(torch.int64)
+        if any(config.layer_windows):
+            # A sliding window counts columns in transformers, real tokens here: the same wherever each row's real
+            # tokens are contiguous (right or left padding), not for a mask with holes.
+            starts = (mask[:, 1:] > mask[:, :-1]).sum(1) + mask[:, 0]
+            if bool((starts > 1).any()):
+                rows = (starts > 1).nonzero().flatten().tolist()[:5]
+                raise ValueError(
+                    f"attention_mask rows {rows} have masked positions between real tokens: {config.family}'s "
+                    "sliding-window layers count those positions in transformers, which this engine (packing real "
+                    "tokens only) does not; pad on the right or the left only")
     if has_pooler:
         cls_masked = (mask[:, 0] == 0) & (mask.sum(1) > 0)
         if bool(cls_masked.any()):

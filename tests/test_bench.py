@@ -376,3 +376,23 @@ def test_steal_fraction_from_proc_stat_ticks():
     ticks = measure.cpu_ticks()
     if ticks is not None:  # Linux: steal <= total
         assert 0 <= ticks[0] <= ticks[1]
+
+
+def test_several_configs_one_table_and_json_each(tmp_path, monkeypatch, capsys):
+    # A small ModernBERT next to the tiny BERT: the other families' random models come from their own classes
+    # and take no token types.
+    monkeypatch.setitem(workloads.CONFIGS, "tiny-modernbert", dict(
+        model_type="modernbert", hidden_size=64, num_attention_heads=4, num_hidden_layers=3, intermediate_size=96,
+        vocab_size=1000, pad_token_id=0, local_attention=8, global_attn_every_n_layers=2))
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--config", "tiny,tiny-modernbert", "--threads", "1", "--repeats", "2", "--budget", "3",
+                 "--isolation", "none", "--settle-ms", "0", "--workloads", "b2xs32-ragged", "--dtypes", "fp32",
+                 "--providers", "bertfast-torch,hf-sdpa", "--json", str(out)]) == 0
+    assert capsys.readouterr().out.count("\nworkload ") == 2
+    for name in ("tiny", "tiny-modernbert"):
+        report, rows = _rows(tmp_path / f"bench.{name}.json")
+        assert all(r["status"] == "ok" and r["max_abs_err"] <= r["tolerance"] for r in rows.values()), rows
+        assert len(rows) == 2
+    assert not workloads.make_batch(2, 8, vocab_size=50, type_vocab_size=0).inputs().get("token_type_ids")
+    assert main(["bench", "--config", "tiny,nope"]) == 2
+    assert "unknown config 'nope'" in capsys.readouterr().err

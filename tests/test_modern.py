@@ -161,6 +161,10 @@ def test_saved_directory_and_length_limit(tmp_path, name):
     if name == "modernbert":
         with pytest.raises(ValueError, match="no token types"):
             enc(ids, mask, token_type_ids=torch.zeros_like(ids))
+        holes = mask.clone()
+        holes[0, 3:5] = 0
+        with pytest.raises(ValueError, match=r"attention_mask rows \[0\] have masked positions between real tokens"):
+            enc(ids, holes)
 
 
 def test_gte_task_checkpoint_of_its_own_repos():
@@ -191,3 +195,20 @@ def test_checkpoint_errors():
     sd = {k: v for k, v in hf.state_dict().items() if k != "layers.0.self_attn.k_proj.bias"}
     with pytest.raises(bertfast.LoadError, match="some of the fused projections have a bias"):
         _assemble(sd, hf)
+
+
+# --- bertfast validate --model on a saved random checkpoint of each family ----------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["modernbert", "nomic_bert", "gte-notypes"])
+def test_validate_model(tmp_path, capsys, backend, name):
+    from bertfast.tools.cli import main
+
+    build(name).save_pretrained(tmp_path)
+    code = main(["validate", "--backend", backend, "--model", str(tmp_path), "--dtype", "fp32,bf16"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    layers = CONFIGS[name][1]["num_hidden_layers"]
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0] in
+            ["embeddings"] + [f"layer{i + 1}" for i in range(layers)]]
+    assert len(rows) == 2 * (layers + 1) and all(r[-1] == "PASS" for r in rows), out

@@ -27,6 +27,19 @@ CONFIGS: dict[str, dict] = {
                    intermediate_size=1536, vocab_size=30522),
     "tiny": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
                  intermediate_size=128, vocab_size=1000),
+    # Other families at their base checkpoints' shapes (all-mpnet-base-v2, ModernBERT-base,
+    # nomic-embed-text-v1.5, gte-base-en-v1.5): random transformers models of their own classes.
+    "mpnet-base": dict(model_type="mpnet", hidden_size=768, num_attention_heads=12, num_hidden_layers=12,
+                       intermediate_size=3072, vocab_size=30527, max_position_embeddings=514, pad_token_id=1,
+                       layer_norm_eps=1e-5),
+    "modernbert-base": dict(model_type="modernbert", hidden_size=768, num_attention_heads=12, num_hidden_layers=22,
+                            intermediate_size=1152, vocab_size=50368, max_position_embeddings=8192,
+                            pad_token_id=50283, local_attention=128, global_attn_every_n_layers=3),
+    "nomic-bert": dict(model_type="nomic_bert", hidden_size=768, num_attention_heads=12, num_hidden_layers=12,
+                       intermediate_size=3072, vocab_size=30528, max_position_embeddings=2048, type_vocab_size=2),
+    "gte-base": dict(model_type="gte", hidden_size=768, num_attention_heads=12, num_hidden_layers=12,
+                     intermediate_size=3072, vocab_size=30528, max_position_embeddings=8192, type_vocab_size=0,
+                     pad_token_id=0),
 }
 _COMMON = dict(model_type="bert", hidden_act="gelu", layer_norm_eps=1e-12, max_position_embeddings=512,
                type_vocab_size=2, pad_token_id=0, position_embedding_type="absolute")
@@ -39,6 +52,8 @@ def hf_config_dict(name: str) -> dict:
     """The Hugging Face config dict (model_type, sizes, ...) of a named random-weight model."""
     if name not in CONFIGS:
         raise ValueError(f"unknown config {name!r}; known: {', '.join(CONFIGS)}")
+    if "model_type" in CONFIGS[name]:  # another family: its own transformers defaults fill the rest
+        return dict(CONFIGS[name])
     return {**_COMMON, **CONFIGS[name]}
 
 
@@ -57,6 +72,8 @@ def random_state_dict(name: str, seed: int = 0) -> dict[str, torch.Tensor]:
     engine that drops a bias or swaps gamma and beta gives a visibly wrong output.
     """
     cfg = hf_config_dict(name)
+    if cfg["model_type"] != "bert":
+        return random_hf_model(name, seed).state_dict()
     H, I, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     g = torch.Generator().manual_seed(seed)
 
@@ -92,7 +109,12 @@ def random_state_dict(name: str, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def random_weights(name: str, seed: int = 0, dtype: torch.dtype = torch.float32,
                    device="cpu") -> ModelWeights:
-    """`ModelWeights` with the same values as `random_hf_model(name, seed)` (no transformers needed)."""
+    """`ModelWeights` with the same values as `random_hf_model(name, seed)` (no transformers needed for BERT
+    configs)."""
+    if hf_config_dict(name)["model_type"] != "bert":
+        from bertfast.loading import load_hf_model
+
+        return load_hf_model(random_hf_model(name, seed)).to(dtype=dtype, device=device)
     config = model_config(name)
     sd = random_state_dict(name, seed)
     emb = EmbeddingWeights(
@@ -125,13 +147,31 @@ def random_weights(name: str, seed: int = 0, dtype: torch.dtype = torch.float32,
 
 
 def random_hf_model(name: str, seed: int = 0, attn_implementation: str = "eager"):
-    """A `transformers.BertModel` (fp32, eval mode) holding `random_state_dict(name, seed)`."""
+    """A `transformers.BertModel` (fp32, eval mode) holding `random_state_dict(name, seed)`; for another family's
+    config, that family's base model with random weights and its norms and biases moved off their init."""
+    if hf_config_dict(name)["model_type"] != "bert":
+        return _random_family_model(name, seed, attn_implementation)
     from transformers import BertConfig, BertModel
 
     config = BertConfig(**{k: v for k, v in hf_config_dict(name).items() if k != "model_type"},
                         attn_implementation=attn_implementation)
     model = BertModel(config, add_pooling_layer=True)
     model.load_state_dict(random_state_dict(name, seed), strict=True)
+    return model.eval()
+
+
+def _random_family_model(name: str, seed: int, attn_implementation: str):
+    from transformers import AutoConfig, AutoModel
+
+    fields = hf_config_dict(name)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields, attn_implementation=attn_implementation)
+    torch.manual_seed(seed)
+    model = AutoModel.from_config(config)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname.lower() or pname.endswith("bias"):
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
     return model.eval()
 
 
@@ -145,8 +185,9 @@ class Batch:
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
-    token_type_ids: torch.Tensor
+    token_type_ids: torch.Tensor  # zeros when the model has no token types
     lengths: list[int]
+    has_types: bool = True  # False: the model takes no token_type_ids (ModernBERT, MPNet, ...)
 
     @property
     def real_tokens(self) -> int:
@@ -157,12 +198,14 @@ class Batch:
         return tuple(self.input_ids.shape)
 
     def inputs(self) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
-                "token_type_ids": self.token_type_ids}
+        out = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if self.has_types:
+            out["token_type_ids"] = self.token_type_ids
+        return out
 
     def to(self, device) -> "Batch":
         return Batch(self.input_ids.to(device), self.attention_mask.to(device),
-                     self.token_type_ids.to(device), list(self.lengths))
+                     self.token_type_ids.to(device), list(self.lengths), self.has_types)
 
 
 def sample_lengths(batch: int, seqlen: int, dist: str = "full", seed: int = 0) -> list[int]:
@@ -226,7 +269,7 @@ def make_batch(batch: int, seqlen: int, lengths="full", *, vocab_size: int = 305
     if type_vocab_size > 1:
         second = (pos >= n // 2) & (pos < n) & (n >= 8)
         types[second] = 1
-    return Batch(ids, mask, types, lengths)
+    return Batch(ids, mask, types, lengths, type_vocab_size > 0)
 
 
 _WORKLOAD_RE = re.compile(r"^b(\d+)xs(\d+)(?:-(" + "|".join(LENGTH_DISTRIBUTIONS) + r"))?$")

@@ -22,15 +22,16 @@ from bertfast.tools.bench.measure import cpu_ticks, steal_fraction
 from bertfast.tools.bench.providers import BASELINE, DTYPES, FIXED_PROVIDERS, default_providers, factory_of
 from bertfast.tools.bench.runner import ISOLATIONS, SETTLE_S, run_bench
 from bertfast.tools.bench.source import load_source
-from bertfast.tools.workloads import DEFAULT_WORKLOADS, QUICK_WORKLOADS, Workload
+from bertfast.tools.workloads import CONFIGS, DEFAULT_WORKLOADS, QUICK_WORKLOADS, Workload
 
 
 def add_arguments(parser) -> None:
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--model", metavar="DIR", help="Hugging Face model directory (default: the embedded "
                    "all-MiniLM-L6-v2 checkpoint)")
-    g.add_argument("--config", choices=("bert-base", "minilm", "tiny"),
-                   help="random weights of a known shape instead of a checkpoint")
+    g.add_argument("--config", metavar="NAME[,NAME...]",
+                   help="random weights of known shapes instead of a checkpoint, one table each: "
+                   f"{', '.join(CONFIGS)}")
     parser.add_argument("--quick", action="store_true",
                         help=f"small grid ({', '.join(QUICK_WORKLOADS)}), up to 10 rounds, 20 s budget per workload")
     parser.add_argument("--workloads", help="comma list like b8xs128,b8xs128-uniform,b32xs128-short "
@@ -111,13 +112,33 @@ def auto_dtype_name(device: str) -> str:
     return next(name for name, dtype in DTYPES.items() if dtype == auto)
 
 
-def _load(args, device: str):
-    """The model under test: --config's random weights, --model's checkpoint, or the embedded default."""
-    if args.config:
-        return load_source(config_name=args.config, device=device, seed=args.seed)
+def _config_names(args) -> list[str | None]:
+    """--config's names (ValueError for an unknown one), or [None] for a checkpoint."""
+    if not args.config:
+        return [None]
+    names = list(dict.fromkeys(_split(args.config)))
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown or not names:
+        raise ValueError(f"--config: unknown config {', '.join(map(repr, unknown)) or 'list (empty)'}; "
+                         f"known: {', '.join(CONFIGS)}")
+    return names
+
+
+def _load(args, device: str, config_name: str | None):
+    """The model under test: a --config's random weights, --model's checkpoint, or the embedded default."""
+    if config_name:
+        return load_source(config_name=config_name, device=device, seed=args.seed)
     if args.model:
         return load_source(model_dir=args.model, device=device)
     return load_source(model_dir=default_model_path(), device=device, label="all-MiniLM-L6-v2 (embedded default)")
+
+
+def _per_config(path: str | None, config_name: str | None, several: bool) -> str | None:
+    """--json's or --plot's file; with several configs one file each, the config's name before the extension."""
+    if not path or not several:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.{config_name}{ext or '.json'}"
 
 
 def run(args) -> int:
@@ -131,16 +152,29 @@ def run(args) -> int:
         return tiers.run(args)
     try:
         device, workloads, dtypes, providers, preskipped, repeats, budget = _parse(args)
+        config_names = _config_names(args)
     except ValueError as e:
         print(f"bertfast bench: {e}", file=sys.stderr)
         return 2
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    try:
-        source = _load(args, device)
-    except (ValueError, RuntimeError, OSError) as e:
-        print(f"bertfast bench: cannot load the model: {e}", file=sys.stderr)
-        return 2
+    status = 0
+    for config_name in config_names:
+        try:
+            source = _load(args, device, config_name)
+        except (ValueError, RuntimeError, OSError) as e:
+            print(f"bertfast bench: cannot load the model: {e}", file=sys.stderr)
+            return 2
+        several = len(config_names) > 1
+        code = _run_one(args, source, device, workloads, dtypes, providers, preskipped, repeats, budget,
+                        _per_config(args.json, config_name, several), _per_config(args.plot, config_name, several))
+        status = max(status, code)
+    return status
+
+
+def _run_one(args, source, device, workloads, dtypes, providers, preskipped, repeats, budget, json_path,
+             plot_path) -> int:
+    """One model's grid: run, print its table, write its JSON and chart; the exit status."""
     c = source.config
     print(f"bertfast bench: {source.label} (hidden {c.hidden_size}, {c.num_hidden_layers} layers, "
           f"{c.num_attention_heads} heads) on {device}, {torch.get_num_threads()} threads; "
@@ -166,19 +200,19 @@ def run(args) -> int:
     if errors:
         print(f"\n{len(errors)} row(s) failed validation or crashed: see ERROR lines", file=sys.stderr)
         status = 1
-    if args.json:
+    if json_path:
         settings = {"workloads": [w.name for w in workloads], "dtypes": dtypes, "providers": providers,
                     "repeats": repeats, "budget_s": budget, "settle_ms": args.settle_ms,
                     "isolation": args.isolation, "seed": args.seed}
-        report.write_json(args.json, env=env, source=source, settings=settings, elapsed_s=elapsed,
+        report.write_json(json_path, env=env, source=source, settings=settings, elapsed_s=elapsed,
                           load_before=load_before, steal=steal, rows=rows)
-        print(f"wrote {args.json}", file=sys.stderr)
-    if args.plot:
+        print(f"wrote {json_path}", file=sys.stderr)
+    if plot_path:
         try:
-            plot.plot(rows, args.plot, f"bertfast bench: {source.label}, speedup vs {BASELINE}")
+            plot.plot(rows, plot_path, f"bertfast bench: {source.label}, speedup vs {BASELINE}")
         except Exception as e:
-            print(f"bertfast bench: could not write the plot {args.plot}: {type(e).__name__}: {e}",
+            print(f"bertfast bench: could not write the plot {plot_path}: {type(e).__name__}: {e}",
                   file=sys.stderr)
             return 1
-        print(f"wrote {args.plot}", file=sys.stderr)
+        print(f"wrote {plot_path}", file=sys.stderr)
     return status

@@ -69,7 +69,7 @@ def _bertfast_factory(backend: str, quantize: str | None = None):
         build = time.perf_counter() - t0
 
         def fn(b: Batch):
-            return enc(b.input_ids, b.attention_mask, b.token_type_ids).last_hidden_state
+            return enc(**b.inputs()).last_hidden_state
 
         info = {"backend": enc.backend, **({"quantized": quantize} if quantize else {})}
         return Provider(name, dtype, fn, build, info)
@@ -93,15 +93,20 @@ def _hf_factory(attn: str):
 
 
 class _LastHidden(torch.nn.Module):
-    """Positional (input_ids, attention_mask, token_type_ids) -> last_hidden_state, for export."""
+    """Positional (input_ids, attention_mask[, token_type_ids]) -> last_hidden_state, for export."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, token_type_ids):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                          token_type_ids=token_type_ids).last_hidden_state
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **types).last_hidden_state
+
+
+def _onnx_names(source: Source) -> list[str]:
+    """The exported graph's inputs: token types only where the model has them."""
+    return ["input_ids", "attention_mask"] + (["token_type_ids"] if source.config.type_vocab_size else [])
 
 
 def _export_onnx(source: Source, path: str, names: list[str]) -> None:
@@ -116,7 +121,7 @@ def _export_onnx(source: Source, path: str, names: list[str]) -> None:
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(
-                wrapper, (sample.input_ids, sample.attention_mask, sample.token_type_ids), path,
+                wrapper, (sample.input_ids, sample.attention_mask, sample.token_type_ids)[:len(names)], path,
                 input_names=names, output_names=["last_hidden_state"],
                 dynamic_axes={n: {0: "batch", 1: "seq"} for n in names + ["last_hidden_state"]},
                 opset_version=17, dynamo=False,
@@ -135,7 +140,7 @@ def _onnxruntime_factory(source: Source, dtype: torch.dtype) -> Provider:
 
     cfg = source.config
     t0 = time.perf_counter()
-    names = ["input_ids", "attention_mask", "token_type_ids"]
+    names = _onnx_names(source)
     with tempfile.TemporaryDirectory(prefix="bertfast-bench-") as tmp:
         raw, opt = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "model.opt.onnx")
         _export_onnx(source, raw, names)
@@ -158,7 +163,7 @@ def _ort_forward(ort, path: str, names: list[str]):
     session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
     def fn(b: Batch):
-        feeds = {n: t.numpy() for n, t in zip(names, (b.input_ids, b.attention_mask, b.token_type_ids))}
+        feeds = {n: b.inputs()[n].numpy() for n in names}
         return torch.from_numpy(session.run(["last_hidden_state"], feeds)[0])
 
     return fn
@@ -172,7 +177,7 @@ def _onnxruntime_int8_factory(source: Source, dtype: torch.dtype) -> Provider:
     except ImportError as e:
         raise ProviderSkipped(f"not installed ({e.name}): pip install onnxruntime onnx") from None
     t0 = time.perf_counter()
-    names = ["input_ids", "attention_mask", "token_type_ids"]
+    names = _onnx_names(source)
     with tempfile.TemporaryDirectory(prefix="bertfast-bench-") as tmp:
         raw, q8 = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "model.int8.onnx")
         _export_onnx(source, raw, names)
@@ -281,6 +286,8 @@ def check_runnable(provider: str, source: Source, dtype: torch.dtype) -> None:
         raise ProviderSkipped("int8 rows run in the fp32 pass (int8 GEMM operands, fp32 activations)")
     if provider in ("onnxruntime", "onnxruntime-int8", "ctranslate2-int8") and source.device != "cpu":
         raise ProviderSkipped("only the CPU device is wired in this bench")
+    if provider == "ctranslate2-int8" and source.config.family != "bert":
+        raise ProviderSkipped(f"wired for BERT checkpoints only here (this is {source.config.family})")
     if provider == "onnxruntime" and dtype != torch.float32:
         raise ProviderSkipped("fp32 only on CPU (ONNX Runtime's fused BERT kernels are fp32 on CPU, "
                               "fp16 on GPU)")

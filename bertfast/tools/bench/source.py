@@ -46,11 +46,11 @@ def load_source(model_dir: str | None = None, config_name: str | None = None, de
         model = workloads.random_hf_model(config_name, seed, attn_implementation="eager")
         return Source(f"random {config_name} (seed {seed})", workloads.model_config(config_name),
                       model.to(device), None, device, spec)
-    from transformers import BertModel
+    from transformers import AutoModel
 
     if not os.path.isdir(model_dir):
         raise ValueError(f"--model {model_dir}: not a directory")
-    model = BertModel.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32)
+    model = AutoModel.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32)
     return Source(label or _dir_label(model_dir), ModelConfig.from_json(model_dir), model.eval().to(device),
                   model_dir, device, spec)
 

@@ -46,13 +46,13 @@ def model_batch(directory: str, config, seed: int = 0):
         if int(ids.max()) >= config.vocab_size:
             raise ValueError(f"the tokenizer in {directory} produces ids up to {int(ids.max())}, "
                              f"beyond the model's vocab_size {config.vocab_size}")
-        return ids, mask, types.clamp_max(config.type_vocab_size - 1), "sentences"
+        return ids, mask, types.clamp_max(max(config.type_vocab_size - 1, 0)), "sentences"
     g = torch.Generator().manual_seed(seed)
     lengths = [min(n, config.max_position_embeddings) for n in RANDOM_LENGTHS]
     B, S = len(lengths), max(lengths)
     mask = (torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]).long()
     ids = torch.randint(0, config.vocab_size, (B, S), generator=g) * mask
-    types = torch.randint(0, config.type_vocab_size, (B, S), generator=g) * mask
+    types = torch.randint(0, max(config.type_vocab_size, 1), (B, S), generator=g) * mask  # zeros without types
     return ids, mask, types, "random-ids"
 
 
