@@ -22,7 +22,7 @@ from torch import nn
 
 from .backends import get_backend
 from .config import ModelConfig, read_config_json
-from .encoder import Encoder, EncoderOutput, choose_dtype, model_device
+from .encoder import Encoder, EncoderOutput, choose_dtype, model_device, split_quantization
 from .loading import BASE_PREFIX, LoadError, _TensorSource, assemble, open_checkpoint
 from .loading import POOLER as POOLER_MODULES
 from .padding import pad, unpad
@@ -311,7 +311,9 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
     an in-memory model); `architecture` overrides both, e.g. "BertForMaskedLM". A base-model
     architecture (e.g. "BertModel") or a config without `architectures` gives a plain `Encoder`;
     a task architecture gives a `TaskModel`. dtype None keeps the checkpoint's dtype, "auto" takes the
-    backend's fastest within the fidelity rule (`encoder.choose_dtype`); the head runs in the engine's dtype. Raises LoadError naming the architecture, tensor or file that cannot be served
+    backend's fastest within the fidelity rule (`encoder.choose_dtype`), "int8" quantizes the encoder's GEMM
+    weights as `Encoder.from_pretrained` does; the head runs in the engine's dtype (fp32 with int8).
+    Raises LoadError naming the architecture, tensor or file that cannot be served
     (`supported_architectures()` lists the supported ones); ConfigError for an unsupported config.json field.
     """
     model_dir = None
@@ -331,7 +333,8 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
     config = ModelConfig.from_dict(d)
     task = task_of(config.family, arch) if arch else None  # unknown architecture fails before any read
     device = "cpu" if model_dir is not None else model_device(path_or_hf_model)
-    engine_backend = get_backend(backend, device, family=config.family)
+    dtype, quantize = split_quantization(dtype)
+    engine_backend = get_backend(backend, device, quantize, family=config.family)
     dtype = choose_dtype(dtype, engine_backend, device)
     if model_dir is not None:
         src = open_checkpoint(model_dir)
@@ -340,7 +343,7 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
         src = _TensorSource({k: "the in-memory model" for k in sd}, sd.__getitem__)
     weights = assemble(src, config, dtype)
     if task is None:
-        return Encoder(weights, engine_backend, model_dir=model_dir)
+        return Encoder(weights, engine_backend, model_dir=model_dir, quantize=quantize)
 
     branches = HEADS[config.family][task]
     if task == "QuestionAnswering" and _num_labels(d) != 2:
@@ -354,7 +357,7 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
         raise LoadError(f"{arch} reads the pooler, but tensor "
                         f"{BASE_PREFIX[config.family] + POOLER_MODULES[config.family] + '.weight'!r} "
                         "is missing from the checkpoint")
-    encoder = Encoder(weights, engine_backend, add_pooling_layer=needs_pooler, model_dir=model_dir)
+    encoder = Encoder(weights, engine_backend, add_pooling_layer=needs_pooler, model_dir=model_dir, quantize=quantize)
     id2label = d.get("id2label") if isinstance(d.get("id2label"), dict) else None
     labels = None
     if task in ("SequenceClassification", "TokenClassification"):

@@ -171,6 +171,19 @@ def test_labels_and_scores(tmp_path, num_labels, problem_type, multi):
     assert load(build("bert", "MaskedLM"), backend="torch").labels is None
 
 
+@pytest.mark.skipif("cpu" not in CPU_BACKENDS, reason="int8 needs the cpu backend (bertfast._C)")
+def test_int8_dtype_quantizes_the_encoder(tmp_path):
+    """dtype="int8" works in `load` as in `Encoder.from_pretrained`: the same quantized encoder, bit for bit."""
+    model = build("bert", "SequenceClassification")
+    model.save_pretrained(tmp_path)
+    kwargs, mask = inputs_for(model, "SequenceClassification")
+    ours = load(tmp_path, backend="cpu", dtype="int8")
+    assert ours.encoder.quantize == "int8" and ours.encoder.dtype == torch.float32
+    plain = bertfast.Encoder.from_pretrained(tmp_path, backend="cpu", dtype="int8")
+    assert torch.equal(ours.encoder(**kwargs).pooler_output, plain(**kwargs).pooler_output)
+    assert ours(**kwargs).logits.shape == (6, 3)
+
+
 def test_per_token_heads_accept_left_padding():
     model = build("bert", "TokenClassification")
     ids = torch.randint(1, 97, (2, 7))
