@@ -240,10 +240,14 @@ class TaskModel(nn.Module):
         return self.labels is not None and (len(self.labels) == 1 or self.problem_type == "multi_label_classification")
 
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
-        """Classification logits (..., num_labels) -> fp32 probabilities: sigmoid per label when
-        `multi_label`, else softmax over the labels."""
+        """Classification logits (B, ..., num_labels) -> fp32 probabilities: sigmoid per label when
+        `multi_label`, else softmax over the labels. Batch-invariant, like the logits: softmax runs row by
+        row already; an elementwise sigmoid takes vector or scalar code by position in the tensor, so it
+        runs one row at a time."""
         x = logits.float()
-        return torch.sigmoid(x) if self.multi_label else torch.softmax(x, dim=-1)
+        if not self.multi_label:
+            return torch.softmax(x, dim=-1)
+        return torch.cat([torch.sigmoid(row) for row in x.split(1)]) if len(x) > 1 else torch.sigmoid(x)
 
     def extra_repr(self):
         return f"architecture={self.architecture!r}"

@@ -163,6 +163,11 @@ def test_labels_and_scores(tmp_path, num_labels, problem_type, multi):
         expect = torch.sigmoid(logits) if multi else torch.softmax(logits, -1)
         got = ours.scores(logits)
         assert got.dtype == torch.float32 and torch.allclose(got.double(), expect, atol=1e-7)
+        # batch-invariant: a row's scores alone are the same bits as in a batch (elementwise kernels take
+        # vector or scalar paths by position, so a row at the tail of a batch could round differently)
+        many = torch.randn(4096, num_labels) * 4
+        rows = torch.cat([ours.scores(many[i:i + 1]) for i in range(len(many))])
+        assert torch.equal(ours.scores(many), rows)
     cfg = json.loads((tmp_path / "config.json").read_text())
     del cfg["id2label"], cfg["label2id"]
     cfg["num_labels"] = num_labels
