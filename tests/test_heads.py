@@ -148,8 +148,9 @@ def test_sequence_heads_are_batch_invariant(family):
         assert torch.equal(alone[0], batch[i]), i
 
 
-@pytest.mark.parametrize("num_labels, problem_type, multi", [(3, None, False), (3, "single_label_classification", False),
-                                                              (3, "multi_label_classification", True), (1, None, True)])
+@pytest.mark.parametrize("num_labels, problem_type, multi", [
+    (3, None, False), (3, "single_label_classification", False), (3, "multi_label_classification", True),
+    (1, None, True)])
 def test_labels_and_scores(tmp_path, num_labels, problem_type, multi):
     """labels follow id2label (index order); scores are transformers' pipeline rule: sigmoid for one label
     or multi-label problems, softmax otherwise."""

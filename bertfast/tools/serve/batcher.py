@@ -1,13 +1,13 @@
 """One engine thread that owns the model, fed by a token-budget queue.
 
 Request threads hand in `Job`s (already tokenized rows, their token type ids for text pairs, plus a
-hashable key of the parameters that must be equal within one model call); the engine thread takes rows first-come first-served from the jobs
-that share the oldest job's key until the next row would pass `max_batch_tokens` (a row longer than
-the budget runs alone), runs them as one batch and writes each row's result into its job. A job's
-future completes when all its rows are done, so a request larger than the budget is split across
-batches and results keep the request's order. Admission is bounded: `admit()` raises `Busy` at once
-when `max_requests` are accepted and not yet answered. `close()` stops admission, finishes every job
-already queued, then ends the thread: every accepted request is answered.
+hashable key of the parameters that must be equal within one model call); the engine thread takes rows
+first-come first-served from the jobs that share the oldest job's key until the next row would pass
+`max_batch_tokens` (a row longer than the budget runs alone), runs them as one batch and writes each
+row's result into its job. A job's future completes when all its rows are done, so a request larger than
+the budget is split across batches and results keep the request's order. Admission is bounded: `admit()`
+raises `Busy` at once when `max_requests` are accepted and not yet answered. `close()` stops admission,
+finishes every job already queued, then ends the thread: every accepted request is answered.
 """
 
 from __future__ import annotations
