@@ -22,7 +22,7 @@ from torch import nn
 
 from .backends import get_backend
 from .config import ModelConfig, read_config_json
-from .encoder import Encoder, EncoderOutput, choose_dtype, model_device
+from .encoder import Encoder, EncoderOutput, choose_dtype, model_device, split_quantization
 from .loading import BASE_PREFIX, LoadError, _TensorSource, assemble, open_checkpoint
 from .loading import POOLER as POOLER_MODULES
 from .padding import pad, unpad
@@ -153,11 +153,15 @@ class Head(nn.Module):
     def sources(self) -> set[str]:
         return {source for source, _ in self.branches.values()}
 
-    def run(self, x: torch.Tensor, steps) -> torch.Tensor:
+    def run(self, x: torch.Tensor, steps, per_row: bool = False) -> torch.Tensor:
+        """x: (N, H) -> (N, ...). per_row runs each linear one row at a time: a GEMM library picks its
+        kernel and summation order by row count, so only M=1 calls make a row's result independent of
+        the others in its batch (sequence-level heads: N = batch rows, a few GEMVs)."""
         for step in steps:
             kind = step[0]
             if kind == "linear":
-                x = F.linear(x, step[1], step[2])
+                x = (torch.cat([F.linear(row, step[1], step[2]) for row in x.split(1)]) if per_row and len(x) > 1
+                     else F.linear(x, step[1], step[2]))
             elif kind == "layernorm":
                 x = F.layer_norm(x, (x.shape[-1],), step[1], step[2], self.eps)
             elif kind == "act":
@@ -175,10 +179,10 @@ class Head(nn.Module):
         B, S = attention_mask.shape
         out = {}
         for field, (source, steps) in self.branches.items():
-            if source == POOLER:
-                out[field] = self.run(pooler_output, steps)
+            if source == POOLER:  # sequence level: batch-invariant like the engine
+                out[field] = self.run(pooler_output, steps, per_row=True)
             elif source == FIRST:
-                out[field] = self.run(last_hidden_state[:, 0], steps)
+                out[field] = self.run(last_hidden_state[:, 0], steps, per_row=True)
             else:  # per token: run on the real tokens only, scatter back with zeros at padding
                 packed, indices, _, _ = unpad(last_hidden_state, attention_mask)
                 out[field] = pad(self.run(packed, steps), indices, B, S)
@@ -209,10 +213,16 @@ class TaskModel(nn.Module):
       seq_relationship_logits (B, 2); ALBERT: prediction_logits, sop_logits (B, num_labels);
       ELECTRA discriminator: logits (B, S).
     Per-token outputs are 0 at padded positions. hidden_states / last_hidden_state are (B*C, S, H)
-    for multiple choice, as in transformers. Outputs have the engine's dtype.
+    for multiple choice, as in transformers. Outputs have the engine's dtype. Sequence-level outputs
+    are batch-invariant: a row's logits do not depend on the other rows of its batch.
+
+    `labels` (sequence and token classification): the label names in logit order (config.json's id2label,
+    transformers' `LABEL_<i>` where it has none); `problem_type` as config.json gives it; `scores(logits)`
+    turns classification logits into probabilities.
     """
 
-    def __init__(self, encoder: Encoder, head: Head, architecture: str, id2label: dict | None = None):
+    def __init__(self, encoder: Encoder, head: Head, architecture: str, id2label: dict | None = None,
+                 labels: list[str] | None = None, problem_type: str | None = None):
         super().__init__()
         self.encoder = encoder
         self.head = head
@@ -220,6 +230,24 @@ class TaskModel(nn.Module):
         self.architecture = architecture
         self.task = architecture.split("For", 1)[1]
         self.id2label = id2label
+        self.labels = labels
+        self.problem_type = problem_type
+
+    @property
+    def multi_label(self) -> bool:
+        """Each label scored on its own (sigmoid): one label (a cross-encoder's relevance, a regression
+        score) or problem_type multi_label_classification, as transformers' text-classification pipeline."""
+        return self.labels is not None and (len(self.labels) == 1 or self.problem_type == "multi_label_classification")
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """Classification logits (B, ..., num_labels) -> fp32 probabilities: sigmoid per label when
+        `multi_label`, else softmax over the labels. Batch-invariant, like the logits: softmax runs row by
+        row already; an elementwise sigmoid takes vector or scalar code by position in the tensor, so it
+        runs one row at a time."""
+        x = logits.float()
+        if not self.multi_label:
+            return torch.softmax(x, dim=-1)
+        return torch.cat([torch.sigmoid(row) for row in x.split(1)]) if len(x) > 1 else torch.sigmoid(x)
 
     def extra_repr(self):
         return f"architecture={self.architecture!r}"
@@ -287,7 +315,9 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
     an in-memory model); `architecture` overrides both, e.g. "BertForMaskedLM". A base-model
     architecture (e.g. "BertModel") or a config without `architectures` gives a plain `Encoder`;
     a task architecture gives a `TaskModel`. dtype None keeps the checkpoint's dtype, "auto" takes the
-    backend's fastest within the fidelity rule (`encoder.choose_dtype`); the head runs in the engine's dtype. Raises LoadError naming the architecture, tensor or file that cannot be served
+    backend's fastest within the fidelity rule (`encoder.choose_dtype`), "int8" quantizes the encoder's GEMM
+    weights as `Encoder.from_pretrained` does; the head runs in the engine's dtype (fp32 with int8).
+    Raises LoadError naming the architecture, tensor or file that cannot be served
     (`supported_architectures()` lists the supported ones); ConfigError for an unsupported config.json field.
     """
     model_dir = None
@@ -307,7 +337,8 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
     config = ModelConfig.from_dict(d)
     task = task_of(config.family, arch) if arch else None  # unknown architecture fails before any read
     device = "cpu" if model_dir is not None else model_device(path_or_hf_model)
-    engine_backend = get_backend(backend, device, family=config.family)
+    dtype, quantize = split_quantization(dtype)
+    engine_backend = get_backend(backend, device, quantize, family=config.family)
     dtype = choose_dtype(dtype, engine_backend, device)
     if model_dir is not None:
         src = open_checkpoint(model_dir)
@@ -316,7 +347,7 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
         src = _TensorSource({k: "the in-memory model" for k in sd}, sd.__getitem__)
     weights = assemble(src, config, dtype)
     if task is None:
-        return Encoder(weights, engine_backend, model_dir=model_dir)
+        return Encoder(weights, engine_backend, model_dir=model_dir, quantize=quantize)
 
     branches = HEADS[config.family][task]
     if task == "QuestionAnswering" and _num_labels(d) != 2:
@@ -330,9 +361,15 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
         raise LoadError(f"{arch} reads the pooler, but tensor "
                         f"{BASE_PREFIX[config.family] + POOLER_MODULES[config.family] + '.weight'!r} "
                         "is missing from the checkpoint")
-    encoder = Encoder(weights, engine_backend, add_pooling_layer=needs_pooler, model_dir=model_dir)
+    encoder = Encoder(weights, engine_backend, add_pooling_layer=needs_pooler, model_dir=model_dir, quantize=quantize)
     id2label = d.get("id2label") if isinstance(d.get("id2label"), dict) else None
-    return TaskModel(encoder, Head(resolved, config.layer_norm_eps), arch, id2label)
+    labels = None
+    if task in ("SequenceClassification", "TokenClassification"):
+        # keys are strings in config.json, ints in an in-memory transformers config
+        names = {str(k): str(v) for k, v in (id2label or {}).items()}
+        labels = [names.get(str(i), f"LABEL_{i}") for i in range(_num_labels(d))]
+    return TaskModel(encoder, Head(resolved, config.layer_norm_eps), arch, id2label, labels,
+                     d.get("problem_type"))
 
 
 __all__ = ["load", "supported_architectures", "TaskModel", "TaskOutput", "Head", "HEADS"]

@@ -135,6 +135,61 @@ def test_every_transformers_head_of_the_families_is_listed():
                                                (a.startswith(prefix + "For") or a == prefix + "Model")}, family
 
 
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])  # pooler, token 0 + dense, token 0 + relu
+def test_sequence_heads_are_batch_invariant(family):
+    """A row's logits alone equal its logits inside a ragged batch, bit for bit (the GEMM library picks
+    its kernel by row count, so the head runs row by row, as the engine does)."""
+    model = build(family, "SequenceClassification")
+    kwargs, mask = inputs_for(model, "SequenceClassification")
+    ours = load(model, backend="cpu" if "cpu" in CPU_BACKENDS else "torch")
+    batch = ours(**kwargs).logits
+    for i, n in enumerate(mask.sum(1).tolist()):
+        alone = ours(**{k: v[i:i + 1, :n] for k, v in kwargs.items()}).logits
+        assert torch.equal(alone[0], batch[i]), i
+
+
+@pytest.mark.parametrize("num_labels, problem_type, multi", [
+    (3, None, False), (3, "single_label_classification", False), (3, "multi_label_classification", True),
+    (1, None, True)])
+def test_labels_and_scores(tmp_path, num_labels, problem_type, multi):
+    """labels follow id2label (index order); scores are transformers' pipeline rule: sigmoid for one label
+    or multi-label problems, softmax otherwise."""
+    names = {i: f"name{i}" for i in range(num_labels)}
+    model = build("bert", "SequenceClassification", num_labels=num_labels, id2label=names, problem_type=problem_type)
+    model.save_pretrained(tmp_path)
+    for source in (tmp_path, model):
+        ours = load(source, backend="torch")
+        assert ours.labels == [names[i] for i in range(num_labels)] and ours.multi_label is multi
+        logits = torch.randn(4, num_labels, dtype=torch.float64)
+        expect = torch.sigmoid(logits) if multi else torch.softmax(logits, -1)
+        got = ours.scores(logits)
+        assert got.dtype == torch.float32 and torch.allclose(got.double(), expect, atol=1e-7)
+        # batch-invariant: a row's scores alone are the same bits as in a batch (elementwise kernels take
+        # vector or scalar paths by position, so a row at the tail of a batch could round differently)
+        many = torch.randn(4096, num_labels) * 4
+        rows = torch.cat([ours.scores(many[i:i + 1]) for i in range(len(many))])
+        assert torch.equal(ours.scores(many), rows)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["id2label"], cfg["label2id"]
+    cfg["num_labels"] = num_labels
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert load(tmp_path, backend="torch").labels == [f"LABEL_{i}" for i in range(num_labels)]
+    assert load(build("bert", "MaskedLM"), backend="torch").labels is None
+
+
+@pytest.mark.skipif("cpu" not in CPU_BACKENDS, reason="int8 needs the cpu backend (bertfast._C)")
+def test_int8_dtype_quantizes_the_encoder(tmp_path):
+    """dtype="int8" works in `load` as in `Encoder.from_pretrained`: the same quantized encoder, bit for bit."""
+    model = build("bert", "SequenceClassification")
+    model.save_pretrained(tmp_path)
+    kwargs, mask = inputs_for(model, "SequenceClassification")
+    ours = load(tmp_path, backend="cpu", dtype="int8")
+    assert ours.encoder.quantize == "int8" and ours.encoder.dtype == torch.float32
+    plain = bertfast.Encoder.from_pretrained(tmp_path, backend="cpu", dtype="int8")
+    assert torch.equal(ours.encoder(**kwargs).pooler_output, plain(**kwargs).pooler_output)
+    assert ours(**kwargs).logits.shape == (6, 3)
+
+
 def test_per_token_heads_accept_left_padding():
     model = build("bert", "TokenClassification")
     ids = torch.randint(1, 97, (2, 7))

@@ -121,8 +121,10 @@ def test_health_info_openapi(client, server):
     assert info["dtype"] == "float32" and info["isa"] == bertfast.cpu_info()["active"]
     assert info["max_client_batch_size"] == 8 and info["max_batch_tokens"] == 96
     assert info["model_id"] == "sentence-transformers/all-MiniLM-L6-v2" and info["normalizes"] is True
+    assert info["model_type"] == "embedding" and info["routes"] == ["/embed", "/v1/embeddings"]
+    assert info["labels"] is None and info["architecture"] == "BertModel"
     paths = client.get("/openapi.json").json()["paths"]
-    assert {"/embed", "/v1/embeddings", "/tokenize", "/health", "/info", "/metrics"} <= set(paths)
+    assert {"/embed", "/v1/embeddings", "/predict", "/rerank", "/tokenize", "/health", "/info", "/metrics"} <= set(paths)
 
 
 def test_embed_equals_encode(client, encoder):
@@ -205,8 +207,8 @@ BAD = [  # (id, method, path, body: dict/None or raw bytes, headers, status, fie
     ("wrong-method", "GET", "/embed", None, AUTH, 405, None, None),
     ("no-key", "POST", "/embed", {"inputs": "a"}, {}, 401, "Authorization", None),
     ("wrong-key", "POST", "/embed", {"inputs": "a"}, {"Authorization": "Bearer nope"}, 401, "Authorization", None),
-    ("predict", "POST", "/predict", {"inputs": "a"}, AUTH, 501, None, None),
-    ("rerank", "POST", "/rerank", {"query": "a", "texts": ["b"]}, AUTH, 501, None, None),
+    ("predict-on-embedding-model", "POST", "/predict", {"inputs": "a"}, AUTH, 424, None, None),
+    ("rerank-on-embedding-model", "POST", "/rerank", {"query": "a", "texts": ["b"]}, AUTH, 424, None, None),
 ]
 
 
@@ -220,6 +222,8 @@ def test_bad_requests(server, case):
     err = r.json()
     assert isinstance(err["error"], str) and err["error"] and err["error_type"]
     assert err["field"] == field and err["limit"] == limit, err
+    if status == 424:  # a route for another kind of model: says what this model is, as TEI's 424
+        assert err["error_type"] == "model_type" and "an embedding model (BertModel)" in err["error"], err
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # unharmed
 
 

@@ -15,7 +15,7 @@ COMMANDS = {
     "validate": ("bertfast.tools.validate.cli", "check a backend's ops (or a whole model) against the reference"),
     "kernels": ("bertfast.tools.aot", "compile every Triton kernel ahead of time for GPU archs and report"),
     "bench": ("bertfast.tools.bench.cli", "benchmark bertfast against Hugging Face, ONNX Runtime, torch.compile"),
-    "serve": ("bertfast.tools.serve.cli", "HTTP embedding server (TEI and OpenAI routes), batched on one engine thread"),
+    "serve": ("bertfast.tools.serve.cli", "HTTP embedding / classification / rerank server (TEI and OpenAI routes), batched on one engine thread"),
     "embed": ("bertfast.tools.embed.cli", "embed a corpus (txt/jsonl/csv/parquet) into Parquet shards or .npy, resumable"),
 }
 

@@ -1,9 +1,11 @@
-"""The server's routes: TEI-compatible (/embed, /tokenize, /info, /health, /metrics), OpenAI-compatible
-(/v1/embeddings), and clear refusals for what this version does not serve (/predict, /rerank).
+"""The server's routes: TEI-compatible (/embed, /predict, /rerank, /tokenize, /info, /health, /metrics) and
+OpenAI-compatible (/v1/embeddings).
 
 A route validates (schemas, then limits: 4xx JSON naming the field and the limit), is admitted or
 refused at once (429 when `max_concurrent_requests` are in flight, 503 at shutdown), tokenizes on a
-worker thread, and waits for the engine thread's result: the event loop never runs the model.
+worker thread, and waits for the engine thread's result: the event loop never runs the model. The
+model routes answer the kind of model loaded (`model.ROUTES`); the others answer 424 naming what the
+model is, as TEI does ("model is not a classifier model").
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import asyncio
 import base64
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Union
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
@@ -23,12 +26,17 @@ from starlette.exceptions import HTTPException
 from .batcher import Batcher, Busy, Closed, Job
 from .gate import Gate
 from .metrics import Metrics
-from .model import ServedModel
+from .model import LOGITS, ROUTES, SCORES, ServedModel
 from .schemas import (ApiError, EmbedRequest, ErrorBody, Info, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse,
-                      Token, TokenizeRequest)
+                      Prediction, PredictRequest, Rank, RerankRequest, Token, TokenizeRequest)
 
-SCHEMAS = {"/embed": EmbedRequest, "/tokenize": TokenizeRequest, "/v1/embeddings": OpenAIEmbeddingRequest}
-ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 405, 413, 422, 429, 501, 503)}
+SCHEMAS = {"/embed": EmbedRequest, "/tokenize": TokenizeRequest, "/v1/embeddings": OpenAIEmbeddingRequest,
+           "/predict": PredictRequest, "/rerank": RerankRequest}
+ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 405, 413, 422, 424, 429, 503)}
+# What a model route needs, for the 424 a model of another kind answers.
+NEEDS = {"/embed": "an embedding model", "/v1/embeddings": "an embedding model",
+         "/predict": "a sequence classifier or a reranker (architecture *ForSequenceClassification)",
+         "/rerank": "a reranker: a cross-encoder, i.e. a sequence classifier with one label"}
 
 
 @dataclass
@@ -57,6 +65,11 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
     app.add_middleware(Gate, max_body=limits.max_body_bytes, api_key=api_key, metrics=metrics, routes=app.routes)
     install_error_handlers(app)
 
+    def serves(route: str) -> None:
+        if route not in ROUTES[model.kind]:
+            raise ApiError(424, f"this model is {model.description()}: {route} needs {NEEDS[route]}; "
+                           f"this server answers {', '.join(ROUTES[model.kind])}", "model_type")
+
     def texts_of(inputs, field: str) -> list[str]:
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
         if not texts:
@@ -70,11 +83,17 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
                 raise ApiError(422, f"{field}[{i}] is an empty string", field=f"{field}[{i}]")
         return texts
 
-    async def embed_rows(rows: list[list[int]], key: tuple) -> np.ndarray:
+    async def run_rows(rows: list[list[int]], key: tuple, types: list[list[int]] | None = None) -> np.ndarray:
         try:
-            return await asyncio.wrap_future(batcher.submit(Job(rows, key)))
+            return await asyncio.wrap_future(batcher.submit(Job(rows, key, types)))
         except Closed as e:
             raise ApiError(503, str(e), "unavailable") from None
+
+    async def scores_of(inputs: list, *, raw: bool, truncate: bool, direction: str, field: str) -> np.ndarray:
+        """Texts and pairs -> (len(inputs), labels) probabilities, or logits when raw, from the engine thread."""
+        encodings = await run_in_threadpool(model.tokenize, inputs, truncate=truncate, direction=direction,
+                                            field=field)
+        return await run_rows([e.ids for e in encodings], LOGITS if raw else SCORES, [e.type_ids for e in encodings])
 
     @asynccontextmanager
     async def admitted():
@@ -96,15 +115,17 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
 
     @app.post("/embed", response_model=list[list[float]], summary="TEI: sentence embeddings")
     async def embed(req: EmbedRequest):
+        serves("/embed")
         texts = texts_of(req.inputs, "inputs")
         async with admitted():
             rows, prompt_len = await text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
                                                prompt_name=req.prompt_name)
-            vectors = await embed_rows(rows, model.key(req.normalize, None, prompt_len))
+            vectors = await run_rows(rows, model.key(req.normalize, None, prompt_len))
         return JSONResponse(vectors.tolist())
 
     @app.post("/v1/embeddings", response_model=OpenAIEmbeddingResponse, summary="OpenAI: embeddings")
     async def openai_embeddings(req: OpenAIEmbeddingRequest):
+        serves("/v1/embeddings")
         given = req.input
         if isinstance(given, list) and given and isinstance(given[0], int):
             given = [given]  # one text as token ids
@@ -122,7 +143,7 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
             # dimensions: the first dims, renormalized when the model's vectors are unit length
             # (sentence-transformers' truncate_dim with normalization); a plain prefix otherwise.
             key = model.key(True if dims is not None and model.normalizes else None, dims, prompt_len)
-            vectors = await embed_rows(rows, key)
+            vectors = await run_rows(rows, key)
         tokens = sum(len(r) for r in rows)
         if req.encoding_format == "base64":
             data = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
@@ -155,14 +176,61 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
     async def prometheus():
         return Response(metrics.render(), media_type=metrics.content_type)
 
-    @app.post("/predict", summary="TEI: sequence classification (not served by this version)")
-    @app.post("/rerank", summary="TEI: cross-encoder reranking (not served by this version)")
-    async def not_served(request: Request):
-        raise ApiError(501, f"this model is an embedding model: {request.url.path} needs a sequence-classification "
-                       "or cross-encoder checkpoint, which this version of bertfast serve does not serve yet "
-                       "(use /embed or /v1/embeddings)", "unsupported")
+    @app.post("/predict", response_model=Union[list[Prediction], list[list[Prediction]]],
+              summary="TEI: sequence classification (labels and scores, best first)")
+    async def predict(req: PredictRequest):
+        serves("/predict")
+        single, inputs = predict_inputs(req.inputs, limits.max_client_batch_size)
+        async with admitted():
+            scores = await scores_of(inputs, raw=req.raw_scores, truncate=req.truncate,
+                                     direction=req.truncation_direction, field="inputs")
+        out = [sorted(({"score": float(s), "label": label} for s, label in zip(row, model.labels)),
+                      key=lambda p: -p["score"]) for row in scores]
+        return JSONResponse(out[0] if single else out)
+
+    @app.post("/rerank", response_model=list[Rank], summary="TEI: texts ranked by relevance to a query, best first")
+    async def rerank(req: RerankRequest):
+        serves("/rerank")
+        if not req.query:
+            raise ApiError(422, "query is an empty string", field="query")
+        texts = texts_of(req.texts, "texts")
+        async with admitted():
+            scores = await scores_of([(req.query, t) for t in texts], raw=req.raw_scores, truncate=req.truncate,
+                                     direction=req.truncation_direction, field="texts")
+        scores = scores[:, 0]
+        order = sorted(range(len(texts)), key=lambda i: -scores[i])
+        return JSONResponse([{"index": i, **({"text": texts[i]} if req.return_text else {}), "score": float(scores[i])}
+                             for i in order])
 
     return app
+
+
+def predict_inputs(inputs, max_inputs: int) -> tuple[bool, list]:
+    """/predict's `inputs` as TEI reads them -> (single, [text or (text_a, text_b)]): a string or a list of
+    one or two strings is one input; a list of lists is a batch of them. Errors name the JSON path."""
+    if isinstance(inputs, str):
+        if not inputs:
+            raise ApiError(422, "inputs is an empty string", field="inputs")
+        return True, [inputs]
+    if not inputs:
+        raise ApiError(422, "inputs is empty: send a text, a pair or a batch of them", field="inputs")
+    single = isinstance(inputs[0], str)
+    batch = [inputs] if single else inputs
+    if len(batch) > max_inputs:
+        raise ApiError(413, f"inputs has {len(batch)} items, more than the limit of {max_inputs} "
+                       "(--max-client-batch-size)", field="inputs", limit=max_inputs)
+    out = []
+    for i, item in enumerate(batch):
+        where = "inputs" if single else f"inputs[{i}]"
+        if len(item) not in (1, 2):
+            hint = ' (a batch of single texts is [["a"], ["b"], ...])' if single else ""
+            raise ApiError(422, f"{where} has {len(item)} strings: an input is one text or a pair of two{hint}",
+                           field=where)
+        for j, text in enumerate(item):
+            if not text:
+                raise ApiError(422, f"{where}[{j}] is an empty string", field=f"{where}[{j}]")
+        out.append(item[0] if len(item) == 1 else (item[0], item[1]))
+    return single, out
 
 
 def install_error_handlers(app: FastAPI) -> None:

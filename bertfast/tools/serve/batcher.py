@@ -1,13 +1,13 @@
 """One engine thread that owns the model, fed by a token-budget queue.
 
-Request threads hand in `Job`s (already tokenized rows plus a hashable key of the parameters that must
-be equal within one model call); the engine thread takes rows first-come first-served from the jobs
-that share the oldest job's key until the next row would pass `max_batch_tokens` (a row longer than
-the budget runs alone), runs them as one batch and writes each row's result into its job. A job's
-future completes when all its rows are done, so a request larger than the budget is split across
-batches and results keep the request's order. Admission is bounded: `admit()` raises `Busy` at once
-when `max_requests` are accepted and not yet answered. `close()` stops admission, finishes every job
-already queued, then ends the thread: every accepted request is answered.
+Request threads hand in `Job`s (already tokenized rows, their token type ids for text pairs, plus a
+hashable key of the parameters that must be equal within one model call); the engine thread takes rows
+first-come first-served from the jobs that share the oldest job's key until the next row would pass
+`max_batch_tokens` (a row longer than the budget runs alone), runs them as one batch and writes each
+row's result into its job. A job's future completes when all its rows are done, so a request larger than
+the budget is split across batches and results keep the request's order. Admission is bounded: `admit()`
+raises `Busy` at once when `max_requests` are accepted and not yet answered. `close()` stops admission,
+finishes every job already queued, then ends the thread: every accepted request is answered.
 """
 
 from __future__ import annotations
@@ -33,10 +33,12 @@ class Closed(Exception):
 
 @dataclass
 class Job:
-    """rows: token id lists; key: parameters shared by every row of one model call."""
+    """rows: token id lists; key: parameters shared by every row of one model call; types: each row's
+    token type ids (text pairs), or None (all 0)."""
 
     rows: list[list[int]]
     key: tuple
+    types: list[list[int]] | None = None
     future: Future = field(default_factory=Future)
     taken: int = 0  # rows handed to the engine
     done: int = 0  # rows written to out
@@ -47,8 +49,9 @@ class Job:
         return sum(len(r) for r in self.rows)
 
 
-# run(key, rows) -> (len(rows), D) float32 array; called on the engine thread only.
-RunBatch = Callable[[tuple, list[list[int]]], np.ndarray]
+# run(key, rows, types) -> (len(rows), D) float32 array, types[i] None for all-0 token types; called on the
+# engine thread only.
+RunBatch = Callable[[tuple, list[list[int]], list[list[int] | None]], np.ndarray]
 # on_batch(rows, tokens, seconds): statistics hook, called on the engine thread after each batch.
 OnBatch = Callable[[int, int, float], None]
 
@@ -165,9 +168,10 @@ class Batcher:
                     return
                 key, picked = self._take()
             rows = [job.rows[i] for job, i in picked]
+            types = [None if job.types is None else job.types[i] for job, i in picked]
             start = time.perf_counter()
             try:
-                out = self._run(key, rows)
+                out = self._run(key, rows, types)
             except Exception as e:  # noqa: BLE001  the request gets it; the engine goes on
                 for job in {id(j): j for j, _ in picked}.values():
                     if not job.future.done():

@@ -8,14 +8,17 @@ import sys
 
 
 def add_arguments(p):
-    p.add_argument("--model", default=None, help="model directory (default: the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--model", default=None,
+                   help="model directory (default: the embedded all-MiniLM-L6-v2); a *ForSequenceClassification "
+                        "checkpoint is served as a classifier (/predict), with one label as a reranker (/rerank)")
     p.add_argument("--model-id", default=None, help="the name /info and /v1/embeddings report (default: the directory's)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--backend", default="auto", help="auto, cpu, torch, triton")
     p.add_argument("--dtype", default=None, help="float32, bf16, fp16, int8 or auto (default: the checkpoint's)")
     p.add_argument("--pooling", default=None,
-                   help="override the model's pooling: a mode (mean, cls, max, ...) or several joined by commas")
+                   help="override an embedding model's pooling: a mode (mean, cls, max, ...) or several joined by "
+                        "commas (ignored, with a warning, for classifiers and rerankers)")
     p.add_argument("--max-batch-tokens", type=int, default=16384, help="real tokens per model call (merging budget)")
     p.add_argument("--max-concurrent-requests", type=int, default=512,
                    help="requests accepted at once; more are answered 429 immediately")

@@ -1,11 +1,18 @@
 """The served model: loading and warm-up on the engine thread, tokenization and checks on request
-threads, and the batch call, all through the public `Encoder` API (`tokenize`'s tokenizer,
-`embed_tokens`, `sentence_config`). A row's vector depends on that row alone (the engine is
-batch-invariant), so rows of different requests share a batch and still equal `Encoder.encode`.
+threads, and the batch call, all through the public API: `Encoder` (`tokenize`'s tokenizer,
+`embed_tokens`, `sentence_config`) for embedding models, `bertfast.load`'s `TaskModel` (logits,
+`labels`, `scores`) for sequence classifiers and cross-encoders.
+
+What the model is (`kind`) is decided once, at load, from config.json as TEI decides it: an
+architecture `*ForSequenceClassification` is a classifier, a reranker when it has one label; any other
+architecture is an embedding model. A row's result depends on that row alone (the engine and the
+sequence heads are batch-invariant), so rows of different requests share a batch and still equal
+`Encoder.encode` / the TaskModel on the row alone.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -13,52 +20,82 @@ import numpy as np
 from .schemas import ApiError
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+EMBEDDING, CLASSIFIER, RERANKER = "embedding", "classifier", "reranker"
+# The model routes each kind answers (/tokenize, /info, /health, /metrics: every kind).
+ROUTES = {EMBEDDING: ("/embed", "/v1/embeddings"), CLASSIFIER: ("/predict",), RERANKER: ("/rerank", "/predict")}
+# Batch keys of classifier rows: probabilities (the TaskModel's softmax/sigmoid) or the raw logits. Both
+# are computed on the engine thread: torch ops on another thread would start a second OpenMP team.
+SCORES, LOGITS = ("scores",), ("logits",)
 
 
 class ServedModel:
-    """An embedding model behind the server. Construct anywhere; `load()` runs on the engine thread."""
+    """A model behind the server. Construct anywhere; `load()` runs on the engine thread."""
 
     def __init__(self, path: str, *, backend: str = "auto", dtype=None, pooling=None, model_id: str | None = None):
         self.path, self.backend_name, self.dtype_arg = path, backend, dtype
         self.pooling = pooling
         self.model_id = model_id or os.path.basename(os.path.normpath(path))
-        self.encoder = None
+        self.encoder = self.task = self.kind = self.architecture = self.labels = None
+        self.dimension = self.normalizes = None
 
     # --- engine thread ---
     def load(self):
         """Load, build the tokenizers, warm up (short and full-length rows); returns the batch runner."""
         import bertfast
+        from bertfast.config import read_config_json
         from bertfast.sentence import pooling_modes
         from bertfast.tokenization import unpadded
 
-        enc = bertfast.Encoder.from_pretrained(self.path, backend=self.backend_name, dtype=self.dtype_arg)
+        archs = read_config_json(self.path).get("architectures") or []
+        self.architecture = archs[0] if archs else None
+        if self.architecture and self.architecture.endswith("ForSequenceClassification"):
+            self.task = bertfast.load(self.path, backend=self.backend_name, dtype=self.dtype_arg)
+            self.labels = list(self.task.labels)
+            self.kind = RERANKER if len(self.labels) == 1 else CLASSIFIER
+            if self.pooling is not None:
+                logging.getLogger("bertfast.serve").warning(
+                    "--pooling is ignored: this model is a %s (%s), not an embedding model", self.kind,
+                    self.architecture)
+                self.pooling = None
+            enc = self.task.encoder
+        else:
+            enc = bertfast.Encoder.from_pretrained(self.path, backend=self.backend_name, dtype=self.dtype_arg)
+            self.kind = EMBEDDING
+            self.pooling = None if self.pooling is None else pooling_modes(self.pooling)
+            self.dimension = enc.sentence_config.dimension(enc.config.hidden_size, self.pooling)
+            self.normalizes = enc.sentence_config.normalizes
         tok = enc.tokenizer
         self.tokenizers = {"right": unpadded(tok, "right"), "left": unpadded(tok, "left")}
         self.limit = tok.truncation["max_length"]
         self.pad_id = tok.padding["pad_id"] if tok.padding else 0
-        cfg = enc.sentence_config
-        self.pooling = None if self.pooling is None else pooling_modes(self.pooling)
-        self.dimension = cfg.dimension(enc.config.hidden_size, self.pooling)
-        self.normalizes = cfg.normalizes
         self.encoder = enc
+        key = SCORES if self.task is not None else self.key()
         for rows in ([self.tokenizers["right"].encode("warm up").ids], [[self.pad_id + 1] * self.limit]):
-            self.run(self.key(), rows)
+            self.run(key, rows, [None] * len(rows))
         return self.run
 
-    def run(self, key: tuple, rows: list[list[int]]) -> np.ndarray:
-        """Rows of token ids -> (len(rows), D) float32 embeddings, right padded into one batch."""
+    def run(self, key: tuple, rows: list[list[int]], types: list[list[int] | None]) -> np.ndarray:
+        """Rows of token ids (and token type ids, None: all 0) -> (len(rows), D) float32 embeddings, or
+        (len(rows), labels) float32 scores (key SCORES) or logits (LOGITS); right padded into one batch."""
         import torch
 
         longest = max(len(r) for r in rows)
         ids = np.full((len(rows), longest), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(rows), longest), dtype=np.int64)
-        for i, r in enumerate(rows):
+        token_types = np.zeros((len(rows), longest), dtype=np.int64)
+        for i, (r, t) in enumerate(zip(rows, types)):
             ids[i, :len(r)] = r
             mask[i, :len(r)] = 1
+            if t is not None:
+                token_types[i, :len(t)] = t
+        ids, mask, token_types = (torch.from_numpy(a) for a in (ids, mask, token_types))
+        if key in (SCORES, LOGITS):
+            typed = token_types if self.encoder.config.type_vocab_size else None  # families without token types
+            logits = self.task(ids, mask, typed).logits
+            return (self.task.scores(logits) if key == SCORES else logits.float()).cpu().numpy()
         normalize, truncate_dim, prompt_length = key
-        out = self.encoder.embed_tokens(torch.from_numpy(ids), torch.from_numpy(mask),
-                                        torch.zeros_like(torch.from_numpy(ids)), pooling=self.pooling,
-                                        normalize=normalize, truncate_dim=truncate_dim, prompt_length=prompt_length)
+        out = self.encoder.embed_tokens(ids, mask, token_types, pooling=self.pooling, normalize=normalize,
+                                        truncate_dim=truncate_dim, prompt_length=prompt_length)
         return out.cpu().numpy()
 
     # --- request threads ---
@@ -76,17 +113,28 @@ class ServedModel:
             raise ApiError(422, str(e), field="prompt_name") from None
         return (text, prompt_length(self.encoder.tokenizer, text)) if text else (None, None)
 
-    def tokenize(self, texts: list[str], *, truncate: bool = False, direction: str = "right",
+    def tokenize(self, texts: list, *, truncate: bool = False, direction: str = "right",
                  field: str = "inputs", add_special_tokens: bool = True):
-        """Texts -> their encodings (tokenizers.Encoding, unpadded); 413 for a text over the model's
-        limit unless truncate."""
+        """Texts or pairs (text_a, text_b) -> their encodings (tokenizers.Encoding, unpadded; a pair's
+        `type_ids` mark its second text); 413 naming field[i] for an input over the model's limit unless
+        truncate (a pair is truncated longest text first)."""
         encodings = self.tokenizers[direction.lower()].encode_batch(texts, add_special_tokens=add_special_tokens)
         if not truncate:
-            for i, e in enumerate(encodings):
+            for i, (text, e) in enumerate(zip(texts, encodings)):
                 if e.overflowing:
-                    raise ApiError(413, f"{field}[{i}] has more than {self.limit} tokens, the model's limit: "
+                    pair = " (its two texts together)" if isinstance(text, tuple) else ""
+                    raise ApiError(413, f"{field}[{i}] has more than {self.limit} tokens{pair}, the model's limit: "
                                    "shorten it or send truncate=true", field=f"{field}[{i}]", limit=self.limit)
         return encodings
+
+    def description(self) -> str:
+        """What the model is, for errors and logs."""
+        arch = self.architecture or "no architectures in config.json"
+        if self.kind == CLASSIFIER:
+            return f"a classifier ({arch}, {len(self.labels)} labels)"
+        if self.kind == RERANKER:
+            return f"a reranker ({arch} with one label: a cross-encoder)"
+        return f"an embedding model ({arch})"
 
     def check_ids(self, rows: list[list[int]], field: str = "input") -> list[list[int]]:
         """Token id lists as given (special tokens included): in the vocabulary, 1 to limit long."""
@@ -108,8 +156,9 @@ class ServedModel:
         import bertfast
 
         enc, cpu = self.encoder, bertfast.cpu_info()
-        return dict(model_id=self.model_id, model_dir=self.path, model_type="embedding", dimension=self.dimension,
-                    max_input_length=self.limit,
-                    pooling=list(self.pooling or enc.sentence_config.pooling), normalizes=self.normalizes,
+        pooling = None if self.kind != EMBEDDING else list(self.pooling or enc.sentence_config.pooling)
+        return dict(model_id=self.model_id, model_dir=self.path, model_type=self.kind, architecture=self.architecture,
+                    routes=list(ROUTES[self.kind]), labels=self.labels, dimension=self.dimension,
+                    max_input_length=self.limit, pooling=pooling, normalizes=self.normalizes,
                     dtype="int8" if enc.quantize else str(enc.dtype).replace("torch.", ""), backend=enc.backend,
                     isa=cpu["active"] or "none", cpu=cpu["cpu"] or "unknown", version=bertfast.__version__)

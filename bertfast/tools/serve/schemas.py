@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 Texts = Union[str, list[str]]
 TEXTS = "a string or a list of strings"
 DIRECTION = "'right' (keep the start) or 'left' (keep the end)"
+PREDICT_INPUTS = ("a string, a pair of strings [text_a, text_b], or a batch of them as lists "
+                  "[[text], [text_a, text_b], ...]")
+Direction = Literal["right", "left", "Right", "Left"]
 
 
 class Request(BaseModel):
@@ -26,8 +29,40 @@ class EmbedRequest(Request):
     inputs: Texts = Field(description=TEXTS)
     normalize: bool | None = Field(None, description="true, false or null (the model's own configuration)")
     truncate: bool = Field(False, description="a boolean")
-    truncation_direction: Literal["right", "left", "Right", "Left"] = Field("right", description=DIRECTION)
+    truncation_direction: Direction = Field("right", description=DIRECTION)
     prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
+
+
+class PredictRequest(Request):
+    """TEI's /predict (sequence classifiers and rerankers): one input or a batch. A list of two strings is
+    one pair, as TEI reads it; a batch is a list of lists of one or two strings."""
+
+    inputs: Union[str, list[str], list[list[str]]] = Field(description=PREDICT_INPUTS)
+    raw_scores: bool = Field(False, description="a boolean (true: the logits, no softmax/sigmoid)")
+    truncate: bool = Field(False, description="a boolean")
+    truncation_direction: Direction = Field("right", description=DIRECTION)
+
+
+class Prediction(BaseModel):
+    score: float
+    label: str
+
+
+class RerankRequest(Request):
+    """TEI's /rerank (cross-encoders): each text scored as the pair (query, text)."""
+
+    query: str = Field(description="a non-empty string")
+    texts: list[str] = Field(description="a list of non-empty strings")
+    raw_scores: bool = Field(False, description="a boolean (true: the logit, no sigmoid)")
+    return_text: bool = Field(False, description="a boolean")
+    truncate: bool = Field(False, description="a boolean")
+    truncation_direction: Direction = Field("right", description=DIRECTION)
+
+
+class Rank(BaseModel):
+    index: int
+    text: str | None = None  # only with return_text
+    score: float
 
 
 class TokenizeRequest(Request):
@@ -75,11 +110,14 @@ class OpenAIEmbeddingResponse(BaseModel):
 class Info(BaseModel):
     model_id: str
     model_dir: str
-    model_type: str
-    dimension: int
+    model_type: Literal["embedding", "classifier", "reranker"]
+    architecture: str | None
+    routes: list[str]  # the model routes this model answers (every model answers /tokenize and the rest)
+    labels: list[str] | None  # classifier and reranker: label names in logit order
+    dimension: int | None  # embedding models only
     max_input_length: int
-    pooling: list[str]
-    normalizes: bool
+    pooling: list[str] | None
+    normalizes: bool | None
     dtype: str
     backend: str
     isa: str
