@@ -4,9 +4,13 @@
 // Each product and each sum is one fp32 operation rounded on its own, as torch computes reference.rotate:
 // no fused multiply-add (this file is compiled with fp-contract off; the compiler would otherwise fuse the
 // intrinsics' multiplies into the adds too), so fp32 results equal the reference's bit for bit and bf16 ones
-// are rounded once, from the same fp32 values. Threads split the tokens; each token's cos/sin row is read
-// once for all its heads.
+// are rounded once, from the same fp32 values. Threads split the tokens; a token's cos/sin row serves all its
+// heads (AVX-512: loaded into registers once per 16 columns).
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#else
 #pragma GCC optimize("fp-contract=off")
+#endif
 
 #include <omp.h>
 
@@ -27,8 +31,7 @@ struct RotaryArgs {
   const float *cos, *sin;
 };
 
-// Portable: one element pair at a time (the build's baseline ISA has no FMA on x86-64; elsewhere the pragma
-// above keeps the products unfused).
+// Portable: plain loops over the half row (compiled for the baseline ISA, and as the AVX2 tier's kernel).
 template <typename T>
 BF_INLINE void rotary_rows(T* x, const RotaryArgs& a, int64_t lo, int64_t hi) {
   for (int64_t t = lo; t < hi; ++t) {
@@ -48,7 +51,7 @@ BF_INLINE void rotary_rows(T* x, const RotaryArgs& a, int64_t lo, int64_t hi) {
 }
 
 #if BF_X86
-// AVX2: the portable loop compiled for AVX2 (8 lanes; bf16 stores round as from_float does).
+// AVX2: the portable loops compiled for AVX2 + FMA (8 lanes; still no fused multiply-add, see the top).
 template <typename T>
 BF_TARGET_AVX2 void rotary_avx2(T* x, const RotaryArgs& a, int64_t lo, int64_t hi) {
   rotary_rows(x, a, lo, hi);
