@@ -3,9 +3,11 @@
 // runs, then calls the kernels in csrc/cpu/ on raw pointers with the GIL released.
 //
 // Ops and their kernels (csrc/cpu/): embed (embed.cpp), layernorm (layernorm.cpp), attention (attention.cpp),
+// rotary_ (rotary.cpp), glu (glu.cpp),
 // pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
 // int8_epilogue_ (int8_epilogue.cpp), pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows),
 // isa / detected_isa / set_isa / has_avx512_bf16 (isa.cpp), num_threads (parallel.h).
+#include <ATen/MemoryOverlap.h>
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -177,10 +179,10 @@ void dispatch(at::ScalarType dt, F&& f) {
     f(bc::bf16{});
 }
 
-at::Tensor embed(const at::Tensor& ids, const at::Tensor& positions, const c10::optional<at::Tensor>& types,
-                 const at::Tensor& word, const at::Tensor& position_table,
-                 const c10::optional<at::Tensor>& type_table, const at::Tensor& gamma, const at::Tensor& beta,
-                 double eps) {
+at::Tensor embed(const at::Tensor& ids, const c10::optional<at::Tensor>& positions,
+                 const c10::optional<at::Tensor>& types, const at::Tensor& word,
+                 const c10::optional<at::Tensor>& position_table, const c10::optional<at::Tensor>& type_table,
+                 const at::Tensor& gamma, const at::Tensor& beta, double eps) {
   check_float(word, "word");
   BF_CHECK(word.dim() == 2, "word must be (vocab, hidden), got ", word.sizes());
   check_contig(word, "word");
@@ -189,11 +191,16 @@ at::Tensor embed(const at::Tensor& ids, const at::Tensor& positions, const c10::
   BF_CHECK(ids.dim() == 1, "input_ids must be 1-D (tokens,), got ", ids.sizes());
   const int64_t T = ids.size(0);
   check_index(ids, T, word.size(0), "input_ids");
-  check_like(position_table, word, "position");
-  BF_CHECK(position_table.dim() == 2 && position_table.size(1) == H, "position must be (max_positions, ", H,
-           "), got ", position_table.sizes());
-  check_contig(position_table, "position");
-  check_index(positions, T, position_table.size(0), "position_ids");
+  at::Tensor pos, pt;  // undefined without a position table (rotary models): position_ids are then ignored
+  if (position_table.has_value()) {
+    pt = *position_table;
+    check_like(pt, word, "position");
+    BF_CHECK(pt.dim() == 2 && pt.size(1) == H, "position must be (max_positions, ", H, "), got ", pt.sizes());
+    check_contig(pt, "position");
+    BF_CHECK(positions.has_value(), "position_ids are needed with a position table");
+    pos = *positions;
+    check_index(pos, T, pt.size(0), "position_ids");
+  }
   BF_CHECK(types.has_value() == type_table.has_value(),
            "token_type_ids and the token type table must be given together");
   at::Tensor ty, tt;
@@ -212,9 +219,9 @@ at::Tensor embed(const at::Tensor& ids, const at::Tensor& positions, const c10::
     py::gil_scoped_release nogil;
     dispatch(word.scalar_type(), [&](auto tag) {
       using T_ = decltype(tag);
-      bc::embed<T_>(ids.data_ptr<int64_t>(), positions.data_ptr<int64_t>(),
-                    ty.defined() ? ty.data_ptr<int64_t>() : nullptr, ptr<T_>(word), ptr<T_>(position_table),
-                    ptr<T_>(tt), ptr<T_>(gamma), ptr<T_>(beta), float(eps), T, H, ptr<T_>(out));
+      bc::embed<T_>(ids.data_ptr<int64_t>(), pos.defined() ? pos.data_ptr<int64_t>() : nullptr,
+                    ty.defined() ? ty.data_ptr<int64_t>() : nullptr, ptr<T_>(word), ptr<T_>(pt), ptr<T_>(tt),
+                    ptr<T_>(gamma), ptr<T_>(beta), float(eps), T, H, ptr<T_>(out));
     });
   }
   return out;
@@ -243,7 +250,8 @@ at::Tensor layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Ten
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                      int64_t max_seqlen, double scale, bool bf16_products,
-                     const c10::optional<at::Tensor>& bias_table, const c10::optional<at::Tensor>& bias_positions) {
+                     const c10::optional<at::Tensor>& bias_table, const c10::optional<at::Tensor>& bias_positions,
+                     int64_t window) {
   check_float(q, "q");
   BF_CHECK(q.dim() == 3, "q must be (tokens, heads, head_dim), got ", q.sizes());
   check_like(k, q, "k");
@@ -258,6 +266,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t B = check_cu_seqlens(cu_seqlens, T, max_seqlen, "q");
   const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
   const bc::AttnBias bias = check_attn_bias(bias_table, bias_positions, heads, T, cu_seqlens);
+  BF_CHECK(window >= 0, "window must be >= 0 (0: global attention), got ", window);
   const bc::AttnStrides st{q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1)};
   at::Tensor out = at::empty({T, heads * d}, q.options());
   {
@@ -265,7 +274,53 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     dispatch(q.scalar_type(), [&](auto tag) {
       using T_ = decltype(tag);
       bc::attention<T_>(ptr<T_>(q), ptr<T_>(k), ptr<T_>(v), st, cu, B, heads, d, float(scale), ptr<T_>(out),
-                        bf16_products, bias.table ? &bias : nullptr);
+                        bf16_products, bias.table ? &bias : nullptr, window);
+    });
+  }
+  return out;
+}
+
+// RoPE on x (T, heads, d) in place, rows and heads any stride apart (e.g. the q and k heads of the fused (T, 3H)
+// QKV output viewed as (T, 2 * heads, d)); cos, sin (T, d / 2) float32 contiguous. Returns x.
+at::Tensor rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
+  check_float(x, "x");
+  BF_CHECK(x.dim() == 3, "x must be (tokens, heads, head_dim), got ", x.sizes());
+  BF_CHECK(x.stride(2) == 1 || x.size(2) <= 1, "x must be contiguous along head_dim (stride 1), got strides ",
+           x.strides());
+  BF_CHECK(at::has_internal_overlap(x) != at::MemOverlap::Yes, "x must not overlap itself (it is rotated in place), "
+           "got shape ", x.sizes(), " and strides ", x.strides());
+  const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
+  BF_CHECK(d % 2 == 0, "rotary embeddings need an even head_dim, got ", d);
+  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_tensor(*t, name);
+    BF_CHECK(t->scalar_type() == at::kFloat, name, " must be float32, got ", t->scalar_type());
+    BF_CHECK(t->dim() == 2 && t->size(0) == T && t->size(1) == d / 2, name, " must have shape (", T, ", ", d / 2,
+             "), got ", t->sizes());
+    check_contig(*t, name);
+  }
+  if (x.numel() > 0) {
+    py::gil_scoped_release nogil;
+    dispatch(x.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::rotary<T_>(ptr<T_>(x), x.stride(0), x.stride(1), T, heads, d, cos.data_ptr<float>(), sin.data_ptr<float>());
+    });
+  }
+  return x;
+}
+
+// The gate of a GLU FFN: h (M, 2N), contiguous along features -> act(h[:, :N]) * h[:, N:], (M, N).
+at::Tensor glu(const at::Tensor& h, const std::string& act) {
+  check_float(h, "h");
+  BF_CHECK(h.dim() == 2 && h.size(1) % 2 == 0, "h must be (rows, 2 * features), got ", h.sizes());
+  BF_CHECK(h.stride(1) == 1 || h.size(1) <= 1, "h must be contiguous along features, got strides ", h.strides());
+  const int64_t M = h.size(0), N = h.size(1) / 2;
+  const bc::Activation a = activation(act);
+  at::Tensor out = at::empty({M, N}, h.options());
+  if (M > 0 && N > 0) {
+    py::gil_scoped_release nogil;
+    dispatch(h.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::glu<T_>(ptr<T_>(h), M > 1 ? h.stride(0) : 2 * N, M, N, a, ptr<T_>(out));
     });
   }
   return out;
@@ -562,7 +617,9 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at:
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "bertfast native CPU kernels (fp32 and bf16, packed [T, H] token layout)";
-  m.def("embed", &embed, "LayerNorm(word[ids] + type[types] + position[positions]) -> (T, H)",
+  m.def("embed", &embed,
+        "LayerNorm(word[ids] + type[types] + position[positions]) -> (T, H); no token types or no position table "
+        "(rotary models): those terms left out",
         py::arg("input_ids"), py::arg("position_ids"), py::arg("token_type_ids"), py::arg("word"),
         py::arg("position"), py::arg("token_type"), py::arg("ln_weight"), py::arg("ln_bias"), py::arg("eps"));
   m.def("layernorm", &layernorm, "LayerNorm(x + residual) over the last dim, fp32 statistics", py::arg("x"),
@@ -570,13 +627,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention,
         "varlen attention on packed q, k, v (T, heads, d) -> (T, heads * d); bf16_products: fp32 inputs may "
         "run the products on bf16 operands (AMX, fp32 accumulation and softmax); bias_table (heads, width) float32 "
-        "and bias_positions (T,) int32: score(t, u) += bias_table[h, (width - 1) / 2 + pos[u] - pos[t]] (MPNet)",
+        "and bias_positions (T,) int32: score(t, u) += bias_table[h, (width - 1) / 2 + pos[u] - pos[t]] (MPNet); "
+        "window > 0: token t attends only to the tokens u of its sequence with |t - u| <= window",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
-        py::arg("bf16_products") = false, py::arg("bias_table") = py::none(), py::arg("bias_positions") = py::none());
+        py::arg("bf16_products") = false, py::arg("bias_table") = py::none(), py::arg("bias_positions") = py::none(),
+        py::arg("window") = 0);
+  m.def("rotary_", &rotary_,
+        "RoPE in place, half-split convention, exact fp32 math: x (T, heads, d) rows and heads any stride apart, "
+        "cos and sin (T, d / 2) float32; returns x",
+        py::arg("x"), py::arg("cos"), py::arg("sin"));
+  m.def("glu", &glu, "the gate of a GLU FFN: h (M, 2N) -> act(h[:, :N]) * h[:, N:] (M, N), fp32 math", py::arg("h"),
+        py::arg("act"));
   m.def("pack_linear", &pack_linear, "pack a (N, K) weight for `linear`", py::arg("weight"));
   m.def("linear", &linear,
         "act(x @ w.T + bias) + residual on a packed weight (streaming at small M; fp32 blocked at large M); act in "
-        "none|gelu|gelu_tanh|relu|tanh",
+        "none|gelu|gelu_tanh|relu|tanh|silu",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
         py::arg("act") = "none", py::arg("residual") = py::none());
   py::class_<LayerTensors>(m, "LayerWeights",

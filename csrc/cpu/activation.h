@@ -9,15 +9,16 @@
 namespace bertfast {
 namespace cpu {
 
-enum class Activation : int { None = 0, Gelu = 1, GeluTanh = 2, Relu = 3, Tanh = 4 };
+enum class Activation : int { None = 0, Gelu = 1, GeluTanh = 2, Relu = 3, Tanh = 4, Silu = 5 };
 
 // The names Python passes, in enum order.
-constexpr const char* kActivationNames[] = {"none", "gelu", "gelu_tanh", "relu", "tanh"};
-constexpr const char* kActivationChoices = "none, gelu, gelu_tanh, relu or tanh";
+constexpr const char* kActivationNames[] = {"none", "gelu", "gelu_tanh", "relu", "tanh", "silu"};
+constexpr int kActivations = sizeof(kActivationNames) / sizeof(kActivationNames[0]);
+constexpr const char* kActivationChoices = "none, gelu, gelu_tanh, relu, tanh or silu";
 
 // The activation named `name`; false (and *act untouched) if none has that name.
 inline bool parse_activation(const char* name, Activation* act) {
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < kActivations; ++i) {
     if (std::strcmp(name, kActivationNames[i]) == 0) {
       *act = static_cast<Activation>(i);
       return true;
@@ -43,6 +44,8 @@ BF_INLINE decltype(auto) with_activation(Activation act, F&& f) {
       return f(ActivationTag<Activation::Relu>{});
     case Activation::Tanh:
       return f(ActivationTag<Activation::Tanh>{});
+    case Activation::Silu:
+      return f(ActivationTag<Activation::Silu>{});
     default:
       return f(ActivationTag<Activation::None>{});
   }

@@ -7,6 +7,14 @@
 // fp32 accumulation and softmax). An optional relative position bias (MPNet, `AttnBias`) is added to each
 // score tile between the product and the softmax, read per distance from a (heads, width) table; calls
 // with one run the fp32-math tiers (AVX-512, AVX2, portable), not the AMX tiles.
+//
+// Sliding window (window > 0, ModernBERT's local layers): query t sees key u iff |t - u| <= window. A query
+// block visits only the key tiles that meet its rows' windows, its diagonal tile first (it holds every row's
+// own key, so each row's running max is finite from then on); in a boundary tile the scores outside the window
+// are set to -inf before the softmax and their probabilities to 0 after it. Work is linear in length then,
+// like the memory (K and V widened once per (sequence, head), nothing quadratic). A window reaching the whole
+// sequence (window >= len - 1) is no window: the same tiles in the same order as global attention. Windowed
+// calls also run the fp32-math tiers, not the AMX tiles (which are not built with the window).
 #include <omp.h>
 
 #include <algorithm>
@@ -28,6 +36,7 @@ namespace {
 
 constexpr int64_t kQBlock = 32;
 constexpr int64_t kKBlock = 64;
+static_assert(kKBlock % kQBlock == 0, "a query block lies inside one key tile (its diagonal tile)");
 
 // The (sequence, head) work items of one call, claimed from a counter the threads share until none are
 // left: a dynamic schedule, since sequences differ in length and so items in cost. Empty sequences are
@@ -115,6 +124,26 @@ BF_INLINE void add_bias(float* s, const TileBias& b, int64_t qn, int64_t kn) {
   }
 }
 
+// The sliding window on one (query block, key tile): query row i sees key j of the tile iff
+// |j + offset - i| <= window, offset = the tile's first key minus the block's first query. window == 0: every
+// row sees every key of the tile (no window, or a tile inside all the rows' windows): nothing is masked.
+struct TileWindow {
+  int64_t window = 0, offset = 0;
+};
+
+// Sets s[i][j] = value for the keys j < kn outside row i's window, rows i < qn (the scores before the softmax:
+// -inf; the probabilities after it: 0, since exp of -inf is clamped to ~1e-38 there, not 0).
+BF_INLINE void mask_window(float* s, const TileWindow& w, int64_t qn, int64_t kn, float value) {
+  if (w.window == 0) return;
+  for (int64_t i = 0; i < qn; ++i) {
+    const int64_t lo = std::clamp<int64_t>(i - w.offset - w.window, 0, kn);
+    const int64_t hi = std::clamp<int64_t>(i - w.offset + w.window + 1, lo, kn);
+    float* si = s + i * kKBlock;
+    for (int64_t j = 0; j < lo; ++j) si[j] = value;
+    for (int64_t j = hi; j < kn; ++j) si[j] = value;
+  }
+}
+
 // ---- portable block: plain loops the compiler vectorizes ----
 struct GenericBlock {
   // K rows [0, len) of one head into kt: [tile][d][kKBlock] (keys past len stay zero).
@@ -131,7 +160,7 @@ struct GenericBlock {
   // products run on register tiles of 4-lane vectors (GCC vector extensions: SSE2 on x86-64, NEON on
   // aarch64); the compiler's own vectorization of these loops kept every partial sum in memory.
   BF_INLINE static void run(Scratch& sc, const float* kt, const float* vf, int64_t qn, int64_t kn, int64_t d,
-                            int64_t dp, bool first, const TileBias& bias) {
+                            int64_t dp, bool first, const TileBias& bias, const TileWindow& win) {
     for (int64_t i = 0; i < qn; i += kR) {  // rows past qn are zero queries: computed, never used
       const float* q = sc.qf.data() + i * dp;
       float* s = sc.s.data() + i * kKBlock;
@@ -140,6 +169,7 @@ struct GenericBlock {
       if (j < kn) score_tile<1>(q, dp, kt + j, d, s + j);
     }
     add_bias(sc.s.data(), bias, qn, kn);
+    mask_window(sc.s.data(), win, qn, kn, -INFINITY);
     for (int64_t i = 0; i < qn; ++i) {
       float* s = sc.s.data() + i * kKBlock;
       float mx = sc.m[i];
@@ -160,6 +190,7 @@ struct GenericBlock {
         for (int64_t e = 0; e < dp; ++e) a[e] *= alpha;
       }
     }
+    mask_window(sc.s.data(), win, qn, kn, 0.f);
     // acc += P V (acc = P V on the first key tile), 4 rows x 8 head dims per register tile.
     for (int64_t i = 0; i < qn; i += kR) {
       const int rows = int(std::min<int64_t>(kR, qn - i));
@@ -271,19 +302,20 @@ struct Avx512Block {
   // A tile of kn keys needs only ceil(kn / 16) score vectors per row: short sequences (and the last
   // tile of a longer one) do not pay for a full kKBlock of keys.
   BF_TARGET_AVX512 static void run(Scratch& sc, const float* kt, const float* vf, int64_t qn, int64_t kn, int64_t d,
-                                   int64_t dp, bool first, const TileBias& bias) {
+                                   int64_t dp, bool first, const TileBias& bias, const TileWindow& win) {
     switch ((kn + 15) / 16) {
-      case 1: run_cols<1>(sc, kt, vf, qn, kn, d, dp, first, bias); break;
-      case 2: run_cols<2>(sc, kt, vf, qn, kn, d, dp, first, bias); break;
-      case 3: run_cols<3>(sc, kt, vf, qn, kn, d, dp, first, bias); break;
-      default: run_cols<kKBlock / 16>(sc, kt, vf, qn, kn, d, dp, first, bias); break;
+      case 1: run_cols<1>(sc, kt, vf, qn, kn, d, dp, first, bias, win); break;
+      case 2: run_cols<2>(sc, kt, vf, qn, kn, d, dp, first, bias, win); break;
+      case 3: run_cols<3>(sc, kt, vf, qn, kn, d, dp, first, bias, win); break;
+      default: run_cols<kKBlock / 16>(sc, kt, vf, qn, kn, d, dp, first, bias, win); break;
     }
   }
 
   template <int kC>  // score vectors per row (16 keys each), kC * 16 >= kn
   BF_TARGET_AVX512 __attribute__((noinline)) static void run_cols(Scratch& sc, const float* kt, const float* vf,
                                                                   int64_t qn, int64_t kn, int64_t d, int64_t dp,
-                                                                  bool first, const TileBias& bias) {
+                                                                  bool first, const TileBias& bias,
+                                                                  const TileWindow& win) {
     static_assert(kC >= 1 && kC * 16 <= kKBlock, "a tile has at most kKBlock keys");
     constexpr int kR = 4;                // query rows per register block
     const int64_t qn4 = (qn + kR - 1) / kR * kR;  // rows past qn are zero queries: computed, never used
@@ -306,6 +338,7 @@ struct Avx512Block {
         for (int c = 0; c < kC; ++c) _mm512_storeu_ps(sc.s.data() + (i + r) * kKBlock + 16 * c, s[r][c]);
     }
     add_bias(sc.s.data(), bias, qn, kn);
+    mask_window(sc.s.data(), win, qn, kn, -INFINITY);
     // Online softmax per row; keys past kn are masked out.
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
     for (int64_t i = 0; i < qn; ++i) {
@@ -338,6 +371,7 @@ struct Avx512Block {
         for (int64_t e = 0; e < dp; e += 16) _mm512_storeu_ps(a + e, _mm512_mul_ps(_mm512_loadu_ps(a + e), av));
       }
     }
+    mask_window(sc.s.data(), win, qn, kn, 0.f);
     // acc += P V: 4 rows x 64 head_dim columns (4 vectors) per register block.
     for (int64_t i = 0; i < qn; i += kR) {
       const int rows = int(std::min<int64_t>(kR, qn - i));
@@ -433,10 +467,12 @@ struct Avx2Block {
   }
 
   BF_TARGET_AVX2 static void run(Scratch& sc, const float* kt, const float* vf, int64_t qn, int64_t kn, int64_t d,
-                                 int64_t dp, bool first, const TileBias& bias) {
+                                 int64_t dp, bool first, const TileBias& bias, const TileWindow& win) {
     scores(sc, kt, qn, kn, d, dp);
     add_bias(sc.s.data(), bias, qn, kn);
+    mask_window(sc.s.data(), win, qn, kn, -INFINITY);
     softmax(sc, qn, kn, dp, first);
+    mask_window(sc.s.data(), win, qn, kn, 0.f);
     accumulate(sc, vf, qn, kn, dp, first);
   }
 
@@ -770,10 +806,29 @@ BF_TARGET_AMX void attention_amx(const T* q, const T* k, const T* v, const AttnS
 #undef BF_AMX_PV
 #endif
 
+// The key tiles [*t_lo, *t_hi] that query rows [q0, q0 + qn) of a sequence of len keys visit: all of them
+// without a window (w == 0), else those meeting [q0 - w, q0 + qn - 1 + w].
+BF_INLINE void visited_tiles(int64_t q0, int64_t qn, int64_t len, int64_t w, int64_t* t_lo, int64_t* t_hi) {
+  if (w == 0) {
+    *t_lo = 0;
+    *t_hi = (len - 1) / kKBlock;
+  } else {
+    *t_lo = std::max<int64_t>(0, q0 - w) / kKBlock;
+    *t_hi = std::min<int64_t>(len - 1, q0 + qn - 1 + w) / kKBlock;
+  }
+}
+
+// The n-th key tile a query block visits: its diagonal tile first (the one holding rows q0..q0 + qn - 1 as keys;
+// tile 0 without a window), then [t_lo, t_hi] in order without it.
+BF_INLINE int64_t tile_order(int64_t n, int64_t t_lo, int64_t t_diag) {
+  if (n == 0) return t_diag;
+  return t_lo + n - 1 >= t_diag ? t_lo + n : t_lo + n - 1;
+}
+
 template <typename T, typename Block>
 BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnStrides& st,
                                 const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d, float scale,
-                                T* out, std::atomic<int64_t>* next, const AttnBias* bias) {
+                                T* out, std::atomic<int64_t>* next, const AttnBias* bias, int64_t window) {
   DenormalGuard ftz;
   const int64_t H = heads * d;
   const int64_t dp = (d + 15) / 16 * 16;
@@ -790,7 +845,13 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
     have = items.claim(&h_next, &start_next, &len_next);
     if (have) pf.start(q, k, v, out, st, heads, d, h_next, start_next, len_next);
     const int64_t tiles = (len + kKBlock - 1) / kKBlock;
-    const int64_t runs = tiles * ((len + kQBlock - 1) / kQBlock);
+    const int64_t w = window < len - 1 ? window : 0;  // a window reaching every key is no window
+    int64_t runs = 0;  // (query block, key tile) pairs this item computes
+    for (int64_t q0 = 0; q0 < len; q0 += kQBlock) {
+      int64_t t_lo, t_hi;
+      visited_tiles(q0, std::min<int64_t>(kQBlock, len - q0), len, w, &t_lo, &t_hi);
+      runs += t_hi - t_lo + 1;
+    }
     const int64_t rows_per_run = have ? (len_next + runs - 1) / runs : 0;
     // K transposed per key tile and V, widened once for every query block of this (sequence, head).
     // Keys past the end of a tile are masked out of the softmax and never read from V; the columns
@@ -818,14 +879,19 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
       }
       // The register tiles read up to a multiple of 4 rows: zero queries past the end.
       std::fill(sc.qf.begin() + qn * dp, sc.qf.end(), 0.f);
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t kn = std::min<int64_t>(kKBlock, len - t * kKBlock);
+      int64_t t_lo, t_hi;
+      visited_tiles(q0, qn, len, w, &t_lo, &t_hi);
+      const int64_t t_diag = w == 0 ? 0 : q0 / kKBlock;
+      for (int64_t n = 0; n <= t_hi - t_lo; ++n) {
+        const int64_t t = tile_order(n, t_lo, t_diag), k0 = t * kKBlock;
+        const int64_t kn = std::min<int64_t>(kKBlock, len - k0);
         pf.step(rows_per_run);
         TileBias tb;
         if (bias != nullptr)
-          tb = {bias->table + h * bias->width + (bias->width - 1) / 2, bias->pos + start + q0,
-                bias->pos + start + t * kKBlock};
-        Block::run(sc, sc.kt.data() + t * d * kKBlock, sc.vf.data() + t * kKBlock * dp, qn, kn, d, dp, t == 0, tb);
+          tb = {bias->table + h * bias->width + (bias->width - 1) / 2, bias->pos + start + q0, bias->pos + start + k0};
+        TileWindow tw;  // masks only a tile some row's window leaves part of
+        if (w > 0 && (k0 + kn - 1 - q0 > w || q0 + qn - 1 - k0 > w)) tw = {w, k0 - q0};
+        Block::run(sc, sc.kt.data() + t * d * kKBlock, sc.vf.data() + t * kKBlock * dp, qn, kn, d, dp, n == 0, tb, tw);
       }
       for (int64_t i = 0; i < qn; ++i) {
         const float inv = 1.0f / sc.l[i];
@@ -842,23 +908,23 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
 template <typename T>
 BF_TARGET_AVX2 void attention_avx2(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu,
                                    int64_t batch, int64_t heads, int64_t d, float scale, T* out,
-                                   std::atomic<int64_t>* next, const AttnBias* bias) {
-  attention_thread<T, Avx2Block>(q, k, v, st, cu, batch, heads, d, scale, out, next, bias);
+                                   std::atomic<int64_t>* next, const AttnBias* bias, int64_t window) {
+  attention_thread<T, Avx2Block>(q, k, v, st, cu, batch, heads, d, scale, out, next, bias, window);
 }
 
 template <typename T>
 BF_TARGET_AVX512 void attention_avx512(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu,
                                        int64_t batch, int64_t heads, int64_t d, float scale, T* out,
-                                       std::atomic<int64_t>* next, const AttnBias* bias) {
-  attention_thread<T, Avx512Block>(q, k, v, st, cu, batch, heads, d, scale, out, next, bias);
+                                       std::atomic<int64_t>* next, const AttnBias* bias, int64_t window) {
+  attention_thread<T, Avx512Block>(q, k, v, st, cu, batch, heads, d, scale, out, next, bias, window);
 }
 #endif
 
 template <typename T>
 void attention_generic(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu, int64_t batch,
                        int64_t heads, int64_t d, float scale, T* out, std::atomic<int64_t>* next,
-                       const AttnBias* bias) {
-  attention_thread<T, GenericBlock>(q, k, v, st, cu, batch, heads, d, scale, out, next, bias);
+                       const AttnBias* bias, int64_t window) {
+  attention_thread<T, GenericBlock>(q, k, v, st, cu, batch, heads, d, scale, out, next, bias, window);
 }
 
 }  // namespace
@@ -866,19 +932,21 @@ void attention_generic(const T* q, const T* k, const T* v, const AttnStrides& st
 template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
                int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products,
-               const AttnBias* bias) {
-  int64_t work = 0;
+               const AttnBias* bias, int64_t window) {
+  int64_t work = 0, longest = 0;  // work: score elements computed (about: boundary tiles are computed whole)
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
-    work += len * len;
+    work += len * (window > 0 ? std::min(len, 2 * window + 1) : len);
+    longest = std::max(longest, len);
   }
+  if (window >= longest - 1) window = 0;  // it reaches every key of every sequence: global attention, any tier
   if (work == 0) return;
   // Work items are whole (sequence, head) pairs: worth a second thread from a few of them on.
   const int nt = int(std::min<int64_t>(batch * heads, threads_for(work * heads * head_dim)));
   // Every thread claims (sequence, head) items from one counter until none are left.
   std::atomic<int64_t> next{0};
 #if BF_X86
-  if ((sizeof(T) == 2 || bf16_products) && bias == nullptr) {  // the AMX path takes no position bias
+  if ((sizeof(T) == 2 || bf16_products) && bias == nullptr && window == 0) {  // AMX: no position bias, no window
     if (head_dim <= 64 && active_isa() == Isa::Amx) {
       parallel_for(nt, nt, [&](int64_t) {
         attention_amx(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
@@ -888,14 +956,14 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
   }
 #endif
   parallel_for(nt, nt, [&](int64_t) {
-    BF_DISPATCH(attention, q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias);
+    BF_DISPATCH(attention, q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
   });
 }
 
 template void attention<float>(const float*, const float*, const float*, const AttnStrides&, const int32_t*,
-                               int64_t, int64_t, int64_t, float, float*, bool, const AttnBias*);
+                               int64_t, int64_t, int64_t, float, float*, bool, const AttnBias*, int64_t);
 template void attention<bf16>(const bf16*, const bf16*, const bf16*, const AttnStrides&, const int32_t*, int64_t,
-                              int64_t, int64_t, float, bf16*, bool, const AttnBias*);
+                              int64_t, int64_t, float, bf16*, bool, const AttnBias*, int64_t);
 
 }  // namespace cpu
 }  // namespace bertfast

@@ -1,5 +1,6 @@
 // Embedding gather (word + token type + position) fused with the embedding LayerNorm: one pass per token,
-// the sum kept in fp32 (the reference rounds each partial sum in bf16; this is at least as accurate).
+// the sum kept in fp32 (the reference rounds each partial sum in bf16; this is at least as accurate). The token
+// type table and the position table (rotary models have none) may be absent.
 #include <omp.h>
 
 #include <cmath>
@@ -14,6 +15,28 @@ namespace bertfast {
 namespace cpu {
 namespace {
 
+// LayerNorm(w + y) of one token without a position row (y, the token type row, may be null).
+template <typename T>
+BF_INLINE void embed_row_unpositioned(const T* w, const T* y, int64_t H, float eps, const T* gamma, const T* beta,
+                                      T* out, float* row) {
+  const float shift = to_float(w[0]) + (y != nullptr ? to_float(y[0]) : 0.f);
+  float sum = 0.f;
+  if (y != nullptr) {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < H; ++i) {
+      row[i] = (to_float(w[i]) + to_float(y[i])) - shift;
+      sum += row[i];
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < H; ++i) {
+      row[i] = to_float(w[i]) - shift;
+      sum += row[i];
+    }
+  }
+  normalize_row(row, sum, H, eps, gamma, beta, out);
+}
+
 template <typename T>
 BF_INLINE void embed_thread(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word,
                             const T* pos, const T* type, const T* gamma, const T* beta, float eps,
@@ -24,8 +47,12 @@ BF_INLINE void embed_thread(const int64_t* ids, const int64_t* positions, const 
   float* row = buf.data();
   for (int64_t t = lo; t < hi; ++t) {
     const T* w = word + ids[t] * H;
-    const T* p = pos + positions[t] * H;
+    const T* p = pos != nullptr ? pos + positions[t] * H : nullptr;
     const T* y = types != nullptr ? type + types[t] * H : nullptr;
+    if (p == nullptr) {  // no position table (rotary models): word + token type alone
+      embed_row_unpositioned(w, y, H, eps, gamma, beta, out + t * H, row);
+      continue;
+    }
     // Shifted by the first element, as in layernorm.cpp, so the statistics do not cancel.
     const float shift = to_float(w[0]) + (y != nullptr ? to_float(y[0]) : 0.f) + to_float(p[0]);
     float sum = 0.f;

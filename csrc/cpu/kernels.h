@@ -13,7 +13,8 @@ namespace cpu {
 
 // ---- embed.cpp ----
 
-// out[t, :] = LayerNorm(word[ids[t]] + type[types[t]] + pos[positions[t]]) ; types may be null.
+// out[t, :] = LayerNorm(word[ids[t]] + type[types[t]] + pos[positions[t]]); types/type and positions/pos may be
+// null (no token types; no position table: rotary models).
 template <typename T>
 void embed(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word, const T* pos,
            const T* type, const T* gamma, const T* beta, float eps, int64_t tokens, int64_t hidden, T* out);
@@ -42,10 +43,26 @@ struct AttnBias {
   int64_t width;
   const int32_t* pos;
 };
+// window > 0: sliding-window attention, token t sees only the tokens u of its sequence with |t - u| <= window
+// (key tiles outside every query's window are never visited).
 template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
                int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products = false,
-               const AttnBias* bias = nullptr);
+               const AttnBias* bias = nullptr, int64_t window = 0);
+
+// ---- rotary.cpp ----
+
+// RoPE in place, half-split convention: head h of token t is the row x[t * ld_row + h * ld_head + e], e < head_dim
+// (even); cos, sin: (tokens, head_dim / 2) fp32 contiguous. Exact fp32 math (no fused multiply-add).
+template <typename T>
+void rotary(T* x, int64_t ld_row, int64_t ld_head, int64_t tokens, int64_t heads, int64_t head_dim, const float* cos,
+            const float* sin);
+
+// ---- glu.cpp ----
+
+// The gate of a GLU FFN: out (M, N) contiguous = act(h[:, :N]) * h[:, N:] for h (M, 2N) with row stride ldh.
+template <typename T>
+void glu(const T* h, int64_t ldh, int64_t M, int64_t N, Activation act, T* out);
 
 // ---- linear*.cpp: GEMM on prepacked weights ----
 

@@ -91,6 +91,10 @@ BF_INLINE float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanh_f(y));
 }
 
+// SiLU (swish), x sigmoid(x) = x / (1 + exp(-x)). Below -88.7 exp_f(-x) is clamped, so x times 0 there:
+// -0 as torch gives for finite x, NaN for -inf (as torch).
+BF_INLINE float silu(float x) { return x < -kExpMax ? x * 0.f : x / (1.0f + exp_f(-x)); }
+
 // v[j] = act(v[j]) for j in [0, n), a straight vectorizable loop per activation (force-inlined, so the loops
 // are compiled for the caller's ISA).
 template <typename Count>
@@ -112,6 +116,10 @@ BF_INLINE void activate(float* v, Count n, Activation act) {
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) v[j] = tanh_f(v[j]);
       break;
+    case Activation::Silu:
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) v[j] = silu(v[j]);
+      break;
     default:
       break;
   }
@@ -127,6 +135,8 @@ BF_INLINE float apply_act(float x, Activation act) {
       return x > 0.f ? x : 0.f;
     case Activation::Tanh:
       return tanh_f(x);
+    case Activation::Silu:
+      return silu(x);
     default:
       return x;
   }

@@ -1,11 +1,12 @@
 """The "cpu" backend: native kernels from `bertfast._C` (csrc/) on the packed [T, H] token layout.
 
-Embedding + LayerNorm, varlen attention (reading q/k/v in place from the fused QKV output) and LayerNorm
+Embedding + LayerNorm, varlen attention (reading q/k/v in place from the fused QKV output; sliding window,
+relative position bias), RoPE on q and k (in place, right after the QKV GEMM), the GLU gate and LayerNorm
 run in C++ (code per ISA tier, `isa`). GEMMs run where `routing` sends them, on weights packed once in
-`prepare` (`linear.PackedLinear`, or `quant.QuantLinear` under int8). A layer whose GEMMs all run on the
-extension runs whole in C++ (`_C.Layer`, csrc/cpu/layer.cpp): the same kernels in the same order, without
-the Python between them. fp32 and bf16; with quantize="int8" (`dtype="int8"`) the four per-layer GEMMs
-run int8 (docs/int8.md), everything else fp32.
+`prepare` (`linear.PackedLinear`, or `quant.QuantLinear` under int8). A plain BERT layer whose GEMMs all run
+on the extension runs whole in C++ (`_C.Layer`, csrc/cpu/layer.cpp): the same kernels in the same order,
+without the Python between them. fp32 and bf16; with quantize="int8" (`dtype="int8"`) the four per-layer
+GEMMs run int8 (docs/int8.md), everything else fp32.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import dataclasses
 
 import torch
 
-from ..contract import Backend, Precision
+from ...kernels import activation
+from ..contract import Backend, Precision, Rotary
 from ..weights import LayerWeights, ModelWeights
 from . import isa, linear, quant, routing
 from .ext import _C, IMPORT_ERROR
@@ -67,10 +69,9 @@ class CpuBackend(Backend):
                 )
             layers.append(seen[id(layer)])
         pooler = None if contiguous.pooler_weight is None else linear.PackedLinear(contiguous.pooler_weight)
-        # Each distinct layer also as one C++ object running it whole on the extension's GEMMs (plain BERT layers:
-        # the engine composes rotary, gated and pre-LN layers from the ops).
-        self._whole = {} if weights.config.rotary else {
-            id(layer): self._whole_layer(layer, weights.config) for layer in seen.values()}
+        # Each distinct plain BERT layer also as one C++ object running it whole on the extension's GEMMs.
+        self._whole = {id(layer): self._whole_layer(layer, weights.config) for layer in seen.values()
+                       if _fits_whole_layer(layer, weights.config)}
         return dataclasses.replace(contiguous, layers=layers, pooler_weight=pooler)
 
     def precision(self, device):
@@ -85,9 +86,19 @@ class CpuBackend(Backend):
         return routing.native_rows(dtype, _C.isa(), isa.native_bf16())
 
     # --- ops (shapes in bertfast.reference) ---
-    def linear(self, x, weight, bias, act: str = "none", residual=None):
+    def linear(self, x, weight, bias, act: str = "none", residual=None, gated: bool = False):
         """act(x @ weight.T + bias) + residual. x: (M, K); weight: (N, K), PackedLinear or QuantLinear
-        (int8 GEMM, fp32 x); bias: (N,)."""
+        (int8 GEMM, fp32 x); bias: (N,) or None.
+
+        gated: weight (2N, K) rows [a; b], bias (2N,) or None -> act(x @ a.T + bias_a) * (x @ b.T + bias_b), (M, N):
+        the GEMM as for any linear (no activation), then the native gate (`_C.glu`)."""
+        if gated:
+            activation.check(act, activation.GATED_IDS)
+            if residual is not None:
+                raise ValueError("a gated linear takes no residual")
+            if weight.shape[0] % 2:
+                raise ValueError(f"a gated linear needs a weight of 2N rows [a; b], got {tuple(weight.shape)}")
+            return _C.glu(self.linear(x, weight, bias), act)
         if isinstance(weight, quant.QuantLinear):
             return quant.linear(x, weight, bias, act, residual)
         return linear.linear(x, weight, bias, act, residual)
@@ -98,20 +109,27 @@ class CpuBackend(Backend):
         elif token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         table = emb.token_type if token_type_ids is not None else None
-        return _C.embed(input_ids, position_ids, token_type_ids, emb.word, emb.position, table,
+        positions = position_ids if emb.position is not None else None  # rotary models: no position table
+        return _C.embed(input_ids, positions, token_type_ids, emb.word, emb.position, table,
                         emb.ln_weight, emb.ln_bias, eps)
 
-    def qkv(self, x, weight, bias, num_heads):
-        """Returns q, k, v: (T, heads, d) strided views of one (T, 3H) GEMM output."""
+    def qkv(self, x, weight, bias, num_heads, rotary: Rotary | None = None):
+        """Returns q, k, v: (T, heads, d) strided views of one (T, 3H) GEMM output; with a `Rotary`, q and k
+        rotated in place in that output (`_C.rotary_`) before they are returned."""
         out = self.linear(x, weight, bias)
-        qkv = out.view(out.shape[0], 3, num_heads, -1)
+        if not out.is_contiguous():
+            out = out.contiguous()
+        T, d = out.shape[0], out.shape[1] // (3 * num_heads)
+        if rotary is not None:
+            _C.rotary_(out[:, : 2 * num_heads * d].view(T, 2 * num_heads, d), rotary.cos, rotary.sin)
+        qkv = out.view(T, 3, num_heads, d)
         return qkv[:, 0], qkv[:, 1], qkv[:, 2]
 
-    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None):
+    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None, window: int = 0):
         # Under int8 the products run on bf16 operands where AMX is present (docs/int8.md#what-stays-fp32); with a
-        # position bias (MPNet) on the fp32-math tiers (csrc/cpu/attention.cpp).
+        # position bias (MPNet) or a window on the fp32-math tiers (csrc/cpu/attention.cpp).
         return _C.attention(q, k, v, cu_seqlens, int(max_seqlen), float(scale),
-                            bf16_products=self.quantize == "int8", **_bias_args(bias))
+                            bf16_products=self.quantize == "int8", window=int(window), **_bias_args(bias))
 
     def layernorm(self, x, weight, bias, eps):
         return _C.layernorm(x.contiguous(), weight, bias, eps)
@@ -138,6 +156,16 @@ class CpuBackend(Backend):
             return lambda x, cu_seqlens, max_seqlen, scale, bias: whole(x, cu_seqlens, max_seqlen, scale,
                                                                         **_bias_args(bias))
         return None
+
+
+def _fits_whole_layer(layer: LayerWeights, cfg) -> bool:
+    """Whether `_C.Layer` can run `layer`: a post-LayerNorm BERT layer with every bias, a plain (ungated) FFN
+    of cfg.intermediate_size and an activation of the layer table. (Rotary and windowed layers never reach
+    `whole_layer`: the engine composes them from the ops.)"""
+    tensors = (layer.qkv_bias, layer.attn_out_bias, layer.attn_ln_weight, layer.attn_ln_bias, layer.ffn_in_bias,
+               layer.ffn_out_bias, layer.ffn_ln_weight, layer.ffn_ln_bias)
+    return (all(t is not None for t in tensors) and layer.ffn_in_weight.shape[0] == cfg.intermediate_size
+            and cfg.activation in activation.LAYER_IDS)
 
 
 def _bias_args(bias) -> dict:
