@@ -128,6 +128,8 @@ class Engine:
                 hidden.append(x)
         if w.final_ln_weight is not None:  # pre-LayerNorm models end with a norm
             x = ops.layernorm(x, w.final_ln_weight, w.final_ln_bias, eps)
+            if hidden is not None:  # transformers' last hidden state is the normed one (capture_outputs ties it)
+                hidden[-1] = x
 
         last = pad(x, indices, B, S)
         pooled = None

@@ -42,26 +42,41 @@ LAYER_NAMES = {
     "mpnet": {**_BERT_LAYER, "query": "attention.attn.q", "key": "attention.attn.k", "value": "attention.attn.v",
               "attn_out": "attention.attn.o", "attn_ln": "attention.LayerNorm"},
 }
-# Rotary families (gated FFN, no position table): their embedding names and one layer's parts. ModernBERT fuses
-# QKV (rows q | k | v) and its FFN input (rows input | gate, the first half activated) in its checkpoints already.
+# Rotary families (gated FFN, no position table): per family, the naming schemes of their tensors, the first the
+# modules of transformers (an in-memory model), the others what checkpoint files hold (transformers saves NomicBERT
+# and GTE under their authors' original names, and the Hub's checkpoints use them). `layers`: one layer's prefix;
+# layer parts: q/k/v apart or `qkv` fused (rows q | k | v); the gated FFN input as gate + up apart, or fused with
+# the activated half first (`gate_up`: ModernBERT's Wi) or second (`up_gate`: GTE's, swapped once at load).
+_ROTARY_EMBEDDINGS = dict(word="embeddings.word_embeddings", token_type="embeddings.token_type_embeddings",
+                          embed_ln="embeddings.LayerNorm")
 _ROTARY_LAYER = dict(query="self_attn.q_proj", key="self_attn.k_proj", value="self_attn.v_proj", attn_out="self_attn.o_proj",
                      attn_ln="post_attention_layernorm", gate="mlp.gate_proj", up="mlp.up_proj", ffn_out="mlp.down_proj",
                      ffn_ln="post_mlp_layernorm")
 ROTARY_NAMES = {
-    "nomic_bert": dict(word="embeddings.word_embeddings", token_type="embeddings.token_type_embeddings",
-                       embed_ln="embeddings.LayerNorm", layer=_ROTARY_LAYER),
-    "gte": dict(word="embeddings.word_embeddings", token_type="embeddings.token_type_embeddings",
-                embed_ln="embeddings.LayerNorm", layer=_ROTARY_LAYER),
-    "modernbert": dict(word="embeddings.tok_embeddings", embed_ln="embeddings.norm", final_ln="final_norm",
-                       layer=dict(qkv="attn.Wqkv", attn_out="attn.Wo", attn_ln="attn_norm", ffn_in="mlp.Wi",
-                                  ffn_out="mlp.Wo", ffn_ln="mlp_norm")),
+    "nomic_bert": [
+        dict(_ROTARY_EMBEDDINGS, layers="layers.{}.", layer=_ROTARY_LAYER),
+        dict(_ROTARY_EMBEDDINGS, embed_ln="emb_ln", layers="encoder.layers.{}.",
+             layer=dict(qkv="attn.Wqkv", attn_out="attn.out_proj", attn_ln="norm1", gate="mlp.fc12", up="mlp.fc11",
+                        ffn_out="mlp.fc2", ffn_ln="norm2")),
+    ],
+    "gte": [
+        dict(_ROTARY_EMBEDDINGS, layers="layers.{}.", layer=_ROTARY_LAYER),
+        dict(_ROTARY_EMBEDDINGS, layers="encoder.layer.{}.",
+             layer=dict(qkv="attention.qkv_proj", attn_out="attention.o_proj", attn_ln="attn_ln",
+                        up_gate="mlp.up_gate_proj", ffn_out="mlp.down_proj", ffn_ln="mlp_ln")),
+    ],
+    "modernbert": [
+        dict(word="embeddings.tok_embeddings", embed_ln="embeddings.norm", final_ln="final_norm", layers="layers.{}.",
+             layer=dict(qkv="attn.Wqkv", attn_out="attn.Wo", attn_ln="attn_norm", gate_up="mlp.Wi", ffn_out="mlp.Wo",
+                        ffn_ln="mlp_norm")),
+    ],
 }
 # MPNet's relative position bias table (an Embedding [buckets, heads]), shared by every layer.
 RELATIVE_BIAS = {"mpnet": "encoder.relative_attention_bias.weight"}
 # Embedding -> hidden projection (factorised embeddings) and pooler module names, per family.
 PROJECTION = {"electra": "embeddings_project", "albert": "encoder.embedding_hidden_mapping_in"}
 POOLER = {"bert": "pooler.dense", "roberta": "pooler.dense", "xlm-roberta": "pooler.dense", "albert": "pooler",
-          "mpnet": "pooler.dense"}
+          "mpnet": "pooler.dense", "nomic_bert": "pooler.dense", "gte": "pooler.dense"}
 
 
 class LoadError(ValueError):
@@ -201,7 +216,7 @@ def _lookup(src, prefix: str, name: str) -> str | None:
 
 
 def _detect_prefix(src, config: ModelConfig) -> str:
-    probe = ROTARY_NAMES[config.family]["word"] + ".weight" if config.rotary else "embeddings.word_embeddings.weight"
+    probe = ROTARY_NAMES[config.family][0]["word"] + ".weight" if config.rotary else "embeddings.word_embeddings.weight"
     prefixes = ("", BASE_PREFIX[config.family])
     for prefix in prefixes:
         if prefix + probe in src:
@@ -305,11 +320,20 @@ def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> Mode
     return weights.to(dtype=dtype or weights.dtype)
 
 
+def _rotary_scheme(src, prefix: str, config: ModelConfig) -> dict:
+    """The naming scheme (`ROTARY_NAMES`) of this checkpoint: the one its first layer's attention output is in."""
+    schemes = ROTARY_NAMES[config.family]
+    for names in schemes:
+        if _lookup(src, prefix, names["layers"].format(0) + names["layer"]["attn_out"] + ".weight") is not None:
+            return names
+    return schemes[0]  # none: the missing-tensor error names transformers' own names
+
+
 def _assemble_rotary(src, prefix: str, config: ModelConfig) -> ModelWeights:
     """ModernBERT, NomicBERT, GTE: no position table, gated FFN, linear biases where the checkpoint has them
     (None otherwise), LayerNorm biases zero where it has none."""
     H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
-    names = ROTARY_NAMES[config.family]
+    names = _rotary_scheme(src, prefix, config)
     get = _getter(src, prefix)
 
     def linear(module, out_features, in_features):
@@ -339,16 +363,21 @@ def _assemble_rotary(src, prefix: str, config: ModelConfig) -> ModelWeights:
     part = names["layer"]
     layers = []
     for i in range(config.num_hidden_layers):
-        p = f"layers.{i}."
-        if "qkv" in part:  # ModernBERT: fused in the checkpoint; its first layer has no attention norm
-            qkv, ffn_in = linear(p + part["qkv"], 3 * H, H), linear(p + part["ffn_in"], 2 * I, H)
-            attn_ln = norm(p + part["attn_ln"], optional=i == 0)
+        p = names["layers"].format(i)
+        if "qkv" in part:
+            qkv = linear(p + part["qkv"], 3 * H, H)
         else:
             q, k, v = (linear(p + part[n], H, H) for n in ("query", "key", "value"))
             qkv = torch.cat([q[0], k[0], v[0]], 0), cat(p + "self_attn", q[1], k[1], v[1])
+        if "gate" in part:
             gate, up = linear(p + part["gate"], I, H), linear(p + part["up"], I, H)
             ffn_in = torch.cat([gate[0], up[0]], 0), cat(p + "mlp", gate[1], up[1])
-            attn_ln = norm(p + part["attn_ln"])
+        elif "gate_up" in part:
+            ffn_in = linear(p + part["gate_up"], 2 * I, H)
+        else:  # up | gate: the activated half goes first
+            ffn_in = tuple(None if t is None else torch.cat([t[I:], t[:I]], 0)
+                           for t in linear(p + part["up_gate"], 2 * I, H))
+        attn_ln = norm(p + part["attn_ln"], optional=config.norm_first and i == 0)  # ModernBERT's first: identity
         attn_out, ffn_out = linear(p + part["attn_out"], H, H), linear(p + part["ffn_out"], H, I)
         ffn_ln = norm(p + part["ffn_ln"])
         layers.append(LayerWeights(
@@ -357,8 +386,8 @@ def _assemble_rotary(src, prefix: str, config: ModelConfig) -> ModelWeights:
             ffn_out_weight=ffn_out[0], ffn_out_bias=ffn_out[1], ffn_ln_weight=ffn_ln[0], ffn_ln_bias=ffn_ln[1]))
     final = norm(names["final_ln"]) if "final_ln" in names else (None, None)
     pooler = (None, None)
-    if _lookup(src, prefix, "pooler.dense.weight") is not None:  # NomicBERT / GTE task models
-        pooler = linear("pooler.dense", H, H)
+    if config.family in POOLER and _lookup(src, prefix, POOLER[config.family] + ".weight") is not None:
+        pooler = linear(POOLER[config.family], H, H)  # NomicBERT / GTE sequence classification
     return ModelWeights(config, embeddings, layers, *pooler, final_ln_weight=final[0], final_ln_bias=final[1])
 
 
