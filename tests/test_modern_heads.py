@@ -41,8 +41,9 @@ LENGTHS = [20, 1, 9, 13, 5, 17]  # ModernBERT's window: 8 tokens
 def config(family, **kw):
     kw = {**SMALL, "num_labels": 3, **kw}
     if family == "modernbert":
-        return transformers.ModernBertConfig(**{"local_attention": 8, "global_attn_every_n_layers": 2, "bos_token_id": 1,
-                                                "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2, **kw})
+        return transformers.ModernBertConfig(**{"local_attention": 8, "global_attn_every_n_layers": 2,
+                                                "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1,
+                                                "sep_token_id": 2, **kw})
     if family == "nomic_bert":  # hidden_act silu (SwiGLU): also the MLM head's activation
         return transformers.NomicBertConfig(**kw)
     # the GTE MLM head's gelu is fixed, not the layers' activation: make them differ
@@ -162,7 +163,8 @@ def _saved(tmp_path, family, task, drop=(), model_kw=None, **config_changes):
      bertfast.LoadError, "'ModernBertForPreTraining'.*ModernBertForMaskedLM"),
     ("nomic_bert", "SequenceClassification", ["nomic_bert.pooler.dense.weight", "nomic_bert.pooler.dense.bias"],
      None, {}, bertfast.LoadError, "'nomic_bert.pooler.dense.weight'"),
-    ("gte", "MaskedLM", ["lm_head.norm.weight"], None, {}, bertfast.LoadError, "'lm_head.layer_norm.weight'.*missing.*'lm_head.norm.weight'"),
+    ("gte", "MaskedLM", ["lm_head.norm.weight"], None, {}, bertfast.LoadError,
+     "'lm_head.layer_norm.weight'.*missing.*'lm_head.norm.weight'"),
     ("gte", "SequenceClassification", (), None, {"architectures": ["GteForQuestionAnswering"]}, bertfast.LoadError,
      "'GteForQuestionAnswering'.*GteForTokenClassification"),
     ("modernbert", "TokenClassification", (), None, {"rope_parameters": {
