@@ -28,7 +28,7 @@ from .loading import POOLER as POOLER_MODULES
 from .padding import pad, unpad
 from .kernels.activation import apply as activation
 from .tasks import (CONFIG_ACTIVATIONS, ELECTRA_SUMMARY, FIRST, FIRST_REAL, HEAD_ACTIVATIONS, HEADS, MEAN, POOLER,
-                    TOKENS, task_of, act, lin, supported_architectures)
+                    TOKENS, act, lin, source_of, supported_architectures, task_of)
 
 # ------------------------------------------------------------------------------------------------
 # Resolving the table against a checkpoint.
@@ -59,18 +59,6 @@ def _expand(steps, d: dict, family: str, task: str):
         if d.get("summary_activation", "gelu"):
             out.append(act("summary_activation"))
     return out
-
-
-def _source(source, d: dict, family: str, task: str) -> str:
-    """A table source; one chosen by a config field (`tasks.by_config`) is looked up in config.json."""
-    if not isinstance(source, tuple):
-        return source
-    _, field, default, choices = source
-    value = d.get(field) or default
-    if value not in choices:
-        raise LoadError(f"{family} {task}: config field {field!r} = {value!r} is not supported "
-                        f"(supported: {', '.join(map(repr, choices))})")
-    return choices[value]
 
 
 class _Resolver:
@@ -363,7 +351,7 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
         raise LoadError(f"{arch}: num_labels is {_num_labels(d)} in config.json, question answering needs 2 "
                         "(start and end logits)")
     resolver = _Resolver(src, config, d, weights.embeddings.word, task)
-    resolved = {field: (_source(source, d, config.family, task),
+    resolved = {field: (source_of(source, d, config.family, task),
                         [resolver.step(s) for s in _expand(steps, d, config.family, task)])
                 for field, (source, steps) in branches.items()}
     needs_pooler = any(source == POOLER for source, _ in resolved.values())

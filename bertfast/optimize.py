@@ -5,8 +5,9 @@ The model object is returned itself: its task head, its modules and its state di
 inside `BertForSequenceClassification`) changes class, to a thin subclass of its own class whose
 `forward` sends supported calls to the engine and returns the same output type. Calls the engine
 does not serve (training mode, `output_attentions`, `head_mask`, `inputs_embeds`, cross-attention,
-caches, left padding under a pooler, `output_hidden_states` given as indices) run the original modules
-after a one-time warning, or raise under `strict=True`: never a silently different answer.
+caches, left padding under a pooler or a head reading position 0, `output_hidden_states` given as
+indices) run the original modules after a one-time warning, or raise under `strict=True`: never a
+silently different answer.
 
 A sentence-transformers `SentenceTransformer` is accelerated the same way: the Hugging Face model
 inside its Transformer module is optimized, every other module (pooling, dense, normalize) runs as
@@ -26,6 +27,7 @@ import warnings
 from .config import ConfigError
 from .encoder import Encoder
 from .loading import LoadError
+from .tasks import reads_first_token
 
 # The output class each family's base model returns (from transformers.modeling_outputs).
 OUTPUT_CLASS = {
@@ -92,9 +94,11 @@ class _EngineForward:
             if name not in SERVED and value is not None and value is not False:
                 return f"argument {name!r} is set"
         mask = call.get("attention_mask")
-        if (mask is not None and self._bertfast_encoder.engine.weights.pooler_weight is not None
+        pooler = self._bertfast_encoder.engine.weights.pooler_weight is not None
+        if ((pooler or self._bertfast_head_reads_first) and mask is not None
                 and bool(((mask[..., 0] == 0) & (mask.sum(-1) > 0)).any())):
-            return "left padding with a pooler (pooler_output reads position 0)"
+            return ("left padding with a pooler (pooler_output reads position 0)" if pooler else
+                    "left padding under a head that reads position 0, which the engine leaves 0 for padding")
         return None
 
     def _bertfast_want_hidden(self, call):
@@ -150,8 +154,10 @@ def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False):
                           {"__module__": original.__module__, "__qualname__": original.__qualname__,
                            "_bertfast_original_class": original})
     # Plain attributes, not submodules: the model's modules and state dict stay exactly as they were.
+    head_reads_first = reads_first_token(encoder.config.family, type(model).__name__, model.config.to_dict())
     for name, value in (("_bertfast_encoder", encoder), ("_bertfast_strict", strict),
-                        ("_bertfast_warned", set()), ("_bertfast_dtype", param.dtype)):
+                        ("_bertfast_warned", set()), ("_bertfast_dtype", param.dtype),
+                        ("_bertfast_head_reads_first", head_reads_first)):
         object.__setattr__(base, name, value)
     return model
 

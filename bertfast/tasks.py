@@ -172,6 +172,29 @@ def supported_architectures(family: str | None = None) -> list[str]:
             for name in ["Model"] + [f"For{task}" for task in HEADS[f]]]
 
 
+def source_of(source, d: dict, family: str, task: str) -> str:
+    """A table source; one chosen by a config field (`by_config`) is looked up in the config dict `d`."""
+    if not isinstance(source, tuple):
+        return source
+    _, field, default, choices = source
+    value = d.get(field) or default
+    if value not in choices:
+        raise LoadError(f"{family} {task}: config field {field!r} = {value!r} is not supported "
+                        f"(supported: {', '.join(map(repr, choices))})")
+    return choices[value]
+
+
+def reads_first_token(family: str, arch: str, d: dict) -> bool:
+    """Whether the head of architecture `arch` (a class name; unknown ones: False) reads position 0 itself
+    (RoBERTa-style classifiers, ModernBERT's "cls" pooling); config dict `d`."""
+    try:
+        task = task_of(family, arch)
+    except LoadError:
+        return False
+    return task is not None and any(source_of(source, d, family, task) == FIRST
+                                    for source, _ in HEADS[family][task].values())
+
+
 def task_of(family: str, arch: str) -> str | None:
     """'BertForMaskedLM' -> 'MaskedLM'; the base model -> None; anything else raises LoadError."""
     prefix = CLASS_PREFIX[family]

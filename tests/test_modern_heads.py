@@ -5,6 +5,7 @@ ragged batches with a 1-token row and rows longer than the window, fp32 at <= 1e
 """
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -228,3 +229,31 @@ def test_hidden_states_the_engine_cannot_give_fall_back():
     with pytest.warns(UserWarning, match="tie_last_hidden_states"), torch.no_grad():
         out = model(**kwargs, output_hidden_states=True).hidden_states
     assert rel_err(out[-1], untied[-1], mask) == 0
+
+
+@pytest.mark.parametrize("family, cls_name, kw", [
+    ("modernbert", "ModernBertForSequenceClassification", {}),  # classifier_pooling "cls": position 0
+    ("modernbert", "ModernBertForMultipleChoice", {}),  # "cls": the first real token, served
+    ("modernbert", "ModernBertForSequenceClassification", {"classifier_pooling": "mean"}),  # served
+    ("nomic_bert", "NomicBertForSequenceClassification", {}),  # the pooler
+], ids=["modernbert-cls", "modernbert-choice", "modernbert-mean", "nomic-pooler"])
+def test_optimized_left_padding_gives_the_original_answer(family, cls_name, kw):
+    """Heads reading position 0 get transformers' value there (computed for padding too): the original
+    modules run; the others are served."""
+    model = build(family, cls_name, **kw)
+    ids, mask = torch.randint(3, 97, (4, 12)), torch.tensor([[0] * 3 + [1] * 9, [1] * 12] * 2)
+    if "MultipleChoice" in cls_name:
+        ids, mask = ids.view(2, 2, 12), mask.view(2, 2, 12)
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).logits
+    bertfast.optimize(model, backend="torch", strict=True)
+    served = family == "modernbert" and ("mean" in kw.values() or "MultipleChoice" in cls_name)
+    if not served:
+        with pytest.raises(bertfast.EngineUnsupported, match="left padding"):
+            model(input_ids=ids, attention_mask=mask)
+        bertfast.optimize(model, backend="torch")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        out = model(input_ids=ids, attention_mask=mask).logits
+    assert any("left padding" in str(w.message) for w in caught) != served
+    assert rel_err(out, ref) <= 1e-5
