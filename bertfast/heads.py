@@ -27,8 +27,8 @@ from .loading import BASE_PREFIX, LoadError, _TensorSource, assemble, open_check
 from .loading import POOLER as POOLER_MODULES
 from .padding import pad, unpad
 from .kernels.activation import apply as activation
-from .tasks import (ELECTRA_SUMMARY, FIRST, HEAD_ACTIVATIONS, HEADS, POOLER, task_of, act, lin,
-                    supported_architectures)
+from .tasks import (CONFIG_ACTIVATIONS, ELECTRA_SUMMARY, FIRST, FIRST_REAL, HEAD_ACTIVATIONS, HEADS, MEAN, POOLER,
+                    TOKENS, act, lin, source_of, supported_architectures, task_of)
 
 # ------------------------------------------------------------------------------------------------
 # Resolving the table against a checkpoint.
@@ -90,28 +90,47 @@ class _Resolver:
             raise LoadError(f"head tensor {full!r} has dtype {t.dtype}, expected a floating point dtype")
         return t.detach().to(device=self.word.device, dtype=self.word.dtype).contiguous()
 
+    def module(self, name) -> str:
+        """A module's name in this checkpoint: `name`, or of a tuple of spellings the first whose weight it holds."""
+        if isinstance(name, str):
+            return name
+        present = [n for n in name if n + ".weight" in self.src]
+        if not present:
+            raise LoadError(f"head tensor {name[0] + '.weight'!r} ({self.config.family} {self.task}) is missing from "
+                            f"the checkpoint (also looked for {', '.join(repr(n + '.weight') for n in name[1:])})")
+        return present[0]
+
+    def has_bias(self, bias) -> bool:
+        """A step's bias: True, or a `tasks.flag` read from config.json."""
+        if bias is True:
+            return True
+        _, field, default = bias
+        value = self.d.get(field, default)
+        if not isinstance(value, bool):
+            raise LoadError(f"{self.config.family} {self.task}: config field {field!r} must be true or false, "
+                            f"got {value!r}")
+        return value
+
     def activation(self, kind: str):
         if kind == "hidden_act":
             return self.config.activation  # already validated and mapped by ModelConfig
-        name = self.d.get("summary_activation") if kind == "summary_activation" else kind
+        name = (self.d.get(kind) or CONFIG_ACTIVATIONS[kind]) if kind in CONFIG_ACTIVATIONS else kind
         if name not in HEAD_ACTIVATIONS:
             raise LoadError(f"{self.config.family} {self.task}: activation {name!r} is not supported "
                             f"(supported: {', '.join(HEAD_ACTIVATIONS)})")
         return HEAD_ACTIVATIONS[name]
 
     def step(self, step):
-        """A table step -> an executable step: ("linear", W, b) | ("act", id) | ("layernorm", w, b) | ("squeeze",)."""
+        """A table step -> an executable step: ("linear", W, b) | ("act", id) | ("layernorm", w, b) | ("squeeze",),
+        b None where the module has no bias."""
         kind = step[0]
-        if kind == "linear":
-            _, name, out, inp = step
-            out, inp = self.dim(out), self.dim(inp)
-            return ("linear", self.tensor(name + ".weight", (out, inp)), self.tensor(name + ".bias", (out,)))
-        if kind == "layernorm":
-            _, name, dim = step
-            dim = self.dim(dim)
-            return ("layernorm", self.tensor(name + ".weight", (dim,)), self.tensor(name + ".bias", (dim,)))
+        if kind in ("linear", "layernorm"):
+            _, name, *dims, bias = step
+            name, shape = self.module(name), tuple(self.dim(d) for d in dims)
+            w = self.tensor(name + ".weight", shape)
+            return (kind, w, self.tensor(name + ".bias", shape[:1]) if self.has_bias(bias) else None)
         if kind == "decoder":
-            _, weight_name, biases, inp = step
+            _, weight_name, biases, inp, bias = step
             V, inp = self.config.vocab_size, self.dim(inp)
             if self.tied:
                 if tuple(self.word.shape) != (V, inp):
@@ -121,6 +140,8 @@ class _Resolver:
             else:
                 weight = self.tensor(weight_name, (V, inp))
                 biases = biases[::-1]
+            if not self.has_bias(bias):
+                return ("linear", weight, None)
             present = [b for b in biases if b in self.src]
             if not present:
                 also = ", ".join(map(repr, biases[1:])) or "nothing else"
@@ -183,7 +204,15 @@ class Head(nn.Module):
                 out[field] = self.run(pooler_output, steps, per_row=True)
             elif source == FIRST:
                 out[field] = self.run(last_hidden_state[:, 0], steps, per_row=True)
+            elif source == FIRST_REAL:
+                first = attention_mask.argmax(1)
+                out[field] = self.run(last_hidden_state[torch.arange(B, device=first.device), first], steps,
+                                      per_row=True)
+            elif source == MEAN:  # padded positions hold 0; a row without real tokens pools to 0
+                count = attention_mask.sum(1, keepdim=True).clamp(min=1).to(last_hidden_state.dtype)
+                out[field] = self.run(last_hidden_state.sum(1) / count, steps, per_row=True)
             else:  # per token: run on the real tokens only, scatter back with zeros at padding
+                assert source == TOKENS, source
                 packed, indices, _, _ = unpad(last_hidden_state, attention_mask)
                 out[field] = pad(self.run(packed, steps), indices, B, S)
         return out
@@ -354,7 +383,8 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
         raise LoadError(f"{arch}: num_labels is {_num_labels(d)} in config.json, question answering needs 2 "
                         "(start and end logits)")
     resolver = _Resolver(src, config, d, weights.embeddings.word, task)
-    resolved = {field: (source, [resolver.step(s) for s in _expand(steps, d, config.family, task)])
+    resolved = {field: (source_of(source, d, config.family, task),
+                        [resolver.step(s) for s in _expand(steps, d, config.family, task)])
                 for field, (source, steps) in branches.items()}
     needs_pooler = any(source == POOLER for source, _ in resolved.values())
     if needs_pooler and weights.pooler_weight is None:

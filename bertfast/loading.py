@@ -74,7 +74,7 @@ RELATIVE_BIAS = {"mpnet": "encoder.relative_attention_bias.weight"}
 # Embedding -> hidden projection (factorised embeddings) and pooler module names, per family.
 PROJECTION = {"electra": "embeddings_project", "albert": "encoder.embedding_hidden_mapping_in"}
 POOLER = {"bert": "pooler.dense", "roberta": "pooler.dense", "xlm-roberta": "pooler.dense", "albert": "pooler",
-          "mpnet": "pooler.dense"}
+          "mpnet": "pooler.dense", "nomic_bert": "pooler.dense", "gte": "pooler.dense"}
 
 
 class LoadError(ValueError):
@@ -390,8 +390,8 @@ def _assemble_rotary(src, config: ModelConfig) -> ModelWeights:
             ffn_out_weight=ffn_out[0], ffn_out_bias=ffn_out[1], ffn_ln_weight=ffn_ln[0], ffn_ln_bias=ffn_ln[1]))
     final = norm(names["final_ln"]) if "final_ln" in names else (None, None)
     pooler = (None, None)
-    if _lookup(src, prefix, "pooler.dense.weight") is not None:  # NomicBERT / GTE task models
-        pooler = linear("pooler.dense", H, H)
+    if config.family in POOLER and _lookup(src, prefix, POOLER[config.family] + ".weight") is not None:
+        pooler = linear(POOLER[config.family], H, H)  # NomicBERT / GTE sequence classification
     return ModelWeights(config, embeddings, layers, *pooler, final_ln_weight=final[0], final_ln_bias=final[1])
 
 

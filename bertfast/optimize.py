@@ -5,8 +5,9 @@ The model object is returned itself: its task head, its modules and its state di
 inside `BertForSequenceClassification`) changes class, to a thin subclass of its own class whose
 `forward` sends supported calls to the engine and returns the same output type. Calls the engine
 does not serve (training mode, `output_attentions`, `head_mask`, `inputs_embeds`, cross-attention,
-caches, left padding under a pooler) run the original modules after a one-time warning, or raise
-under `strict=True`: never a silently different answer.
+caches, left padding under a pooler or a head reading position 0, `output_hidden_states` given as
+indices) run the original modules after a one-time warning, or raise under `strict=True`: never a
+silently different answer.
 
 A sentence-transformers `SentenceTransformer` is accelerated the same way: the Hugging Face model
 inside its Transformer module is optimized, every other module (pooling, dense, normalize) runs as
@@ -26,6 +27,7 @@ import warnings
 from .config import ConfigError
 from .encoder import Encoder
 from .loading import LoadError
+from .tasks import reads_first_token
 
 # The output class each family's base model returns (from transformers.modeling_outputs).
 OUTPUT_CLASS = {
@@ -36,6 +38,9 @@ OUTPUT_CLASS = {
     "electra": "BaseModelOutputWithPastAndCrossAttentions",
     "distilbert": "BaseModelOutput",
     "mpnet": "BaseModelOutputWithPooling",
+    "modernbert": "BaseModelOutput",
+    "nomic_bert": "BaseModelOutputWithPooling",
+    "gte": "BaseModelOutputWithPooling",
 }
 # Arguments the engine serves; any other argument given a non-default value means fallback.
 SERVED = {"input_ids", "attention_mask", "token_type_ids", "position_ids", "output_hidden_states",
@@ -79,21 +84,34 @@ class _EngineForward:
             return "output_attentions=True"
         if call.get("use_cache"):
             return "use_cache=True"
+        hidden = self._bertfast_want_hidden(call)
+        if not isinstance(hidden, bool):  # transformers 5 also takes indices: the states to keep
+            return f"output_hidden_states={hidden!r} (a selection, not True/False)"
+        if (hidden and getattr(cfg, "tie_last_hidden_states", None) is False
+                and self._bertfast_encoder.engine.weights.final_ln_weight is not None):
+            return "tie_last_hidden_states=False (the last hidden state before the final norm)"
         for name, value in call.items():
             if name not in SERVED and value is not None and value is not False:
                 return f"argument {name!r} is set"
         mask = call.get("attention_mask")
-        if (mask is not None and self._bertfast_encoder.engine.weights.pooler_weight is not None
+        pooler = self._bertfast_encoder.engine.weights.pooler_weight is not None
+        if ((pooler or self._bertfast_head_reads_first) and mask is not None
                 and bool(((mask[..., 0] == 0) & (mask.sum(-1) > 0)).any())):
-            return "left padding with a pooler (pooler_output reads position 0)"
+            return ("left padding with a pooler (pooler_output reads position 0)" if pooler else
+                    "left padding under a head that reads position 0, which the engine leaves 0 for padding")
         return None
+
+    def _bertfast_want_hidden(self, call):
+        """output_hidden_states of the call, else of the config."""
+        hidden = call.get("output_hidden_states")
+        if hidden is None:
+            hidden = getattr(self.config, "output_hidden_states", None)
+        return False if hidden is None else hidden
 
     def _bertfast_run(self, call):
         from transformers import modeling_outputs
 
-        want_hidden = call.get("output_hidden_states")
-        if want_hidden is None:
-            want_hidden = bool(getattr(self.config, "output_hidden_states", False))
+        want_hidden = self._bertfast_want_hidden(call)
         # A model without token types ignores any it is given (MPNet takes them through **kwargs), as here.
         types = call.get("token_type_ids") if self._bertfast_encoder.config.type_vocab_size else None
         out = self._bertfast_encoder(call["input_ids"], call.get("attention_mask"), types,
@@ -113,9 +131,9 @@ def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False):
     """Run `model`'s encoder on bertfast; returns `model` itself.
 
     model: a transformers base or task model of a supported family (BERT, RoBERTa, XLM-R, ELECTRA,
-    ALBERT, DistilBERT, MPNet). dtype: the engine's dtype (None: the model's; "auto": the backend's fastest
-    within the fidelity rule, see `Encoder.from_pretrained`); outputs are cast back to the model's dtype
-    for its head. strict: raise EngineUnsupported instead of falling back.
+    ALBERT, DistilBERT, MPNet, ModernBERT, NomicBERT, GTE). dtype: the engine's dtype (None: the model's;
+    "auto": the backend's fastest within the fidelity rule, see `Encoder.from_pretrained`); outputs are cast
+    back to the model's dtype for its head. strict: raise EngineUnsupported instead of falling back.
     A sentence-transformers SentenceTransformer has its Transformer module's model optimized.
     """
     st = sys.modules.get("sentence_transformers")  # imported whenever `model` can be one
@@ -136,8 +154,10 @@ def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False):
                           {"__module__": original.__module__, "__qualname__": original.__qualname__,
                            "_bertfast_original_class": original})
     # Plain attributes, not submodules: the model's modules and state dict stay exactly as they were.
+    head_reads_first = reads_first_token(encoder.config.family, type(model).__name__, model.config.to_dict())
     for name, value in (("_bertfast_encoder", encoder), ("_bertfast_strict", strict),
-                        ("_bertfast_warned", set()), ("_bertfast_dtype", param.dtype)):
+                        ("_bertfast_warned", set()), ("_bertfast_dtype", param.dtype),
+                        ("_bertfast_head_reads_first", head_reads_first)):
         object.__setattr__(base, name, value)
     return model
 

@@ -1,8 +1,10 @@
 """The task-head table: every head transformers offers for the supported families, as data.
 
-Per family and task (`HEADS`): per output field, which encoder output it reads (the pooler, token 0, or
-every real token) and a short list of steps (linear by tensor name, activation, LayerNorm, tied decoder)
-that spell out the transformers forward pass in eval mode. `heads` resolves a row against a checkpoint.
+Per family and task (`HEADS`): per output field, which encoder output it reads (the pooler, token 0, each
+row's first real token, the mean over its real tokens, or every real token; or one of these chosen by a config
+field) and a short list of steps (linear by tensor name, activation, LayerNorm, tied decoder; a bias may be
+absent where a config flag says so) that spell out the transformers forward pass in eval mode. `heads`
+resolves a row against a checkpoint.
 """
 
 from __future__ import annotations
@@ -16,31 +18,45 @@ from .loading import LoadError
 POOLER = "pooler"  # pooler_output (B, H): tanh(dense(token 0)), computed by the engine
 FIRST = "first"  # last_hidden_state[:, 0] (B, H)
 TOKENS = "tokens"  # last_hidden_state at every real token (T, H)
+FIRST_REAL = "first_real"  # each row's first real token (B, H): argmax of the mask, as ModernBERT's multiple choice
+MEAN = "mean"  # the mean of last_hidden_state over each row's real tokens (B, H)
+
+
+def by_config(field, default, choices):
+    """A source chosen by config field `field` (`default` when absent): choices maps its values to sources."""
+    return ("by_config", field, default, choices)
 
 
 # Steps. Dimensions are symbols resolved from config.json: "H" hidden_size, "E" embedding_size,
-# "L" num_labels, "V" vocab_size, or a literal int.
-def lin(name, out="H", inp="H"):
-    """nn.Linear `name` (`name.weight` [out, inp], `name.bias` [out])."""
-    return ("linear", name, out, inp)
+# "L" num_labels, "V" vocab_size, or a literal int. A step's `bias` is True (always there) or a `flag`.
+def flag(field, default):
+    """The module has a bias iff config field `field` (`default` when absent) is true (ModernBERT's
+    classifier_bias, norm_bias, decoder_bias)."""
+    return ("flag", field, default)
+
+
+# A module name may be a tuple of spellings: transformers' module, then the name checkpoint files use for it.
+def lin(name, out="H", inp="H", bias=True):
+    """nn.Linear `name` (`name.weight` [out, inp], `name.bias` [out] where it has one)."""
+    return ("linear", name, out, inp, bias)
 
 
 def act(kind):
-    """Activation: "hidden_act" (the config's), "summary_activation" (ELECTRA's config), or fixed."""
+    """Activation: "hidden_act" (the layers'), a config field in CONFIG_ACTIVATIONS, or a fixed name."""
     return ("act", kind)
 
 
-def ln(name, dim="H"):
-    """nn.LayerNorm `name` over `dim`, eps = config.layer_norm_eps."""
-    return ("layernorm", name, dim)
+def ln(name, dim="H", bias=True):
+    """nn.LayerNorm `name` over `dim` (`name.bias` where it has one), eps = config.layer_norm_eps."""
+    return ("layernorm", name, dim, bias)
 
 
-def decoder(weight, biases, inp="H"):
+def decoder(weight, biases, inp="H", bias=True):
     """Vocabulary projection [V, inp]. With tie_word_embeddings (the default) the weight is the word
     embedding matrix and `weight` is ignored, as transformers does; the bias is the first present of
     `biases` (transformers aliases the decoder's bias to the first). Untied: `weight` and the decoder's
     own bias (the last of `biases`) come first."""
-    return ("decoder", weight, tuple(biases), inp)
+    return ("decoder", weight, tuple(biases), inp, bias)
 
 
 SQUEEZE = ("squeeze",)  # drop the trailing size-1 dim (ELECTRA discriminator: [T, 1] -> [T])
@@ -58,6 +74,16 @@ ROBERTA = {
     "MultipleChoice": {"logits": (POOLER, [lin("classifier", 1)])},
     "MaskedLM": {"logits": (TOKENS, [lin("lm_head.dense"), act("gelu"), ln("lm_head.layer_norm"),
                                      decoder("lm_head.decoder.weight", ["lm_head.bias", "lm_head.decoder.bias"])])},
+}
+
+# ModernBertPredictionHead: dense -> classifier_activation -> LayerNorm, under every ModernBERT task head.
+MODERN = [lin("head.dense", bias=flag("classifier_bias", False)), act("classifier_activation"),
+          ln("head.norm", bias=flag("norm_bias", False))]
+MODERN_POOLING = {"cls": FIRST, "mean": MEAN}  # config field classifier_pooling, default "cls"
+# NomicBERT and GTE: pooler + classifier, per-token classifier (the same modules under the same names).
+ROTARY_CLASSIFIERS = {
+    "SequenceClassification": {"logits": (POOLER, [lin("classifier", "L")])},
+    "TokenClassification": {"logits": (TOKENS, [lin("classifier", "L")])},
 }
 
 # family -> task -> {output field: (source, steps)}; the task is the class name after "<Family>For".
@@ -104,13 +130,39 @@ HEADS = {
         "MaskedLM": {"logits": (TOKENS, [lin("vocab_transform"), act("hidden_act"), ln("vocab_layer_norm"),
                                          decoder("vocab_projector.weight", ["vocab_projector.bias"])])},
     },
+    "modernbert": {
+        "SequenceClassification": {"logits": (by_config("classifier_pooling", "cls", MODERN_POOLING),
+                                              MODERN + [lin("classifier", "L")])},
+        "TokenClassification": {"logits": (TOKENS, MODERN + [lin("classifier", "L")])},
+        "QuestionAnswering": {"logits": (TOKENS, MODERN + [lin("classifier", "L")])},
+        # "cls" here is each row's first real token (transformers takes the mask's argmax), not position 0
+        "MultipleChoice": {"logits": (by_config("classifier_pooling", "cls", {**MODERN_POOLING, "cls": FIRST_REAL}),
+                                      MODERN + [lin("classifier", 1)])},
+        "MaskedLM": {"logits": (TOKENS, MODERN + [decoder("decoder.weight", ["decoder.bias"],
+                                                          bias=flag("decoder_bias", True))])},
+    },
+    "nomic_bert": {
+        **ROTARY_CLASSIFIERS,
+        "MaskedLM": {"logits": (TOKENS, [lin("cls.predictions.transform.dense"), act("hidden_act"),
+                                         ln("cls.predictions.transform.layer_norm"),
+                                         decoder("cls.predictions.decoder.weight",
+                                                 ["cls.predictions.bias", "cls.predictions.decoder.bias"])])},
+    },
+    "gte": {
+        **ROTARY_CLASSIFIERS,
+        "MaskedLM": {"logits": (TOKENS, [lin("lm_head.dense"), act("gelu"), ln(("lm_head.layer_norm", "lm_head.norm")),
+                                         decoder("lm_head.decoder.weight", ["lm_head.decoder.bias"])])},
+    },
 }
 # Class-name prefix of each family in transformers (`BertForMaskedLM`, `XLMRobertaModel`, ...).
 CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
-                "albert": "Albert", "distilbert": "DistilBert", "mpnet": "MPNet"}
+                "albert": "Albert", "distilbert": "DistilBert", "mpnet": "MPNet", "modernbert": "ModernBert",
+                "nomic_bert": "NomicBert", "gte": "Gte"}
 
 # Activations a head may name: the layer's, plus tanh and identity (ELECTRA summary).
 HEAD_ACTIVATIONS = {**HF_NAMES, "gelu_tanh": "gelu_tanh", "tanh": "tanh", "linear": None}
+# Config fields that name a head's activation, with transformers' defaults.
+CONFIG_ACTIVATIONS = {"summary_activation": "gelu", "classifier_activation": "gelu"}
 
 
 def supported_architectures(family: str | None = None) -> list[str]:
@@ -118,6 +170,29 @@ def supported_architectures(family: str | None = None) -> list[str]:
     families = [family] if family else list(HEADS)
     return [CLASS_PREFIX[f] + name for f in families
             for name in ["Model"] + [f"For{task}" for task in HEADS[f]]]
+
+
+def source_of(source, d: dict, family: str, task: str) -> str:
+    """A table source; one chosen by a config field (`by_config`) is looked up in the config dict `d`."""
+    if not isinstance(source, tuple):
+        return source
+    _, field, default, choices = source
+    value = d.get(field) or default
+    if value not in choices:
+        raise LoadError(f"{family} {task}: config field {field!r} = {value!r} is not supported "
+                        f"(supported: {', '.join(map(repr, choices))})")
+    return choices[value]
+
+
+def reads_first_token(family: str, arch: str, d: dict) -> bool:
+    """Whether the head of architecture `arch` (a class name; unknown ones: False) reads position 0 itself
+    (RoBERTa-style classifiers, ModernBERT's "cls" pooling); config dict `d`."""
+    try:
+        task = task_of(family, arch)
+    except LoadError:
+        return False
+    return task is not None and any(source_of(source, d, family, task) == FIRST
+                                    for source, _ in HEADS[family][task].values())
 
 
 def task_of(family: str, arch: str) -> str | None:

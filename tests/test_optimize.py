@@ -136,6 +136,20 @@ def test_left_padding_with_pooler_falls_back_to_exact_answer():
     assert torch.allclose(out, ref)
 
 
+@pytest.mark.parametrize("family, cls_name", [("roberta", "RobertaForSequenceClassification"),
+                                             ("distilbert", "DistilBertForSequenceClassification")])
+def test_left_padding_under_a_head_reading_position_0_falls_back(family, cls_name):
+    model = build(family, cls_name)  # no pooler: the head itself reads last_hidden_state[:, 0]
+    ids = torch.randint(2, 97, (2, 6))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).logits
+    bertfast.optimize(model, backend="torch")
+    with pytest.warns(UserWarning, match="left padding under a head"), torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(out, ref)
+
+
 def test_bf16_engine_feeds_fp32_head():
     model = build("bert", "BertForSequenceClassification")
     kwargs, _ = inputs_for(model)
