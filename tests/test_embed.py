@@ -160,6 +160,7 @@ BAD_JSONL = [
     {"text": "no id"},
     {"doc": 5, "text": "an int id after string ids"},
     {"doc": "f", "text": TEXTS[1]},
+    {"doc": "g", "text": "a lone \ud800 surrogate"},  # json.dumps escapes it; json.loads gives it back
 ]
 
 
@@ -175,11 +176,12 @@ def test_bad_rows_counted(tmp_path, tiny_text_model, encoder, capsys):
     src = write_bad(tmp_path / "in")
     assert embed(src, tmp_path / "out", "--model", tiny_text_model, "--id-column", "doc", "--keep-text") == 0
     report = capsys.readouterr().out
-    assert "skipped 8 bad rows and 1 unreadable or empty files" in report
+    assert "skipped 9 bad rows and 1 unreadable or empty files" in report
     for reason in ("a.jsonl:2: missing column 'text'", "a.jsonl:3: column 'text' is int, not a string",
                    "a.jsonl:4: column 'text' is empty", "a.jsonl:5: invalid JSON", "column 'text' is null",
                    "a.jsonl:7: not a JSON object", "a.jsonl:8: missing id column 'doc'",
-                   "a.jsonl:9: id is int, but earlier ids are str", "b.csv: empty file"):
+                   "a.jsonl:9: id is int, but earlier ids are str", "b.csv: empty file",
+                   "a.jsonl:11: column 'text' is not valid Unicode (a lone surrogate)"):
         assert reason in report, reason
     out = read_output(tmp_path / "out")
     assert out["id"] == ["a", "f"] and out["text"] == TEXTS[:2]
