@@ -160,6 +160,7 @@ BAD_JSONL = [
     {"text": "no id"},
     {"doc": 5, "text": "an int id after string ids"},
     {"doc": "f", "text": TEXTS[1]},
+    {"doc": "g", "text": "a lone \ud800 surrogate"},  # json.dumps escapes it; json.loads gives it back
 ]
 
 
@@ -175,11 +176,12 @@ def test_bad_rows_counted(tmp_path, tiny_text_model, encoder, capsys):
     src = write_bad(tmp_path / "in")
     assert embed(src, tmp_path / "out", "--model", tiny_text_model, "--id-column", "doc", "--keep-text") == 0
     report = capsys.readouterr().out
-    assert "skipped 8 bad rows and 1 unreadable or empty files" in report
+    assert "skipped 9 bad rows and 1 unreadable or empty files" in report
     for reason in ("a.jsonl:2: missing column 'text'", "a.jsonl:3: column 'text' is int, not a string",
                    "a.jsonl:4: column 'text' is empty", "a.jsonl:5: invalid JSON", "column 'text' is null",
                    "a.jsonl:7: not a JSON object", "a.jsonl:8: missing id column 'doc'",
-                   "a.jsonl:9: id is int, but earlier ids are str", "b.csv: empty file"):
+                   "a.jsonl:9: id is int, but earlier ids are str", "b.csv: empty file",
+                   "a.jsonl:11: column 'text' is not valid Unicode (a lone surrogate)"):
         assert reason in report, reason
     out = read_output(tmp_path / "out")
     assert out["id"] == ["a", "f"] and out["text"] == TEXTS[:2]
@@ -216,8 +218,8 @@ def test_resume_after_failure(tmp_path, tiny_text_model, expected, monkeypatch, 
         return original(*a, **k)
 
     monkeypatch.setattr(pq if where == "shard" else writer_module.ShardWriter, target, dying)
-    with pytest.raises(KeyboardInterrupt):
-        embed(*args)
+    assert embed(*args) == 130  # a KeyboardInterrupt: reported as Ctrl-C, with what is committed
+    assert "interrupted by SIGINT: 2 shard(s) (60 texts) are committed" in capsys.readouterr().err
     monkeypatch.undo()
     done = json.loads((tmp_path / "out" / "_manifest.json").read_text())
     assert sorted(done["shards"]) == ["0", "1"] and not done["complete"]
@@ -255,8 +257,7 @@ def test_npy_output_and_resume(tmp_path, tiny_text_model, expected, monkeypatch)
         return original(self, *a, **k)
 
     monkeypatch.setattr(writer_module.ShardWriter, "write", dying)
-    with pytest.raises(KeyboardInterrupt):
-        embed(*args)
+    assert embed(*args) == 130
     monkeypatch.undo()
     assert not out.exists() and (tmp_path / "emb.npy.shards" / "part-00000.parquet").exists()
     assert embed(*args, "--resume") == 0

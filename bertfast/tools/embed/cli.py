@@ -3,17 +3,20 @@
 INPUT: a .txt (one text per line), .jsonl, .csv or .parquet file, a directory of them or a glob.
 OUTPUT: a directory of Parquet shards (id, embedding, optional text) with a manifest, or FILE.npy
 ((N, D) float32, the embedded rows in input order). The command parses, checks, and hands over to the
-job (`job.run`) with one `bertfast.ray.Embedder`, or a pool of them on a Ray cluster (`--ray`).
+job (`job.run`) with one `bertfast.ray.Embedder`, or a pool of them on a Ray cluster (`--ray`). SIGINT
+and SIGTERM stop it between shard commits (`signals`): a message, exit status 128 + the signal.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from bertfast.ray import BATCH_TOKENS
 
+from . import signals
 from .readers import InputError, count_rows, find_inputs, read_rows
 from .writer import OutputError, ShardWriter
 
@@ -41,6 +44,8 @@ def add_arguments(p):
     p.add_argument("--shard-rows", type=int, default=10000, help="embedded rows per output shard (default 10000)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted run into the same OUTPUT")
     p.add_argument("--strict", action="store_true", help="stop at the first bad row instead of counting it")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar on stderr: texts/s, tokens/s, ETA (default: on a terminal)")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="embed on a Ray cluster: 'auto', an address, or none for a local cluster")
     p.add_argument("--ray-actors", type=int, default=None, help="embedding actors (default: cluster CPUs "
@@ -84,11 +89,35 @@ def settings(args, files: list[str]) -> dict:
             "inputs": [[os.path.abspath(f), os.path.getsize(f)] for f in files]}
 
 
+class _Progress:
+    writer = None  # the ShardWriter, once there is one: what an interrupted run has committed
+
+
 def run(args) -> int:
+    """Embed INPUT into OUTPUT; SIGINT (Ctrl-C) and SIGTERM stop it between shard commits (signals.py)."""
+    progress = _Progress()
+    with signals.catching():
+        try:
+            return _run(args, progress)
+        except KeyboardInterrupt:  # signals.Interrupted, or a Ctrl-C that Ray's get re-raised as a plain one
+            return _stopped(progress.writer)
+
+
+def _stopped(writer) -> int:
+    signum = signals.received() or signal.SIGINT
+    name = signal.Signals(signum).name
+    if writer is None:
+        return _fail(f"interrupted by {name} before any shard was written", 128 + signum)
+    rows = sum(shard["rows"] for shard in writer.shards.values())
+    return _fail(f"interrupted by {name}: {len(writer.shards)} shard(s) ({rows} texts) are committed in "
+                 f"{writer.directory}; run the same command with --resume to finish", 128 + signum)
+
+
+def _run(args, progress: _Progress) -> int:
     import bertfast
     from bertfast.ray import Embedder
 
-    from . import job
+    from . import cluster, job
 
     try:
         files = find_inputs(args.input)
@@ -104,29 +133,36 @@ def run(args) -> int:
     options = dict(model=args.model, dtype=args.dtype, backend=args.backend, column=args.column,
                    batch_tokens=args.batch_tokens, pooling=args.pooling, normalize=args.normalize,
                    prompt_name=args.prompt_name, prompt=args.prompt, truncate_dim=args.truncate_dim)
+    pool = None
     try:
         if args.ray is None:
             embedder = Embedder(**options)
-            embed_chunks, pool = (lambda chunks: map(embedder.embed, chunks)), None
+            embed_chunks = lambda chunks: map(embedder.embed, chunks)  # noqa: E731
+            rows = read_rows(files, args.column, args.id_column)
         else:
-            from .cluster import ActorPool
-
-            pool = embed_chunks = ActorPool(args.ray, options, args.ray_actors, args.ray_cpus_per_actor)
-        writer = ShardWriter(args.output, settings(args, files), resume=args.resume)
+            ray = cluster.connect(args.ray)
+            signals.install()  # ray.init sets its own SIGTERM handler
+            pool = embed_chunks = cluster.ActorPool(ray, options, args.ray_actors, args.ray_cpus_per_actor)
+            rows = cluster.read_rows_on(ray, files, args.column, args.id_column)
+        progress.writer = writer = ShardWriter(args.output, settings(args, files), resume=args.resume)
     except (OutputError, ValueError, RuntimeError, OSError) as e:  # LoadError, ConfigError are ValueErrors
+        if pool is not None:
+            pool.close()
         return _fail(str(e))
-    if writer.complete:
-        print(f"{args.output}: already complete, nothing to do")
-        return 0
-    print(f"embedding {len(files)} file(s) into {args.output} ({args.model}, "
-          f"{'Ray ' + args.ray if args.ray else 'this process'})", file=sys.stderr)
     try:
-        report = job.run(read_rows(files, args.column, args.id_column), writer, embed_chunks,
-                         shard_rows=args.shard_rows, total=sum(count_rows(f) for f in files),
-                         keep_text=args.keep_text, strict=args.strict, use_row_ids=args.id_column is None)
+        if writer.complete:
+            print(f"{args.output}: already complete, nothing to do")
+            return 0
+        total = (sum(count_rows(f) for f in files) if args.ray is None else cluster.count_all_rows(ray, files))
+        print(f"embedding {len(files)} file(s) into {args.output} ({args.model}, "
+              f"{'Ray ' + args.ray if args.ray else 'this process'})", file=sys.stderr)
+        report = job.run(rows, writer, embed_chunks, shard_rows=args.shard_rows, total=total,
+                         keep_text=args.keep_text, strict=args.strict, use_row_ids=args.id_column is None,
+                         progress=args.progress)
     except job.BadRow as e:
         return _fail(f"bad row (--strict): {e}", 1)
     finally:
+        rows.close()  # a Ray Data read stops here, not at exit
         if pool is not None:
             pool.close()
     print(report.summary())

@@ -91,7 +91,7 @@ def shards(rows, shard_rows: int, report: Report, strict: bool = False, use_row_
 def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None, keep_text: bool = False,
         strict: bool = False, use_row_ids: bool = True, progress: bool | None = None) -> Report:
     """Embed every valid row into `writer`; embed_chunks(list of text lists) yields (embeddings, tokens)
-    per list, in order. progress: None shows the bar on a terminal."""
+    per list, in order. progress: None shows the bar (texts/s, tokens/s, ETA) on a terminal."""
     from tqdm.auto import tqdm
 
     report = Report()
@@ -100,9 +100,11 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
     start = time.perf_counter()
     try:
         for index, ids, texts in shards(rows, shard_rows, report, strict, use_row_ids):
-            if writer.done(index):
+            if writer.done(index):  # out of the bar's total, so its rate and ETA are this run's
                 report.skipped += len(texts)
-                bar.update(report.skipped + report.embedded + report.bad - bar.n)
+                if bar.total is not None:
+                    bar.total -= len(texts)
+                bar.update(report.embedded + report.bad - bar.n)
                 continue
             chunks = [texts[s:s + CHUNK] for s in range(0, len(texts), CHUNK)]
             parts = []
@@ -112,7 +114,7 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
                 report.tokens += tokens
                 elapsed = time.perf_counter() - start
                 bar.set_postfix_str(f"{report.tokens / elapsed:.0f} tok/s, {report.bad} bad", refresh=False)
-                bar.update(report.skipped + report.embedded + report.bad - bar.n)
+                bar.update(report.embedded + report.bad - bar.n)
             writer.write(index, ids, np.concatenate(parts), texts if keep_text else None)
     finally:
         bar.close()

@@ -58,18 +58,37 @@ def find_inputs(spec: str) -> list[str]:
 
 
 def count_rows(path: str) -> int:
-    """Rows a file holds, cheaply (Parquet metadata; line count otherwise): the progress bar's total."""
+    """Rows a file holds, cheaply (Parquet metadata; line count otherwise): the progress bar's total.
+    An unreadable file counts 0 (the readers report it)."""
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        return pq.ParquetFile(path).metadata.num_rows
+        try:
+            return pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # noqa: BLE001 -- a damaged file: only the bar's total, the reader reports it
+            return 0
     lines, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            lines += block.count(b"\n")
-            last = block[-1:]
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                lines += block.count(b"\n")
+                last = block[-1:]
+    except OSError:
+        return 0
     lines += last != b"\n"
     return max(lines - path.endswith(".csv"), 0)
+
+
+def _not_unicode(value) -> bool:
+    """A str that cannot be encoded as UTF-8 (a lone surrogate, e.g. JSON's "\\ud800"): no tokenizer or
+    Parquet column takes it."""
+    if value.isascii():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _check(row: Row, record: dict | None, column: str, id_column: str | None) -> Row:
@@ -84,8 +103,12 @@ def _check(row: Row, record: dict | None, column: str, id_column: str | None) ->
         row.problem = f"column {column!r} is {type(record[column]).__name__}, not a string"
     elif not record[column].strip():
         row.problem = f"column {column!r} is empty"
+    elif _not_unicode(record[column]):
+        row.problem = f"column {column!r} is not valid Unicode (a lone surrogate)"
     elif id_column is not None and record.get(id_column) is None:
         row.problem = f"missing id column {id_column!r}"
+    elif id_column is not None and isinstance(record[id_column], str) and _not_unicode(record[id_column]):
+        row.problem = f"id column {id_column!r} is not valid Unicode (a lone surrogate)"
     else:
         row.text = record[column]
         row.id = record[id_column] if id_column is not None else None

@@ -5,7 +5,8 @@ fixed-size list of float32, `text` with --keep-text) and `_manifest.json`. Shard
 `shard_rows` embedded rows in input order, so shard boundaries depend only on the input and the settings.
 Each shard is written to a hidden temporary file and renamed into place, and only then recorded in the
 manifest (itself replaced atomically): a killed run leaves whole shards or nothing, and `--resume`
-recomputes exactly the shards the manifest lacks. A `.npy` OUTPUT keeps its shards in `OUTPUT.shards/`
+recomputes exactly the shards the manifest lacks. A SIGINT/SIGTERM that arrives during a shard's
+commit waits until the manifest records it (`signals.commit`). A `.npy` OUTPUT keeps its shards in `OUTPUT.shards/`
 and is assembled from them (through a temporary file, then renamed) when every shard is done.
 """
 
@@ -17,6 +18,8 @@ import shutil
 
 import numpy as np
 
+from .signals import commit
+
 MANIFEST = "_manifest.json"  # "_": Parquet readers of the directory skip it
 VERSION = 1
 
@@ -25,12 +28,26 @@ class OutputError(ValueError):
     """The output location cannot be used as asked (exists without --resume, other settings)."""
 
 
+def _tmp_name(path: str) -> str:
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.tmp")
+
+
+def _write_tmp(path: str, write) -> str:
+    """write(tmp_path) for `path`'s temporary file, removed again if writing fails or is interrupted."""
+    tmp = _tmp_name(path)
+    try:
+        write(tmp)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return tmp
+
+
 def _atomic_write(path: str, write) -> None:
     """write(tmp_path) then rename over `path`: readers see the old file or the whole new one."""
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".{name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    os.replace(_write_tmp(path, write), path)
 
 
 def _shard_name(index: int) -> str:
@@ -80,9 +97,10 @@ class ShardWriter:
                        if os.path.isfile(os.path.join(self.directory, v["file"]))}
         self.complete = bool(manifest.get("complete")) and not self.npy
 
-    def _save(self) -> None:
+    def _save(self, shards: dict | None = None) -> None:
+        shards = self.shards if shards is None else shards
         manifest = {"version": VERSION, "settings": self.settings, "complete": self.complete,
-                    "shards": {str(k): v for k, v in sorted(self.shards.items())}}
+                    "shards": {str(k): v for k, v in sorted(shards.items())}}
 
         def write(tmp):
             with open(tmp, "w", encoding="utf-8") as f:
@@ -107,23 +125,28 @@ class ShardWriter:
             columns["text"] = pa.array(texts, type=pa.string())
         table = pa.table(columns)
         name = _shard_name(index)
-        _atomic_write(os.path.join(self.directory, name), lambda tmp: pq.write_table(table, tmp))
-        self.shards[index] = {"file": name, "rows": n}
-        self._save()
+        with commit():  # a SIGINT/SIGTERM waits until the shard is in place and recorded
+            _atomic_write(os.path.join(self.directory, name), lambda tmp: pq.write_table(table, tmp))
+            shards = {**self.shards, index: {"file": name, "rows": n}}
+            self._save(shards)
+            self.shards = shards  # what the manifest on disk records, also when saving it failed
 
     def finish(self) -> str:
         """Mark the job complete (a .npy OUTPUT: assemble it, then drop the shards); returns OUTPUT."""
         if self.complete:
             return self.output
         if self.npy:
-            self._assemble()
-            shutil.rmtree(self.directory)
+            tmp = self._assemble()  # interruptible: a stop here leaves the shards, not a partial .npy
+            with commit():
+                os.replace(tmp, self.output)
+                shutil.rmtree(self.directory)
         else:
             self.complete = True
             self._save()
         return self.output
 
-    def _assemble(self) -> None:
+    def _assemble(self) -> str:
+        """The shards, in order, into OUTPUT's temporary file; returns its path."""
         import pyarrow.parquet as pq
 
         order = sorted(self.shards)
@@ -144,4 +167,4 @@ class ShardWriter:
             out.flush()
             del out
 
-        _atomic_write(self.output, write)
+        return _write_tmp(self.output, write)
