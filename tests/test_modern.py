@@ -11,6 +11,7 @@ sentence-transformers for these families run in test_modern_heads.py; the native
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ NAMES = list(CONFIGS)
 # modernbert's window is 8 (local_attention 16), modernbert-bias's 5: rows shorter than, at, one past and far
 # past the window, and a 1-token row.
 LENGTHS = [40, 1, 8, 9, 6, 23]
-BACKENDS = ["torch"]
+BACKENDS = ["torch"] + (["cpu"] if bertfast.backends.available_backends("cpu").get("cpu") is None else [])
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -212,3 +213,39 @@ def test_validate_model(tmp_path, capsys, backend, name):
     rows = [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0] in
             ["embeddings"] + [f"layer{i + 1}" for i in range(layers)]]
     assert len(rows) == 2 * (layers + 1) and all(r[-1] == "PASS" for r in rows), out
+
+
+# --- the cpu backend on every ISA tier the CPU has ---------------------------------------------------------------
+
+needs_cpu = pytest.mark.skipif("cpu" not in BACKENDS, reason="backend 'cpu' unavailable")
+
+
+@needs_cpu
+@pytest.mark.parametrize("name", ["modernbert", "nomic_bert", "gte"])
+def test_cpu_tier(isa, name):
+    """fp32 within 1e-5 of transformers; bf16 within twice transformers' own bf16 error; a row alone equals itself
+    inside the batch, bit for bit, in both; int8 per-token cosine to fp32 >= 0.995 mean (the int8 report's bar)."""
+    hf = build(name)
+    ids, mask = batch(LENGTHS, seed=7)
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask).last_hidden_state
+        theirs = copy.deepcopy(hf).to(torch.bfloat16)(ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    for dtype in (torch.float32, torch.bfloat16):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the slower-than-fp32 notice on some tiers
+            enc = Encoder.from_hf(hf, backend="cpu", dtype=dtype)
+        out = enc(ids, mask).last_hidden_state
+        err = rel_err(out, ref, mask)
+        if dtype == torch.float32:
+            assert err <= 1e-5
+        else:
+            hf_err = rel_err(theirs, ref, mask)
+            assert within(err, hf_err, dtype, floor=0.0, cap=False), f"bf16 {err:.3g} vs HF bf16 {hf_err:.3g}"
+        for b in (0, 1, 3):
+            n = LENGTHS[b]
+            assert torch.equal(enc(ids[b:b + 1, :n]).last_hidden_state[0], out[b, :n]), f"row {b} differs alone"
+    q = Encoder.from_hf(hf, backend="cpu", dtype="int8")(ids, mask).last_hidden_state
+    fp32 = Encoder.from_hf(hf, backend="cpu")(ids, mask).last_hidden_state
+    cos = torch.nn.functional.cosine_similarity(q[real], fp32[real], dim=-1)
+    assert cos.mean() >= 0.995 and cos.min() >= 0.98

@@ -19,8 +19,7 @@ from test_optimize import compare
 
 transformers = pytest.importorskip("transformers")
 
-# The cpu backend's RoPE / gated / sliding-window kernels land separately: "cpu" joins this list when they do.
-BACKENDS = ["torch"]
+BACKENDS = ["torch"] + (["cpu"] if bertfast.backends.available_backends("cpu").get("cpu") is None else [])
 PREFIX = {"modernbert": "ModernBert", "nomic_bert": "NomicBert", "gte": "Gte"}
 TASKS = {"modernbert": ["SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice",
                         "MaskedLM"],
