@@ -9,6 +9,11 @@ Semantics match `bertfast.reference`: a masked key gets the most negative score 
 mask that hides every key gives the uniform average of V, as Hugging Face does, never NaN); keys
 past a sequence's end do not exist at all. Head dims that are not a power of two (26, 48, 80) are
 padded to the BLOCK_D tile by masking loads and stores, never by copying.
+
+Sliding windows (ModernBERT's local layers, varlen only): with window w > 0 a query t sees the keys u of its
+sequence with |t - u| <= w. The key loop of a query tile starts at the first key tile that reaches its
+first row's window and stops after its last row's, so work and memory stay linear in the sequence length;
+keys inside those tiles but outside a row's window get the masked score.
 """
 
 from __future__ import annotations
@@ -67,18 +72,18 @@ _INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4,
 
 
 @triton.autotune(configs=configs_for_mode(_CONFIGS, _INTERPRETER_CONFIG),
-                 key=["seqlen_bucket", "BLOCK_D", "IS_VARLEN"],
+                 key=["seqlen_bucket", "BLOCK_D", "IS_VARLEN", "HAS_WINDOW"],
                  prune_configs_by={"early_config_prune": _prune_configs})
-@triton.jit(do_not_specialize=["seqlen", "seqlen_bucket", "scale_log2"])
+@triton.jit(do_not_specialize=["seqlen", "seqlen_bucket", "scale_log2", "window"])
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, cu_seqlens_ptr,
-    seqlen, seqlen_bucket, head_dim, num_heads, scale_log2,
+    seqlen, seqlen_bucket, head_dim, num_heads, scale_log2, window,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_ob, stride_oh, stride_os, stride_od,
     stride_mb, stride_ms,
-    IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # seqlen_bucket only keys the autotuner (next power of two of the longest sequence).
@@ -113,7 +118,13 @@ def _attention_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
 
-    for start_n in range(0, seq_len, BLOCK_N):
+    lo = 0
+    hi = seq_len
+    if HAS_WINDOW:
+        # Key tiles that reach the window of at least one row of this query tile: [first row - w, last row + w].
+        lo = (tl.maximum(pid_m * BLOCK_M - window, 0) // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(seq_len, (pid_m + 1) * BLOCK_M + window)
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         mask_n = cols < seq_len
         kt = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None] * stride_kd,
@@ -122,6 +133,12 @@ def _attention_kernel(
         if HAS_MASK:
             keep = tl.load(mask_ptr + b.to(tl.int64) * stride_mb + cols * stride_ms, mask=mask_n, other=0)
             s = tl.where((keep != 0)[None, :], s, MASKED)
+        if HAS_WINDOW:
+            # MASKED, not -inf: a row may see no key of its window in this tile (m_new stays finite); what such
+            # keys add is scaled by alpha = exp2(MASKED - real max) = 0 once the row meets its own window,
+            # which always holds the row's own token.
+            in_window = (cols[None, :] >= (offs_m - window)[:, None]) & (cols[None, :] <= (offs_m + window)[:, None])
+            s = tl.where(in_window, s, MASKED)
         s = tl.where(mask_n[None, :], s, float("-inf"))
         # Every tile holds at least one in-range key, so m_new is finite and alpha well defined.
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -147,7 +164,7 @@ def _check_qkv(op: str, q, k, v, ndim: int):
                          f"{tuple(v.shape)}")
 
 
-def _launch(q, k, v, out, mask, cu_seqlens, batch, heads, seqlen, max_seqlen, scale, strides_bhsd):
+def _launch(q, k, v, out, mask, cu_seqlens, batch, heads, seqlen, max_seqlen, scale, strides_bhsd, window=0):
     d = q.shape[-1]
     block_d = max(16, next_pow2(d))  # tl.dot needs K >= 16
     bucket = max(16, next_pow2(max_seqlen))
@@ -156,20 +173,22 @@ def _launch(q, k, v, out, mask, cu_seqlens, batch, heads, seqlen, max_seqlen, sc
     sm = (mask.stride(0), mask.stride(1)) if mask is not None else (0, 0)
     _attention_kernel[grid](
         q, k, v, out, mask if mask is not None else q, cu_seqlens if cu_seqlens is not None else q,
-        seqlen, bucket, d, heads, float(scale) * 1.4426950408889634,
+        seqlen, bucket, d, heads, float(scale) * 1.4426950408889634, window,
         *sq, *sk, *sv, *so, *sm,
-        IS_VARLEN=cu_seqlens is not None, HAS_MASK=mask is not None, BLOCK_D=block_d,
+        IS_VARLEN=cu_seqlens is not None, HAS_MASK=mask is not None, HAS_WINDOW=window > 0, BLOCK_D=block_d,
         INPUT_PRECISION=dot_precision(q.dtype),
     )
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                     max_seqlen: int, scale: float, validate: bool = True) -> torch.Tensor:
+                     max_seqlen: int, scale: float, validate: bool = True, window: int = 0) -> torch.Tensor:
     """Attention of packed variable-length sequences; each sequence attends to itself only.
 
     q, k, v: (T, heads, d), one float dtype, any strides; cu_seqlens: (B+1,) int32 on the same
     device, cu_seqlens[0] = 0, non-decreasing, cu_seqlens[-1] = T (empty sequences allowed);
-    max_seqlen: int >= the longest sequence. Returns (T, heads * d) in q's dtype.
+    max_seqlen: int >= the longest sequence; window: int >= 0, > 0 for a sliding window (token t sees
+    the tokens u of its sequence with |t - u| <= window; the key tiles outside it are never visited).
+    Returns (T, heads * d) in q's dtype.
     validate=False skips the checks of cu_seqlens' values (they need a device-to-host copy); use it
     only with cu_seqlens built by `bertfast.padding.unpad`.
     """
@@ -183,6 +202,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         raise ValueError(f"{op}: cu_seqlens must hold at least one element (B+1 with B >= 0)")
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
         raise ValueError(f"{op}: max_seqlen must be a non-negative int, got {max_seqlen!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"{op}: window must be a non-negative int (0 = no window), got {window!r}")
     check_device(op, q, k, v, cu_seqlens)
     T, heads, d = q.shape
     if validate:
@@ -198,7 +219,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if T > 0 and batch > 0 and max_seqlen > 0:
         # Varlen: (b, h, s, d) strides with no batch stride; the sequence start comes from cu_seqlens.
         strides = [(0, t.stride(1), t.stride(0), t.stride(2)) for t in (q, k, v, out)]
-        _launch(q, k, v, out, None, cu_seqlens, batch, heads, 0, max_seqlen, scale, strides)
+        # A window as wide as the longest sequence hides nothing: the plain kernel then.
+        _launch(q, k, v, out, None, cu_seqlens, batch, heads, 0, max_seqlen, scale, strides,
+                window if window < max_seqlen else 0)
     return out.view(T, heads * d)
 
 
@@ -237,8 +260,8 @@ def attention_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask
 
 def aot_variants(dtype: torch.dtype = torch.float16, heads: int = 12, head_dim: int = 64, seqlen: int = 128):
     """Representative BERT-base attention launches (d = 64, contiguous (T, heads, d) from the QKV
-    kernel, or (B, heads, S, d)) in both modes for `bertfast kernels`:
-    yields (name, jit_fn, {argument: representative value}, configs)."""
+    kernel, or (B, heads, S, d)) in both modes, and varlen with ModernBERT's sliding window (+-64), for
+    `bertfast kernels`: yields (name, jit_fn, {argument: representative value}, configs)."""
     t = torch.empty(16, dtype=dtype)  # stands for any 16-byte aligned buffer of this dtype
     block_d = max(16, next_pow2(head_dim))
     bucket = max(16, next_pow2(seqlen))
@@ -246,8 +269,8 @@ def aot_variants(dtype: torch.dtype = torch.float16, heads: int = 12, head_dim: 
     hidden = heads * head_dim
     common = {"q_ptr": t, "k_ptr": t, "v_ptr": t, "o_ptr": t, "mask_ptr": torch.empty(16, dtype=torch.uint8),
               "cu_seqlens_ptr": torch.empty(16, dtype=torch.int32), "seqlen_bucket": bucket,
-              "head_dim": head_dim, "num_heads": heads, "scale_log2": 0.18, "BLOCK_D": block_d,
-              "INPUT_PRECISION": dot_precision(dtype)}
+              "head_dim": head_dim, "num_heads": heads, "scale_log2": 0.18, "window": 0, "HAS_WINDOW": False,
+              "BLOCK_D": block_d, "INPUT_PRECISION": dot_precision(dtype)}
     varlen_strides = {f"stride_{x}{a}": v for x in "qkvo" for a, v in zip("bhsd", (0, head_dim, hidden, 1))}
     padded_strides = {f"stride_{x}{a}": v for x in "qkvo"
                       for a, v in zip("bhsd", (hidden * seqlen, seqlen * head_dim, head_dim, 1))}
@@ -257,3 +280,6 @@ def aot_variants(dtype: torch.dtype = torch.float16, heads: int = 12, head_dim: 
     yield ("attention_padded", _attention_kernel.fn,
            {**common, **padded_strides, "seqlen": seqlen, "stride_mb": seqlen, "stride_ms": 1,
             "IS_VARLEN": False, "HAS_MASK": True}, configs)
+    yield ("attention_window", _attention_kernel.fn,
+           {**common, **varlen_strides, "seqlen": 0, "stride_mb": 0, "stride_ms": 0, "IS_VARLEN": True,
+            "HAS_MASK": False, "window": 64, "HAS_WINDOW": True}, configs)
