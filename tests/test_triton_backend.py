@@ -174,7 +174,7 @@ def test_fp32_matches_transformers(hidden, heads, layers):
     assert rel <= 1e-5 and rel_pool <= 1e-5, (rel, rel_pool)
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "mpnet"])
 def test_each_family_matches_transformers(family):
     pytest.importorskip("transformers")
     from test_families import batch_for, build

@@ -25,8 +25,6 @@ def _triton_import_error() -> str | None:
 class TritonBackend(Backend):
     name = "triton"
     dtypes = (torch.float32, torch.float16, torch.bfloat16)  # tl.dot has no fp64 path worth having
-    unsupported_families = {"mpnet": "its flash attention takes no relative position bias (use backend='cpu' "
-                                     "or 'torch')"}
 
     @classmethod
     def unavailable_reason(cls, device):
@@ -75,11 +73,9 @@ class TritonBackend(Backend):
         return self._ops.qkv.qkv(x, weight, bias, num_heads, rotary=rotary)
 
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None, window=0):
-        if bias is not None:  # the engine never gets here (unsupported_families); a direct call must not drop it
-            raise ValueError("backend 'triton' takes no relative position bias yet (MPNet): "
-                             "use backend='cpu' or 'torch'")
+        # bias: MPNet's AttentionBias (per-distance table, per-token positions), gathered per score tile.
         return self._ops.attention.attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, validate=False,
-                                                    window=window)
+                                                    window=window, bias=bias)
 
     def linear(self, x, weight, bias, act="none", residual=None, gated=False):
         if gated:

@@ -1,4 +1,5 @@
-"""Flash attention forward (bertfast.kernels.triton.attention), varlen and padded, vs the reference."""
+"""Flash attention forward (bertfast.kernels.triton.attention), varlen and padded, sliding windows and the
+relative position bias, vs the reference."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 import torch
 
 from bertfast import reference as ref
+from bertfast import relative
+from bertfast.backends import AttentionBias
 from bertfast.kernels.triton import attention as attention_mod
 from bertfast.kernels.triton.attention import attention_padded, attention_varlen
 
@@ -294,3 +297,74 @@ def test_window_bad_value_raises_before_launch(window, monkeypatch):
     q, k, v, cu_t = packed([0, 3, 8], 32, torch.float32)
     with pytest.raises(ValueError, match="attention: window"):
         attention_varlen(q, k, v, cu_t, 5, 0.1, window=window)
+
+
+# ---- relative position bias (MPNet), varlen ----
+
+
+def relative_bias(cu, heads=HEADS, seed=0, holes=False):
+    """An AttentionBias as the engine builds it: a per-distance table for the padded width and each token's
+    column in the padded batch (holes: a gap of masked columns inside every sequence longer than 3)."""
+    g = torch.Generator().manual_seed(seed)
+    width = max_len(cu) + (3 if holes else 0)
+    table = relative.bias_table(torch.randn(32, heads, generator=g), max(width, 1))
+    columns = []
+    for n in (b - a for a, b in zip(cu[:-1], cu[1:])):
+        cols = list(range(n))
+        columns += [c + 3 if holes and n > 3 and c >= 2 else c for c in cols]
+    return AttentionBias(table, torch.tensor(columns, dtype=torch.int32))
+
+
+BIAS_CASES = [
+    pytest.param([0, 1, 17, 80, 81], 32, False, 0, id="cu0-1-17-80-81-d32"),
+    pytest.param([0, 129, 130], 64, False, 0, id="L129-1-d64"),
+    pytest.param([0, 7, 7, 70], 80, True, 0, id="L7-0-63-d80-holes"),
+    pytest.param([0, 127, 150], 32, False, 16, id="L127-23-d32-w16"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cu,d,holes,window", BIAS_CASES)
+def test_bias_matches_per_sequence_loop(cu, d, holes, window, dtype):
+    q, k, v, cu_t = packed(cu, d, dtype, seed=9)
+    bias = relative_bias(cu, holes=holes)
+    scale = 1 / math.sqrt(d)
+    ours = attention_varlen(q, k, v, cu_t, max_len(cu), scale, window=window, bias=bias)
+    assert_matches_reference(ours, ref.attention_loop(q, k, v, cu_t, scale, bias=bias, window=window),
+                             ref.attention_loop(*f64(q, k, v), cu_t, scale, bias=bias, window=window), dtype, "bias")
+
+
+def test_bias_matches_packed_reference():
+    cu = [0, 5, 38, 39]
+    q, k, v, cu_t = packed(cu, 32, torch.float32, seed=10)
+    bias = relative_bias(cu, seed=1)
+    ours = attention_varlen(q, k, v, cu_t, 33, 0.2, bias=bias)
+    assert_matches_reference(ours, ref.attention(q, k, v, cu_t, 33, 0.2, bias=bias),
+                             ref.attention(*f64(q, k, v), cu_t, 33, 0.2, bias=bias), torch.float32, "packed bias")
+
+
+@pytest.mark.parametrize("case", ["not-a-pair", "table-fp16", "table-heads", "table-even", "table-strided",
+                                  "positions-int64", "positions-length", "device-meta"])
+def test_bias_bad_input_raises_before_launch(case, monkeypatch):
+    monkeypatch.setattr(attention_mod, "_attention_kernel", NoLaunch())
+    cu = [0, 3, 8]
+    q, k, v, cu_t = packed(cu, 32, torch.float32)
+    table, positions = relative_bias(cu)
+    if case == "not-a-pair":
+        bias = table
+    elif case == "table-fp16":
+        bias = (table.half(), positions)
+    elif case == "table-heads":
+        bias = (table[:1], positions)
+    elif case == "table-even":
+        bias = (table[:, 1:], positions)
+    elif case == "table-strided":
+        bias = (torch.zeros(HEADS, 2 * table.shape[1])[:, ::2], positions)
+    elif case == "positions-int64":
+        bias = (table, positions.long())
+    elif case == "positions-length":
+        bias = (table, positions[:-1])
+    elif case == "device-meta":
+        bias = (table.to("meta"), positions.to("meta"))
+    with pytest.raises(ValueError, match="attention: "):
+        attention_varlen(q, k, v, cu_t, 5, 0.1, bias=bias)
