@@ -1,4 +1,5 @@
-"""The compiled Triton kernels of the rotary, gated and sliding-window models on a CUDA GPU, vs the reference ops.
+"""The compiled Triton kernels of the rotary, gated, sliding-window and relative-bias models on a CUDA GPU, vs the
+reference ops.
 
 This test session runs Triton under the interpreter (the conftests set TRITON_INTERPRET=1 before anything
 imports triton), so the GPU checks run in a subprocess with the interpreter off: `_check_on_gpu` prints one
@@ -23,7 +24,8 @@ pytestmark = [pytest.mark.gpu,
 def _check_on_gpu():
     """Run in the subprocess: every new kernel path, fp32/fp16/bf16, awkward shapes; prints JSON lines."""
     from bertfast import reference as ref
-    from bertfast.backends import Rotary
+    from bertfast import relative
+    from bertfast.backends import AttentionBias, Rotary
     from bertfast.kernels.triton import INTERPRET, attention, linear, qkv
 
     assert not INTERPRET, "the GPU check must run the compiled kernels"
@@ -46,6 +48,8 @@ def _check_on_gpu():
     rotary = Rotary(angles.cos().float(), angles.sin().float())
     x, wqkv, w_in = r(T, H), r(3 * H, H, scale=H ** -0.5), r(2 * 384, H, scale=H ** -0.5)
     q64, k64, v64 = r(T, heads, d), r(T, heads, d), r(T, heads, d)
+    bias = AttentionBias(relative.bias_table(torch.randn(32, heads, generator=g).cuda(), max(lengths)),
+                         positions.to(torch.int32))
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         lo = lambda t: t.to(dtype)  # noqa: E731
         ours = qkv.qkv(lo(x), lo(wqkv), None, heads, rotary=rotary)
@@ -61,6 +65,10 @@ def _check_on_gpu():
                    attention.attention_varlen(lo(q64), lo(k64), lo(v64), cu, max(lengths), d ** -0.5, window=window),
                    ref.attention_loop(lo(q64), lo(k64), lo(v64), cu, d ** -0.5, window=window),
                    ref.attention_loop(q64, k64, v64, cu, d ** -0.5, window=window))
+        report("attention.bias", dtype,
+               attention.attention_varlen(lo(q64), lo(k64), lo(v64), cu, max(lengths), d ** -0.5, bias=bias),
+               ref.attention_loop(lo(q64), lo(k64), lo(v64), cu, d ** -0.5, bias=bias),
+               ref.attention_loop(q64, k64, v64, cu, d ** -0.5, bias=bias))
 
 
 def test_new_kernels_compiled_on_gpu_match_reference():
@@ -73,7 +81,7 @@ def test_new_kernels_compiled_on_gpu_match_reference():
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 3 * (3 + 2 + 3)
+    assert len(rows) == 3 * (3 + 2 + 3 + 1)
     for row in rows:
         dtype = getattr(torch, row["dtype"].replace("torch.", ""))
         rel, ref_rel = row["err"] / row["scale"], row["ref_err"] / row["scale"]
