@@ -2,8 +2,8 @@
 
 The oracle (`reference.forward`) against transformers; the native attention with a bias against the reference op on
 every ISA tier (fp32, bf16, awkward head dims and lengths, q/k/v as views of one fused output); the encoder on the
-torch and cpu backends (every tier) on a ragged batch with a 1-token row and a row past the 128-position bucket
-horizon, masks with left padding and holes, bf16 within twice transformers' own bf16 error, batch invariance;
+torch, triton (interpreter) and cpu backends (every tier) on a ragged batch with a 1-token row and a row past the
+128-position bucket horizon, masks with left padding and holes, bf16 within twice transformers' own bf16 error, batch invariance;
 sentence-transformers' mean pooling + Normalize; clear errors. Task heads and `optimize` for MPNet run in
 test_heads.py and test_optimize.py.
 """
@@ -143,7 +143,7 @@ def test_native_attention_bias_errors():
         call(bias_table=table, bias_positions=torch.tensor([0, 1, 2, 6, 0], dtype=torch.int32))
 
 
-# --- the encoder on the torch and cpu backends ----------------------------------------------------------------
+# --- the encoder on the torch, triton and cpu backends ---------------------------------------------------------
 
 @pytest.mark.parametrize("layout", ["right", "left", "holes"])
 def test_torch_backend_matches_transformers(hf, layout):
@@ -154,6 +154,21 @@ def test_torch_backend_matches_transformers(hf, layout):
     assert rel_err(out.last_hidden_state, ref.last_hidden_state, mask) <= 1e-5
     if layout != "left":  # the pooler reads position 0, which left padding masks
         assert rel_err(out.pooler_output, ref.pooler_output) <= 1e-5
+
+
+TRITON_REASON = available_backends("cpu").get("triton")
+
+
+@pytest.mark.skipif(TRITON_REASON is not None, reason=f"backend 'triton' unavailable on CPU: {TRITON_REASON}")
+@pytest.mark.parametrize("layout", ["right", "holes"])
+def test_triton_backend_matches_transformers(hf, layout):
+    # The Triton kernels under the interpreter: the bias gathered per score tile from the per-distance table.
+    ids, mask = batch(layout=layout)
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask)
+    out = Encoder.from_hf(hf, backend="triton")(ids, mask)
+    assert rel_err(out.last_hidden_state, ref.last_hidden_state, mask) <= 1e-5
+    assert rel_err(out.pooler_output, ref.pooler_output) <= 1e-5
 
 
 @needs_cpu
@@ -242,23 +257,29 @@ def test_config_and_checkpoint_errors(hf):
         assemble(_TensorSource({k: "memory" for k in bad}, bad.__getitem__), cfg)
 
 
-class _Triton(bertfast.backends.Backend):
-    """Stands for the triton backend where triton cannot be imported: only its family list matters here."""
+class _NoMpnet(bertfast.backends.Backend):
+    """Stands for a backend that cannot run MPNet yet (every registered one can): only its family list matters."""
 
     name = "triton"
     unsupported_families = {"mpnet": "no relative position bias"}
 
+    @classmethod
+    def unavailable_reason(cls, device):
+        return None
 
-def test_triton_backend_is_not_picked_for_mpnet(hf):
-    from bertfast.backends import get_backend
 
+def test_backend_listing_mpnet_is_not_picked_for_it(hf, monkeypatch):
+    from bertfast import backends
+
+    real = backends._backend_class
+    monkeypatch.setattr(backends, "_backend_class", lambda name: _NoMpnet if name == "triton" else real(name))
     with pytest.raises(ValueError, match="does not run mpnet models yet"):
-        get_backend("triton", "cuda", family="mpnet")
-    with pytest.warns(UserWarning, match="no mpnet models yet"):  # "auto" on CUDA passes over triton, says why
-        assert get_backend("auto", "cuda", family="mpnet").name == "torch"
+        backends.get_backend("triton", "cuda", family="mpnet")
+    with pytest.warns(UserWarning, match="no mpnet models yet"):  # "auto" on CUDA passes over it, says why
+        assert backends.get_backend("auto", "cuda", family="mpnet").name == "torch"
     enc = Encoder.from_hf(hf, backend="torch")
     with pytest.raises(bertfast.ConfigError, match="'triton' does not run mpnet models yet"):
-        bertfast.engine.Engine(enc.engine.weights, _Triton())
+        bertfast.engine.Engine(enc.engine.weights, _NoMpnet())
 
 
 # --- sentence-transformers: all-mpnet-base-v2's stack (mean pooling, Normalize) ----------------------------------

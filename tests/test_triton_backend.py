@@ -174,7 +174,7 @@ def test_fp32_matches_transformers(hidden, heads, layers):
     assert rel <= 1e-5 and rel_pool <= 1e-5, (rel, rel_pool)
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "mpnet"])
 def test_each_family_matches_transformers(family):
     pytest.importorskip("transformers")
     from test_families import batch_for, build
@@ -186,3 +186,75 @@ def test_each_family_matches_transformers(family):
     out = Encoder.from_hf(model, backend="triton")(**kwargs).last_hidden_state
     rel = rel_error(out, ref, mask)
     assert rel <= 1e-5, rel
+
+
+# ---- the ops rotary, gated and sliding-window models use (issue 19), through the backend's signatures ----
+
+
+def modern_layer(ops, x, w, cu, max_seqlen, heads, rotary, window):
+    """A ModernBERT-style pre-norm layer from the backend's ops: no biases, RoPE in the QKV projection, a
+    sliding window, a GeGLU FFN."""
+    d = x.shape[1] // heads
+    h = ops.layernorm(x, w["ln1"], w["ln1_b"], 1e-5)
+    q, k, v = ops.qkv(h, w["qkv"], None, heads, rotary=rotary)
+    ctx = ops.attention(q, k, v, cu, max_seqlen, d ** -0.5, window=window)
+    x = ops.linear(ctx, w["out"], None, residual=x)
+    h = ops.layernorm(x, w["ln2"], w["ln2_b"], 1e-5)
+    h = ops.linear(h, w["ffn_in"], None, act="gelu", gated=True)
+    return ops.linear(h, w["ffn_out"], None, residual=x)
+
+
+def modern_inputs(lengths, hidden=64, heads=2, inter=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, scale=1.0, offset=0.0):
+        return torch.randn(*shape, generator=g, dtype=torch.float64) * scale + offset
+
+    H = hidden
+    zeros = torch.zeros(H, dtype=torch.float64)  # ModernBERT's norms have no bias
+    w = {"ln1": r(H, scale=0.1, offset=1), "ln1_b": zeros, "qkv": r(3 * H, H, scale=H ** -0.5),
+         "out": r(H, H, scale=H ** -0.5), "ln2": r(H, scale=0.1, offset=1), "ln2_b": zeros,
+         "ffn_in": r(2 * inter, H, scale=H ** -0.5), "ffn_out": r(H, inter, scale=inter ** -0.5)}
+    x = r(sum(lengths), H)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    positions = torch.cat([torch.arange(n, dtype=torch.float64) for n in lengths])
+    inv_freq = 10000.0 ** (-torch.arange(0, H // heads, 2, dtype=torch.float64) / (H // heads))
+    angles = positions[:, None] * inv_freq[None, :]
+    from bertfast.backends import Rotary
+
+    return x, w, cu, max(lengths), Rotary(angles.cos().float(), angles.sin().float())
+
+
+# Lengths: a 1-token row, rows at (w + 1 = 9) and one past (10) the window's reach, a row longer than the
+# interpreter's 64-row query tile.
+MODERN_LENGTHS = [1, 9, 10, 70]
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16")])
+def test_modern_layer_ops_match_torch_backend(dtype):
+    from bertfast.backends.torch import TorchBackend
+    from bertfast.backends.triton import TritonBackend
+
+    x, w, cu, max_seqlen, rotary = modern_inputs(MODERN_LENGTHS)
+    cast = lambda t: {k: v.to(dtype) for k, v in t.items()} if isinstance(t, dict) else t.to(dtype)  # noqa: E731
+    ours = modern_layer(TritonBackend(), x.to(dtype), cast(w), cu, max_seqlen, 2, rotary, 8)
+    ref_low = modern_layer(TorchBackend(), x.to(dtype), cast(w), cu, max_seqlen, 2, rotary, 8)
+    # The fp64 oracle (reference.rotate computes the rotation itself in fp32, ~1e-7 off fp64).
+    ref_hi = modern_layer(TorchBackend(), x, w, cu, max_seqlen, 2, rotary, 8)
+    e_ours, e_ref = ((t.double() - ref_hi).abs().max().item() for t in (ours, ref_low))
+    scale = ref_hi.abs().max().item()
+    assert ours.dtype == dtype and ours.shape == ref_hi.shape
+    assert within(e_ours / scale, e_ref / scale, dtype, cap=dtype != torch.float16), (e_ours, e_ref, scale)
+    if dtype == torch.float32:
+        assert e_ours / scale < 1e-5, e_ours / scale
+
+
+def test_gated_linear_takes_no_residual_and_bias_may_be_none():
+    from bertfast.backends.triton import TritonBackend
+
+    ops = TritonBackend()
+    x, w = torch.randn(5, 8), torch.randn(12, 8)
+    with pytest.raises(ValueError, match="gated linear takes no residual"):
+        ops.linear(x, w, None, act="silu", residual=torch.randn(5, 6), gated=True)
+    torch.testing.assert_close(ops.linear(x, w, None, act="silu", gated=True), reference.linear_glu(x, w, None, "silu"))
+    torch.testing.assert_close(ops.linear(x, w, None), x @ w.T)

@@ -25,8 +25,6 @@ def _triton_import_error() -> str | None:
 class TritonBackend(Backend):
     name = "triton"
     dtypes = (torch.float32, torch.float16, torch.bfloat16)  # tl.dot has no fp64 path worth having
-    unsupported_families = {"mpnet": "its flash attention takes no relative position bias (use backend='cpu' "
-                                     "or 'torch')"}
 
     @classmethod
     def unavailable_reason(cls, device):
@@ -70,16 +68,20 @@ class TritonBackend(Backend):
     def embed(self, input_ids, position_ids, token_type_ids, emb, eps):
         return self._ops.embedding.embed(input_ids, position_ids, token_type_ids, emb, eps, check_ids=False)
 
-    def qkv(self, x, weight, bias, num_heads):
-        return self._ops.qkv.qkv(x, weight, bias, num_heads)
+    def qkv(self, x, weight, bias, num_heads, rotary=None):
+        # RoPE is the QKV GEMM's epilogue (q and k rotated before they are stored).
+        return self._ops.qkv.qkv(x, weight, bias, num_heads, rotary=rotary)
 
-    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None):
-        if bias is not None:  # the engine never gets here (unsupported_families); a direct call must not drop it
-            raise ValueError("backend 'triton' takes no relative position bias yet (MPNet): "
-                             "use backend='cpu' or 'torch'")
-        return self._ops.attention.attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, validate=False)
+    def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None, window=0):
+        # bias: MPNet's AttentionBias (per-distance table, per-token positions), gathered per score tile.
+        return self._ops.attention.attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, validate=False,
+                                                    window=window, bias=bias)
 
-    def linear(self, x, weight, bias, act="none", residual=None):
+    def linear(self, x, weight, bias, act="none", residual=None, gated=False):
+        if gated:
+            if residual is not None:
+                raise ValueError("backend 'triton': a gated linear takes no residual")
+            return self._ops.linear.linear_gated(x, weight, bias, act)
         return self._ops.linear.linear(x, weight, bias, activation=act, residual=residual)
 
     def layernorm(self, x, weight, bias, eps):

@@ -1,4 +1,5 @@
-"""Flash attention forward (bertfast.kernels.triton.attention), varlen and padded, vs the reference."""
+"""Flash attention forward (bertfast.kernels.triton.attention), varlen and padded, sliding windows and the
+relative position bias, vs the reference."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 import torch
 
 from bertfast import reference as ref
+from bertfast import relative
+from bertfast.backends import AttentionBias
 from bertfast.kernels.triton import attention as attention_mod
 from bertfast.kernels.triton.attention import attention_padded, attention_varlen
 
@@ -202,3 +205,166 @@ def test_config_filter_fits_the_problem():
     assert wide and not any(c.kwargs["BLOCK_M"] == 128 and c.kwargs["BLOCK_N"] == 64 for c in wide)
     assert prune(every, {"seqlen_bucket": 512, "q_ptr": f32}, BLOCK_D=128) == attention_mod.FMA_CONFIGS
     assert len(attention_mod._attention_kernel.configs) == 1  # this suite runs under TRITON_INTERPRET=1
+
+
+# ---- sliding-window attention (varlen) ----
+
+# (cu_seqlens, head_dim, window): 1-token rows; sequences of exactly window + 1 tokens (the last key at the
+# boundary of the first row) and window + 2 (one past it); lengths 127/129; windows at and beside the
+# interpreter's key-tile edges (32); a window larger than every sequence.
+WINDOW_CASES = [
+    pytest.param([0, 1, 17, 80, 81], 32, 8, id="cu0-1-17-80-81-d32-w8"),
+    pytest.param([0, 9, 19, 20], 64, 8, id="L9-10-1-d64-w8-boundary"),
+    pytest.param([0, 127, 256], 80, 32, id="L127-129-d80-w32"),
+    pytest.param([0, 129], 32, 31, id="L129-d32-w31"),
+    pytest.param([0, 100, 101], 64, 33, id="L100-1-d64-w33"),
+    pytest.param([0, 7, 7, 30], 26, 64, id="L7-0-23-d26-w64-wider"),
+]
+
+
+def window_inputs(cu, d, dtype, seed=0):
+    return packed(cu, d, dtype, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cu,d,window", WINDOW_CASES)
+def test_window_matches_per_sequence_loop(cu, d, window, dtype):
+    q, k, v, cu_t = window_inputs(cu, d, dtype)
+    scale = 1 / math.sqrt(d)
+    ours = attention_varlen(q, k, v, cu_t, max_len(cu), scale, window=window)
+    assert ours.shape == (cu[-1], HEADS * d)
+    assert_matches_reference(ours, ref.attention_loop(q, k, v, cu_t, scale, window=window),
+                             ref.attention_loop(*f64(q, k, v), cu_t, scale, window=window), dtype, "window")
+
+
+def test_window_matches_packed_reference():
+    cu = [0, 1, 17, 80, 81]
+    q, k, v, cu_t = window_inputs(cu, 32, torch.float32, seed=4)
+    ours = attention_varlen(q, k, v, cu_t, 63, 0.2, window=5)
+    assert_matches_reference(ours, ref.attention(q, k, v, cu_t, 63, 0.2, window=5),
+                             ref.attention(*f64(q, k, v), cu_t, 63, 0.2, window=5), torch.float32, "packed window")
+
+
+def test_window_one_sees_neighbours_only():
+    # window = 1: each row mixes itself and its two neighbours; a 1-token sequence returns its own v.
+    cu = [0, 1, 40]
+    q, k, v, cu_t = window_inputs(cu, 32, torch.float32, seed=5)
+    ours = attention_varlen(q, k, v, cu_t, 39, 0.3, window=1)
+    assert_matches_reference(ours, ref.attention_loop(q, k, v, cu_t, 0.3, window=1),
+                             ref.attention_loop(*f64(q, k, v), cu_t, 0.3, window=1), torch.float32, "w1")
+    torch.testing.assert_close(ours[0], v[0].reshape(-1), atol=0, rtol=0)
+
+
+def test_window_wider_than_the_sequences_is_plain_attention():
+    cu = [0, 40, 97]
+    q, k, v, cu_t = window_inputs(cu, 32, torch.float32, seed=6)
+    plain = attention_varlen(q, k, v, cu_t, 57, 0.2)
+    # window = max_seqlen - 1 still takes the windowed kernel and hides nothing; larger ones skip it.
+    torch.testing.assert_close(attention_varlen(q, k, v, cu_t, 57, 0.2, window=56), plain, atol=1e-6, rtol=1e-6)
+    assert torch.equal(attention_varlen(q, k, v, cu_t, 57, 0.2, window=57), plain)
+
+
+def test_window_sequence_alone_equals_sequence_in_batch():
+    cu = [0, 5, 105, 106]
+    q, k, v, cu_t = window_inputs(cu, 32, torch.float32, seed=7)
+    batch = attention_varlen(q, k, v, cu_t, 100, 0.2, window=16)
+    s, e = 5, 105
+    alone = attention_varlen(q[s:e], k[s:e], v[s:e], torch.tensor([0, e - s], dtype=torch.int32), e - s, 0.2,
+                             window=16)
+    assert torch.equal(alone, batch[s:e])
+
+
+def test_window_skips_key_tiles_outside_it():
+    # NaN in v at one key: a visited tile spreads it through p @ v (even where p = 0), so the query tiles
+    # whose rows stay finite are exactly those whose loop bounds skipped the key's tile.
+    config = attention_mod._attention_kernel.configs[0].kwargs
+    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+    S, window, poison = 4 * block_m, 8, 3 * block_m + 8
+    q, k, v, cu_t = window_inputs([0, S], 32, torch.float32, seed=8)
+    v[poison] = float("nan")
+    out = attention_varlen(q, k, v, cu_t, S, 0.2, window=window)
+    tile = poison // block_n * block_n
+    for m0 in range(0, S, block_m):
+        lo, hi = max(m0 - window, 0) // block_n * block_n, min(S, m0 + block_m + window)
+        visited = lo <= tile < hi
+        assert torch.isnan(out[m0:m0 + block_m]).any().item() == visited, (m0, visited)
+    assert torch.isfinite(out[:2 * block_m]).all()
+
+
+@pytest.mark.parametrize("window", [-1, 2.0, True])
+def test_window_bad_value_raises_before_launch(window, monkeypatch):
+    monkeypatch.setattr(attention_mod, "_attention_kernel", NoLaunch())
+    q, k, v, cu_t = packed([0, 3, 8], 32, torch.float32)
+    with pytest.raises(ValueError, match="attention: window"):
+        attention_varlen(q, k, v, cu_t, 5, 0.1, window=window)
+
+
+# ---- relative position bias (MPNet), varlen ----
+
+
+def relative_bias(cu, heads=HEADS, seed=0, holes=False):
+    """An AttentionBias as the engine builds it: a per-distance table for the padded width and each token's
+    column in the padded batch (holes: a gap of masked columns inside every sequence longer than 3)."""
+    g = torch.Generator().manual_seed(seed)
+    width = max_len(cu) + (3 if holes else 0)
+    table = relative.bias_table(torch.randn(32, heads, generator=g), max(width, 1))
+    columns = []
+    for n in (b - a for a, b in zip(cu[:-1], cu[1:])):
+        cols = list(range(n))
+        columns += [c + 3 if holes and n > 3 and c >= 2 else c for c in cols]
+    return AttentionBias(table, torch.tensor(columns, dtype=torch.int32))
+
+
+BIAS_CASES = [
+    pytest.param([0, 1, 17, 80, 81], 32, False, 0, id="cu0-1-17-80-81-d32"),
+    pytest.param([0, 129, 130], 64, False, 0, id="L129-1-d64"),
+    pytest.param([0, 7, 7, 70], 80, True, 0, id="L7-0-63-d80-holes"),
+    pytest.param([0, 127, 150], 32, False, 16, id="L127-23-d32-w16"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cu,d,holes,window", BIAS_CASES)
+def test_bias_matches_per_sequence_loop(cu, d, holes, window, dtype):
+    q, k, v, cu_t = packed(cu, d, dtype, seed=9)
+    bias = relative_bias(cu, holes=holes)
+    scale = 1 / math.sqrt(d)
+    ours = attention_varlen(q, k, v, cu_t, max_len(cu), scale, window=window, bias=bias)
+    assert_matches_reference(ours, ref.attention_loop(q, k, v, cu_t, scale, bias=bias, window=window),
+                             ref.attention_loop(*f64(q, k, v), cu_t, scale, bias=bias, window=window), dtype, "bias")
+
+
+def test_bias_matches_packed_reference():
+    cu = [0, 5, 38, 39]
+    q, k, v, cu_t = packed(cu, 32, torch.float32, seed=10)
+    bias = relative_bias(cu, seed=1)
+    ours = attention_varlen(q, k, v, cu_t, 33, 0.2, bias=bias)
+    assert_matches_reference(ours, ref.attention(q, k, v, cu_t, 33, 0.2, bias=bias),
+                             ref.attention(*f64(q, k, v), cu_t, 33, 0.2, bias=bias), torch.float32, "packed bias")
+
+
+@pytest.mark.parametrize("case", ["not-a-pair", "table-fp16", "table-heads", "table-even", "table-strided",
+                                  "positions-int64", "positions-length", "device-meta"])
+def test_bias_bad_input_raises_before_launch(case, monkeypatch):
+    monkeypatch.setattr(attention_mod, "_attention_kernel", NoLaunch())
+    cu = [0, 3, 8]
+    q, k, v, cu_t = packed(cu, 32, torch.float32)
+    table, positions = relative_bias(cu)
+    if case == "not-a-pair":
+        bias = table
+    elif case == "table-fp16":
+        bias = (table.half(), positions)
+    elif case == "table-heads":
+        bias = (table[:1], positions)
+    elif case == "table-even":
+        bias = (table[:, 1:], positions)
+    elif case == "table-strided":
+        bias = (torch.zeros(HEADS, 2 * table.shape[1])[:, ::2], positions)
+    elif case == "positions-int64":
+        bias = (table, positions.long())
+    elif case == "positions-length":
+        bias = (table, positions[:-1])
+    elif case == "device-meta":
+        bias = (table.to("meta"), positions.to("meta"))
+    with pytest.raises(ValueError, match="attention: "):
+        attention_varlen(q, k, v, cu_t, 5, 0.1, bias=bias)

@@ -83,3 +83,31 @@ def test_bad_input_raises_before_launch(case, monkeypatch):
         args.update(eps=-1.0)
     with pytest.raises(ValueError, match="embed: "):
         embed(**args)
+
+
+def rotary_tables(H, dtype, with_types):
+    """A rotary model's tables: no position table (ModernBERT has no token types either)."""
+    emb = tables(H, dtype, with_types)
+    return EmbeddingWeights(emb.word, None, emb.token_type, emb.ln_weight, emb.ln_bias)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_types", [pytest.param(True, id="types"), pytest.param(False, id="no-types")])
+@pytest.mark.parametrize("T,H", [pytest.param(1, 96, id="T1-H96"), pytest.param(65, 80, id="T65-H80")])
+def test_no_position_table(T, H, with_types, dtype):
+    emb = rotary_tables(H, dtype, with_types)
+    i, p, t = ids(T, seed=3)
+    t = t if with_types else None
+    ours = embed(i, p, t, emb, 1e-5)
+    assert_matches_reference(ours, ref.embed(i, p, t, emb, 1e-5), ref.embed(i, p, t, emb64(emb), 1e-5), dtype,
+                             "no positions")
+    # Without a table the position ids are not read: any values, or none at all.
+    assert torch.equal(embed(i, None, t, emb, 1e-5), ours)
+    assert torch.equal(embed(i, p + 10 ** 6, t, emb, 1e-5), ours)
+
+
+def test_position_ids_required_with_a_table(monkeypatch):
+    monkeypatch.setattr(embedding_mod, "_embedding_kernel", NoLaunch())
+    i, _, t = ids(5)
+    with pytest.raises(ValueError, match="embed: .*position_ids is required"):
+        embed(i, None, t, tables(16, torch.float32), 1e-12)

@@ -1,6 +1,6 @@
 """What the Triton kernels share: the interpreter mode seen at import, input checks that raise before any
 launch, the autotune config lists (one config under the interpreter, where autotuning would only multiply
-the slow interpretation), and the tiles two ops use (the GEMM tile of linear and qkv, the LayerNorm row of
+the slow interpretation), and the tiles two ops use (the GEMM tiles of linear and qkv, the LayerNorm row of
 layernorm and embedding)."""
 
 from __future__ import annotations
@@ -112,11 +112,36 @@ def _gemm_tile(x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk
     return acc, offs_m, offs_n
 
 
-def _prune_configs(configs, named_args, **kwargs):
-    """Keep the configs of this dtype's family that fit the problem (the autotuner's filter)."""
-    m = named_args["M"]
-    x = named_args["x_ptr"]
-    family = FMA_CONFIGS if x.dtype == torch.float32 else MMA_CONFIGS
+@triton.jit
+def _gemm_pair_tile(x_ptr, w_ptr, K, stride_xm, stride_xk, stride_wn, stride_wk, offs_m, mask_m, rows_a, rows_b,
+                    mask_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    INPUT_PRECISION: tl.constexpr):
+    """Two fp32 tiles [BLOCK_M, BLOCK_N], x @ w[rows_a].T and x @ w[rows_b].T, sharing each x tile: the gated
+    linear (rows n and N + n) and the rotary QKV (the two halves of a head's channels) pair their columns so
+    the epilogue holds both operands of its formula in the same register position."""
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    wa_ptrs = w_ptr + offs_k[:, None] * stride_wk + rows_a[None, :] * stride_wn
+    wb_ptrs = w_ptr + offs_k[:, None] * stride_wk + rows_b[None, :] * stride_wn
+    acc_a = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mask_k = offs_k < K - k0
+        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+        mask_w = mask_k[:, None] & mask_n[None, :]
+        wa = tl.load(wa_ptrs, mask=mask_w, other=0.0)  # [BLOCK_K, BLOCK_N]
+        wb = tl.load(wb_ptrs, mask=mask_w, other=0.0)  # [BLOCK_K, BLOCK_N]
+        acc_a = tl.dot(x, wa, acc_a, input_precision=INPUT_PRECISION)
+        acc_b = tl.dot(x, wb, acc_b, input_precision=INPUT_PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        wa_ptrs += BLOCK_K * stride_wk
+        wb_ptrs += BLOCK_K * stride_wk
+    return acc_a, acc_b
+
+
+def _fit_configs(configs, m: int, x: torch.Tensor, mma: list, fma: list, weight_tiles: int) -> list:
+    """The configs of x's dtype family (`mma` for fp16/bf16, `fma` for fp32) that fit M = m tokens."""
+    family = fma if x.dtype == torch.float32 else mma
     kept = []
     for c in configs:
         if not any(c is f for f in family):
@@ -126,10 +151,20 @@ def _prune_configs(configs, named_args, **kwargs):
         if bm > max(64, next_pow2(m)):
             continue
         # Software pipelining keeps `num_stages` x and w tiles in shared memory (A100: 164 KB).
-        if c.num_stages * (bm + bn) * bk * x.element_size() > 160 * 1024:
+        if c.num_stages * (bm + weight_tiles * bn) * bk * x.element_size() > 160 * 1024:
             continue
         kept.append(c)
     return kept or [c for c in configs if any(c is f for f in family)][-1:] or [configs[-1]]
+
+
+def _prune_configs(configs, named_args, **kwargs):
+    """Keep the configs of this dtype's family that fit the problem (the autotuner's filter)."""
+    return _fit_configs(configs, named_args["M"], named_args["x_ptr"], MMA_CONFIGS, FMA_CONFIGS, 1)
+
+
+def _prune_pair_configs(configs, named_args, **kwargs):
+    """`_prune_configs` for the two-accumulator kernels (gated linear, rotary QKV)."""
+    return _fit_configs(configs, named_args["M"], named_args["x_ptr"], PAIR_MMA_CONFIGS, PAIR_FMA_CONFIGS, 2)
 
 
 # fp16/bf16 (tensor cores). BERT GEMMs are M = tokens (16..16k) by N, K in {H, 3H, 4H} for
@@ -156,6 +191,24 @@ _CONFIGS = MMA_CONFIGS + FMA_CONFIGS
 _INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 4},
                                     num_warps=4, num_stages=1)
 CONFIGS = configs_for_mode(_CONFIGS, _INTERPRETER_CONFIG)
+
+# Two accumulators (`_gemm_pair_tile`: gated linear, rotary QKV) hold twice the fp32 registers of one, and a
+# BLOCK_N of pairs covers 2 x BLOCK_N weight rows: the single-accumulator tiles halved along N.
+PAIR_MMA_CONFIGS = [
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
+    # 3 stages of this tile spill a few bytes on sm_80 (ptxas, at ~100 registers).
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=2),
+]
+PAIR_FMA_CONFIGS = [
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M": 8}, num_warps=8, num_stages=2),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 8}, num_warps=4, num_stages=2),
+    # K steps of 16: with 32, ptxas on sm_80 holds ~250 registers even for a 32 x 32 tile.
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 8}, num_warps=4, num_stages=2),
+]
+_PAIR_CONFIGS = PAIR_MMA_CONFIGS + PAIR_FMA_CONFIGS
+PAIR_CONFIGS = configs_for_mode(_PAIR_CONFIGS, _INTERPRETER_CONFIG)
 
 
 # ---- the LayerNorm row (layernorm, embedding) ----

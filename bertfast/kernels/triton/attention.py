@@ -9,6 +9,15 @@ Semantics match `bertfast.reference`: a masked key gets the most negative score 
 mask that hides every key gives the uniform average of V, as Hugging Face does, never NaN); keys
 past a sequence's end do not exist at all. Head dims that are not a power of two (26, 48, 80) are
 padded to the BLOCK_D tile by masking loads and stores, never by copying.
+
+Sliding windows (ModernBERT's local layers, varlen only): with window w > 0 a query t sees the keys u of its
+sequence with |t - u| <= w. The key loop of a query tile starts at the first key tile that reaches its
+first row's window and stops after its last row's, so work and memory stay linear in the sequence length;
+keys inside those tiles but outside a row's window get the masked score.
+
+A relative position bias (MPNet, varlen only) is added to each score tile from a compact per-distance table,
+table[h, (width - 1) / 2 + pos[u] - pos[t]] (`backends.AttentionBias`), gathered per tile: never a (T, T)
+matrix.
 """
 
 from __future__ import annotations
@@ -67,18 +76,19 @@ _INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4,
 
 
 @triton.autotune(configs=configs_for_mode(_CONFIGS, _INTERPRETER_CONFIG),
-                 key=["seqlen_bucket", "BLOCK_D", "IS_VARLEN"],
+                 key=["seqlen_bucket", "BLOCK_D", "IS_VARLEN", "HAS_WINDOW", "HAS_BIAS"],
                  prune_configs_by={"early_config_prune": _prune_configs})
-@triton.jit(do_not_specialize=["seqlen", "seqlen_bucket", "scale_log2"])
+@triton.jit(do_not_specialize=["seqlen", "seqlen_bucket", "scale_log2", "window", "bias_width"])
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, cu_seqlens_ptr,
-    seqlen, seqlen_bucket, head_dim, num_heads, scale_log2,
+    q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, cu_seqlens_ptr, bias_ptr, positions_ptr,
+    seqlen, seqlen_bucket, head_dim, num_heads, scale_log2, window, bias_width, stride_bias_h,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_ob, stride_oh, stride_os, stride_od,
     stride_mb, stride_ms,
-    IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # seqlen_bucket only keys the autotuner (next power of two of the longest sequence).
@@ -109,19 +119,42 @@ def _attention_kernel(
 
     q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
                 mask=mask_m[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    if HAS_BIAS:
+        # Table column of distance 0, shifted by each query's position: column = base_m[t] + pos[u].
+        pos_m = tl.load(positions_ptr + row0 + offs_m, mask=mask_m, other=0)  # [BLOCK_M] int32
+        base_m = (bias_width - 1) // 2 - pos_m
+        bias_row = bias_ptr + h * stride_bias_h
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
 
-    for start_n in range(0, seq_len, BLOCK_N):
+    lo = 0
+    hi = seq_len
+    if HAS_WINDOW:
+        # Key tiles that reach the window of at least one row of this query tile: [first row - w, last row + w].
+        lo = (tl.maximum(pid_m * BLOCK_M - window, 0) // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(seq_len, (pid_m + 1) * BLOCK_M + window)
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         mask_n = cols < seq_len
         kt = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None] * stride_kd,
                      mask=mask_d[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
         s = tl.dot(q, kt, input_precision=INPUT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+        if HAS_BIAS:
+            pos_n = tl.load(positions_ptr + row0 + cols, mask=mask_n, other=0)  # [BLOCK_N] int32
+            # Clamped like the reference's dense form; real tokens of one sequence always fall inside.
+            column = tl.minimum(tl.maximum(base_m[:, None] + pos_n[None, :], 0), bias_width - 1)
+            bias = tl.load(bias_row + column, mask=mask_m[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_M, BLOCK_N]
+            s += bias * 1.4426950408889634  # to log2 units, as scale_log2 is
         if HAS_MASK:
             keep = tl.load(mask_ptr + b.to(tl.int64) * stride_mb + cols * stride_ms, mask=mask_n, other=0)
             s = tl.where((keep != 0)[None, :], s, MASKED)
+        if HAS_WINDOW:
+            # MASKED, not -inf: a row may see no key of its window in this tile (m_new stays finite); what such
+            # keys add is scaled by alpha = exp2(MASKED - real max) = 0 once the row meets its own window,
+            # which always holds the row's own token.
+            in_window = (cols[None, :] >= (offs_m - window)[:, None]) & (cols[None, :] <= (offs_m + window)[:, None])
+            s = tl.where(in_window, s, MASKED)
         s = tl.where(mask_n[None, :], s, float("-inf"))
         # Every tile holds at least one in-range key, so m_new is finite and alpha well defined.
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -147,29 +180,56 @@ def _check_qkv(op: str, q, k, v, ndim: int):
                          f"{tuple(v.shape)}")
 
 
-def _launch(q, k, v, out, mask, cu_seqlens, batch, heads, seqlen, max_seqlen, scale, strides_bhsd):
+def _check_bias(op: str, bias, T: int, heads: int):
+    """A relative position bias (table (heads, width) float32, rows contiguous; positions (T,) int32); returns it."""
+    if not isinstance(bias, tuple) or len(bias) != 2:
+        raise ValueError(f"{op}: bias must be a (table, positions) pair (backends.AttentionBias), got "
+                         f"{type(bias).__name__}")
+    table, positions = bias
+    if (not torch.is_tensor(table) or table.dtype != torch.float32 or table.dim() != 2 or table.shape[0] != heads
+            or table.shape[1] % 2 == 0 or table.stride(1) != 1):
+        desc = f"{table.dtype} {tuple(table.shape)}" if torch.is_tensor(table) else type(table).__name__
+        raise ValueError(f"{op}: the bias table must be float32 (heads = {heads}, odd width) with contiguous rows, "
+                         f"got {desc}")
+    if (not torch.is_tensor(positions) or positions.dtype != torch.int32 or tuple(positions.shape) != (T,)
+            or (T > 1 and positions.stride(0) != 1)):
+        desc = f"{positions.dtype} {tuple(positions.shape)}" if torch.is_tensor(positions) else type(positions).__name__
+        raise ValueError(f"{op}: the bias positions must be a contiguous int32 (T,) = ({T},) tensor, got {desc}")
+    return table, positions
+
+
+def _launch(q, k, v, out, mask, cu_seqlens, batch, heads, seqlen, max_seqlen, scale, strides_bhsd, window=0,
+            bias=None):
     d = q.shape[-1]
     block_d = max(16, next_pow2(d))  # tl.dot needs K >= 16
     bucket = max(16, next_pow2(max_seqlen))
     grid = lambda meta: (batch * heads, triton.cdiv(max_seqlen, meta["BLOCK_M"]))  # noqa: E731
     sq, sk, sv, so = strides_bhsd
     sm = (mask.stride(0), mask.stride(1)) if mask is not None else (0, 0)
+    table, positions = bias if bias is not None else (q, q)  # stand-ins, never read without HAS_BIAS
     _attention_kernel[grid](
-        q, k, v, out, mask if mask is not None else q, cu_seqlens if cu_seqlens is not None else q,
-        seqlen, bucket, d, heads, float(scale) * 1.4426950408889634,
+        q, k, v, out, mask if mask is not None else q, cu_seqlens if cu_seqlens is not None else q, table, positions,
+        seqlen, bucket, d, heads, float(scale) * 1.4426950408889634, window,
+        table.shape[1] if bias is not None else 1, table.stride(0) if bias is not None else 0,
         *sq, *sk, *sv, *so, *sm,
-        IS_VARLEN=cu_seqlens is not None, HAS_MASK=mask is not None, BLOCK_D=block_d,
-        INPUT_PRECISION=dot_precision(q.dtype),
+        IS_VARLEN=cu_seqlens is not None, HAS_MASK=mask is not None, HAS_WINDOW=window > 0,
+        HAS_BIAS=bias is not None, BLOCK_D=block_d, INPUT_PRECISION=dot_precision(q.dtype),
     )
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                     max_seqlen: int, scale: float, validate: bool = True) -> torch.Tensor:
+                     max_seqlen: int, scale: float, validate: bool = True, window: int = 0,
+                     bias=None) -> torch.Tensor:
     """Attention of packed variable-length sequences; each sequence attends to itself only.
 
     q, k, v: (T, heads, d), one float dtype, any strides; cu_seqlens: (B+1,) int32 on the same
     device, cu_seqlens[0] = 0, non-decreasing, cu_seqlens[-1] = T (empty sequences allowed);
-    max_seqlen: int >= the longest sequence. Returns (T, heads * d) in q's dtype.
+    max_seqlen: int >= the longest sequence; window: int >= 0, > 0 for a sliding window (token t sees
+    the tokens u of its sequence with |t - u| <= window; the key tiles outside it are never visited);
+    bias: None or a relative position bias (table, positions) (`backends.AttentionBias`): table (heads, width)
+    float32 with width odd and rows contiguous, positions (T,) int32 contiguous; score(t, u) gains
+    table[h, (width - 1) / 2 + positions[u] - positions[t]] (clamped to the table), added in fp32.
+    Returns (T, heads * d) in q's dtype.
     validate=False skips the checks of cu_seqlens' values (they need a device-to-host copy); use it
     only with cu_seqlens built by `bertfast.padding.unpad`.
     """
@@ -183,8 +243,13 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         raise ValueError(f"{op}: cu_seqlens must hold at least one element (B+1 with B >= 0)")
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
         raise ValueError(f"{op}: max_seqlen must be a non-negative int, got {max_seqlen!r}")
-    check_device(op, q, k, v, cu_seqlens)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"{op}: window must be a non-negative int (0 = no window), got {window!r}")
     T, heads, d = q.shape
+    tensors = [q, k, v, cu_seqlens]
+    if bias is not None:
+        tensors += list(_check_bias(op, bias, T, heads))
+    check_device(op, *tensors)
     if validate:
         bounds = cu_seqlens.tolist()
         lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
@@ -198,7 +263,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if T > 0 and batch > 0 and max_seqlen > 0:
         # Varlen: (b, h, s, d) strides with no batch stride; the sequence start comes from cu_seqlens.
         strides = [(0, t.stride(1), t.stride(0), t.stride(2)) for t in (q, k, v, out)]
-        _launch(q, k, v, out, None, cu_seqlens, batch, heads, 0, max_seqlen, scale, strides)
+        # A window as wide as the longest sequence hides nothing: the plain kernel then.
+        _launch(q, k, v, out, None, cu_seqlens, batch, heads, 0, max_seqlen, scale, strides,
+                window if window < max_seqlen else 0, bias)
     return out.view(T, heads * d)
 
 
@@ -237,8 +304,9 @@ def attention_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask
 
 def aot_variants(dtype: torch.dtype = torch.float16, heads: int = 12, head_dim: int = 64, seqlen: int = 128):
     """Representative BERT-base attention launches (d = 64, contiguous (T, heads, d) from the QKV
-    kernel, or (B, heads, S, d)) in both modes for `bertfast kernels`:
-    yields (name, jit_fn, {argument: representative value}, configs)."""
+    kernel, or (B, heads, S, d)) in both modes, varlen with ModernBERT's sliding window (+-64) and varlen with
+    MPNet's relative position bias, for `bertfast kernels`: yields (name, jit_fn, {argument: representative
+    value}, configs)."""
     t = torch.empty(16, dtype=dtype)  # stands for any 16-byte aligned buffer of this dtype
     block_d = max(16, next_pow2(head_dim))
     bucket = max(16, next_pow2(seqlen))
@@ -246,7 +314,9 @@ def aot_variants(dtype: torch.dtype = torch.float16, heads: int = 12, head_dim: 
     hidden = heads * head_dim
     common = {"q_ptr": t, "k_ptr": t, "v_ptr": t, "o_ptr": t, "mask_ptr": torch.empty(16, dtype=torch.uint8),
               "cu_seqlens_ptr": torch.empty(16, dtype=torch.int32), "seqlen_bucket": bucket,
-              "head_dim": head_dim, "num_heads": heads, "scale_log2": 0.18, "BLOCK_D": block_d,
+              "bias_ptr": torch.empty(16, dtype=torch.float32), "positions_ptr": torch.empty(16, dtype=torch.int32),
+              "head_dim": head_dim, "num_heads": heads, "scale_log2": 0.18, "window": 0, "bias_width": 1,
+              "stride_bias_h": 0, "HAS_WINDOW": False, "HAS_BIAS": False, "BLOCK_D": block_d,
               "INPUT_PRECISION": dot_precision(dtype)}
     varlen_strides = {f"stride_{x}{a}": v for x in "qkvo" for a, v in zip("bhsd", (0, head_dim, hidden, 1))}
     padded_strides = {f"stride_{x}{a}": v for x in "qkvo"
@@ -257,3 +327,10 @@ def aot_variants(dtype: torch.dtype = torch.float16, heads: int = 12, head_dim: 
     yield ("attention_padded", _attention_kernel.fn,
            {**common, **padded_strides, "seqlen": seqlen, "stride_mb": seqlen, "stride_ms": 1,
             "IS_VARLEN": False, "HAS_MASK": True}, configs)
+    yield ("attention_window", _attention_kernel.fn,
+           {**common, **varlen_strides, "seqlen": 0, "stride_mb": 0, "stride_ms": 0, "IS_VARLEN": True,
+            "HAS_MASK": False, "window": 64, "HAS_WINDOW": True}, configs)
+    yield ("attention_bias", _attention_kernel.fn,
+           {**common, **varlen_strides, "seqlen": 0, "stride_mb": 0, "stride_ms": 0, "IS_VARLEN": True,
+            "HAS_MASK": False, "bias_width": 2 * seqlen - 1, "stride_bias_h": 2 * seqlen - 1, "HAS_BIAS": True},
+           configs)

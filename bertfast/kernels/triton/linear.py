@@ -1,9 +1,11 @@
-"""GEMM with a fused epilogue: ``out = act(x @ weight.T + bias) (+ residual)``.
+"""GEMM with a fused epilogue: ``out = act(x @ weight.T + bias) (+ residual)``, and its gated form.
 
 One kernel serves the FFN input projection (bias + GELU/ReLU), the output projections (bias +
 residual add) and the pooler (bias + tanh). The main loop (`_gemm_tile`) is shared with the fused
 QKV kernel; it accumulates in fp32 whatever the input dtype, and the epilogue applies bias,
 activation and residual on the fp32 accumulator before a single rounding to the output dtype.
+The gated kernel (GeGLU, SwiGLU: ``act(x @ a.T + bias_a) * (x @ b.T + bias_b)``) keeps one accumulator
+per half (`_gemm_pair_tile`), so the gate is applied in registers and the (M, 2N) product never exists.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..activation import GATED_IDS
 from ..activation import IDS as ACTIVATIONS
-from ._common import (CONFIGS, _CONFIGS, _gemm_tile, _program_tile, _prune_configs, check_device, check_float,
-                      check_shape, dot_precision, next_pow2)
+from ._common import (_CONFIGS, _PAIR_CONFIGS, CONFIGS, PAIR_CONFIGS, _gemm_pair_tile, _gemm_tile, _program_tile,
+                      _prune_configs, _prune_pair_configs, check_device, check_float, check_shape, dot_precision,
+                      next_pow2)
 
 
 @triton.jit
@@ -38,6 +42,10 @@ def _apply_activation(acc, ACTIVATION: tl.constexpr):
         acc = tl.maximum(acc, 0.0)
     elif ACTIVATION == "tanh":
         acc = _tanh(acc)
+    elif ACTIVATION == "silu":
+        # x * sigmoid(x), the sigmoid from e^-|x| in (0, 1] as in _tanh: no overflow at either tail.
+        e = tl.exp(-tl.abs(acc))
+        acc = acc * tl.where(acc >= 0, 1.0, e) / (1.0 + e)
     return acc
 
 
@@ -71,6 +79,54 @@ def _linear_kernel(
              acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.autotune(configs=PAIR_CONFIGS, key=["m_bucket", "N", "K"],
+                 prune_configs_by={"early_config_prune": _prune_pair_configs})
+@triton.jit(do_not_specialize=["M", "m_bucket"])
+def _linear_gated_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr,
+    M, N, K, m_bucket,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
+    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # Output column n pairs weight row n (the gate's input a) with row N + n (the value b).
+    pid_m, pid_n = _program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    acc_a, acc_b = _gemm_pair_tile(x_ptr, w_ptr, K, stride_xm, stride_xk, stride_wn, stride_wk, offs_m, mask_m,
+                                   offs_n, offs_n + N, mask_n, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
+    if HAS_BIAS:
+        bias_a = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)  # [BLOCK_N]
+        bias_b = tl.load(b_ptr + N + offs_n, mask=mask_n, other=0.0).to(tl.float32)  # [BLOCK_N]
+        acc_a += bias_a[None, :]
+        acc_b += bias_b[None, :]
+    out = _apply_activation(acc_a, ACTIVATION) * acc_b
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
+             out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def _check_operands(op: str, x, weight, bias, rows_per_n: int):
+    """x (M, K), weight (rows_per_n * N, K), bias (rows_per_n * N,) or None, one dtype; returns M, N, K."""
+    check_float(op, "x", x, 2)
+    check_float(op, "weight", weight, 2, x.dtype)
+    M, K = x.shape
+    if weight.shape[1] != K:
+        raise ValueError(f"{op}: x is {tuple(x.shape)} but weight is {tuple(weight.shape)}; "
+                         "weight must be (N, K) with K = x.shape[1]")
+    if weight.shape[0] % rows_per_n:
+        raise ValueError(f"{op}: weight has {weight.shape[0]} rows; a gated weight holds two halves [a; b], "
+                         "an even number of rows")
+    N = weight.shape[0] // rows_per_n
+    if bias is not None:
+        check_float(op, "bias", bias, 1, x.dtype)
+        check_shape(op, "bias", bias, (weight.shape[0],))
+    if K == 0:
+        raise ValueError(f"{op}: K = 0 (empty inner dimension) is not supported")
+    return M, N, K
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
     """``act(x @ weight.T + bias) + residual`` in one kernel, fp32 accumulation.
@@ -82,25 +138,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     op = "linear"
     if activation not in ACTIVATIONS:
         raise ValueError(f"{op}: unknown activation {activation!r} (expected one of {', '.join(ACTIVATIONS)})")
-    check_float(op, "x", x, 2)
-    check_float(op, "weight", weight, 2, x.dtype)
-    M, K = x.shape
-    N = weight.shape[0]
-    if weight.shape[1] != K:
-        raise ValueError(f"{op}: x is {tuple(x.shape)} but weight is {tuple(weight.shape)}; "
-                         "weight must be (N, K) with K = x.shape[1]")
-    tensors = [x, weight]
-    if bias is not None:
-        check_float(op, "bias", bias, 1, x.dtype)
-        check_shape(op, "bias", bias, (N,))
-        tensors.append(bias)
+    M, N, K = _check_operands(op, x, weight, bias, 1)
+    tensors = [x, weight] + ([bias] if bias is not None else [])
     if residual is not None:
         check_float(op, "residual", residual, 2, x.dtype)
         check_shape(op, "residual", residual, (M, N))
         tensors.append(residual)
     check_device(op, *tensors)
-    if K == 0:
-        raise ValueError(f"{op}: K = 0 (empty inner dimension) is not supported")
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return out
@@ -113,6 +157,31 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         out.stride(0), out.stride(1),
         ACTIVATION=activation, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         INPUT_PRECISION=dot_precision(x.dtype),
+    )
+    return out
+
+
+def linear_gated(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 activation: str) -> torch.Tensor:
+    """The gated FFN projection (GeGLU, SwiGLU): ``act(x @ a.T + bias_a) * (x @ b.T + bias_b)``, one kernel.
+
+    x: (M, K); weight: (2N, K), rows [a; b]; bias: (2N,) or None; activation in GATED_IDS; one float dtype and
+    device, any strides. Returns (M, N) contiguous in x's dtype.
+    """
+    op = "linear_gated"
+    if activation not in GATED_IDS:
+        raise ValueError(f"{op}: unknown gate activation {activation!r} (expected one of {', '.join(GATED_IDS)})")
+    M, N, K = _check_operands(op, x, weight, bias, 2)
+    check_device(op, *([x, weight] + ([bias] if bias is not None else [])))
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+    _linear_gated_kernel[grid](
+        x, weight, bias if bias is not None else x, out,
+        M, N, K, next_pow2(M),
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
+        ACTIVATION=activation, HAS_BIAS=bias is not None, INPUT_PRECISION=dot_precision(x.dtype),
     )
     return out
 
@@ -134,7 +203,8 @@ def linear_residual(x, weight, bias, residual) -> torch.Tensor:
 
 def aot_variants(dtype: torch.dtype = torch.float16, tokens: int = 1024, hidden: int = 768):
     """Representative BERT-base launches for ahead-of-time builds (`bertfast kernels`): the FFN input
-    projection (bias + GELU) and an output projection (bias + residual), contiguous operands.
+    projection (bias + GELU), an output projection (bias + residual), contiguous operands, and the gated
+    projections without biases (ModernBERT's GeGLU, NomicBERT's and GTE's SwiGLU, intermediate 4H).
     Yields (name, jit_fn, {argument: representative value}, configs)."""
     t = torch.empty(16, dtype=dtype)  # stands for any 16-byte aligned buffer of this dtype
     inter = 4 * hidden
@@ -148,3 +218,9 @@ def aot_variants(dtype: torch.dtype = torch.float16, tokens: int = 1024, hidden:
     yield ("linear_residual", _linear_kernel.fn,
            {**common, "N": hidden, "K": inter, "stride_xm": inter, "stride_wn": inter, "stride_rm": hidden,
             "stride_om": hidden, "ACTIVATION": "none", "HAS_RESIDUAL": True}, configs)
+    pair_configs = _prune_pair_configs(_PAIR_CONFIGS, {"M": tokens, "x_ptr": t})
+    gated = {"x_ptr": t, "w_ptr": t, "b_ptr": t, "out_ptr": t, "M": tokens, "N": inter, "K": hidden,
+             "m_bucket": next_pow2(tokens), "stride_xm": hidden, "stride_xk": 1, "stride_wn": hidden, "stride_wk": 1,
+             "stride_om": inter, "stride_on": 1, "HAS_BIAS": False, "INPUT_PRECISION": dot_precision(dtype)}
+    yield ("linear_geglu", _linear_gated_kernel.fn, {**gated, "ACTIVATION": "gelu"}, pair_configs)
+    yield ("linear_swiglu", _linear_gated_kernel.fn, {**gated, "ACTIVATION": "silu"}, pair_configs)
