@@ -249,3 +249,18 @@ def test_cpu_tier(isa, name):
     fp32 = Encoder.from_hf(hf, backend="cpu")(ids, mask).last_hidden_state
     cos = torch.nn.functional.cosine_similarity(q[real], fp32[real], dim=-1)
     assert cos.mean() >= 0.995 and cos.min() >= 0.98
+
+
+# --- the triton backend (under the interpreter on CPU: small rows) -----------------------------------------------
+
+@pytest.mark.parametrize("name", ["modernbert", "nomic_bert", "gte"])
+def test_triton_matches_transformers(name):
+    reason = bertfast.backends.available_backends("cpu").get("triton")
+    if reason is not None:
+        pytest.skip(f"backend 'triton' unavailable: {reason}")
+    hf = build(name)
+    ids, mask = batch([20, 1, 9], seed=2)  # 20 > modernbert's window of 8
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask).last_hidden_state
+    out = Encoder.from_hf(hf, backend="triton", dtype=torch.float32)(ids, mask).last_hidden_state
+    assert rel_err(out, ref, mask) <= 1e-5
