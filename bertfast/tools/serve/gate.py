@@ -26,10 +26,16 @@ class Gate:
     def __init__(self, app, *, max_body: int, api_key: str | None, metrics, routes):
         self.app, self.max_body, self.api_key, self.metrics = app, max_body, api_key, metrics
         self.routes = routes  # the FastAPI app's routes, to name a path by its template
+        self.names: dict[str, str] = {}  # path -> template, for paths that matched one (bounded: see below)
 
     def route_name(self, scope) -> str:
+        name = self.names.get(scope["path"])
+        if name is not None:
+            return name
         for route in self.routes:
             if route.matches(scope)[0] != Match.NONE:
+                if len(self.names) < 1024:  # paths with parameters could be many
+                    self.names[scope["path"]] = route.path
                 return route.path
         return "other"
 
