@@ -41,19 +41,25 @@ def free_port() -> int:
 
 
 class Server:
-    """`python -m bertfast serve ...` in a child process; `url` once /health answers 200 (60 s at most)."""
+    """`python -m bertfast serve ...` in a child process; `url` once /health answers 200 (60 s at most).
+    Its output goes to a pipe read at `stop()`, or to the file `log` (many requests: a pipe nobody
+    reads fills up with access lines and blocks the server)."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, log: str | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        out = subprocess.PIPE if log is None else open(log, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "bertfast", "serve", "--port", str(self.port),
                                       "--backend", "cpu", *args], env=env, cwd=ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                     stdout=out, stderr=subprocess.STDOUT, text=True)
+        if log is not None:
+            out.close()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode}):\n{self.proc.stdout.read()}")
+                raise RuntimeError(f"the server exited ({self.proc.returncode}):\n{self.stop()}")
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     return
@@ -67,6 +73,9 @@ class Server:
         if self.proc.poll() is None:
             self.proc.kill()
         out, _ = self.proc.communicate(timeout=30)
+        if self.log is not None:
+            with open(self.log) as f:
+                return f.read()
         return out
 
 
