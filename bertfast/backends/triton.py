@@ -56,6 +56,12 @@ class TritonBackend(Backend):
         # The interpreter (CPU) computes no bf16: fp32 there; on CUDA the base rule (bf16 where supported).
         return Precision(torch.float32) if device == "cpu" else super().precision(device)
 
+    def graph_unavailable_reason(self, device):
+        # Every launcher is free of device-to-host reads once the engine passes validate/check_ids=False.
+        if torch.device(device).type != "cuda":
+            return "CUDA graphs need a CUDA device (on CPU the kernels run in the Triton interpreter)"
+        return None
+
     def prepare(self, weights):
         self.check_dtype(weights.dtype)
         if weights.device.type == "cpu" and weights.dtype not in self._ops.INTERPRETER_DTYPES:
