@@ -20,9 +20,10 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # (name, lengths): T at a bucket, one past it (the next bucket pads with an extra sequence), the exact powers of two
-# around the last exact bucket, a ragged batch with 1-token rows, then a second T in a bucket already captured.
-CASES = [("T16", [16]), ("T17", [17]), ("T256", [256]), ("T257", [200, 57]), ("ragged", [5, 1, 200, 50, 1]),
-         ("one-token", [1]), ("T18-replay", [18]), ("T17-again", [9, 8])]
+# around the last exact bucket, a ragged batch with 1-token rows; "-replay" cases fall in a bucket already captured
+# (another T, the same B and longest-sequence buckets) and must add no graph.
+CASES = [("T16", [16]), ("T17", [17]), ("T18-replay", [18]), ("T256", [256]), ("T257", [200, 57]),
+         ("ragged", [5, 1, 200, 50, 1]), ("one-token", [1]), ("T20-replay", [20])]
 DRY_CASES = [("T16", [16]), ("T17", [17]), ("ragged", [5, 1, 20, 1]), ("T18-replay", [18])]
 
 
@@ -61,7 +62,8 @@ def _graph_checks(device="cuda", dtypes=("float32", "float16", "bfloat16"), case
     assert INTERPRET == (device == "cpu"), "CUDA checks need the compiled kernels, the dry run the interpreter"
     cases = CASES if cases is None else cases
     small = max(n for _, lengths in cases for n in lengths) <= 64
-    model = conftest.hf_bert(hidden_size=128, num_attention_heads=2, intermediate_size=256,
+    hidden = 64 if small else 128  # the dry run interprets every program: smaller there
+    model = conftest.hf_bert(hidden_size=hidden, num_attention_heads=2, intermediate_size=2 * hidden,
                              max_position_embeddings=64 if small else 512).to(device)
 
     def call(enc, lengths, hidden=False):
@@ -119,8 +121,9 @@ def _check(rows, cases, dtypes, device):
         # The replays of buckets already captured add no graph; an over-largest call adds none either.
         assert names[-2:] == ["over-largest", "at-largest"]
         if device == "cuda":
-            captured = [r["captured"] for r in chunk[:len(cases)]]
-            assert captured == sorted(captured) and captured[-1] == captured[-2], captured
+            captured = [0] + [r["captured"] for r in chunk[:len(cases)]]
+            added = [after - before for before, after in zip(captured, captured[1:])]
+            assert added == [0 if name.endswith("-replay") else 1 for name, _ in cases], (names, captured)
             assert chunk[-2]["captured"] == 0 and chunk[-1]["captured"] == 1
 
 
@@ -135,3 +138,15 @@ def test_graph_check_dry_run_on_cpu():
     """The GPU check's own code, on the interpreter with the bucketed launches (no capture): it runs, and the
     padded buckets give the eager bits there too."""
     _check(_run_child("cpu", ("float32",), DRY_CASES), DRY_CASES, ("float32",), "cpu")
+
+
+def test_replay_cases_fall_in_buckets_already_captured():
+    """The GPU test's bookkeeping, checked here: each "-replay" case reuses an earlier case's bucket, no other does."""
+    from bertfast.backends.graphs import bucket_for
+    from test_graphs import tokens_of
+
+    seen = []
+    for name, lengths in CASES:
+        bucket = bucket_for(tokens_of(lengths))
+        assert (bucket in seen) == name.endswith("-replay"), (name, bucket)
+        seen.append(bucket)
