@@ -102,13 +102,32 @@ def test_no_time_left_marks_stages_not_run(monkeypatch, tmp_path):
     assert summary["stages"]["parity"]["status"] == "not-run" and summary["status"] == "fail"
 
 
-def test_bench_stage_builds_a_valid_bench_command():
-    result = stages.stage_bench(_args("--quick"))
-    # bench parsed the arguments, then refused --device cuda here: exit 2, not a crash.
-    assert result["status"] == "fail" and result["reason"] == "bench exit code 2"
-    argv = result["argv"]
-    assert argv[argv.index("--workloads") + 1] == stages.BENCH_QUICK_WORKLOADS
-    assert argv[argv.index("--device") + 1] == "cuda" and argv[argv.index("--dtypes") + 1] == "fp16"
+def test_bench_stage_settings():
+    quick = stages.bench_settings(_args("--quick"))
+    assert quick["workloads"] == ["b1xs16", "b8xs128", "b32xs512-ragged64"] and quick["dtypes"] == ["fp16"]
+    assert quick["providers"] == ["bertfast-triton", "bertfast-triton-eager", "hf-sdpa"]
+    full = stages.bench_settings(_args())
+    assert full["workloads"] == ["b1xs16", "b1xs128", "b8xs128", "b32xs512", "b32xs512-ragged64"]
+    assert full["dtypes"] == ["fp16", "bf16"] and "torch-compile-max" in full["providers"] and full["repeats"] == 30
+    mine = stages.bench_settings(_args("--providers", "hf-sdpa", "--dtypes", "bf16", "--workloads", "b2xs8"))
+    assert (mine["providers"], mine["dtypes"], mine["workloads"]) == (["hf-sdpa"], ["bf16"], ["b2xs8"])
+    result = stages.stage_bench(_args("--providers", "hf-sdpa,nope"))
+    assert result["status"] == "fail" and "unknown provider 'nope'" in result["reason"]
+    assert "dtype fp8" in stages.stage_bench(_args("--dtypes", "fp8"))["reason"]
+
+
+def test_bench_stage_dry_run_on_cpu(tmp_path):
+    """The stage's loop on CPU with a tiny model: a row per (workload, provider), the file rewritten per workload."""
+    args = _args("--config", "tiny", "--workloads", "b1xs8,b2xs8-ragged4", "--providers", "hf-sdpa,bertfast-torch",
+                 "--dtypes", "fp32", "--repeats", "2")
+    args.result = str(tmp_path / "bench.json")
+    result = stages.stage_bench(args, device="cpu")
+    assert result["status"] == "pass", result
+    assert [(r["workload"], r["provider"]) for r in result["table"]] == [
+        ("b1xs8", "hf-sdpa"), ("b1xs8", "bertfast-torch"), ("b2xs8-ragged4", "hf-sdpa"),
+        ("b2xs8-ragged4", "bertfast-torch")]
+    assert all(r["status"] == "ok" and r["ms_median"] > 0 for r in result["table"])
+    assert json.loads((tmp_path / "bench.json").read_text())["status"] == "running"  # the last partial write
 
 
 def test_gpu_test_files_and_junit_counts(tmp_path):

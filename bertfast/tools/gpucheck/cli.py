@@ -24,7 +24,7 @@ from bertfast.tools.gpucheck.stages import DEFAULT_STAGES, REPO, STAGES, add_sta
 
 # Seconds each stage may take (capped by what --deadline leaves): --quick fits ~8 minutes on an H100, a full stage
 # one device call (10 minutes) of its own.
-QUICK_BUDGET_S = {"tests": 150, "parity": 120, "sweep": 60, "sanitizer": 120, "bench": 180, "gemm": 120}
+QUICK_BUDGET_S = {"tests": 180, "parity": 120, "sweep": 60, "sanitizer": 100, "bench": 150, "gemm": 120}
 FULL_BUDGET_S = {"tests": 300, "parity": 300, "sweep": 400, "sanitizer": 400, "bench": 560, "gemm": 400}
 MIN_STAGE_S = 20  # a stage is not started with less than this left
 LOG_TAIL = 6000  # characters of a stage's output kept in its JSON

@@ -29,7 +29,7 @@ BENCH_WORKLOADS = "b1xs16,b1xs128,b8xs128,b32xs512,b32xs512-ragged64"
 BENCH_QUICK_WORKLOADS = "b1xs16,b8xs128,b32xs512-ragged64"
 BENCH_PROVIDERS = ("bertfast-triton,bertfast-triton-eager,hf-sdpa,hf-fa2,torch-compile,torch-compile-max,"
                    "onnxruntime")
-BENCH_QUICK_PROVIDERS = "bertfast-triton,bertfast-triton-eager,hf-sdpa,torch-compile"
+BENCH_QUICK_PROVIDERS = "bertfast-triton,bertfast-triton-eager,hf-sdpa"  # torch.compile takes minutes per shape
 
 
 def gpu_test_files(tests_dir: str) -> list[str]:
@@ -165,31 +165,62 @@ def stage_sanitizer(args) -> dict:
             "sanitizer": exe, "families": list(SANITIZER_FAMILIES), "dtype": "fp16", "tools": results}
 
 
-def stage_bench(args) -> dict:
-    from bertfast.tools.bench import cli as bench_cli
+def bench_settings(args) -> dict:
+    """The bench grid of this run (the defaults, --quick's, or the options), checked: ValueError for a bad name."""
+    from bertfast.tools.bench.providers import DTYPES, factory_of
+    from bertfast.tools.workloads import Workload
 
-    workloads = args.workloads or (BENCH_QUICK_WORKLOADS if args.quick else BENCH_WORKLOADS)
-    providers = args.providers or (BENCH_QUICK_PROVIDERS if args.quick else BENCH_PROVIDERS)
-    dtypes = args.dtypes or ("fp16" if args.quick else "fp16,bf16")
-    repeats = args.repeats or (10 if args.quick else 30)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "bench.json")
-        argv = ["--device", "cuda", "--config", args.config, "--workloads", workloads, "--providers", providers,
-                "--dtypes", dtypes, "--repeats", str(repeats), "--budget", "15" if args.quick else "30",
-                "--settle-ms", "0", "--isolation", "none", "--json", path]
-        parser = argparse.ArgumentParser(prog="bertfast bench")
-        bench_cli.add_arguments(parser)
-        code = bench_cli.run(parser.parse_args(argv))
-        result = None
-        if os.path.exists(path):
-            with open(path) as f:
-                result = json.load(f)
-    table = [{k: row.get(k) for k in ("workload", "dtype", "provider", "status", "ms_median", "ms_p90",
-                                      "speedup_vs_hf_sdpa", "max_abs_err", "reason")}
-             for row in (result or {}).get("rows", [])]
-    status = "pass" if code == 0 and result is not None else "fail"
-    return {"status": status, "reason": "" if status == "pass" else f"bench exit code {code}",
-            "argv": argv[:-2], "table": table, "bench": result}
+    settings = {"config": args.config,
+                "workloads": args.workloads or (BENCH_QUICK_WORKLOADS if args.quick else BENCH_WORKLOADS),
+                "providers": args.providers or (BENCH_QUICK_PROVIDERS if args.quick else BENCH_PROVIDERS),
+                "dtypes": args.dtypes or ("fp16" if args.quick else "fp16,bf16"),
+                "repeats": args.repeats or (10 if args.quick else 30), "budget_s": 15.0 if args.quick else 30.0}
+    for key in ("workloads", "providers", "dtypes"):
+        settings[key] = [t.strip() for t in settings[key].split(",") if t.strip()]
+    for w in settings["workloads"]:
+        Workload.parse(w)
+    for p in settings["providers"]:
+        factory_of(p)
+    bad = [d for d in settings["dtypes"] if d not in DTYPES]
+    if bad:
+        raise ValueError(f"unknown dtype {', '.join(bad)}; use {', '.join(DTYPES)}")
+    return settings
+
+
+def _bench_table(rows) -> list[dict]:
+    return [{k: getattr(r, k) for k in ("workload", "dtype", "provider", "status", "ms_median", "ms_p90",
+                                        "speedup_vs_hf_sdpa", "max_abs_err", "reason")} for r in rows]
+
+
+def stage_bench(args, device: str = "cuda") -> dict:
+    """`bertfast bench --device cuda` one workload at a time, all providers in this process, no settle pause (a GPU
+    shares no thread pool); the result file is rewritten after each workload, so a stage cut at its budget keeps the
+    workloads it finished. (device: "cpu" only for the tests' dry run.)"""
+    from bertfast.tools.bench import report
+    from bertfast.tools.bench.runner import run_bench
+    from bertfast.tools.bench.source import load_source
+    from bertfast.tools.workloads import Workload
+
+    try:
+        settings = bench_settings(args)
+    except ValueError as e:
+        return {"status": "fail", "reason": f"bad bench settings: {e}"}
+    source = load_source(config_name=settings["config"], device=device)
+    rows = []
+    result = {"status": "running", "settings": settings, "environment": report.environment(device)}
+    for name in settings["workloads"]:
+        rows += run_bench(source, [Workload.parse(name)], settings["dtypes"], settings["providers"],
+                          repeats=settings["repeats"], budget_s=settings["budget_s"], settle_s=0.0,
+                          isolation="none", progress=sys.stderr)
+        result.update(table=_bench_table(rows), rows=[dataclasses.asdict(r) for r in rows])
+        if getattr(args, "result", "-") != "-":
+            with open(args.result, "w") as f:
+                json.dump(result, f, indent=1, default=str)
+    print(report.format_table(rows), flush=True)
+    errors = [r for r in rows if r.status == "error"]
+    result.update(status="fail" if errors else "pass",
+                  reason=f"{len(errors)} rows failed validation or crashed" if errors else "")
+    return result
 
 
 def stage_gemm(args) -> dict:
