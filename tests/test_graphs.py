@@ -176,3 +176,11 @@ def test_triton_on_cpu_refuses_graphs_with_the_reason():
     weights = Encoder.from_hf(hf_bert(), backend="torch").engine.weights
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
         Engine(weights, get_backend("triton", "cpu"), graphs=True)
+
+
+def test_a_row_without_real_tokens_keeps_its_zeros():
+    model = hf_bert()
+    ids, mask, types = ragged_batch([6, 1, 1], seqlen=8)
+    mask[1] = 0  # an empty sequence among real ones: cu_seqlens repeats a value
+    engine = _engine(model, "torch", torch.float64)
+    _compare(engine, (ids * mask, mask, types * mask, None), 1e-12)

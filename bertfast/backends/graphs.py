@@ -98,8 +98,9 @@ class StaticTokens:
                 dst[:T].copy_(src)
         static.cu_seqlens[:B + 1].copy_(tokens.cu_seqlens)
         tail = static.cu_seqlens[B + 1:]
-        torch.add(self._steps[:tail.numel()], T, out=tail)
-        tail.clamp_(max=self.bucket.tokens)
+        if tail.numel():
+            torch.add(self._steps[:tail.numel()], T, out=tail)
+            tail.clamp_(max=self.bucket.tokens)
 
 
 class _Entry(NamedTuple):
