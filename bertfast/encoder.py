@@ -184,7 +184,7 @@ class Encoder(nn.Module):
     """A BERT-family encoder run by a bertfast backend; build it with `from_pretrained` or `from_hf`."""
 
     def __init__(self, weights: ModelWeights, backend: str | Backend = "auto", add_pooling_layer: bool = True,
-                 model_dir: str | None = None, quantize: str | None = None):
+                 model_dir: str | None = None, quantize: str | None = None, graphs: bool | None = None):
         super().__init__()
         if not add_pooling_layer:
             weights.pooler_weight = weights.pooler_bias = None
@@ -192,32 +192,35 @@ class Encoder(nn.Module):
         self.quantize = quantize
         if not isinstance(backend, Backend):
             backend = get_backend(backend, weights.device, quantize, family=self.config.family)
-        self.engine = Engine(weights, backend)
+        self.engine = Engine(weights, backend, graphs)
         self.model_dir = model_dir
         self._tokenizer = None
         self._sentence_config = None
 
     # --- construction ---
     @classmethod
-    def from_pretrained(cls, path, *, backend: str = "auto", dtype=None, add_pooling_layer: bool = True):
+    def from_pretrained(cls, path, *, backend: str = "auto", dtype=None, add_pooling_layer: bool = True,
+                        graphs: bool | None = None):
         """Load a Hugging Face model directory. dtype None keeps the checkpoint's dtype; "auto" picks the
         backend's fastest dtype within the fidelity rule (`choose_dtype`); "int8" quantizes the GEMM
-        weights at load (backends that offer it) with fp32 activations."""
+        weights at load (backends that offer it) with fp32 activations. graphs: CUDA-graph replay per token
+        bucket (None: where the backend can, i.e. triton on CUDA; True: required; False: eager launches)."""
         path = os.fspath(path)
         dtype, quantize = split_quantization(dtype)
         engine_backend = get_backend(backend, "cpu", quantize, family=_model_type(path))
         weights = load_pretrained(path, choose_dtype(dtype, engine_backend, "cpu"))
-        return cls(weights, engine_backend, add_pooling_layer, model_dir=path, quantize=quantize)
+        return cls(weights, engine_backend, add_pooling_layer, model_dir=path, quantize=quantize, graphs=graphs)
 
     @classmethod
-    def from_hf(cls, model, *, backend: str = "auto", dtype=None, add_pooling_layer: bool = True):
+    def from_hf(cls, model, *, backend: str = "auto", dtype=None, add_pooling_layer: bool = True,
+                graphs: bool | None = None):
         """Wrap the encoder weights of an in-memory transformers model (shared, not copied, when
-        dtype is unchanged); dtype as in `from_pretrained`."""
+        dtype is unchanged); dtype and graphs as in `from_pretrained`."""
         dtype, quantize = split_quantization(dtype)
         device = model_device(model)
         engine_backend = get_backend(backend, device, quantize, family=getattr(model.config, "model_type", None))
         weights = load_hf_model(model, choose_dtype(dtype, engine_backend, device))
-        return cls(weights, engine_backend, add_pooling_layer, quantize=quantize)
+        return cls(weights, engine_backend, add_pooling_layer, quantize=quantize, graphs=graphs)
 
     # --- properties ---
     @property

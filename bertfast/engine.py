@@ -1,14 +1,15 @@
 """The engine: one forward pass over the real tokens only, the same for every backend.
 
-unpad -> embed (-> projection) -> layers (-> final norm) -> pad -> pooler. What every layer shares is computed
-once per forward, after unpad: MPNet's relative position bias, the RoPE tables of rotary models (one per base).
-A layer is `compose_layer` over the backend's ops: post-LayerNorm as in BERT (qkv -> varlen attention -> linear +
-residual -> layernorm -> linear + activation -> linear + residual -> layernorm), or pre-LayerNorm as in ModernBERT
-(layernorm -> qkv -> attention -> linear + residual -> layernorm -> linear -> linear + residual); rotary models
-rotate q and k in `qkv`, gated FFNs (GeGLU, SwiGLU) gate in the first FFN linear, ModernBERT's local layers pass
-their window to attention. A plain BERT layer runs whole where the backend offers it (`Backend.whole_layer`: the
-same kernels in the same order). Inputs are assumed validated (`encoder.check_inputs`); padded positions of the
-outputs hold 0.
+unpad (`pack`) -> embed (-> projection) -> layers (-> final norm) (`encode`) -> pad -> pooler. `encode` reads only
+the packed tokens, so a CUDA graph of it can be replayed per token-count bucket (`backends.graphs`). What every
+layer shares is computed once per forward, inside `encode`: MPNet's relative position bias, the RoPE tables of
+rotary models (one per base). A layer is `compose_layer` over the backend's ops: post-LayerNorm as in BERT (qkv ->
+varlen attention -> linear + residual -> layernorm -> linear + activation -> linear + residual -> layernorm), or
+pre-LayerNorm as in ModernBERT (layernorm -> qkv -> attention -> linear + residual -> layernorm -> linear -> linear
++ residual); rotary models rotate q and k in `qkv`, gated FFNs (GeGLU, SwiGLU) gate in the first FFN linear,
+ModernBERT's local layers pass their window to attention. A plain BERT layer runs whole where the backend offers it
+(`Backend.whole_layer`: the same kernels in the same order). Inputs are assumed validated (`encoder.check_inputs`);
+padded positions of the outputs hold 0.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import math
 import torch
 
 from . import relative, rotary as rope
-from .backends import AttentionBias, Backend, Rotary
+from .backends import AttentionBias, Backend, Rotary, Tokens
+from .backends.graphs import GraphRunner
 from .backends.weights import LayerWeights, ModelWeights
 from .config import ConfigError
 from .padding import pad, unpad
@@ -76,24 +78,34 @@ def run_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int,
 
 
 class Engine:
-    def __init__(self, weights: ModelWeights, backend: Backend):
+    """One model on one backend. `forward` = `pack` (unpad) -> `run` (the layer stack on the packed tokens:
+    `encode`, or its CUDA-graph replay per token-count bucket, `backends.graphs.GraphRunner`) -> pad -> pooler.
+
+    graphs: None replays CUDA graphs where the backend's launches can be captured on the weights' device (the
+    triton backend on CUDA), True requires that (ValueError where impossible), False always launches eagerly."""
+
+    def __init__(self, weights: ModelWeights, backend: Backend, graphs: bool | None = None):
         self.config = weights.config
         if self.config.family in backend.unsupported_families:
             raise ConfigError(f"backend {backend.name!r} does not run {self.config.family} models yet: "
                               f"{backend.unsupported_families[self.config.family]}")
         self.backend = backend
         self.weights = backend.prepare(weights)
+        reason = backend.graph_unavailable_reason(self.weights.device)
+        if graphs and reason is not None:
+            raise ValueError(f"graphs=True: {reason}")
+        use_graphs = reason is None if graphs is None else bool(graphs)
+        self.run = GraphRunner(self.encode, self.weights.device, strict=bool(graphs)) if use_graphs else self.encode
 
-    @torch.inference_mode()
-    def forward(self, input_ids, attention_mask, token_type_ids=None, position_ids=None,
-                output_hidden_states: bool = False):
-        """input_ids, attention_mask, token_type_ids, position_ids: (B, S) int64 (mask 0/1).
+    @property
+    def graphs(self) -> bool:
+        """Whether forwards replay CUDA graphs (per token-count bucket)."""
+        return isinstance(self.run, GraphRunner)
 
-        Returns (last_hidden_state (B, S, H), pooler_output (B, H) or None, hidden_states or None);
-        padded positions hold 0.
-        """
-        cfg, ops, w = self.config, self.backend, self.weights
-        B, S = input_ids.shape
+    def pack(self, input_ids, attention_mask, token_type_ids=None, position_ids=None):
+        """(B, S) int64 inputs -> (Tokens of the real tokens, their indices (T,) int64 into the flat B*S)."""
+        cfg, w = self.config, self.weights
+        S = input_ids.shape[1]
         ids, indices, cu_seqlens, max_seqlen = unpad(input_ids, attention_mask)
         if position_ids is None:
             position_ids = default_position_ids(cfg, input_ids)
@@ -102,8 +114,16 @@ class Engine:
         if w.embeddings.token_type is not None:
             types = (torch.zeros_like(ids) if token_type_ids is None
                      else token_type_ids.reshape(-1)[indices])
+        columns = (indices % S).to(torch.int32) if w.embeddings.relative_bias is not None else None
+        return Tokens(ids, positions, types, columns, cu_seqlens, max_seqlen, S), indices
 
-        x = ops.embed(ids, positions, types, w.embeddings, cfg.layer_norm_eps)
+    def encode(self, tokens: Tokens, output_hidden_states: bool = False) -> tuple[torch.Tensor, ...]:
+        """The layer stack on packed tokens: (x,) (T, H) after the last layer (and the final norm), or with
+        output_hidden_states every hidden state, the embeddings first and x last. Reads only `tokens` and the
+        weights, and its launches depend on the packed sizes alone (what CUDA-graph capture needs)."""
+        cfg, ops, w = self.config, self.backend, self.weights
+        cu_seqlens, max_seqlen = tokens.cu_seqlens, tokens.max_seqlen
+        x = ops.embed(tokens.ids, tokens.positions, tokens.types, w.embeddings, cfg.layer_norm_eps)
         if w.embeddings.projection_weight is not None:  # factorised embeddings (ELECTRA, ALBERT)
             x = ops.linear(x, w.embeddings.projection_weight, w.embeddings.projection_bias)
         hidden = [x] if output_hidden_states else None
@@ -111,12 +131,12 @@ class Engine:
         scale = 1.0 / math.sqrt(cfg.head_dim)
         bias = None
         if w.embeddings.relative_bias is not None:  # MPNet: once per forward, shared by every layer
-            bias = relative.attention_bias(w.embeddings.relative_bias, indices, S)
+            bias = relative.attention_bias(w.embeddings.relative_bias, tokens.columns, tokens.width)
         tables = {}
         if cfg.rotary:  # once per forward and base: ModernBERT's local layers have their own
-            tables = {0: rope.tables(positions, cfg.rope_theta, cfg.head_dim)}
+            tables = {0: rope.tables(tokens.positions, cfg.rope_theta, cfg.head_dim)}
             if cfg.local_rope_theta and any(cfg.layer_windows):
-                tables[1] = rope.tables(positions, cfg.local_rope_theta, cfg.head_dim)
+                tables[1] = rope.tables(tokens.positions, cfg.local_rope_theta, cfg.head_dim)
         for i, layer in enumerate(w.layers):
             modern = {}
             if cfg.rotary:
@@ -130,10 +150,23 @@ class Engine:
             x = ops.layernorm(x, w.final_ln_weight, w.final_ln_bias, eps)
             if hidden is not None:
                 hidden[-1] = x
+        return tuple(hidden) if hidden is not None else (x,)
 
-        last = pad(x, indices, B, S)
+    @torch.inference_mode()
+    def forward(self, input_ids, attention_mask, token_type_ids=None, position_ids=None,
+                output_hidden_states: bool = False):
+        """input_ids, attention_mask, token_type_ids, position_ids: (B, S) int64 (mask 0/1).
+
+        Returns (last_hidden_state (B, S, H), pooler_output (B, H) or None, hidden_states or None);
+        padded positions hold 0.
+        """
+        w = self.weights
+        B, S = input_ids.shape
+        tokens, indices = self.pack(input_ids, attention_mask, token_type_ids, position_ids)
+        states = self.run(tokens, output_hidden_states)
+        last = pad(states[-1], indices, B, S)
         pooled = None
         if w.pooler_weight is not None:  # tanh(W h[CLS] + b)
-            pooled = ops.linear(last[:, 0].contiguous(), w.pooler_weight, w.pooler_bias, "tanh")
-        states = tuple(pad(h, indices, B, S) for h in hidden) if hidden is not None else None
-        return last, pooled, states
+            pooled = self.backend.linear(last[:, 0].contiguous(), w.pooler_weight, w.pooler_bias, "tanh")
+        hidden = tuple(pad(h, indices, B, S) for h in states) if output_hidden_states else None
+        return last, pooled, hidden

@@ -39,10 +39,11 @@ def bias_table(relative_bias: torch.Tensor, span: int) -> torch.Tensor:
     return relative_bias[relative_position_bucket(distances)].t().to(dtype).contiguous()
 
 
-def attention_bias(relative_bias: torch.Tensor, indices: torch.Tensor, width: int) -> AttentionBias:
+def attention_bias(relative_bias: torch.Tensor, columns: torch.Tensor, width: int) -> AttentionBias:
     """The bias of one forward on the packed layout: the table for a padded width `width` and each real token's
-    column. indices: (T,) int64 flat positions of the real tokens in the (B, width) batch (`padding.unpad`)."""
-    return AttentionBias(bias_table(relative_bias, width), (indices % width).to(torch.int32))
+    column. columns: (T,) int32, each token's column in the (B, width) batch (`Tokens.columns`); a larger width
+    gives the same bias (the table holds one value per distance), which CUDA-graph buckets rely on."""
+    return AttentionBias(bias_table(relative_bias, width), columns)
 
 
 def dense_bias(bias: AttentionBias, query_positions: torch.Tensor, key_positions: torch.Tensor,

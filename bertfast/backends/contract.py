@@ -56,6 +56,22 @@ class Rotary(NamedTuple):
     sin: torch.Tensor
 
 
+class Tokens(NamedTuple):
+    """The packed inputs of one forward after unpad: everything the layer stack reads (`Engine.encode`).
+
+    ids, positions: (T,) int64; types: (T,) int64 or None (no token-type table); columns: (T,) int32, each
+    token's column in the padded batch, or None (only MPNet's relative bias reads it); cu_seqlens: (B+1,)
+    int32; max_seqlen: int >= every sequence's length; width: the padded batch's S (the bias table's span)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    types: torch.Tensor | None
+    columns: torch.Tensor | None
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    width: int
+
+
 class Backend:
     name = "base"
     # Families this backend cannot run yet: model_type -> why. backend="auto" passes over such a backend.
@@ -91,6 +107,12 @@ class Backend:
         if isa.native_bf16():
             return Precision(torch.bfloat16)
         return Precision(torch.float32, slower=(torch.bfloat16,))
+
+    def graph_unavailable_reason(self, device: torch.device) -> str | None:
+        """None when a forward's launches on `device` can be captured in a CUDA graph (no host syncs, no
+        host-side shape logic past the packed sizes), else why not. The engine then replays a graph per
+        token-count bucket (`backends.graphs`). Default: not capturable."""
+        return f"backend {self.name!r} does not launch through CUDA graphs"
 
     def prepare(self, weights: ModelWeights) -> ModelWeights:
         """Pack weights once for this backend (layouts, prepacked GEMM operands). Default: as is."""

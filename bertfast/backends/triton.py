@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from . import gemm_choice
 from .contract import Backend, Precision
 
 
@@ -51,17 +52,30 @@ class TritonBackend(Backend):
         from ..kernels import triton as ops
 
         self._ops = ops
+        self._gemm = gemm_choice.GemmChoices([], None)  # read from the table in `prepare`, for the weights' GPU
 
     def precision(self, device):
         # The interpreter (CPU) computes no bf16: fp32 there; on CUDA the base rule (bf16 where supported).
         return Precision(torch.float32) if device == "cpu" else super().precision(device)
+
+    def graph_unavailable_reason(self, device):
+        # Every launcher is free of device-to-host reads once the engine passes validate/check_ids=False.
+        if torch.device(device).type != "cuda":
+            return "CUDA graphs need a CUDA device (on CPU the kernels run in the Triton interpreter)"
+        return None
 
     def prepare(self, weights):
         self.check_dtype(weights.dtype)
         if weights.device.type == "cpu" and weights.dtype not in self._ops.INTERPRETER_DTYPES:
             raise ValueError(f"backend 'triton' on CPU (Triton interpreter) supports float32 and float16, "
                              f"not {weights.dtype}; load with dtype='fp16' or 'fp32', or run on CUDA")
+        self._gemm = gemm_choice.for_device(weights.device)
         return weights
+
+    def _cublas(self, op, x, weight) -> bool:
+        """The one GEMM routing rule of this backend: cuBLAS where the measured table says so for this shape on this
+        GPU (`backends.gemm_choice`), else the fused Triton kernel."""
+        return bool(self._gemm) and self._gemm.cublas(op, x.shape[0], weight.shape[0], weight.shape[1], x.dtype)
 
     # The engine hands over cu_seqlens from `padding.unpad` and ids that `encoder.check_inputs`
     # validated, so the launchers skip their device-to-host value checks (validate/check_ids=False).
@@ -70,6 +84,8 @@ class TritonBackend(Backend):
 
     def qkv(self, x, weight, bias, num_heads, rotary=None):
         # RoPE is the QKV GEMM's epilogue (q and k rotated before they are stored).
+        if rotary is None and self._cublas("qkv", x, weight):
+            return gemm_choice.cublas_qkv(x, weight, bias, num_heads)
         return self._ops.qkv.qkv(x, weight, bias, num_heads, rotary=rotary)
 
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None, window=0):
@@ -82,6 +98,8 @@ class TritonBackend(Backend):
             if residual is not None:
                 raise ValueError("backend 'triton': a gated linear takes no residual")
             return self._ops.linear.linear_gated(x, weight, bias, act)
+        if self._cublas(gemm_choice.op_name(act, residual is not None), x, weight):
+            return gemm_choice.cublas_linear(x, weight, bias, act, residual)
         return self._ops.linear.linear(x, weight, bias, activation=act, residual=residual)
 
     def layernorm(self, x, weight, bias, eps):

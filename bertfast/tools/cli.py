@@ -17,6 +17,7 @@ COMMANDS = {
     "bench": ("bertfast.tools.bench.cli", "benchmark bertfast against Hugging Face, ONNX Runtime, torch.compile"),
     "serve": ("bertfast.tools.serve.cli", "HTTP embedding / classification / rerank server (TEI and OpenAI routes), batched on one engine thread"),
     "embed": ("bertfast.tools.embed.cli", "embed a corpus (txt/jsonl/csv/parquet) into Parquet shards or .npy, resumable"),
+    "gpucheck": ("bertfast.tools.gpucheck.cli", "on a CUDA GPU: gpu tests, parity, sweep, sanitizer, bench, as JSON"),
 }
 
 

@@ -44,8 +44,8 @@ CONFIGS: dict[str, dict] = {
 _COMMON = dict(model_type="bert", hidden_act="gelu", layer_norm_eps=1e-12, max_position_embeddings=512,
                type_vocab_size=2, pad_token_id=0, position_embedding_type="absolute")
 
-LENGTH_DISTRIBUTIONS = ("full", "uniform", "ragged", "short")
-RAGGED_MIN = 16  # the shortest length of the "ragged" distribution
+LENGTH_DISTRIBUTIONS = ("full", "uniform", "ragged", "short")  # and "ragged<N>": "ragged" from N tokens
+RAGGED_MIN = 16  # the shortest length of the "ragged" distribution ("ragged<N>": N)
 
 
 def hf_config_dict(name: str) -> dict:
@@ -212,7 +212,8 @@ def sample_lengths(batch: int, seqlen: int, dist: str = "full", seed: int = 0) -
     """Real lengths of `batch` sequences padded to `seqlen`.
 
     dist: 'full' (all `seqlen`); 'uniform' (uniform integers in [max(1, seqlen // 4), seqlen]);
-    'ragged' (uniform in [16, seqlen], the variable-length batch of the CPU and int8 targets, taken
+    'ragged' (uniform in [16, seqlen], the variable-length batch of the CPU and int8 targets; 'ragged<N>' uniform
+    in [N, seqlen], e.g. 'ragged64', the GPU target's U[64, 512]; either taken
     stratified: the lengths at the `batch` evenly spaced quantiles of that distribution, in an order
     shuffled by `seed`. A batch of 8 independent draws has a fill (real / padded tokens) of 0.56 +- 0.09,
     and a padding-free engine's speedup over a padded one scales with 1 / fill; the stratified batch
@@ -228,8 +229,11 @@ def sample_lengths(batch: int, seqlen: int, dist: str = "full", seed: int = 0) -
     if dist == "uniform":
         lo = max(1, seqlen // 4)
         return torch.randint(lo, seqlen + 1, (batch,), generator=g).tolist()
-    if dist == "ragged":
-        lo = min(RAGGED_MIN, seqlen)
+    ragged = re.fullmatch(r"ragged(\d*)", dist)
+    if ragged:
+        lo = min(int(ragged.group(1) or RAGGED_MIN), seqlen)
+        if lo < 1:
+            raise ValueError(f"length distribution {dist!r}: the shortest length must be >= 1")
         # Quantile (i + 1/2) / batch of the uniform distribution on the integers lo..seqlen.
         lengths = [lo + int((i + 0.5) * (seqlen - lo + 1) / batch) for i in range(batch)]
         order = torch.randperm(batch, generator=g).tolist()
@@ -238,7 +242,7 @@ def sample_lengths(batch: int, seqlen: int, dist: str = "full", seed: int = 0) -
         z = torch.randn(batch, generator=g)
         lengths = torch.exp(math.log(20.0) + 0.6 * z).round().long()
         return lengths.clamp(min(4, seqlen), seqlen).tolist()
-    raise ValueError(f"unknown length distribution {dist!r}; known: {', '.join(LENGTH_DISTRIBUTIONS)}")
+    raise ValueError(f"unknown length distribution {dist!r}; known: {', '.join(LENGTH_DISTRIBUTIONS)}, ragged<N>")
 
 
 def make_batch(batch: int, seqlen: int, lengths="full", *, vocab_size: int = 30522,
@@ -272,7 +276,7 @@ def make_batch(batch: int, seqlen: int, lengths="full", *, vocab_size: int = 305
     return Batch(ids, mask, types, lengths, type_vocab_size > 0)
 
 
-_WORKLOAD_RE = re.compile(r"^b(\d+)xs(\d+)(?:-(" + "|".join(LENGTH_DISTRIBUTIONS) + r"))?$")
+_WORKLOAD_RE = re.compile(r"^b(\d+)xs(\d+)(?:-(full|uniform|ragged\d*|short))?$")
 
 
 @dataclass(frozen=True)
@@ -293,8 +297,8 @@ class Workload:
         m = _WORKLOAD_RE.match(text.strip())
         if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
             raise ValueError(
-                f"workload {text!r} is not of the form b<batch>xs<seqlen>[-{'|'.join(LENGTH_DISTRIBUTIONS)}] "
-                "(e.g. b8xs128, b8xs128-uniform)"
+                f"workload {text!r} is not of the form b<batch>xs<seqlen>[-{'|'.join(LENGTH_DISTRIBUTIONS)}"
+                "|ragged<N>] (e.g. b8xs128, b8xs128-uniform, b32xs512-ragged64)"
             )
         return cls(int(m.group(1)), int(m.group(2)), m.group(3) or "full")
 

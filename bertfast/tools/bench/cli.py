@@ -19,7 +19,8 @@ from bertfast.backends import get_backend
 from bertfast.backends.cpu import isa
 from bertfast.tools.bench import plot, report, tiers
 from bertfast.tools.bench.measure import cpu_ticks, steal_fraction
-from bertfast.tools.bench.providers import BASELINE, DTYPES, FIXED_PROVIDERS, default_providers, factory_of
+from bertfast.tools.bench.providers import (BASELINE, CUDA_PROVIDERS, DTYPES, FIXED_PROVIDERS, default_providers,
+                                            factory_of)
 from bertfast.tools.bench.runner import ISOLATIONS, SETTLE_S, run_bench
 from bertfast.tools.bench.source import load_source
 from bertfast.tools.workloads import CONFIGS, DEFAULT_WORKLOADS, QUICK_WORKLOADS, Workload
@@ -37,7 +38,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workloads", help="comma list like b8xs128,b8xs128-uniform,b32xs128-short "
                         f"(default: {','.join(DEFAULT_WORKLOADS)})")
     parser.add_argument("--providers", help="comma list (default: every bertfast backend, "
-                        f"{', '.join(FIXED_PROVIDERS)}); 'bertfast' means every bertfast backend")
+                        f"{', '.join(FIXED_PROVIDERS)}; with --device cuda: {', '.join(CUDA_PROVIDERS)}); "
+                        "'bertfast' means every bertfast row")
     parser.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32, bf16, fp16, or auto (what "
                         "dtype='auto' loads on this machine's tier) (default fp32,bf16)")
     parser.add_argument("--repeats", type=int, help="max timed rounds per workload and dtype (default 20, --quick 10)")

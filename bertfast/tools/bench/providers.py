@@ -1,10 +1,12 @@
 """The named rows of `bertfast bench`: `setup(provider, source, dtype)` builds one, ready to time.
 
-Rows: `bertfast-<backend>` (one per registered backend), `hf-eager`, `hf-sdpa` (the baseline),
-`onnxruntime`, `torch-compile`, and the int8 rows `bertfast-int8`, `onnxruntime-int8`,
-`ctranslate2-int8` (int8 GEMM operands, fp32 activations: run in the fp32 pass). A provider that is
-not installed, cannot run this dtype or device, or fails to build raises `ProviderSkipped` with the
-reason, reported as a skipped row. Each factory works on deep copies of the reference
+Rows: `bertfast-<backend>` (one per registered backend; on CUDA `bertfast-triton` replays CUDA graphs and
+`bertfast-triton-eager` launches each kernel), `hf-eager`, `hf-sdpa` (the baseline), `hf-fa2` (transformers'
+flash_attention_2, CUDA), `onnxruntime` (CPU, or CUDA with onnxruntime-gpu), `torch-compile` (default mode) and
+`torch-compile-max` (mode="max-autotune"), and the int8 rows `bertfast-int8`, `onnxruntime-int8`,
+`ctranslate2-int8` (int8 GEMM operands, fp32 activations: run in the fp32 pass). The default rows differ by device
+(`default_providers`). A provider that is not installed, cannot run this dtype or device, or fails to build raises
+`ProviderSkipped` with the reason, reported as a skipped row. Each factory works on deep copies of the reference
 (`source.Source`) and times its own build (`Provider.build_s`).
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import io
 import json
 import logging
@@ -34,6 +37,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FIXED_PROVIDERS = ("hf-eager", "hf-sdpa", "onnxruntime", "torch-compile", "bertfast-int8", "onnxruntime-int8",
                    "ctranslate2-int8")
 INT8_PROVIDERS = ("bertfast-int8", "onnxruntime-int8", "ctranslate2-int8")
+# The rows of `bench --device cuda`: the engine with and without CUDA graphs against what a GPU user would run.
+CUDA_PROVIDERS = ("bertfast-triton", "bertfast-triton-eager", "hf-sdpa", "hf-fa2", "torch-compile",
+                  "torch-compile-max", "onnxruntime")
+CUDA_ONLY = ("hf-fa2",)
 BASELINE = "hf-sdpa"  # the row every speedup is relative to (same dtype)
 
 
@@ -52,9 +59,10 @@ class Provider:
     info: dict = field(default_factory=dict)
 
 
-def _bertfast_factory(backend: str, quantize: str | None = None):
-    """bertfast on `backend` (int8: the cpu backend's int8 GEMMs on fp32 weights, in the fp32 pass)."""
-    name = "bertfast-int8" if quantize else f"bertfast-{backend}"
+def _bertfast_factory(backend: str, quantize: str | None = None, graphs: bool | None = None):
+    """bertfast on `backend` (int8: the cpu backend's int8 GEMMs on fp32 weights, in the fp32 pass; graphs=False:
+    eager launches where the engine would replay CUDA graphs)."""
+    name = "bertfast-int8" if quantize else f"bertfast-{backend}" + ("-eager" if graphs is False else "")
 
     def factory(source: Source, dtype: torch.dtype) -> Provider:
         t0 = time.perf_counter()
@@ -65,19 +73,19 @@ def _bertfast_factory(backend: str, quantize: str | None = None):
         else:
             weights = load_hf_model(source.reference, load_dtype)
         enc = Encoder(weights.to(device=source.device), backend=backend, model_dir=source.model_dir,
-                      quantize=quantize)
+                      quantize=quantize, graphs=graphs)
         build = time.perf_counter() - t0
 
         def fn(b: Batch):
             return enc(**b.inputs()).last_hidden_state
 
-        info = {"backend": enc.backend, **({"quantized": quantize} if quantize else {})}
+        info = {"backend": enc.backend, "graphs": enc.engine.graphs, **({"quantized": quantize} if quantize else {})}
         return Provider(name, dtype, fn, build, info)
 
     return factory
 
 
-def _hf_factory(attn: str):
+def _hf_factory(attn: str, name: str | None = None):
     def factory(source: Source, dtype: torch.dtype) -> Provider:
         t0 = time.perf_counter()
         model = source.hf_copy(attn, dtype)
@@ -87,7 +95,7 @@ def _hf_factory(attn: str):
         def fn(b: Batch):
             return model(**b.inputs()).last_hidden_state
 
-        return Provider(f"hf-{attn}", dtype, fn, build)
+        return Provider(name or f"hf-{attn}", dtype, fn, build, {"attn_implementation": attn})
 
     return factory
 
@@ -139,6 +147,7 @@ def _onnxruntime_factory(source: Source, dtype: torch.dtype) -> Provider:
         raise ProviderSkipped(f"not installed ({e.name}): pip install onnxruntime onnx") from None
 
     cfg = source.config
+    cuda = source.device != "cpu"
     t0 = time.perf_counter()
     names = _onnx_names(source)
     with tempfile.TemporaryDirectory(prefix="bertfast-bench-") as tmp:
@@ -147,12 +156,14 @@ def _onnxruntime_factory(source: Source, dtype: torch.dtype) -> Provider:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             optimized = optimizer.optimize_model(raw, model_type="bert", num_heads=cfg.num_attention_heads,
-                                                 hidden_size=cfg.hidden_size)
+                                                 hidden_size=cfg.hidden_size, use_gpu=cuda)
+            if dtype == torch.float16:  # fp16 weights and math, fp32 inputs and outputs
+                optimized.convert_float_to_float16(keep_io_types=True)
             fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
             optimized.save_model_to_file(opt)
-        fn = _ort_forward(ort, opt, names)
+        fn = _ort_cuda_forward(ort, opt, names, source) if cuda else _ort_forward(ort, opt, names)
     build = time.perf_counter() - t0
-    return Provider("onnxruntime", dtype, fn, build, {"fused_ops": fused, "opset": 17})
+    return Provider("onnxruntime", dtype, fn, build, {"fused_ops": fused, "opset": 17, "device": source.device})
 
 
 def _ort_forward(ort, path: str, names: list[str]):
@@ -165,6 +176,29 @@ def _ort_forward(ort, path: str, names: list[str]):
     def fn(b: Batch):
         feeds = {n: b.inputs()[n].numpy() for n in names}
         return torch.from_numpy(session.run(["last_hidden_state"], feeds)[0])
+
+    return fn
+
+
+def _ort_cuda_forward(ort, path: str, names: list[str], source: Source):
+    """An ONNX Runtime CUDA session: inputs and the fp32 output bound to torch's CUDA tensors (no host copies)."""
+    import numpy as np
+
+    index = torch.device(source.device).index or 0
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(path, opts, providers=[("CUDAExecutionProvider", {"device_id": index})])
+    hidden = source.config.hidden_size
+
+    def fn(b: Batch):
+        binding = session.io_binding()
+        inputs = {n: b.inputs()[n].contiguous() for n in names}
+        for n, t in inputs.items():
+            binding.bind_input(n, "cuda", index, np.int64, tuple(t.shape), t.data_ptr())
+        out = torch.empty(*b.input_ids.shape, hidden, dtype=torch.float32, device=source.device)
+        binding.bind_output("last_hidden_state", "cuda", index, np.float32, tuple(out.shape), out.data_ptr())
+        session.run_with_iobinding(binding)
+        return out
 
     return fn
 
@@ -230,36 +264,50 @@ def _ctranslate2_int8_factory(source: Source, dtype: torch.dtype) -> Provider:
                                                     "quantization=int8, compute_type=int8"})
 
 
-def _torch_compile_factory(source: Source, dtype: torch.dtype) -> Provider:
-    import torch._dynamo
-    import torch._inductor.config as inductor_config
+def _torch_compile_factory(mode: str | None = None):
+    """torch.compile of the HF SDPA model: default mode, or `mode` ("max-autotune": Inductor's GEMM autotuning and
+    CUDA graphs). On CUDA each shape gets a static graph of its own (dynamic=False), as a served model would."""
+    name = "torch-compile" if mode is None else "torch-compile-max"
 
-    t0 = time.perf_counter()
-    model = source.hf_copy("sdpa", dtype)
-    if source.device == "cpu":
-        # Freezing folds the weights into the graph as constants (and lets oneDNN prepack them).
-        inductor_config.freezing = True
-    # Each new shape/dtype recompiles; without a higher limit dynamo falls back to eager silently.
-    for knob in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
-    compiled = torch.compile(model)
-    build = time.perf_counter() - t0
+    def factory(source: Source, dtype: torch.dtype) -> Provider:
+        import torch._dynamo
+        import torch._inductor.config as inductor_config
 
-    @torch.no_grad()
-    def fn(b: Batch):
-        return compiled(**b.inputs()).last_hidden_state
+        t0 = time.perf_counter()
+        model = source.hf_copy("sdpa", dtype)
+        if source.device == "cpu":
+            # Freezing folds the weights into the graph as constants (and lets oneDNN prepack them).
+            inductor_config.freezing = True
+        # Each new shape/dtype recompiles; without a higher limit dynamo falls back to eager silently.
+        for knob in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
+        compiled = torch.compile(model, mode=mode, dynamic=False if source.device != "cpu" else None)
+        build = time.perf_counter() - t0
+        # Its CUDA graphs reuse their output buffers: a step marker per call, as an inference loop must.
+        mark_step = (torch.compiler.cudagraph_mark_step_begin
+                     if mode == "max-autotune" and source.device != "cpu" else lambda: None)
 
-    return Provider("torch-compile", dtype, fn, build,
-                    {"freezing": bool(inductor_config.freezing), "note": "compiles on first call per shape"})
+        @torch.no_grad()
+        def fn(b: Batch):
+            mark_step()
+            return compiled(**b.inputs()).last_hidden_state
+
+        return Provider(name, dtype, fn, build, {"mode": mode or "default", "freezing": bool(inductor_config.freezing),
+                                                 "note": "compiles on first call per shape"})
+
+    return factory
 
 
 # Fixed providers; `bertfast-<backend>` names are added from the backend registry.
 FACTORIES: dict[str, Callable[[Source, torch.dtype], Provider]] = {
     "hf-eager": _hf_factory("eager"),
     "hf-sdpa": _hf_factory("sdpa"),
+    "hf-fa2": _hf_factory("flash_attention_2", "hf-fa2"),
     "onnxruntime": _onnxruntime_factory,
-    "torch-compile": _torch_compile_factory,
+    "torch-compile": _torch_compile_factory(),
+    "torch-compile-max": _torch_compile_factory("max-autotune"),
+    "bertfast-triton-eager": _bertfast_factory("triton", graphs=False),
     "bertfast-int8": _bertfast_factory("cpu", quantize="int8"),
     "onnxruntime-int8": _onnxruntime_int8_factory,
     "ctranslate2-int8": _ctranslate2_int8_factory,
@@ -282,20 +330,47 @@ def known_providers() -> list[str]:
 def check_runnable(provider: str, source: Source, dtype: torch.dtype) -> None:
     """The reasons `provider` cannot run that need no build (dtype, device, backend availability):
     raises ProviderSkipped. `setup` checks them first; run_bench also before spawning a worker."""
+    cuda = source.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        raise ProviderSkipped("CUDA is not available here (torch.cuda.is_available() is False)")
     if provider in INT8_PROVIDERS and dtype != torch.float32:
         raise ProviderSkipped("int8 rows run in the fp32 pass (int8 GEMM operands, fp32 activations)")
-    if provider in ("onnxruntime", "onnxruntime-int8", "ctranslate2-int8") and source.device != "cpu":
-        raise ProviderSkipped("only the CPU device is wired in this bench")
+    if provider in INT8_PROVIDERS and cuda:
+        raise ProviderSkipped("an int8 row of the CPU (no CUDA path is wired in this bench)")
+    if provider in CUDA_ONLY and not cuda:
+        raise ProviderSkipped("needs a CUDA device (--device cuda)")
     if provider == "ctranslate2-int8" and source.config.family != "bert":
         raise ProviderSkipped(f"wired for BERT checkpoints only here (this is {source.config.family})")
-    if provider == "onnxruntime" and dtype != torch.float32:
-        raise ProviderSkipped("fp32 only on CPU (ONNX Runtime's fused BERT kernels are fp32 on CPU, "
-                              "fp16 on GPU)")
+    if provider == "onnxruntime":
+        _check_onnxruntime(cuda, dtype)
+    if provider == "hf-fa2":
+        if dtype == torch.float32:
+            raise ProviderSkipped("flash_attention_2 runs fp16 and bf16 only")
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ProviderSkipped("flash_attn is not installed (transformers' flash_attention_2 needs it: "
+                                  "pip install flash-attn)")
     if provider.startswith("bertfast-"):
-        backend = "cpu" if provider == "bertfast-int8" else provider[len("bertfast-"):]
+        backend = "cpu" if provider == "bertfast-int8" else provider[len("bertfast-"):].removesuffix("-eager")
         reason = available_backends(source.device).get(backend, f"unknown backend {backend!r}")
         if reason is not None:
             raise ProviderSkipped(reason)
+
+
+def _check_onnxruntime(cuda: bool, dtype: torch.dtype) -> None:
+    if not cuda:
+        if dtype != torch.float32:
+            raise ProviderSkipped("fp32 only on CPU (ONNX Runtime's fused BERT kernels are fp32 on CPU, "
+                                  "fp16 on GPU)")
+        return
+    if dtype == torch.bfloat16:
+        raise ProviderSkipped("fp32 and fp16 only on CUDA (ONNX Runtime's BERT optimizer converts to fp16)")
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise ProviderSkipped("not installed (onnxruntime): pip install onnxruntime-gpu onnx") from None
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise ProviderSkipped(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider here (a CPU build): "
+                              "pip install onnxruntime-gpu")
 
 
 def setup(provider: str, source: Source, dtype: torch.dtype) -> Provider:
@@ -311,7 +386,9 @@ def setup(provider: str, source: Source, dtype: torch.dtype) -> Provider:
 
 
 def default_providers(device: str) -> tuple[list[str], dict[str, str]]:
-    """(providers to run, {provider: reason} for bertfast backends skipped by default)."""
+    """(providers to run, {provider: reason} for bertfast backends skipped by default). On CUDA: CUDA_PROVIDERS."""
+    if device.startswith("cuda"):
+        return list(CUDA_PROVIDERS), {}
     names, skipped = [], {}
     for backend in REGISTRY:
         name = f"bertfast-{backend}"

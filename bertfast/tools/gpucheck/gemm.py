@@ -1,0 +1,102 @@
+"""The `gemm` stage of `bertfast gpucheck`: each fused GEMM of the triton backend (QKV, attention out + residual, FFN in
++ activation, FFN out + residual) against cuBLAS through torch (`addmm` + the unfused epilogue, `backends.gemm_choice`)
+per (M bucket, N, K, dtype) on this GPU. Both outputs are checked against an fp32 product first (a wrong path is a
+failure, not a timing); then the two are timed in interleaved rounds (`measure.interleaved`, CUDA events around a
+burst of calls). cuBLAS is chosen only where it wins by more than MARGIN, since the fused kernel keeps batch
+invariance and the graph buckets' bits. The result holds the table to commit as `bertfast/backends/gemm_table.json`.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+
+import torch
+
+from bertfast.backends import gemm_choice
+from bertfast.kernels import activation
+from bertfast.tools.bench.measure import interleaved, time_call
+from bertfast.tools.validate.accuracy import TABLE
+from bertfast.tools.workloads import model_config
+
+M_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+QUICK_M_BUCKETS = (16, 128, 1024, 4096, 16384)
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+MARGIN = 0.05  # cuBLAS must be this much faster to be chosen
+SAMPLE_S = 5e-4  # each timed sample is a burst of calls at least this long
+ROUNDS = 15
+
+
+def shapes(config_name: str = "bert-base") -> list[tuple[str, int, int, str]]:
+    """(op, N, K, activation) of one layer's fused GEMMs for a named config."""
+    cfg = model_config(config_name)
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    return [("qkv", 3 * H, H, "none"), ("linear_residual", H, H, "none"), (f"linear_{cfg.activation}", I, H,
+            cfg.activation), ("linear_residual", H, I, "none")]
+
+
+def _paths(op, x, w, b, act, residual, heads):
+    """(triton, cublas) callables of one shape, each returning one tensor (QKV: the three planes stacked)."""
+    from bertfast.kernels.triton import linear, qkv
+
+    if op == "qkv":
+        return (lambda: torch.stack(qkv.qkv(x, w, b, heads)),
+                lambda: torch.stack(gemm_choice.cublas_qkv(x, w, b, heads)))
+    return (lambda: linear.linear(x, w, b, activation=act, residual=residual),
+            lambda: gemm_choice.cublas_linear(x, w, b, act, residual))
+
+
+def _timed(fn, reps):
+    return lambda: time_call(lambda: [fn() for _ in range(reps)], device="cuda")[0] / reps
+
+
+def measure(op: str, m: int, n: int, k: int, act: str, dtype: torch.dtype, seed: int = 0) -> dict:
+    """One shape: both paths validated against an fp32 product, then timed; the table entry with its times."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to("cuda", dtype)
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).to("cuda", dtype)
+    b = (torch.randn(n, generator=g) * 0.1).to("cuda", dtype)
+    residual = torch.randn(m, n, generator=g).to("cuda", dtype) if op == "linear_residual" else None
+    heads = max(1, n // 3 // 64)
+    ref = x.float() @ w.float().t() + b.float()
+    ref = activation.apply(ref, act) + (residual.float() if residual is not None else 0)
+    entry = {"op": op, "m_bucket": m, "n": n, "k": k, "dtype": [k_ for k_, v in DTYPES.items() if v == dtype][0]}
+    paths = dict(zip(("triton", "cublas"), _paths(op, x, w, b, act, residual, heads)))
+    scale = ref.abs().max().item()
+    for name, fn in paths.items():
+        out = fn().float().reshape(ref.shape[0], -1) if op != "qkv" else fn().float().permute(1, 0, 2, 3).reshape(m, n)
+        entry[f"{name}_rel_err"] = (out - ref).abs().max().item() / scale
+    if not all(entry[f"{p}_rel_err"] <= TABLE[dtype] for p in paths):
+        return {**entry, "choice": "triton", "error": f"a path is off the fp32 product by more than {TABLE[dtype]}"}
+    for fn in paths.values():  # autotune, compile, cuBLAS heuristics
+        fn()
+    single = time_call(paths["triton"], device="cuda")[0]
+    reps = max(1, min(200, int(SAMPLE_S / max(single, 1e-6))))
+    times = interleaved({name: _timed(fn, reps) for name, fn in paths.items()}, ROUNDS, warmup=1)
+    us = {name: statistics.median(t) * 1e6 for name, t in times.items()}
+    choice = "cublas" if us["cublas"] < us["triton"] * (1 - MARGIN) else "triton"
+    return {**entry, "triton_us": round(us["triton"], 2), "cublas_us": round(us["cublas"], 2), "reps": reps,
+            "choice": choice}
+
+
+def run_stage(quick: bool = False, config_name: str = "bert-base") -> dict:
+    """Every shape of `config_name` x M bucket x dtype: the stage result, its `table` ready to commit."""
+    arch = gemm_choice.arch_of("cuda")
+    entries = []
+    for dtype in DTYPES.values():
+        for op, n, k, act in shapes(config_name):
+            for m in QUICK_M_BUCKETS if quick else M_BUCKETS:
+                entry = {**measure(op, m, n, k, act, dtype), "arch": arch}
+                entries.append(entry)
+                print(f"gemm {entry['dtype']} {op} M={m} N={n} K={k}: triton {entry.get('triton_us')} us, cublas "
+                      f"{entry.get('cublas_us')} us -> {entry['choice']} {entry.get('error', '')}", flush=True)
+    errors = [e for e in entries if "error" in e]
+    table = {"version": 1, "measured_on": {"gpu": torch.cuda.get_device_name(), "arch": arch,
+                                           "torch": torch.__version__, "python": platform.python_version(),
+                                           "config": config_name, "margin": MARGIN},
+             "command": f"python -m bertfast gpucheck --stages gemm{' --quick' if quick else ''}",
+             "entries": [{k: e[k] for k in ("op", "m_bucket", "n", "k", "dtype", "arch", "choice", "triton_us",
+                                            "cublas_us")} for e in entries if "error" not in e]}
+    return {"status": "fail" if errors else "pass",
+            "reason": f"{len(errors)} shapes failed validation" if errors else "",
+            "cublas_choices": sum(e["choice"] == "cublas" for e in entries), "entries": entries, "table": table}
