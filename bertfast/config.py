@@ -98,6 +98,10 @@ class ModelConfig:
         """Layer `layer`'s attention window (0: global)."""
         return self.layer_windows[layer] if self.layer_windows else 0
 
+    def rope_base(self, layer: int) -> float:
+        """Layer `layer`'s RoPE base: ModernBERT's sliding-window layers have their own (local_rope_theta)."""
+        return self.local_rope_theta if self.window(layer) and self.local_rope_theta else self.rope_theta
+
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
         """Parse a Hugging Face config dict; raises ConfigError naming the offending field."""

@@ -134,15 +134,13 @@ class Engine:
             bias = relative.attention_bias(w.embeddings.relative_bias, tokens.columns, tokens.width)
         tables = {}
         if cfg.rotary:  # once per forward and base: ModernBERT's local layers have their own
-            tables = {0: rope.tables(tokens.positions, cfg.rope_theta, cfg.head_dim)}
-            if cfg.local_rope_theta and any(cfg.layer_windows):
-                tables[1] = rope.tables(tokens.positions, cfg.local_rope_theta, cfg.head_dim)
+            tables = {theta: rope.tables(tokens.positions, theta, cfg.head_dim)
+                      for theta in {cfg.rope_base(i) for i in range(len(w.layers))}}
         for i, layer in enumerate(w.layers):
             modern = {}
             if cfg.rotary:
-                window = cfg.window(i)
-                modern = dict(rotary=tables[1 if window and 1 in tables else 0], window=window,
-                              gated=cfg.gated_ffn, norm_first=cfg.norm_first)
+                modern = dict(rotary=tables[cfg.rope_base(i)], window=cfg.window(i), gated=cfg.gated_ffn,
+                              norm_first=cfg.norm_first)
             x = run_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias, **modern)
             if hidden is not None:
                 hidden.append(x)

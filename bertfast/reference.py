@@ -44,14 +44,18 @@ def embed(input_ids, position_ids, token_type_ids, emb: EmbeddingWeights, eps: f
     return F.layer_norm(x, (x.shape[-1],), emb.ln_weight, emb.ln_bias, eps)
 
 
-def rotate(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
-    """RoPE, half-split convention (`backends.Rotary`): x (T, heads, d), cos/sin (T, d/2) fp32 -> (T, heads, d)
-    in x's dtype, computed in fp32."""
+def _rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The half-split rotation in fp32, rounded once to x's dtype; cos/sin broadcast against x's halves."""
     half = x.shape[-1] // 2
     xf = x.float()
     x1, x2 = xf[..., :half], xf[..., half:]
-    cos, sin = rotary.cos[:, None, :], rotary.sin[:, None, :]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def rotate(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+    """RoPE, half-split convention (`backends.Rotary`): x (T, heads, d), cos/sin (T, d/2) fp32 -> (T, heads, d)
+    in x's dtype, computed in fp32."""
+    return _rotate_halves(x, rotary.cos[:, None, :], rotary.sin[:, None, :])
 
 
 def qkv(x, weight, bias, num_heads: int, rotary: Rotary | None = None):
@@ -202,10 +206,7 @@ def layer(x, layer: LayerWeights, cu_seqlens, max_seqlen: int, num_heads: int, s
 
 def rotate_padded(x, cos, sin):
     """RoPE on a padded (B, heads, S, d) tensor, transformers' way: cos/sin (B, S, d/2) fp32, half split."""
-    half = x.shape[-1] // 2
-    cos, sin = cos[:, None], sin[:, None]
-    x1, x2 = x.float()[..., :half], x.float()[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    return _rotate_halves(x, cos[:, None], sin[:, None])
 
 
 def layer_forward(x, mask, layer: LayerWeights, num_heads: int, act: str, eps: float, bias=None, *, cos_sin=None,
@@ -268,15 +269,13 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
         bias = relative.dense_bias(table, columns, columns, x.dtype)[None]
     tables = {}
     if cfg.rotary:  # transformers: angles position * inv_freq in fp32, per base (ModernBERT: global, local)
-        for key, theta in ((0, cfg.rope_theta), (1, cfg.local_rope_theta)):
-            if theta:
-                angles = position_ids.float()[..., None] * rope.inverse_frequencies(theta, cfg.head_dim, dev)
-                tables[key] = (angles.cos(), angles.sin())
+        for theta in {cfg.rope_base(i) for i in range(len(weights.layers))}:
+            angles = position_ids.float()[..., None] * rope.inverse_frequencies(theta, cfg.head_dim, dev)
+            tables[theta] = (angles.cos(), angles.sin())
     for i, layer in enumerate(weights.layers):
         modern = {}
         if cfg.rotary:
-            window = cfg.window(i)
-            modern = dict(cos_sin=tables[1 if window and 1 in tables else 0], window=window, gated=cfg.gated_ffn,
+            modern = dict(cos_sin=tables[cfg.rope_base(i)], window=cfg.window(i), gated=cfg.gated_ffn,
                           norm_first=cfg.norm_first)
         x = layer_forward(x, mask, layer, cfg.num_attention_heads, cfg.activation, cfg.layer_norm_eps, bias,
                           **modern)

@@ -43,6 +43,7 @@ def test_config_fields():
     cfg = bertfast.ModelConfig.from_dict(build("modernbert").config.to_dict())
     assert (cfg.family, cfg.rotary, cfg.norm_first, cfg.gated_ffn) == ("modernbert", True, True, True)
     assert cfg.layer_windows == (0, 8, 8, 0) and (cfg.rope_theta, cfg.local_rope_theta) == (160_000.0, 10_000.0)
+    assert [cfg.rope_base(i) for i in range(4)] == [160_000.0, 10_000.0, 10_000.0, 160_000.0]
     assert cfg.type_vocab_size == 0 and cfg.layer_norm_eps == 1e-5
     cfg = bertfast.ModelConfig.from_dict(build("modernbert-bias").config.to_dict())
     assert cfg.layer_windows == (0, 5, 0) and (cfg.rope_theta, cfg.local_rope_theta) == (5000.0, 500.0)
