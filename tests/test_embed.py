@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -177,6 +178,7 @@ def test_bad_rows_counted(tmp_path, tiny_text_model, encoder, capsys):
     assert embed(src, tmp_path / "out", "--model", tiny_text_model, "--id-column", "doc", "--keep-text") == 0
     report = capsys.readouterr().out
     assert "skipped 9 bad rows and 1 unreadable or empty files" in report
+    assert re.search(r"embedded 2 texts .*; peak RSS of this process [1-9][0-9]* MiB", report), report
     for reason in ("a.jsonl:2: missing column 'text'", "a.jsonl:3: column 'text' is int, not a string",
                    "a.jsonl:4: column 'text' is empty", "a.jsonl:5: invalid JSON", "column 'text' is null",
                    "a.jsonl:7: not a JSON object", "a.jsonl:8: missing id column 'doc'",

@@ -236,6 +236,26 @@ def test_bad_requests(server, case):
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # unharmed
 
 
+DIRECT = [(path, body) for _, method, path, body, headers, *_ in BAD
+          if method == "POST" and path in ("/embed", "/v1/embeddings") and headers is AUTH] + [
+    ("/embed", {"inputs": TEXTS[:3]}), ("/embed", {"inputs": "x", "normalize": False, "truncate": True}),
+    ("/v1/embeddings", {"input": ["a", "b"], "encoding_format": "base64", "model": "m"}),
+    ("/v1/embeddings", {"input": [[101, 7592, 102]]}), ("/v1/embeddings", {"input": "a", "dimensions": 8})]
+
+
+def test_direct_path_answers_as_the_app(server):
+    """A POST to /embed or /v1/embeddings sent as application/json is answered by the Gate's direct path;
+    the same body as application/vnd.api+json goes through the FastAPI app (which reads any +json type as
+    JSON): the same status and body for every valid and invalid request."""
+    for path, body in DIRECT:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        direct = httpx.post(server.url + path, content=content, timeout=30,
+                            headers={**AUTH, "Content-Type": "application/json"})
+        app = httpx.post(server.url + path, content=content, timeout=30,
+                         headers={**AUTH, "Content-Type": "application/vnd.api+json"})
+        assert (direct.status_code, direct.content) == (app.status_code, app.content), (path, body)
+
+
 def test_concurrent_clients_bitwise(server, client, encoder):
     """16 threads x 4 requests of different texts, merged by the engine thread with a 96-token budget:
     every vector equals encode's bit for bit (the engine is batch-invariant on the cpu backend)."""

@@ -9,6 +9,7 @@ counted and reported at the end, unless `strict`, where the first one raises `Ba
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass, field
 
@@ -44,7 +45,8 @@ class Report:
     def summary(self) -> str:
         rate = self.embedded / self.seconds if self.seconds else 0.0
         lines = [f"embedded {self.embedded} texts ({self.tokens} tokens) in {self.seconds:.1f} s "
-                 f"({rate:.1f} texts/s, {self.tokens / max(self.seconds, 1e-9):.0f} tokens/s)"]
+                 f"({rate:.1f} texts/s, {self.tokens / max(self.seconds, 1e-9):.0f} tokens/s); "
+                 f"peak RSS of this process {peak_rss_mib():.0f} MiB"]
         if self.skipped:
             lines.append(f"resumed: {self.skipped} texts were already embedded by an earlier run")
         if self.bad or self.bad_files:
@@ -52,6 +54,11 @@ class Report:
                          + (f"; the first {len(self.examples)}:" if self.examples else ""))
             lines.extend(f"  {e}" for e in self.examples)
         return "\n".join(lines)
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _id_problem(value, kind: type | None) -> str | None:

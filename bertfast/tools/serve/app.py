@@ -24,6 +24,7 @@ import orjson
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
@@ -67,7 +68,36 @@ class Limits:
     max_body_bytes: int = 2_000_000
 
 
-def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | None = None) -> FastAPI:
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), e.status)
+
+
+def internal_error(e: Exception) -> ApiError:
+    return ApiError(500, f"internal error: {type(e).__name__}: {e}", "internal")
+
+
+def direct_route(schema, handler):
+    """The Gate's direct path for a route: body -> handler(schema) -> its Response (errors the handler
+    raises included), or None when the body does not fit the schema (the FastAPI app then answers, with
+    the error it writes for that body)."""
+
+    async def answer(body: bytes) -> Response | None:
+        try:
+            req = schema.model_validate_json(body)
+        except ValidationError:
+            return None
+        try:
+            return await handler(req)
+        except ApiError as e:
+            return error_response(e)
+        except Exception as e:  # noqa: BLE001  as the app's handler of last resort does
+            return error_response(internal_error(e))
+
+    return answer
+
+
+def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | None = None) -> Gate:
+    """The server's ASGI app: the Gate in front of the FastAPI app (which serves /openapi.json)."""
     batcher = Batcher(limits.max_batch_tokens, limits.max_concurrent_requests)
     metrics = Metrics(batcher)
     batcher.on_batch = metrics.on_batch
@@ -82,7 +112,6 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
 
     app = FastAPI(title="bertfast serve", version="0.1.0", lifespan=lifespan, responses=ERRORS,
                   description="Sentence embeddings from a BERT-family encoder, batched on one engine thread.")
-    app.add_middleware(Gate, max_body=limits.max_body_bytes, api_key=api_key, metrics=metrics, routes=app.routes)
     install_error_handlers(app)
 
     def serves(route: str) -> None:
@@ -131,7 +160,6 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
         encodings = await off_loop(model.tokenize, texts, truncate=truncate, direction=direction, field=field)
         return [e.ids for e in encodings], prompt_len
 
-    @app.post("/embed", response_model=list[list[float]], summary="TEI: sentence embeddings")
     async def embed(req: EmbedRequest):
         serves("/embed")
         texts = texts_of(req.inputs, "inputs")
@@ -141,7 +169,6 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
             vectors = await run_rows(rows, model.key(req.normalize, None, prompt_len))
         return json_response(vectors.astype(np.float64))
 
-    @app.post("/v1/embeddings", response_model=OpenAIEmbeddingResponse, summary="OpenAI: embeddings")
     async def openai_embeddings(req: OpenAIEmbeddingRequest):
         serves("/v1/embeddings")
         given = req.input
@@ -170,6 +197,11 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
         return json_response({"object": "list", "model": req.model or model.model_id,
                              "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(data)],
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    app.post("/embed", response_model=list[list[float]], summary="TEI: sentence embeddings")(embed)
+    app.post("/v1/embeddings", response_model=OpenAIEmbeddingResponse, summary="OpenAI: embeddings")(openai_embeddings)
+    direct = {"/embed": direct_route(EmbedRequest, embed),
+              "/v1/embeddings": direct_route(OpenAIEmbeddingRequest, openai_embeddings)}
 
     @app.post("/tokenize", response_model=list[list[Token]], summary="TEI: the tokens the model sees")
     async def tokenize(req: TokenizeRequest):
@@ -219,7 +251,8 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
         return json_response([{"index": i, **({"text": texts[i]} if req.return_text else {}), "score": float(scores[i])}
                              for i in order])
 
-    return app
+    return Gate(app, max_body=limits.max_body_bytes, api_key=api_key, metrics=metrics, routes=app.routes,
+                direct=direct)
 
 
 def predict_inputs(inputs, max_inputs: int) -> tuple[bool, list]:
@@ -255,7 +288,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
-        return JSONResponse(e.body(), e.status)
+        return error_response(e)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, e: RequestValidationError):
@@ -285,4 +318,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def crashed(request, e: Exception):
-        return JSONResponse(ApiError(500, f"internal error: {type(e).__name__}: {e}", "internal").body(), 500)
+        return error_response(internal_error(e))
