@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -68,10 +68,6 @@ class Limits:
     max_body_bytes: int = 2_000_000
 
 
-def error_response(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), e.status)
-
-
 def internal_error(e: Exception) -> ApiError:
     return ApiError(500, f"internal error: {type(e).__name__}: {e}", "internal")
 
@@ -89,9 +85,9 @@ def direct_route(schema, handler):
         try:
             return await handler(req)
         except ApiError as e:
-            return error_response(e)
+            return e.response()
         except Exception as e:  # noqa: BLE001  as the app's handler of last resort does
-            return error_response(internal_error(e))
+            return internal_error(e).response()
 
     return answer
 
@@ -288,15 +284,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
-        return error_response(e)
+        return e.response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, e: RequestValidationError):
         errors = e.errors()
         first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": ""}
         if first["type"] == "json_invalid":
-            return JSONResponse(ApiError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}",
-                                         field="body").body(), 400)
+            return ApiError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}",
+                            field="body").response()
         loc = [str(p) for p in first["loc"] if p != "body"]
         field = loc[0] if loc else "body"
         schema = SCHEMAS.get(request.url.path)
@@ -306,16 +302,15 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"{field} is required" + (f": {hint}" if hint else "")
         elif not loc:
             message = "the body must be a JSON object"
-        return JSONResponse(ApiError(422, message, field=field).body(), 422)
+        return ApiError(422, message, field=field).response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
         kinds = {404: "not_found", 405: "method_not_allowed"}
         message = {404: f"no route {request.url.path}",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
-        return JSONResponse(ApiError(e.status_code, message, kinds.get(e.status_code, "http")).body(), e.status_code,
-                            headers=getattr(e, "headers", None))
+        return ApiError(e.status_code, message, kinds.get(e.status_code, "http")).response(getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def crashed(request, e: Exception):
-        return error_response(internal_error(e))
+        return internal_error(e).response()

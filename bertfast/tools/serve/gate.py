@@ -18,7 +18,6 @@ import time
 
 import orjson
 
-from starlette.responses import JSONResponse
 from starlette.routing import Match
 
 from .schemas import ApiError
@@ -63,7 +62,7 @@ class Gate:
                 body, refusal = await self.read_body(receive)
                 size[0] = len(body)
             if refusal is not None:
-                await JSONResponse(refusal.body(), refusal.status)(scope, receive, send_status)
+                await refusal.response()(scope, receive, send_status)
                 return
             answer = self.direct.get(scope["path"]) if scope["method"] == "POST" and is_json(scope) else None
             response = None if answer is None else await answer(body)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse
 
 Texts = Union[str, list[str]]
 TEXTS = "a string or a list of strings"
@@ -146,3 +147,7 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return ErrorBody(error=self.message, error_type=self.kind, field=self.field, limit=self.limit).model_dump()
+
+    def response(self, headers=None) -> JSONResponse:
+        """The error as the server sends it: its body as JSON, with its status."""
+        return JSONResponse(self.body(), self.status, headers=headers)
