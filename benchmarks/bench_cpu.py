@@ -157,7 +157,8 @@ def bench_gemm(args):
                     for n, k in shapes[:4]]
             flops = sum(2 * m * w.shape[0] * w.shape[1] for _, w, _ in mats)
             fns = {"addmm": lambda: [torch.addmm(b, x, w.t()) for x, w, b in mats]}
-            if dtype == torch.float32 and _C.isa() in ("avx512_vnni", "amx"):  # bf16 at large M runs on oneDNN, not ours
+            # fp32: the blocked regimes (AVX-512, portable); bf16 at large M runs on oneDNN or torch, not ours
+            if dtype == torch.float32 and _C.isa() in ("avx512_vnni", "amx", "portable"):
                 packed = [_C.pack_linear(w) for _, w, _ in mats]
                 fns["ours"] = lambda: [_C.linear(x, p, w.shape[0], b) for (x, w, b), p in zip(mats, packed)]
             times = time_interleaved(fns, (), 9, warmup=1)

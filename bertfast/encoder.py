@@ -93,7 +93,7 @@ def choose_dtype(dtype, backend: Backend, device) -> torch.dtype | None:
     if dtype in precision.slower:
         from .backends.cpu import isa
 
-        tier = isa.cpu_info()["active"] if device == "cpu" else None
+        tier = isa.active_cap() if device == "cpu" else None
         where = f"the {tier} ISA tier" if tier else device
         name = str(dtype).replace("torch.", "")
         warn_once(f"bertfast: {name} on backend {backend.name!r} on {where} is measured slower than float32 "

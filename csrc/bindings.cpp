@@ -6,7 +6,7 @@
 // rotary_ (rotary.cpp), glu (glu.cpp),
 // pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
 // int8_epilogue_ (int8_epilogue.cpp), pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows),
-// isa / detected_isa / set_isa / has_avx512_bf16 (isa.cpp), num_threads (parallel.h).
+// isa / detected_isa / set_isa / has_avx512_bf16 / set_avx512_bf16 (isa.cpp), num_threads (parallel.h).
 #include <ATen/MemoryOverlap.h>
 #include <torch/extension.h>
 
@@ -673,7 +673,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa, "the ISA tier the kernels dispatch to: 'amx', 'avx512_vnni', 'avx2' or 'portable'");
   m.def("detected_isa", &detected_isa, "the best ISA tier this CPU (and OS) supports");
   m.def("set_isa", &set_isa, "cap the kernels at an ISA tier; returns False if the CPU lacks it", py::arg("isa"));
-  m.def("has_avx512_bf16", &bc::has_avx512_bf16, "whether the CPU has AVX-512 BF16 dot products");
+  m.def("has_avx512_bf16", &bc::has_avx512_bf16,
+        "whether the kernels use AVX-512 BF16 dot products (the CPU has them, not hidden)");
+  m.def("set_avx512_bf16", &bc::set_avx512_bf16,
+        "hide (False) or restore (True) AVX-512 BF16, as BERTFAST_ISA=avx512_vnni-nobf16 does at load; returns False if "
+        "the CPU lacks it or the amx tier is active", py::arg("enabled"));
   m.def("num_threads", &bc::num_threads, "OpenMP threads the kernels use");
   // int8 dynamic quantization (bertfast/quant.py)
   m.def("quantize_rows", &quantize_rows, "per-token asymmetric int8 quantization: x (M, K) fp32 -> (q int8, scale, zero_point)",

@@ -11,7 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
-from bertfast.backends.cpu import isa
+from bertfast.backends.cpu import isa as isa_module
 # The tests' name for the one relative error: max |ours - ref| / max |ref|, over real positions with a mask.
 from bertfast.tools.validate.accuracy import rel_error as rel_err  # noqa: F401
 
@@ -54,7 +54,8 @@ def minilm_path():
         pytest.skip(f"default model package not installed: {e}")
 
 
-TIERS = tuple(reversed(isa.TIERS))  # highest first
+TIERS = tuple(reversed(isa_module.TIERS))  # highest first
+CAPS = tuple(reversed(isa_module.CAPS))  # highest first: the tiers and avx512_vnni-nobf16
 
 
 def supported_tiers() -> list[str]:
@@ -69,16 +70,21 @@ def supported_tiers() -> list[str]:
     return out
 
 
-@pytest.fixture(params=TIERS)
+@pytest.fixture(params=CAPS)
 def isa(request):
-    """Run the native kernels capped at one ISA tier (skipped where the CPU lacks it); restores the cap."""
+    """Run the native kernels capped at one ISA cap, as BERTFAST_ISA would (skipped where the CPU lacks it,
+    and avx512_vnni-nobf16 where it has no AVX-512 BF16 to hide); yields the cap's name and restores the
+    tier and AVX-512 BF16."""
     from bertfast import _C
 
-    if request.param not in supported_tiers():
-        pytest.skip(f"this CPU does not support the {request.param} tier")
-    before = _C.isa()
-    assert _C.set_isa(request.param)
+    if request.param not in isa_module.supported_caps():
+        pytest.skip(f"this CPU does not support the {request.param} tier" if request.param != isa_module.NO_BF16
+                    else "this CPU has no AVX-512 BF16 to hide")
+    before, bf16_before = _C.isa(), _C.has_avx512_bf16()
+    assert _C.set_isa(isa_module.cap_tier(request.param))
+    assert _C.set_avx512_bf16(request.param != isa_module.NO_BF16 and bf16_before)
     yield request.param
+    _C.set_avx512_bf16(bf16_before)
     _C.set_isa(before)
 
 

@@ -260,7 +260,8 @@ def test_isa_argument_errors(capsys):
     assert "--isa: unknown tier(s) sse9" in capsys.readouterr().err
     from bertfast.tools.bench.tiers import parse_tiers
 
-    assert parse_tiers("all") == ["amx", "avx512_vnni", "avx2", "portable"]
+    assert parse_tiers("all") == ["amx", "avx512_vnni", "avx512_vnni-nobf16", "avx2", "portable"]
+    assert parse_tiers("avx2,avx512_vnni-nobf16") == ["avx512_vnni-nobf16", "avx2"]
     assert parse_tiers("portable,avx2") == ["avx2", "portable"]
 
 

@@ -153,7 +153,8 @@ def test_gelu_extremes(isa):
 
 # ----------------------------------------------------------------------------------------------
 # GEMM on packed weights (`_C.linear`): up to 32 rows the streaming regime, more rows the blocked one
-# (fp32 AVX-512; rows in blocks of up to 128 (kBlockRows), K in blocks of 192)
+# (fp32 AVX-512; rows in blocks of up to 128 (kBlockRows), K in blocks of 192); on the portable tier fp32
+# past 16 rows its own blocked regime (K in blocks of 128)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -248,6 +249,28 @@ def test_linear_threads_share_panels(isa, dtype, threads, m):
     assert torch.equal(shared, alone)
     expected = F.gelu(reference.linear(x.double(), w.double(), bias.double()))
     torch.testing.assert_close(shared.double(), expected, atol=TABLE[dtype] * 4, rtol=TABLE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("epilogue", ["gelu", "residual"])
+def test_linear_row_independent_of_row_count(isa, epilogue, dtype):
+    """A row's result does not depend on how many rows share the call, bit for bit: 1 and 7 rows stream,
+    20 take the portable tier's fp32 blocked regime (past 16 rows), 40 and 300 the blocked regime of every
+    tier that has one (fp32: AVX-512, portable; bf16: AVX-512 without AVX-512 BF16, operands widened); bf16
+    elsewhere streams at every M. K = 403 spans several k blocks of every regime and has an odd pair; N = 100
+    ends in a partial panel."""
+    g = torch.Generator().manual_seed(11)
+    n, k = 100, 403
+    x = torch.randn(300, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    res = torch.randn(300, n, generator=g).to(dtype) if epilogue == "residual" else None
+    act = "gelu" if epilogue == "gelu" else "none"
+    packed = _C.pack_linear(w)
+    full = _C.linear(x, packed, n, bias, act, res)
+    for rows in (1, 7, 20, 40):
+        part = _C.linear(x[:rows], packed, n, bias, act, None if res is None else res[:rows])
+        assert torch.equal(part, full[:rows]), f"{rows} rows differ from the same rows among 300"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 import bertfast
 from bertfast.backends.cpu import isa
 
-from conftest import TIERS, supported_tiers
+from conftest import CAPS, TIERS, supported_tiers
 
 pytestmark = pytest.mark.skipif(not supported_tiers(), reason="bertfast._C is not built")
 
@@ -41,7 +41,7 @@ def test_tiers_detected_in_order():
     assert info["active"] in tiers
 
 
-@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("tier", CAPS)
 def test_cap_from_environment(tier):
     """BERTFAST_ISA caps the extension and passes the cap on to oneDNN, MKL and ATen."""
     out = _child("""
@@ -54,14 +54,18 @@ def test_cap_from_environment(tier):
             branch = lib.mkl_serv_cbwr_get(1)
         except (OSError, AttributeError):
             branch = None
-        print(json.dumps({"info": bertfast.cpu_info(), "env": env, "mkl_branch": branch}))
+        print(json.dumps({"info": bertfast.cpu_info(), "env": env, "mkl_branch": branch,
+                          "bf16": bertfast._C.has_avx512_bf16()}))
     """, {"BERTFAST_ISA": tier}, timeout=120)
     assert out.returncode == 0, out.stderr
     child = json.loads(out.stdout.strip().splitlines()[-1])
     info, env = child["info"], child["env"]
     detected = supported_tiers()[0]
-    expected = tier if TIERS.index(tier) >= TIERS.index(detected) else detected
+    want = isa.cap_tier(tier)
+    expected = want if TIERS.index(want) >= TIERS.index(detected) else detected
     assert info["cap"] == tier and info["detected"] == detected and info["active"] == expected
+    if tier == isa.NO_BF16:  # hidden from the kernels, from oneDNN and from dtype="auto"
+        assert not child["bf16"] and not info["native_bf16"] and "BF16" not in env["ONEDNN_MAX_CPU_ISA"]
     caps = isa.library_caps(tier)
     assert {k: v for k, v in env.items() if v is not None} == caps  # every variable of the cap, no other
     if tier != "amx":
@@ -97,16 +101,16 @@ _FORWARDS = """
 """
 
 
-@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("tier", CAPS)
 def test_no_reference_kernel(tier):
     """int8, fp32 and bf16 forwards of several hundred tokens never run a oneDNN reference primitive."""
     pytest.importorskip("transformers")
-    if tier not in supported_tiers():
-        pytest.skip(f"this CPU does not support the {tier} tier")
+    if tier not in isa.supported_caps():
+        pytest.skip(f"this CPU does not support the {tier} cap")
     out = _child(_FORWARDS, {"BERTFAST_ISA": tier, "ONEDNN_VERBOSE": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
-    assert f"isa {tier}" in lines
+    assert f"isa {isa.cap_tier(tier)}" in lines
     assert sum(line.startswith("forward") for line in lines) == 3
     executed = [line for line in lines if line.startswith("onednn_verbose") and ",exec," in line]
     # The implementation is the field after the primitive kind: "ref:any", "ref_int8:any", "gemm:jit", ...

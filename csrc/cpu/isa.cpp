@@ -64,7 +64,16 @@ Isa detected_isa() {
 
 bool isa_supported(Isa isa) { return isa <= detected_isa(); }
 
-bool has_avx512_bf16() {
+// The cap below avx512_vnni's full feature set: the tier without AVX-512 BF16, as on a CPU (or a hypervisor)
+// that lacks it. BERTFAST_ISA names it; the kernels' tier is avx512_vnni.
+constexpr const char* kNoBf16Cap = "avx512_vnni-nobf16";
+
+static bool bf16_hidden_by_env() {
+  const char* env = std::getenv("BERTFAST_ISA");
+  return env != nullptr && std::strcmp(env, kNoBf16Cap) == 0;
+}
+
+static bool cpu_has_avx512_bf16() {
 #if BF_X86
   static const bool bf = isa_supported(Isa::Avx512Vnni) && __builtin_cpu_supports("avx512bf16");
   return bf;
@@ -73,11 +82,22 @@ bool has_avx512_bf16() {
 #endif
 }
 
+static std::atomic<bool>& bf16_state() {
+  static std::atomic<bool> state{cpu_has_avx512_bf16() && !bf16_hidden_by_env()};
+  return state;
+}
+
+bool has_avx512_bf16() { return bf16_state().load(std::memory_order_relaxed); }
+
 static Isa initial_isa() {
   Isa cap = Isa::Amx;
   const char* env = std::getenv("BERTFAST_ISA");
   // An unknown name is reported by the Python package (bertfast.cpu_info), which refuses to run with it.
-  if (env != nullptr && *env != '\0') parse_isa(env, &cap);
+  if (bf16_hidden_by_env()) {
+    cap = Isa::Avx512Vnni;
+  } else if (env != nullptr && *env != '\0') {
+    parse_isa(env, &cap);
+  }
   return cap < detected_isa() ? cap : detected_isa();
 }
 
@@ -89,8 +109,15 @@ static std::atomic<int>& isa_state() {
 Isa active_isa() { return static_cast<Isa>(isa_state().load(std::memory_order_relaxed)); }
 
 bool set_isa(Isa isa) {
-  if (!isa_supported(isa)) return false;
+  if (!isa_supported(isa) || (isa == Isa::Amx && !has_avx512_bf16())) return false;
   isa_state().store(static_cast<int>(isa));
+  return true;
+}
+
+bool set_avx512_bf16(bool enabled) {
+  if (enabled && !cpu_has_avx512_bf16()) return false;
+  if (!enabled && active_isa() == Isa::Amx) return false;  // the amx tier's kernels need it: cap the tier first
+  bf16_state().store(enabled);
   return true;
 }
 

@@ -27,14 +27,20 @@ enum class Isa : int { Portable = 0, Avx2 = 1, Avx512Vnni = 2, Amx = 3 };
 Isa detected_isa();
 // The tier the kernels dispatch to: the detected one, capped by BERTFAST_ISA at load or by set_isa.
 Isa active_isa();
-// Cap the kernels at `isa` (tests and benchmarks run every lower tier); false if the CPU lacks it.
+// Cap the kernels at `isa` (tests and benchmarks run every lower tier); false if the CPU lacks it (or, for
+// amx, AVX-512 BF16 is hidden).
 bool set_isa(Isa isa);
 bool isa_supported(Isa isa);
 // The tier named by `name` ("amx", "avx512_vnni", "avx2", "portable"); false if no tier has that name.
 bool parse_isa(const char* name, Isa* isa);
 const char* isa_name(Isa isa);
-// AVX-512 BF16 dot products (vdpbf16ps), used by the Avx512Vnni tier's bf16 GEMM where present.
+// AVX-512 BF16 dot products (vdpbf16ps), used by the Avx512Vnni tier's bf16 GEMM where present: the CPU
+// has them and they are not hidden (BERTFAST_ISA=avx512_vnni-nobf16 at load, or set_avx512_bf16), as a
+// hypervisor that masks them would. Hidden, the tier is capped below amx.
 bool has_avx512_bf16();
+// Hide (false) or restore (true) AVX-512 BF16; false if the CPU lacks it, or if hiding it while the amx
+// tier is active.
+bool set_avx512_bf16(bool enabled);
 // Whether the CPU has AMX tiles and the OS granted this process their state (requested once).
 bool amx_tiles_permitted();
 

@@ -3,14 +3,16 @@
 // At small M (a handful of tokens) a linear layer is bound by reading its weights once from memory; the
 // packed layout makes that read one sequential stream per panel of kPanel output columns, and threads
 // share the panels out so that each streams one contiguous stretch (MeetInTheMiddle, parallel.h). With
-// more rows (fp32 on AVX-512) the same panels feed a compute-bound blocked GEMM (linear_blocked_f32); the
-// AVX2 kernel streams at every M.
+// more rows the same panels feed a compute-bound blocked GEMM (fp32: linear_blocked_f32 on AVX-512,
+// linear_blocked_generic on the portable tier; bf16 on AVX-512 without AVX-512 BF16: linear_blocked_bf16);
+// the AVX2 kernel streams at every M.
 // fp32 weights: [panels][K][kPanel]. bf16 weights: [panels][ceil(K/2)][kPanel][2], pairs along K as
 // AVX-512 BF16 dot products (vdpbf16ps) and AMX tiles want them. Accumulation is fp32; bias, activation and
 // residual are applied to the fp32 accumulator and the result is rounded once.
 //
-// The files: linear_pack.cpp (the packed layout), linear_stream.cpp and linear_stream_avx2.cpp (streaming, small
-// M), linear_blocked.cpp (fp32 on AVX-512, larger M), linear_amx.cpp (bf16 on AMX tiles); this one chooses.
+// The files: linear_pack.cpp (the packed layout), linear_stream.cpp and linear_stream_avx2.cpp (streaming,
+// small M), linear_blocked.cpp (larger M: fp32 on AVX-512 and portable, widened bf16), linear_amx.cpp (bf16 on
+// AMX tiles); this one chooses.
 #include <omp.h>
 
 #include <algorithm>
@@ -49,19 +51,33 @@ void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, cons
 #if BF_X86
   const bool amx = sizeof(T) == 2 && active_isa() == Isa::Amx && k % kAmxK == 0;
 #endif
+  // Past kPackPasses passes (portable fp32: kPortablePackPasses), the blocked regime where the tier has one:
+  // fp32 on AVX-512 and portable, bf16 on AVX-512 without AVX-512 BF16 (widened; with it, bf16 at larger M is
+  // oneDNN's or AMX's). AVX2 streams at every M.
+  const Isa isa = active_isa();
+  const int64_t passes = (m + kMaxRows - 1) / kMaxRows;
+  const bool blocked = sizeof(T) == 4 ? (isa >= Isa::Avx512Vnni && passes > kPackPasses) ||
+                                            (isa == Isa::Portable && passes > kPortablePackPasses)
+                                      : isa == Isa::Avx512Vnni && !has_avx512_bf16() && passes > kPackPasses;
+  if (blocked) {
+    const BlockedItems items(m, panels, nt);
+    parallel_for(nt, items.count(), [&](int64_t i) {
+      const int64_t rb = i / items.runs, run = i % items.runs, r0 = rb * items.rows_per;
+      const int64_t rows = std::min(items.rows_per, m - r0);
+      const int64_t q0 = items.first_panel(run), q1 = items.first_panel(run + 1);
+      if constexpr (sizeof(T) == 2) {
 #if BF_X86
-  if constexpr (sizeof(T) == 4) {
-    if (active_isa() >= Isa::Avx512Vnni && (m + kMaxRows - 1) / kMaxRows > kPackPasses) {
-      const BlockedItems items(m, panels, nt);
-      parallel_for(nt, items.count(), [&](int64_t i) {
-        const int64_t rb = i / items.runs, run = i % items.runs, r0 = rb * items.rows_per;
-        linear_blocked_f32(x, ldx, packed, n, k, ep, r0, std::min(items.rows_per, m - r0), items.first_panel(run),
-                           items.first_panel(run + 1));
-      });
-      return;
-    }
-  }
+        linear_blocked_bf16(x, ldx, packed, n, k, ep, r0, rows, q0, q1);
 #endif
+      } else {
+#if BF_X86
+        if (isa >= Isa::Avx512Vnni) return linear_blocked_f32(x, ldx, packed, n, k, ep, r0, rows, q0, q1);
+#endif
+        linear_blocked_generic(x, ldx, packed, n, k, ep, r0, rows, q0, q1);
+      }
+    });
+    return;
+  }
   // One part per thread: each streams a contiguous stretch of panels, meeting its partner's.
   const MeetInTheMiddle shared(panels, nt);
   parallel_for(nt, nt, [&](int64_t part) {

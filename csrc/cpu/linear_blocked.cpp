@@ -1,5 +1,5 @@
-// The blocked regime of the GEMM: fp32 on AVX-512 with more rows than the streaming regime takes, compute
-// bound.
+// The blocked regimes of the GEMM: fp32 with more rows than the streaming regime takes, compute bound. On
+// AVX-512 (linear_blocked_f32) and on the portable tier (linear_blocked_generic, 4-lane vectors).
 #include <omp.h>
 
 #include <algorithm>
@@ -10,6 +10,108 @@
 namespace bertfast {
 namespace cpu {
 namespace linear_detail {
+
+// ---- portable blocked regime (fp32, more than kPackPasses passes) ----
+//
+// The same items as the AVX-512 regime (BlockedItems), in code any compiler vectorizes to its 4-lane
+// registers (SSE2 on x86-64, NEON on aarch64): per k block of kPortableK steps, x's rows are packed into
+// tiles of kPortableRows rows with each value already broadcast to 4 lanes (so a tile step is plain
+// loads, no shuffles); then for each panel of the run, each tile runs over the block's weights a slice of
+// kPortableCols * 4 columns at a time: 3 x 16 columns in 12 accumulators, which with the 4 weight vectors
+// fill the 16 registers of SSE2. Each output element is one running sum over k in order, continued from
+// block to block through `sums`, then the streaming regime's epilogue (store_tile): every row's result is
+// bit for bit that of linear_stream_generic, whatever M. Measured on AMD EPYC (Zen 4, 2 threads, SSE2
+// build), BERT-base's four GEMM shapes at M = 1024, paired in one process with torch.addmm under the portable
+// cap (MKL's SSE2 sgemm, MKL_CBWR=COMPATIBLE): x0.99-1.04 MKL's time, both 75-81 GFLOP/s. SSE2's
+// two-operand form costs 3 instructions per 4-lane multiply-add, which at Zen 4's 6 a cycle caps either near
+// 49 GFLOP/s a core (3.66 GHz). What this regime adds is what it fuses (bias, activation, residual) and the
+// row independence.
+// Tried: 4 x 12 tiles (alike); k unrolled by 2 (x1.46 the time: spills); k blocks of 192-256 steps (slower).
+namespace {
+
+using f4 = float __attribute__((vector_size(16)));
+constexpr int kPortableRows = 3;
+constexpr int kPortableCols = 4;  // f4 vectors
+constexpr int64_t kPortableK = 128;
+static_assert(kPanel % (4 * kPortableCols) == 0, "a panel is whole slices");
+
+BF_INLINE f4 load4(const float* p) {
+  f4 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+BF_INLINE void store4(float* p, f4 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// x rows [0, rows) x k steps [k0, k0 + kc) as [tiles][kc][kPortableRows] broadcast values, rows past
+// `rows` zero.
+void pack_x_broadcast(const float* x, int64_t ldx, int64_t rows, int64_t k0, int64_t kc, f4* xt) {
+  for (int64_t m0 = 0; m0 < rows; m0 += kPortableRows, xt += kc * kPortableRows) {
+    for (int r = 0; r < kPortableRows; ++r) {
+      if (m0 + r < rows) {
+        const float* src = x + (m0 + r) * ldx + k0;
+        for (int64_t k = 0; k < kc; ++k) xt[k * kPortableRows + r] = f4{} + src[k];
+      } else {
+        for (int64_t k = 0; k < kc; ++k) xt[k * kPortableRows + r] = f4{};
+      }
+    }
+  }
+}
+
+// One tile's slice over one k block: the running sums `c` (rows kPanel apart; zero when `first`) plus
+// x tile [kc][kPortableRows] times weights [kc][kPanel] (the slice's columns from w on).
+BF_INLINE void slice_generic(const f4* xt, const float* w, int64_t kc, float* c, bool first) {
+  f4 acc[kPortableRows][kPortableCols];
+#pragma GCC unroll 4
+  for (int r = 0; r < kPortableRows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < kPortableCols; ++v) acc[r][v] = first ? f4{} : load4(c + r * kPanel + 4 * v);
+  for (int64_t k = 0; k < kc; ++k, w += kPanel, xt += kPortableRows) {
+    f4 wv[kPortableCols];
+#pragma GCC unroll 4
+    for (int v = 0; v < kPortableCols; ++v) wv[v] = load4(w + 4 * v);
+#pragma GCC unroll 4
+    for (int r = 0; r < kPortableRows; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < kPortableCols; ++v) acc[r][v] += xt[r] * wv[v];
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < kPortableRows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < kPortableCols; ++v) store4(c + r * kPanel + 4 * v, acc[r][v]);
+}
+
+}  // namespace
+
+void linear_blocked_generic(const float* x, int64_t ldx, const float* packed, int64_t N, int64_t K, const Epilogue& ep,
+                            int64_t r0, int64_t rows, int64_t p0, int64_t p1) {
+  DenormalGuard ftz;
+  const int64_t tiles = (rows + kPortableRows - 1) / kPortableRows, tile_elems = kPortableRows * kPanel;
+  thread_local std::vector<f4> xbuf;
+  thread_local std::vector<float> sums;  // [panels][tiles][kPortableRows][kPanel]
+  xbuf.resize(size_t(tiles * kPortableRows * kPortableK + 4));
+  // x's tiles start 16 bytes past a cache line: at a line boundary (with the packed weights' rows at line
+  // boundaries too) the same loop ran 25% slower (Zen 4, SSE2 build; any of the three other offsets alike).
+  f4* xt = xbuf.data() + (4 - reinterpret_cast<uintptr_t>(xbuf.data()) / sizeof(f4) % 4) % 4 + 1;
+  sums.resize(size_t((p1 - p0) * tiles * tile_elems));
+  for (int64_t k0 = 0; k0 < K; k0 += kPortableK) {
+    const int64_t kc = std::min(kPortableK, K - k0);
+    pack_x_broadcast(x + r0 * ldx, ldx, rows, k0, kc, xt);
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* w = packed + (p * K + k0) * kPanel;
+      float* c = sums.data() + (p - p0) * tiles * tile_elems;
+      for (int64_t t = 0; t < tiles; ++t) {
+        float* ct = c + t * tile_elems;
+        for (int64_t s = 0; s < kPanel; s += 4 * kPortableCols)
+          slice_generic(xt + t * kc * kPortableRows, w + s, kc, ct + s, k0 == 0);
+        if (k0 + kc == K) {
+          const int64_t m0 = t * kPortableRows, n0 = p * kPanel;
+          store_tile<float>(ct, int(std::min<int64_t>(kPortableRows, rows - m0)), r0 + m0, n0,
+                            std::min<int64_t>(kPanel, N - n0), ep);
+        }
+      }
+    }
+  }
+}
 
 #if BF_X86
 namespace {
@@ -69,15 +171,16 @@ BF_TARGET_AVX512 void pack_x_tiles(const float* x, int64_t ldx, int64_t rows, in
 // One tile of MR rows over one k block: x tile [kc][8], weights [kc][48]. The block is summed from
 // zero and then added to the earlier blocks' sums in `c` unless `first` (a sum of K/kBlockK partial
 // sums of kBlockK terms each, whose rounding error grows with kBlockK + K/kBlockK rather than with
-// K); the total goes to `to`. Every 4 k steps one cache line from `pf` on is pulled into L2 (the weight
-// block the item runs next; prefetches never fault, so running past its end is harmless). Paired with
-// the previous schedule (a prefetch credit counted every k step, plus the next tile's sums pulled into
-// L1): x0.96-0.98 the time at 128-1024 rows; without any prefetch x1.09-1.16.
-template <int MR>
+// K); with RUNNING (bf16, linear_blocked_bf16) it continues one running sum over K from `c` instead, as
+// the bf16 streaming tiles do. The total goes to `to`. Every 4 k steps one cache line from `pf` on is
+// pulled into L2 (the weight block the item runs next; prefetches never fault, so running past its end
+// is harmless). Paired with the previous schedule (a prefetch credit counted every k step, plus the next
+// tile's sums pulled into L1): x0.96-0.98 the time at 128-1024 rows; without any prefetch x1.09-1.16.
+template <int MR, bool RUNNING>
 BF_TARGET_AVX512 BF_INLINE void tile_blocked(const float* xt, const float* w, int64_t kc, const float* c, bool first,
                                              const char* pf, const TileOut& to) {
   __m512 acc[MR][3];
-  load_acc<MR>(acc, c, true);
+  load_acc<MR>(acc, c, RUNNING ? first : true);
   const auto x_at = [&](int r) { return xt[r]; };
   int64_t k = 0;
   for (; k + 4 <= kc; k += 4, pf += 64) {
@@ -86,7 +189,7 @@ BF_TARGET_AVX512 BF_INLINE void tile_blocked(const float* xt, const float* w, in
     for (int u = 0; u < 4; ++u, w += kPanel, xt += kMaxRows) fma_step<MR>(acc, w, x_at);
   }
   for (; k < kc; ++k, w += kPanel, xt += kMaxRows) fma_step<MR>(acc, w, x_at);
-  if (!first) add_earlier<MR>(acc, c);
+  if (!RUNNING && !first) add_earlier<MR>(acc, c);
   if (to.ep == nullptr)
     store_acc<MR>(acc, to.sums);
   else if (to.ep->act == Activation::Gelu)
@@ -97,17 +200,48 @@ BF_TARGET_AVX512 BF_INLINE void tile_blocked(const float* xt, const float* w, in
     finish_tile<MR, Activation::None>(acc, to);
 }
 
+template <bool RUNNING = false>
 BF_TARGET_AVX512 void tile_blocked_rows(int mr, const float* xt, const float* w, int64_t kc, const float* c, bool first,
                                         const char* pf, const TileOut& to) {
   switch (mr) {
-    case 1: tile_blocked<1>(xt, w, kc, c, first, pf, to); break;
-    case 2: tile_blocked<2>(xt, w, kc, c, first, pf, to); break;
-    case 3: tile_blocked<3>(xt, w, kc, c, first, pf, to); break;
-    case 4: tile_blocked<4>(xt, w, kc, c, first, pf, to); break;
-    case 5: tile_blocked<5>(xt, w, kc, c, first, pf, to); break;
-    case 6: tile_blocked<6>(xt, w, kc, c, first, pf, to); break;
-    case 7: tile_blocked<7>(xt, w, kc, c, first, pf, to); break;
-    default: tile_blocked<8>(xt, w, kc, c, first, pf, to); break;
+    case 1: tile_blocked<1, RUNNING>(xt, w, kc, c, first, pf, to); break;
+    case 2: tile_blocked<2, RUNNING>(xt, w, kc, c, first, pf, to); break;
+    case 3: tile_blocked<3, RUNNING>(xt, w, kc, c, first, pf, to); break;
+    case 4: tile_blocked<4, RUNNING>(xt, w, kc, c, first, pf, to); break;
+    case 5: tile_blocked<5, RUNNING>(xt, w, kc, c, first, pf, to); break;
+    case 6: tile_blocked<6, RUNNING>(xt, w, kc, c, first, pf, to); break;
+    case 7: tile_blocked<7, RUNNING>(xt, w, kc, c, first, pf, to); break;
+    default: tile_blocked<8, RUNNING>(xt, w, kc, c, first, pf, to); break;
+  }
+}
+
+// bf16 x rows [0, rows) x k steps [k0, k0 + kc) widened to fp32 tiles of 8 rows: [tiles][kc][8]; steps at or
+// past K (an odd K's pad) and rows past `rows` zero. Rows are widened 16 values at a time into `xw`
+// ([rows][kc], row-major), then pack_x_tiles transposes them (one value at a time: x1.07 the GEMM's time
+// at K = 3072).
+BF_TARGET_AVX512 void pack_x_tiles_bf16(const bf16* x, int64_t ldx, int64_t rows, int64_t K, int64_t k0, int64_t kc,
+                                        float* xw, float* xt) {
+  const int64_t kn = std::min(kc, K - k0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const bf16* src = x + r * ldx + k0;
+    float* dst = xw + r * kc;
+    for (int64_t j = 0; j < kc; j += 16)
+      _mm512_mask_storeu_ps(dst + j, tail_mask(kc - j), load16(src + j, tail_mask(kn - j)));
+  }
+  pack_x_tiles(xw, kc, rows, 0, kc, xt);
+}
+
+// A packed bf16 weight block of kc (even) k steps, [kc / 2][kPanel][2], as fp32 [kc][kPanel]: a 32-bit lane
+// holding a pair becomes its even element (shifted up 16 bits) and its odd one (the high half).
+BF_TARGET_AVX512 void widen_weight_block(const bf16* w, int64_t kc, float* wt) {
+  const __m512i hi_mask = _mm512_set1_epi32(int(0xffff0000u));
+  for (int64_t q = 0; q < kc / 2; ++q, w += 2 * kPanel, wt += 2 * kPanel) {
+#pragma GCC unroll 3
+    for (int v = 0; v < 3; ++v) {
+      const __m512i pairs = _mm512_loadu_si512(w + 32 * v);
+      _mm512_storeu_ps(wt + 16 * v, _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)));
+      _mm512_storeu_ps(wt + kPanel + 16 * v, _mm512_castsi512_ps(_mm512_and_si512(pairs, hi_mask)));
+    }
   }
 }
 
@@ -152,6 +286,49 @@ BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const floa
           tile_blocked_rows(mr, xs, w, kc, ct, first, pf, TileOut{tile, nullptr, 0, 0, 0});
           store_tile<float>(tile, mr, r0 + m0, n0, nvalid, ep);
         }
+      }
+    }
+  }
+}
+
+// One item of bf16 without AVX-512 BF16 dot products: output rows [r0, r0 + rows) x panels [p0, p1). The
+// fp32 regime's tiles on operands widened per k block (x's tiles; each panel's weight block into a thread
+// buffer that the item's up to 16 tiles then read from L1/L2, so the widening costs 1/128 of the block's
+// multiply-adds). Each output is one running sum over K in order, odd K's zero pad included, then
+// store_tile: every row's result is bit for bit the streaming regime's (tile_avx512_bf16 without dot
+// products), whatever M. Measured on AMD EPYC (Zen 4) under avx512_vnni-nobf16, BERT-base b8 x s128:
+// docs/cpu-gemm.md#bf16-without-native-dot-products.
+BF_TARGET_AVX512 void linear_blocked_bf16(const bf16* x, int64_t ldx, const bf16* packed, int64_t N, int64_t K,
+                                          const Epilogue& ep, int64_t r0, int64_t rows, int64_t p0, int64_t p1) {
+  DenormalGuard ftz;
+  const int64_t K2 = (K + 1) / 2 * 2;  // k steps of a packed panel, the pad included
+  static_assert(kBlockK % 2 == 0, "k blocks hold whole pairs");
+  thread_local std::vector<float> xw, xt, wt, sums;
+  xw.resize(rows * kBlockK);
+  xt.resize(((kBlockRows + kMaxRows - 1) / kMaxRows) * kMaxRows * kBlockK);
+  wt.resize(kBlockK * kPanel);
+  const int64_t tiles = (rows + kMaxRows - 1) / kMaxRows;
+  sums.resize((p1 - p0) * tiles * kMaxRows * kPanel);
+  alignas(64) float tile[kMaxRows * kPanel];
+  for (int64_t k0 = 0; k0 < K2; k0 += kBlockK) {
+    const int64_t kc = std::min(kBlockK, K2 - k0);
+    const bool first = k0 == 0, last = k0 + kc == K2;
+    pack_x_tiles_bf16(x + r0 * ldx, ldx, rows, K, k0, kc, xw.data(), xt.data());
+    for (int64_t p = p0; p < p1; ++p) {
+      const bf16* w = packed + (p * K2 + k0) * kPanel;
+      widen_weight_block(w, kc, wt.data());
+      // The next panel's block into L2 while this one is computed.
+      const char* pf = reinterpret_cast<const char*>(p + 1 < p1 ? w + K2 * kPanel : w);
+      const int64_t n0 = p * kPanel, nvalid = std::min<int64_t>(kPanel, N - n0);
+      float* c = sums.data() + (p - p0) * tiles * kMaxRows * kPanel;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t m0 = t * kMaxRows;
+        const int mr = int(std::min<int64_t>(kMaxRows, rows - m0));
+        float* ct = c + m0 * kPanel;
+        const float* xs = xt.data() + t * kc * kMaxRows;
+        tile_blocked_rows<true>(mr, xs, wt.data(), kc, ct, first, pf + (kc * kPanel * 2 * t / tiles) / 64 * 64,
+                                TileOut{last ? tile : ct, nullptr, 0, 0, 0});
+        if (last) store_tile<bf16>(tile, mr, r0 + m0, n0, nvalid, ep);
       }
     }
   }

@@ -21,6 +21,13 @@ namespace cpu {
 namespace linear_detail {
 
 constexpr int kMaxRows = 8;  // rows of x per register tile (8 rows x 3 zmm = 24 accumulators)
+// Rows of x in one item of the blocked regimes (linear_blocked.cpp; BlockedItems, linear.cpp).
+constexpr int64_t kBlockRows = 128;
+// Passes of kMaxRows rows up to which fp32 streams (linear.cpp); more take a blocked regime. On the portable
+// tier from 3 passes (M > 16): paired with MKL's SSE2 sgemm over BERT-base's four shapes (Zen 4, 2 threads),
+// streaming took x0.59-0.84 its time at M = 6-16 and x0.98-1.06 at 24-32, blocked x0.91-0.95 at 24-32.
+constexpr int64_t kPackPasses = 4;
+constexpr int64_t kPortablePackPasses = 2;
 
 struct Epilogue {
   const void* bias;
@@ -115,7 +122,6 @@ struct FarPrefetch {
 // is a zero, as the packed weight's is.
 template <typename T>
 constexpr int64_t kXRow = kBlockSteps<T> * (sizeof(T) == 2 ? 2 : 1);  // elements of a row per block
-constexpr int64_t kPackPasses = 4;
 
 template <typename T>
 void pack_x(const T* x, int64_t ldx, int64_t M, int64_t K, T* xp) {
@@ -251,15 +257,15 @@ BF_TARGET_AVX512 BF_INLINE void finish_tile(const __m512 (&acc)[MR][3], const Ti
   }
 }
 
-// Rows of x in one item of the blocked regime (linear_blocked.cpp; BlockedItems, linear.cpp).
-constexpr int64_t kBlockRows = 128;
-
 // The AMX kernel (linear_amx.cpp) runs when K is a multiple of this: bf16 elements of K per tile step.
 constexpr int64_t kAmxK = 32;
 #endif
 
 // ---- each regime's entry point: the claimed panels (streaming, AMX) or one item (blocked) of a call ----
 
+// Blocked, fp32, portable (linear_blocked.cpp): output rows [r0, r0 + rows) x panels [p0, p1).
+void linear_blocked_generic(const float* x, int64_t ldx, const float* packed, int64_t N, int64_t K, const Epilogue& ep,
+                            int64_t r0, int64_t rows, int64_t p0, int64_t p1);
 // Streaming, every tier (linear_stream.cpp: portable and AVX-512; linear_stream_avx2.cpp).
 template <typename T>
 void linear_stream_generic(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
@@ -274,6 +280,9 @@ BF_TARGET_AVX2 void linear_stream_avx2(const T* x, int64_t ldx, const T* packed,
 // Blocked, fp32 on AVX-512 (linear_blocked.cpp): output rows [r0, r0 + rows) x panels [p0, p1).
 BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const float* packed, int64_t N, int64_t K,
                                          const Epilogue& ep, int64_t r0, int64_t rows, int64_t p0, int64_t p1);
+// Blocked, bf16 on AVX-512 without AVX-512 BF16 (linear_blocked.cpp): operands widened to fp32 per k block.
+BF_TARGET_AVX512 void linear_blocked_bf16(const bf16* x, int64_t ldx, const bf16* packed, int64_t N, int64_t K,
+                                          const Epilogue& ep, int64_t r0, int64_t rows, int64_t p0, int64_t p1);
 // AMX, bf16 with K a multiple of kAmxK (linear_amx.cpp).
 BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N, int64_t K,
                               const Epilogue& ep, MeetInTheMiddle::Walker& panels);

@@ -77,6 +77,50 @@ BF_INLINE float gelu_erf(float x) {
   return x >= 0.f ? x * (1.0f - 0.5f * erfc_z) : 0.5f * x * erfc_z;
 }
 
+// gelu_erf of 16 floats at v, in place: the same operations, so the same numbers, as gelu_erf on each, on
+// four 4-lane vectors (GCC/Clang vector extensions) whose steps alternate, so that four independent chains
+// of its ~150 cycles of dependent operations are in flight from the instruction order itself (the x86
+// compilers do not reorder for that). One chain at a time, as the vectorized loop over gelu_erf had it,
+// left the loop waiting on latency: the GELU epilogue of a 1024 x 3072 output took 8.5 ms on the portable
+// tier against 3.1 ms for torch's GELU (AMD EPYC Zen 4, 2 threads); 4 chains took x0.53 the time per
+// element alone, (1 chain 6.0 ns, 2 4.4, 3 3.6, 4 3.2; SSE2 build).
+BF_INLINE void gelu_erf16(float* v) {
+  using f4 = float __attribute__((vector_size(16)));
+  using i4 = int32_t __attribute__((vector_size(16)));
+  constexpr int U = 4;
+  f4 x[U], z_abs[U], z[U], t[U], p[U], n[U], r[U];
+#define BF_EACH _Pragma("GCC unroll 4") for (int u = 0; u < U; ++u)
+  BF_EACH std::memcpy(&x[u], v + 4 * u, sizeof(f4));
+  BF_EACH z_abs[u] = (x[u] < 0.f ? -x[u] : x[u]) * 0.70710678118654752f;
+  BF_EACH z[u] = z_abs[u] > 9.0f ? f4{} + 9.0f : z_abs[u];
+  BF_EACH t[u] = 1.0f / (1.0f + 0.5f * z[u]);
+  static constexpr float kErfc[] = {0.17087277f,  -0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f,
+                                    -0.18628806f, 0.09678418f,  0.37409196f, 1.00002368f,  -1.26551223f};
+  BF_EACH p[u] = f4{} + kErfc[0];
+#pragma GCC unroll 9
+  for (int i = 1; i < 10; ++i) BF_EACH p[u] = p[u] * t[u] + kErfc[i];
+  // exp_f(p - z * z), step by step
+  BF_EACH p[u] = p[u] - z[u] * z[u];
+  BF_EACH p[u] = p[u] < kExpMin ? f4{} + kExpMin : p[u];
+  BF_EACH p[u] = p[u] > kExpMax ? f4{} + kExpMax : p[u];
+  BF_EACH n[u] = (p[u] * kLog2e + 12582912.0f) - 12582912.0f;
+  BF_EACH r[u] = p[u] - n[u] * kLn2Hi;
+  BF_EACH r[u] = r[u] - n[u] * kLn2Lo;
+  BF_EACH p[u] = f4{} + kExpPoly[0];
+#pragma GCC unroll 8
+  for (int i = 1; i < 8; ++i) BF_EACH p[u] = p[u] * r[u] + kExpPoly[i];
+  BF_EACH {
+    const i4 bits = (__builtin_convertvector(n[u], i4) + 127) << 23;
+    f4 scale;
+    std::memcpy(&scale, &bits, sizeof(scale));
+    p[u] = t[u] * (p[u] * scale);  // erfc(z)
+  }
+  BF_EACH p[u] = z_abs[u] > 9.0f ? f4{} : p[u];
+  BF_EACH x[u] = x[u] >= 0.f ? x[u] * (1.0f - 0.5f * p[u]) : 0.5f * x[u] * p[u];
+  BF_EACH std::memcpy(v + 4 * u, &x[u], sizeof(f4));
+#undef BF_EACH
+}
+
 BF_INLINE float tanh_f(float y) {
   float a = y < 0.f ? -y : y;
   a = a > 9.0f ? 9.0f : a;  // tanh(9) rounds to 1 in fp32; larger |y| would only make denormals
@@ -100,10 +144,13 @@ BF_INLINE float silu(float x) { return x < -kExpMax ? x * 0.f : x / (1.0f + exp_
 template <typename Count>
 BF_INLINE void activate(float* v, Count n, Activation act) {
   switch (act) {
-    case Activation::Gelu:
+    case Activation::Gelu: {
+      int64_t j = 0;
+      for (; j + 16 <= n; j += 16) gelu_erf16(v + j);
 #pragma omp simd
-      for (int64_t j = 0; j < n; ++j) v[j] = gelu_erf(v[j]);
+      for (int64_t i = j; i < n; ++i) v[i] = gelu_erf(v[i]);
       break;
+    }
     case Activation::GeluTanh:
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) v[j] = gelu_tanh(v[j]);

@@ -21,9 +21,9 @@ from ..weights import LayerWeights, ModelWeights
 from . import isa, linear, quant, routing
 from .ext import _C, IMPORT_ERROR
 
-# Tiers without native bf16 dot products where the backend's bf16 forward measured slower than its fp32
-# one (docs/cpu-gemm.md#bf16-slower-tiers).
-BF16_SLOWER_TIERS: tuple[str, ...] = ("portable",)
+# Caps (`isa.active_cap`) without native bf16 dot products where the backend's bf16 forward measured slower
+# than its fp32 one (docs/cpu-gemm.md#bf16-slower-tiers).
+BF16_SLOWER_TIERS: tuple[str, ...] = ("portable", isa.NO_BF16)
 
 
 class CpuBackend(Backend):
@@ -79,7 +79,7 @@ class CpuBackend(Backend):
         fp32, with bf16 marked slower on BF16_SLOWER_TIERS."""
         if isa.native_bf16():
             return Precision(torch.bfloat16)
-        return Precision(torch.float32, (torch.bfloat16,) if _C.isa() in BF16_SLOWER_TIERS else ())
+        return Precision(torch.float32, (torch.bfloat16,) if isa.active_cap() in BF16_SLOWER_TIERS else ())
 
     def native_rows(self, dtype) -> int:
         """`routing.native_rows` on the active tier (dtype: torch.float32, torch.bfloat16 or "int8")."""

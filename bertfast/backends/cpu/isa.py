@@ -2,7 +2,9 @@
 
 Tiers, lowest to highest: `portable` (plain loops), `avx2` (AVX2 + FMA), `avx512_vnni` (AVX-512 F/BW/VL/DQ
 + VNNI, AVX-512 BF16 where present), `amx` (AMX bf16/int8 tiles). The extension picks the best tier the
-CPU has; `BERTFAST_ISA=<tier>` caps it (for tests, benchmarks and reproducible numerics). The libraries
+CPU has; `BERTFAST_ISA=<cap>` caps it (for tests, benchmarks and reproducible numerics): a tier's name, or
+`avx512_vnni-nobf16`, the avx512_vnni tier with AVX-512 BF16 hidden (an Ice Lake, or a VM whose hypervisor
+masks AVX-512 BF16 and AMX, as a CPU with it can stand in for). The libraries
 torch calls decide for themselves, so the same cap is passed to them through their own variables
 (`ONEDNN_MAX_CPU_ISA`, `MKL_ENABLE_INSTRUCTIONS`, `ATEN_CPU_CAPABILITY`, and for `portable` also
 `MKL_CBWR=COMPATIBLE`), set when bertfast is imported unless the user set them: they take effect only if
@@ -14,11 +16,16 @@ from __future__ import annotations
 import os
 
 TIERS = ("portable", "avx2", "avx512_vnni", "amx")
+NO_BF16 = "avx512_vnni-nobf16"
+# What BERTFAST_ISA takes, lowest to highest: each cap's features include those of the caps below it.
+CAPS = ("portable", "avx2", NO_BF16, "avx512_vnni", "amx")
 
 # What each cap means to the libraries (their own names); `amx` is no cap.
 _LIBRARY_CAPS = {
     "avx512_vnni": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX512",
                     "ATEN_CPU_CAPABILITY": "avx512"},
+    NO_BF16: {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+              "ATEN_CPU_CAPABILITY": "avx512"},
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
     # MKL honours MKL_ENABLE_INSTRUCTIONS on Intel CPUs only; MKL_CBWR=COMPATIBLE is its SSE2 path on any
     # processor (docs/cpu-gemm.md#mkl-on-amd).
@@ -31,13 +38,18 @@ _ONEDNN_AMX = {"AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AV
 
 
 def requested_cap() -> str | None:
-    """The tier named by BERTFAST_ISA, or None when unset. Raises ValueError for an unknown name."""
+    """The cap named by BERTFAST_ISA (one of CAPS), or None when unset. Raises ValueError for an unknown name."""
     value = os.environ.get("BERTFAST_ISA", "").strip()
     if not value:
         return None
-    if value not in TIERS:
-        raise ValueError(f"BERTFAST_ISA={value!r} is not an ISA tier; expected one of {', '.join(TIERS)}")
+    if value not in CAPS:
+        raise ValueError(f"BERTFAST_ISA={value!r} is not an ISA tier; expected one of {', '.join(CAPS)}")
     return value
+
+
+def cap_tier(cap: str) -> str:
+    """The kernels' tier under a cap: the cap itself, or avx512_vnni for avx512_vnni-nobf16."""
+    return "avx512_vnni" if cap == NO_BF16 else cap
 
 
 def library_caps(cap: str | None) -> dict[str, str]:
@@ -71,6 +83,17 @@ def supported_tiers() -> list[str]:
     return list(reversed(TIERS[:TIERS.index(_C.detected_isa()) + 1]))
 
 
+def supported_caps() -> list[str]:
+    """The caps that run distinct code on this CPU, highest first: its tiers, with avx512_vnni-nobf16 after
+    avx512_vnni where the CPU has AVX-512 BF16 to hide (without it, the two caps are the same)."""
+    caps = []
+    for tier in supported_tiers():
+        caps.append(tier)
+        if tier == "avx512_vnni" and "avx512_bf16" in proc_cpuinfo()[1]:
+            caps.append(NO_BF16)
+    return caps
+
+
 def native_bf16() -> bool:
     """Whether the active tier has native bf16 dot products: `amx`, or `avx512_vnni` on a CPU with
     AVX-512 BF16. Below that, bf16 saves memory traffic but not arithmetic
@@ -80,9 +103,20 @@ def native_bf16() -> bool:
 
     if _C is None:
         cap = requested_cap()
-        return "avx512_bf16" in proc_cpuinfo()[1] and (cap is None or TIERS.index(cap) >= TIERS.index("avx512_vnni"))
+        return "avx512_bf16" in proc_cpuinfo()[1] and (cap is None or CAPS.index(cap) >= CAPS.index("avx512_vnni"))
     tier = _C.isa()
     return tier == "amx" or (tier == "avx512_vnni" and _C.has_avx512_bf16())
+
+
+def active_cap() -> str | None:
+    """The cap the kernels run under: the active tier, or avx512_vnni-nobf16 for avx512_vnni without AVX-512 BF16
+    dot products (hidden, or absent from the CPU); None without the extension."""
+    from .ext import _C
+
+    if _C is None:
+        return None
+    tier = _C.isa()
+    return NO_BF16 if tier == "avx512_vnni" and not _C.has_avx512_bf16() else tier
 
 
 def proc_cpuinfo() -> tuple[str, set[str]]:

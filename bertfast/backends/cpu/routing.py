@@ -14,7 +14,7 @@ ONEDNN = "onednn"      # oneDNN on a weight prepacked at load: bf16 with native 
 TORCH_FP32 = "torch"   # torch's fp32 GEMM (MKL sgemm); bf16 operands widened to fp32
 
 AVX512_TIERS = ("avx512_vnni", "amx")
-FP32_NATIVE_ROWS_BELOW_AVX512 = 256  # fp32 below AVX-512: MKL past this (docs/cpu-gemm.md#mkl-fp32)
+FP32_NATIVE_ROWS_AVX2 = 256         # fp32 on avx2: MKL past this (docs/cpu-gemm.md#mkl-fp32)
 BF16_NATIVE_ROWS = 64                # bf16 with native dot products: oneDNN past this (#routing)
 BF16_PORTABLE_ROWS = 256             # portable bf16: widened fp32 GEMM past this (#bf16-without-native-dot-products)
 INT8_AMX_NATIVE_ROWS = 128           # int8 on the amx tier: oneDNN's AMX GEMM past this (docs/int8.md#amx-routing)
@@ -28,7 +28,8 @@ def native_rows(dtype, tier: str, native_bf16: bool) -> int:
     if dtype == "int8":
         return INT8_AMX_NATIVE_ROWS if tier == "amx" else sys.maxsize  # no oneDNN int8 below AMX: a reference kernel
     if dtype == torch.float32:
-        return sys.maxsize if tier in AVX512_TIERS else FP32_NATIVE_ROWS_BELOW_AVX512
+        # portable: its blocked regime matches MKL's SSE2 sgemm and fuses the epilogue (docs/cpu-gemm.md#portable-blocked)
+        return FP32_NATIVE_ROWS_AVX2 if tier == "avx2" else sys.maxsize
     if native_bf16:
         return BF16_NATIVE_ROWS
     return BF16_PORTABLE_ROWS if tier == "portable" else sys.maxsize  # never oneDNN's bf16 emulation

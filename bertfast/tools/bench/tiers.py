@@ -19,21 +19,24 @@ from bertfast.backends.cpu import isa
 
 
 def parse_tiers(text: str) -> list[str]:
-    """'all' or a comma list of tier names -> tiers, highest first. Raises ValueError for an unknown name."""
+    """'all' or a comma list of caps (tier names, avx512_vnni-nobf16) -> caps, highest first. Raises
+    ValueError for an unknown name."""
     names = [t.strip() for t in text.split(",") if t.strip()]
     if names == ["all"]:
-        return list(reversed(isa.TIERS))
-    unknown = [t for t in names if t not in isa.TIERS]
+        return list(reversed(isa.CAPS))
+    unknown = [t for t in names if t not in isa.CAPS]
     if unknown or not names:
         raise ValueError(f"--isa: unknown tier(s) {', '.join(unknown) or '(none given)'}; use 'all' or a comma "
-                         f"list of {', '.join(isa.TIERS)}")
-    return sorted(dict.fromkeys(names), key=isa.TIERS.index, reverse=True)
+                         f"list of {', '.join(isa.CAPS)}")
+    return sorted(dict.fromkeys(names), key=isa.CAPS.index, reverse=True)
 
 
 def skip_reason(tier: str, supported: list[str]) -> str | None:
-    """Why `tier` cannot run on this CPU, or None."""
+    """Why cap `tier` cannot run on this CPU (supported: `isa.supported_caps()`), or None."""
     if not supported:
         return "bertfast._C is not built: the CPU's tiers are unknown (run bash install.sh)"
+    if tier == isa.NO_BF16 and "avx512_vnni" in supported and tier not in supported:
+        return "this CPU has no AVX-512 BF16 to hide: its avx512_vnni tier is this cap already"
     if tier not in supported:
         return f"this CPU does not support the {tier} tier (its best: {supported[0]})"
     return None
@@ -77,7 +80,7 @@ def run(args) -> int:
     except ValueError as e:
         print(f"bertfast bench: {e}", file=sys.stderr)
         return 2
-    supported = isa.supported_tiers()
+    supported = isa.supported_caps()
     skipped = {t: r for t in tiers if (r := skip_reason(t, supported)) is not None}
     reports, failed, status = {}, {}, 0
     t0 = time.perf_counter()
