@@ -77,9 +77,9 @@ def isa(request):
     tier and AVX-512 BF16."""
     from bertfast import _C
 
-    if request.param not in isa_module.supported_caps():
-        pytest.skip(f"this CPU does not support the {request.param} tier" if request.param != isa_module.NO_BF16
-                    else "this CPU has no AVX-512 BF16 to hide")
+    reason = isa_module.unsupported(request.param)
+    if reason is not None:
+        pytest.skip(reason)
     before, bf16_before = _C.isa(), _C.has_avx512_bf16()
     assert _C.set_isa(isa_module.cap_tier(request.param))
     assert _C.set_avx512_bf16(request.param != isa_module.NO_BF16 and bf16_before)

@@ -13,6 +13,7 @@ torch has not run a GEMM before that.
 
 from __future__ import annotations
 
+import functools
 import os
 
 TIERS = ("portable", "avx2", "avx512_vnni", "amx")
@@ -20,12 +21,11 @@ NO_BF16 = "avx512_vnni-nobf16"
 # What BERTFAST_ISA takes, lowest to highest: each cap's features include those of the caps below it.
 CAPS = ("portable", "avx2", NO_BF16, "avx512_vnni", "amx")
 
-# What each cap means to the libraries (their own names); `amx` is no cap.
+# What each tier's cap means to the libraries (their own names); `amx` is no cap. avx512_vnni-nobf16 is
+# avx512_vnni's entry as it stands; library_caps raises avx512_vnni to AVX512_CORE_BF16 where the CPU has it.
 _LIBRARY_CAPS = {
     "avx512_vnni": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX512",
                     "ATEN_CPU_CAPABILITY": "avx512"},
-    NO_BF16: {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX512",
-              "ATEN_CPU_CAPABILITY": "avx512"},
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
     # MKL honours MKL_ENABLE_INSTRUCTIONS on Intel CPUs only; MKL_CBWR=COMPATIBLE is its SSE2 path on any
     # processor (docs/cpu-gemm.md#mkl-on-amd).
@@ -47,7 +47,7 @@ def requested_cap() -> str | None:
     return value
 
 
-def cap_tier(cap: str) -> str:
+def cap_tier(cap: str | None) -> str | None:
     """The kernels' tier under a cap: the cap itself, or avx512_vnni for avx512_vnni-nobf16."""
     return "avx512_vnni" if cap == NO_BF16 else cap
 
@@ -55,7 +55,7 @@ def cap_tier(cap: str) -> str:
 def library_caps(cap: str | None) -> dict[str, str]:
     """The libraries' variables for a tier cap. avx512_vnni keeps AVX-512 BF16 where the CPU has it, as
     the extension's tier does (oneDNN's own next step up, AVX512_CORE_BF16, still excludes AMX)."""
-    caps = dict(_LIBRARY_CAPS.get(cap, {}))
+    caps = dict(_LIBRARY_CAPS.get(cap_tier(cap), {}))
     if cap == "avx512_vnni" and "avx512_bf16" in proc_cpuinfo()[1]:
         caps["ONEDNN_MAX_CPU_ISA"] = "AVX512_CORE_BF16"
     return caps
@@ -94,9 +94,21 @@ def supported_caps() -> list[str]:
     return caps
 
 
+def unsupported(cap: str, supported: list[str] | None = None) -> str | None:
+    """Why `cap` cannot run on this CPU, or None when it can (supported: `supported_caps()` by default)."""
+    supported = supported_caps() if supported is None else supported
+    if not supported:
+        return "bertfast._C is not built: the CPU's tiers are unknown (run bash install.sh)"
+    if cap == NO_BF16 and "avx512_vnni" in supported and cap not in supported:
+        return "this CPU has no AVX-512 BF16 to hide: its avx512_vnni tier is this cap already"
+    if cap not in supported:
+        return f"this CPU does not support the {cap} tier (its best: {supported[0]})"
+    return None
+
+
 def native_bf16() -> bool:
     """Whether the active tier has native bf16 dot products: `amx`, or `avx512_vnni` on a CPU with
-    AVX-512 BF16. Below that, bf16 saves memory traffic but not arithmetic
+    AVX-512 BF16 (`active_cap()` one of those two). Below that, bf16 saves memory traffic but not arithmetic
     (docs/cpu-gemm.md#bf16-without-native-dot-products). Without the extension the CPU flags and
     BERTFAST_ISA's cap decide."""
     from .ext import _C
@@ -104,8 +116,7 @@ def native_bf16() -> bool:
     if _C is None:
         cap = requested_cap()
         return "avx512_bf16" in proc_cpuinfo()[1] and (cap is None or CAPS.index(cap) >= CAPS.index("avx512_vnni"))
-    tier = _C.isa()
-    return tier == "amx" or (tier == "avx512_vnni" and _C.has_avx512_bf16())
+    return active_cap() in ("amx", "avx512_vnni")
 
 
 def active_cap() -> str | None:
@@ -119,8 +130,9 @@ def active_cap() -> str | None:
     return NO_BF16 if tier == "avx512_vnni" and not _C.has_avx512_bf16() else tier
 
 
-def proc_cpuinfo() -> tuple[str, set[str]]:
-    """The CPU model name and flags from /proc/cpuinfo (empty where there is none)."""
+@functools.lru_cache(maxsize=1)
+def proc_cpuinfo() -> tuple[str, frozenset[str]]:
+    """The CPU model name and flags from /proc/cpuinfo (empty where there is none), read once."""
     model, flags = "", set()
     try:
         with open("/proc/cpuinfo") as f:
@@ -131,7 +143,7 @@ def proc_cpuinfo() -> tuple[str, set[str]]:
                     flags = set(line.split(":", 1)[1].split())
     except OSError:  # not Linux: the extension still reports its tiers
         pass
-    return model, flags
+    return model, frozenset(flags)
 
 
 def cpu_info() -> dict:

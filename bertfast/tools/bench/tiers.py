@@ -31,17 +31,6 @@ def parse_tiers(text: str) -> list[str]:
     return sorted(dict.fromkeys(names), key=isa.CAPS.index, reverse=True)
 
 
-def skip_reason(tier: str, supported: list[str]) -> str | None:
-    """Why cap `tier` cannot run on this CPU (supported: `isa.supported_caps()`), or None."""
-    if not supported:
-        return "bertfast._C is not built: the CPU's tiers are unknown (run bash install.sh)"
-    if tier == isa.NO_BF16 and "avx512_vnni" in supported and tier not in supported:
-        return "this CPU has no AVX-512 BF16 to hide: its avx512_vnni tier is this cap already"
-    if tier not in supported:
-        return f"this CPU does not support the {tier} tier (its best: {supported[0]})"
-    return None
-
-
 def _per_tier(path: str | None, tier: str) -> str | None:
     if path is None:
         return None
@@ -81,7 +70,7 @@ def run(args) -> int:
         print(f"bertfast bench: {e}", file=sys.stderr)
         return 2
     supported = isa.supported_caps()
-    skipped = {t: r for t in tiers if (r := skip_reason(t, supported)) is not None}
+    skipped = {t: r for t in tiers if (r := isa.unsupported(t, supported)) is not None}
     reports, failed, status = {}, {}, 0
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bertfast-bench-isa-") as tmp:

@@ -1,0 +1,112 @@
+// Arithmetic ceilings of this CPU: how many multiply-adds per second one core, and every core at once, retires
+// of each instruction the native kernels' inner loops are made of. Built and run by bench_peak.py.
+//
+// Each loop runs 12 independent accumulators (more than latency x issue width on current x86 cores), so it is
+// bound by issue rate alone; inline asm keeps them in registers (GCC's intrinsics for vpdpbusd copy the
+// accumulator on each step). Prints one line per (instruction, threads): name, threads, ops/s (a multiply-add
+// counts as 2 ops), instructions/ns per thread.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Runs body(iterations) in every thread at once until `seconds` of wall time; returns instructions per ns per
+// thread (12 instructions per iteration).
+template <typename Body>
+double rate(int threads, double seconds, Body body) {
+  const long step = 1 << 20;
+  double per_ns = 0.0;
+#pragma omp parallel num_threads(threads) reduction(+ : per_ns)
+  {
+    body(step / 16);  // warm up: clocks and the AVX-512 license settle
+#pragma omp barrier
+    const auto t0 = Clock::now();
+    long done = 0;
+    double ns = 0.0;
+    do {
+      body(step);
+      done += step;
+      ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+    } while (ns < seconds * 1e9);
+    per_ns = 12.0 * done / ns;
+  }
+  return per_ns / threads;
+}
+
+#define BF_TWELVE(OP) OP(a0) OP(a1) OP(a2) OP(a3) OP(a4) OP(a5) OP(a6) OP(a7) OP(a8) OP(a9) OP(a10) OP(a11)
+
+// One loop per instruction: 12 steps of BF_STEP_<NAME> an iteration on REG accumulators.
+#define BF_LOOP(NAME, TARGET, REG, ZERO)                                                           \
+  __attribute__((target(TARGET), noinline)) void NAME(long n) {                                   \
+    REG a0 = ZERO, a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, \
+        a10 = a0, a11 = a0, x = a0, w = a0;                                                        \
+    asm volatile("" : "+v"(x), "+v"(w));                                                           \
+    for (long i = 0; i < n; ++i) {                                                                 \
+      BF_TWELVE(BF_STEP_##NAME)                                                                    \
+    }                                                                                              \
+    asm volatile("" ::"v"(a0), "v"(a1), "v"(a2), "v"(a3), "v"(a4), "v"(a5), "v"(a6), "v"(a7),      \
+                 "v"(a8), "v"(a9), "v"(a10), "v"(a11));                                            \
+  }
+
+#define BF_STEP_fma_zmm(a) asm("vfmadd231ps %1, %2, %0" : "+v"(a) : "v"(x), "v"(w));
+#define BF_STEP_fma_ymm(a) asm("vfmadd231ps %1, %2, %0" : "+x"(a) : "x"(x), "x"(w));
+#define BF_STEP_vnni_zmm(a) asm("vpdpbusd %1, %2, %0" : "+v"(a) : "v"(x), "v"(w));
+#define BF_STEP_bf16_zmm(a) asm("vdpbf16ps %1, %2, %0" : "+v"(a) : "v"(x), "v"(w));
+// The avx2 tier's int8 step: int16 pairs multiplied and summed (vpmaddwd), then accumulated (vpaddd): two
+// instructions for 16 multiply-adds, counted as one step here.
+#define BF_STEP_maddwd_ymm(a) \
+  asm("vpmaddwd %1, %2, %%ymm15\n\tvpaddd %%ymm15, %0, %0" : "+x"(a) : "x"(x), "x"(w) : "xmm15");
+
+BF_LOOP(fma_zmm, "avx512f", __m512, _mm512_setzero_ps())
+BF_LOOP(fma_ymm, "avx2,fma", __m256, _mm256_setzero_ps())
+BF_LOOP(vnni_zmm, "avx512f,avx512vnni", __m512i, _mm512_setzero_si512())
+BF_LOOP(bf16_zmm, "avx512f,avx512bf16", __m512, _mm512_setzero_ps())
+BF_LOOP(maddwd_ymm, "avx2", __m256i, _mm256_setzero_si256())
+
+struct Kind {
+  const char* name;  // instruction and what it multiplies
+  const char* feature;  // __builtin_cpu_supports name
+  int macs;  // multiply-adds per instruction (step)
+  void (*body)(long);
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double seconds = argc > 1 ? std::atof(argv[1]) : 0.5;
+  const int all = omp_get_max_threads();
+  const Kind kinds[] = {
+      {"fp32 FMA zmm (vfmadd231ps)", "avx512f", 16, fma_zmm},
+      {"fp32 FMA ymm (vfmadd231ps)", "fma", 8, fma_ymm},
+      {"int8 VNNI zmm (vpdpbusd)", "avx512vnni", 64, vnni_zmm},
+      {"bf16 dot zmm (vdpbf16ps)", "avx512bf16", 32, bf16_zmm},
+      {"int16 madd ymm (vpmaddwd+vpaddd)", "avx2", 16, maddwd_ymm},
+  };
+  __builtin_cpu_init();
+  for (const Kind& k : kinds) {
+    bool ok = false;
+    if (!std::strcmp(k.feature, "avx512f")) ok = __builtin_cpu_supports("avx512f");
+    else if (!std::strcmp(k.feature, "fma")) ok = __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+    else if (!std::strcmp(k.feature, "avx512vnni")) ok = __builtin_cpu_supports("avx512vnni");
+    else if (!std::strcmp(k.feature, "avx512bf16")) ok = __builtin_cpu_supports("avx512bf16");
+    else if (!std::strcmp(k.feature, "avx2")) ok = __builtin_cpu_supports("avx2");
+    if (!ok) {
+      std::printf("%s\tmissing\n", k.name);
+      continue;
+    }
+    for (int threads : {1, all}) {
+      const double per_ns = rate(threads, seconds, k.body);
+      std::printf("%s\t%d\t%.4g\t%.3f\n", k.name, threads, 2.0 * k.macs * per_ns * 1e9 * threads, per_ns);
+      if (all == 1) break;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,45 @@
+"""benchmarks/bench_peak.py: the ceiling loops build with the system compiler, run on every instruction the
+CPU has, and report the ones it lacks as missing (the CPU flags decide which)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+
+import pytest
+
+from bertfast.backends.cpu import isa
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The cpu_peak row of each instruction and the /proc/cpuinfo flags it needs.
+NEEDS = {"fp32 FMA zmm (vfmadd231ps)": {"avx512f"}, "fp32 FMA ymm (vfmadd231ps)": {"avx2", "fma"},
+         "int8 VNNI zmm (vpdpbusd)": {"avx512_vnni"}, "bf16 dot zmm (vdpbf16ps)": {"avx512_bf16"},
+         "int16 madd ymm (vpmaddwd+vpaddd)": {"avx2"}}
+
+
+def _bench_peak():
+    spec = importlib.util.spec_from_file_location("bench_peak", os.path.join(ROOT, "benchmarks", "bench_peak.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the ceiling loops are x86-64 instructions")
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler on PATH")
+def test_bench_peak_rows():
+    rows = _bench_peak().measure(0.02)
+    flags = isa.proc_cpuinfo()[1]
+    by = {}
+    for r in rows:
+        by.setdefault(r["instruction"], []).append(r)
+    assert set(by) == set(NEEDS)
+    for name, needs in NEEDS.items():
+        if not needs <= flags:
+            assert by[name] == [{"instruction": name, "missing": True}], name
+            continue
+        assert by[name][0]["threads"] == 1 and len(by[name]) <= 2, by[name]  # one core, then all (OpenMP's)
+        for r in by[name]:
+            # an x86 core of the last decade issues between ~0.5 and a few of these per ns
+            assert 0.2 < r["per_ns_per_thread"] < 50, r
+            assert r["ops_per_s"] > 0
