@@ -372,29 +372,41 @@ struct Avx512Block {
       }
     }
     mask_window(sc.s.data(), win, qn, kn, 0.f);
-    // acc += P V: 4 rows x 64 head_dim columns (4 vectors) per register block.
+    // acc += P V: 4 rows x up to 64 head_dim columns (nv vectors, as many as the head has) per register block.
     for (int64_t i = 0; i < qn; i += kR) {
       const int rows = int(std::min<int64_t>(kR, qn - i));
       for (int64_t e0 = 0; e0 < dp; e0 += 64) {
-        const int nv = int(std::min<int64_t>(4, (dp - e0) / 16));
-        __m512 a[kR][4];
-        for (int r = 0; r < kR; ++r)
-          for (int c = 0; c < 4; ++c)
-            a[r][c] = (!first && r < rows && c < nv) ? _mm512_loadu_ps(sc.acc.data() + (i + r) * dp + e0 + 16 * c)
-                                                     : _mm512_setzero_ps();
-        for (int64_t j = 0; j < kn; ++j) {
-          const float* vr = vf + j * dp + e0;
-          __m512 vv[4];
-          for (int c = 0; c < 4; ++c) vv[c] = c < nv ? _mm512_loadu_ps(vr + 16 * c) : _mm512_setzero_ps();
-          for (int r = 0; r < kR; ++r) {
-            const __m512 p = _mm512_set1_ps(sc.s[(i + r) * kKBlock + j]);
-            for (int c = 0; c < 4; ++c) a[r][c] = _mm512_fmadd_ps(p, vv[c], a[r][c]);
-          }
+        switch (std::min<int64_t>(4, (dp - e0) / 16)) {
+          case 1: accumulate<kR, 1>(sc, vf, i, rows, e0, kn, dp, first); break;
+          case 2: accumulate<kR, 2>(sc, vf, i, rows, e0, kn, dp, first); break;
+          case 3: accumulate<kR, 3>(sc, vf, i, rows, e0, kn, dp, first); break;
+          default: accumulate<kR, 4>(sc, vf, i, rows, e0, kn, dp, first); break;
         }
-        for (int r = 0; r < rows; ++r)
-          for (int c = 0; c < nv; ++c) _mm512_storeu_ps(sc.acc.data() + (i + r) * dp + e0 + 16 * c, a[r][c]);
       }
     }
+  }
+
+  // Rows [i, i + rows) x head_dim columns [e0, e0 + 16 * kV) of acc += P V (acc = P V on the first key tile).
+  // kV is a template argument so a 32-wide head (MiniLM) runs 2 vectors a row, not 4 with 2 of zeros.
+  template <int kR, int kV>
+  BF_TARGET_AVX512 __attribute__((noinline)) static void accumulate(Scratch& sc, const float* vf, int64_t i, int rows,
+                                                                    int64_t e0, int64_t kn, int64_t dp, bool first) {
+    __m512 a[kR][kV];
+    for (int r = 0; r < kR; ++r)
+      for (int c = 0; c < kV; ++c)
+        a[r][c] = (!first && r < rows) ? _mm512_loadu_ps(sc.acc.data() + (i + r) * dp + e0 + 16 * c)
+                                       : _mm512_setzero_ps();
+    for (int64_t j = 0; j < kn; ++j) {
+      const float* vr = vf + j * dp + e0;
+      __m512 vv[kV];
+      for (int c = 0; c < kV; ++c) vv[c] = _mm512_loadu_ps(vr + 16 * c);
+      for (int r = 0; r < kR; ++r) {
+        const __m512 p = _mm512_set1_ps(sc.s[(i + r) * kKBlock + j]);
+        for (int c = 0; c < kV; ++c) a[r][c] = _mm512_fmadd_ps(p, vv[c], a[r][c]);
+      }
+    }
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < kV; ++c) _mm512_storeu_ps(sc.acc.data() + (i + r) * dp + e0 + 16 * c, a[r][c]);
   }
 };
 
