@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 
 namespace {
@@ -73,8 +72,8 @@ BF_LOOP(maddwd_ymm, "avx2", __m256i, _mm256_setzero_si256())
 
 struct Kind {
   const char* name;  // instruction and what it multiplies
-  const char* feature;  // __builtin_cpu_supports name
-  int macs;  // multiply-adds per instruction (step)
+  bool supported;    // by this CPU
+  int macs;          // multiply-adds per instruction (step)
   void (*body)(long);
 };
 
@@ -83,22 +82,16 @@ struct Kind {
 int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 0.5;
   const int all = omp_get_max_threads();
-  const Kind kinds[] = {
-      {"fp32 FMA zmm (vfmadd231ps)", "avx512f", 16, fma_zmm},
-      {"fp32 FMA ymm (vfmadd231ps)", "fma", 8, fma_ymm},
-      {"int8 VNNI zmm (vpdpbusd)", "avx512vnni", 64, vnni_zmm},
-      {"bf16 dot zmm (vdpbf16ps)", "avx512bf16", 32, bf16_zmm},
-      {"int16 madd ymm (vpmaddwd+vpaddd)", "avx2", 16, maddwd_ymm},
-  };
   __builtin_cpu_init();
+  const Kind kinds[] = {
+      {"fp32 FMA zmm (vfmadd231ps)", __builtin_cpu_supports("avx512f") != 0, 16, fma_zmm},
+      {"fp32 FMA ymm (vfmadd231ps)", __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), 8, fma_ymm},
+      {"int8 VNNI zmm (vpdpbusd)", __builtin_cpu_supports("avx512vnni") != 0, 64, vnni_zmm},
+      {"bf16 dot zmm (vdpbf16ps)", __builtin_cpu_supports("avx512bf16") != 0, 32, bf16_zmm},
+      {"int16 madd ymm (vpmaddwd+vpaddd)", __builtin_cpu_supports("avx2") != 0, 16, maddwd_ymm},
+  };
   for (const Kind& k : kinds) {
-    bool ok = false;
-    if (!std::strcmp(k.feature, "avx512f")) ok = __builtin_cpu_supports("avx512f");
-    else if (!std::strcmp(k.feature, "fma")) ok = __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
-    else if (!std::strcmp(k.feature, "avx512vnni")) ok = __builtin_cpu_supports("avx512vnni");
-    else if (!std::strcmp(k.feature, "avx512bf16")) ok = __builtin_cpu_supports("avx512bf16");
-    else if (!std::strcmp(k.feature, "avx2")) ok = __builtin_cpu_supports("avx2");
-    if (!ok) {
+    if (!k.supported) {
       std::printf("%s\tmissing\n", k.name);
       continue;
     }
