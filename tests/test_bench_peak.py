@@ -42,4 +42,3 @@ def test_bench_peak_rows():
         for r in by[name]:
             # an x86 core of the last decade issues between ~0.5 and a few of these per ns
             assert 0.2 < r["per_ns_per_thread"] < 50, r
-            assert r["ops_per_s"] > 0

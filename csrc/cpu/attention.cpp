@@ -372,7 +372,7 @@ struct Avx512Block {
       }
     }
     mask_window(sc.s.data(), win, qn, kn, 0.f);
-    // acc += P V: 4 rows x up to 64 head_dim columns (nv vectors, as many as the head has) per register block.
+    // acc += P V: 4 rows x up to 64 head_dim columns (up to 4 vectors, no more than the head has) per register block.
     for (int64_t i = 0; i < qn; i += kR) {
       const int rows = int(std::min<int64_t>(kR, qn - i));
       for (int64_t e0 = 0; e0 < dp; e0 += 64) {
