@@ -16,6 +16,42 @@ from bertfast.backends.cpu import isa as isa_module
 from bertfast.tools.validate.accuracy import rel_error as rel_err  # noqa: F401
 
 
+def _matmul_is_row_invariant() -> bool:
+    """Whether numpy's matmul gives a row the same bits wherever it sits in the matrix. The Triton interpreter's
+    tl.dot is np.matmul, so the engine's batch invariance can only be seen under the interpreter where it is; on
+    a GPU each element's dot runs over K in one order (seen bit for bit on an H200). OpenBLAS with
+    OPENBLAS_CORETYPE=Haswell on an AVX-512 CPU (set on some of the project's machines) is not row-invariant."""
+    import numpy as np
+
+    g = np.random.default_rng(0)
+    for m, k, n in ((64, 64, 64), (32, 16, 64), (128, 32, 32)):
+        a, b = g.standard_normal((m, k), dtype=np.float32), g.standard_normal((k, n), dtype=np.float32)
+        moved = np.zeros_like(a)
+        moved[:4] = a[9:13]
+        if not (np.array_equal((a @ b)[9:13], (moved @ b)[:4]) and np.array_equal((a @ b)[9:13], a[9:13] @ b)):
+            return False
+    return True
+
+
+def _interpreter_dot_in_one_order() -> None:
+    """The interpreter's tl.dot through numpy's own einsum loops (the same order for every row; no BLAS)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:  # fp8: the interpreter's own path
+            return _blas_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        out = np.einsum("...mk,...kn->...mn", a.data, b.data, dtype=d.data.dtype, optimize=False)
+        return interpreter.TensorHandle(out + d.data, d.dtype.scalar)
+
+    _blas_dot = interpreter.InterpreterBuilder.create_dot
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
+if os.environ.get("TRITON_INTERPRET") == "1" and not _matmul_is_row_invariant():
+    _interpreter_dot_in_one_order()
+
+
 def hf_bert(seed=0, attn="eager", **overrides):
     """A randomly initialised transformers BertModel (fp32, eval) with a small default config."""
     transformers = pytest.importorskip("transformers")

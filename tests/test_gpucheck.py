@@ -1,5 +1,5 @@
 """`bertfast gpucheck` on a machine without CUDA: arguments, stage selection, the clean "no CUDA" exit, the stage
-runner (child process, JSON result, timeout), the summary, and the parity suite's builders on the torch backend."""
+runner (child process, JSON result, timeout), the summary, and the parity suite on the cpu backend."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from bertfast import Encoder
 from bertfast.tools import cli
 from bertfast.tools.gpucheck import cli as gpucheck
 from bertfast.tools.gpucheck import parity, stages
@@ -90,9 +91,10 @@ def test_stages_run_in_children_and_the_summary_records_them(monkeypatch, capsys
 
 
 def test_a_stage_past_its_budget_is_killed_and_fails(tmp_path):
-    result = gpucheck.run_stage("tests", _args("--quick"), str(tmp_path), timeout=1.0)
+    result = gpucheck.run_stage("tests", _args("--quick"), str(tmp_path), timeout=1.0, device="NVIDIA H200")
     assert result["status"] == "fail" and "timed out after 1 s" in result["reason"]
-    assert json.loads((tmp_path / "tests.json").read_text())["status"] == "fail"
+    written = json.loads((tmp_path / "tests.json").read_text())
+    assert written["status"] == "fail" and written["device"] == "NVIDIA H200"  # every result names its device
 
 
 def test_no_time_left_marks_stages_not_run(monkeypatch, tmp_path):
@@ -143,7 +145,7 @@ def test_gpu_test_files_and_junit_counts(tmp_path):
     assert counts["failed"] == [{"test": "t::b", "message": "boom"}]
 
 
-# --- the parity suite's builders, on the torch backend --------------------------------------------------------
+# --- the parity suite, on the cpu backend (the native engine) -------------------------------------------------------
 
 
 def test_every_family_builds_with_limit_rows_and_one_token_rows():
@@ -157,14 +159,41 @@ def test_every_family_builds_with_limit_rows_and_one_token_rows():
         assert bool((inputs["input_ids"][mask.bool()] != pad).all()) and mask.sum(1).tolist() == lengths[0]
 
 
-def test_parity_suite_passes_on_the_torch_backend():
+def test_parity_suite_passes_on_the_cpu_backend():
     families = ("bert", "mpnet", "modernbert")  # plain; relative bias; rotary, windows, gated FFN
-    rows = parity.run_parity("cpu", "torch", ("fp32",), families)
-    assert len(rows) == 2 * len(families) and all(r.status == "PASS" for r in rows), rows
-    assert {r.mode for r in rows} == {"default"} and all(r.tol == parity.FP32_LIMIT for r in rows)
+    rows = parity.run_parity("cpu", "cpu", ("fp32",), families)  # the native engine: batch-invariant
+    assert len(rows) == 3 * len(families) and all(r.status == "PASS" for r in rows), rows
+    assert {r.mode for r in rows} == {"default"}
+    judged = [r for r in rows if not r.batch.startswith("alone:")]
+    assert len(judged) == 2 * len(families) and all(r.tol == parity.FP32_LIMIT for r in judged)
+    alone = [r for r in rows if r.batch.startswith("alone:")]
+    assert len(alone) == len(families) and all(r.batch.startswith("alone:1x57x12") for r in alone)
+    assert all(r.note == "invariance: bit for bit" for r in alone)
     limit_rows = [r for r in rows if r.family == "bert" and r.batch.startswith("128x1x")]
     assert limit_rows  # the row at the position limit (128) ran
     assert parity.summarize(rows)["counts"] == {"PASS": len(rows), "FAIL": 0, "SKIP": 0}
+
+
+def test_invariance_check_names_a_row_that_changes_with_its_batch():
+    model = parity.build_model("bert")
+    enc = Encoder.from_hf(model, backend="cpu")
+    inputs, mask = parity.make_inputs(model, parity.batch_lengths(128)[0])
+    batch_out = parity._outputs(enc, inputs)[0]
+    assert parity._invariance(enc, inputs, batch_out, mask) == (True, 0.0, "")
+    moved = batch_out.clone()
+    moved[2, 5, 0] += 1e-6  # the 57-token row, inside the batch
+    equal, diff, differing = parity._invariance(enc, inputs, moved, mask)
+    assert not equal and differing == "57" and 0 < diff < 1e-5
+
+
+def test_budgets_override_the_stage_defaults_and_reject_bad_items():
+    base = gpucheck.QUICK_BUDGET_S
+    assert gpucheck.parse_budgets("", base) == base
+    got = gpucheck.parse_budgets("parity=200, bench=90.5", base)
+    assert got == {**base, "parity": 200.0, "bench": 90.5}
+    for bad in ("parity", "paritee=10", "bench=0", "bench=x"):
+        with pytest.raises(ValueError, match="--budgets"):
+            gpucheck.parse_budgets(bad, base)
 
 
 def test_parity_judge_fails_a_wrong_output_and_a_missing_pooler():
@@ -181,3 +210,34 @@ def test_parity_judge_fails_a_wrong_output_and_a_missing_pooler():
     row = parity._judge(parity.ParityRow("bert", "fp16", "default", "2x1", "FAIL"), torch.float16,
                         (oracle[0] + 1.5e-3, oracle[1]), lowp, oracle, mask)
     assert row.status == "PASS" and row.ref_rel_err > 0
+
+
+# --- benchmarks/gpu_overhead.py: where a small forward's time goes ----------------------------------------------
+
+
+def _gpu_overhead():
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("gpu_overhead", os.path.join(root, "benchmarks", "gpu_overhead.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_overhead_needs_cuda(capsys, tmp_path):
+    assert _gpu_overhead().main(["--out", str(tmp_path)]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err and not os.listdir(tmp_path)
+
+
+def test_gpu_overhead_times_every_host_stage(monkeypatch):
+    # The stages on the cpu backend (no graphs): each a positive median, the pooler included.
+    module = _gpu_overhead()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    model = parity.build_model("bert")
+    enc = Encoder.from_hf(model, backend="cpu")
+    inputs, _ = parity.make_inputs(model, [5, 1, 9])
+    times = module.stages(enc, inputs, calls=3)
+    assert set(times) == {"check_inputs", "pack", "run (graph replay + fill)", "pad", "whole call", "pooler"}
+    assert all(t > 0 for t in times.values())
+    assert module.graph_gpu_us(enc, inputs, 3) is None  # no captured graph off CUDA

@@ -171,6 +171,19 @@ def test_triton_backend_matches_transformers(hf, layout):
     assert rel_err(out.pooler_output, ref.pooler_output) <= 1e-5
 
 
+@pytest.mark.skipif(TRITON_REASON is not None, reason=f"backend 'triton' unavailable on CPU: {TRITON_REASON}")
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_one_token_batch_matches_transformers(hf, backend):
+    # One token: the per-distance table is (heads, 1), whose transposed view has a column stride of `heads`
+    # (first seen on an H200: the triton backend refused it).
+    ids, mask = batch()
+    ids, mask = ids[:1, :1], mask[:1, :1]
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask)
+    out = Encoder.from_hf(hf, backend=backend)(ids, mask)
+    assert rel_err(out.last_hidden_state, ref.last_hidden_state, mask) <= 1e-5
+
+
 @needs_cpu
 def test_cpu_fp32_matches_transformers(isa, hf):
     ids, mask = batch()

@@ -199,12 +199,26 @@ def test_config_filter_fits_the_problem():
     f16, f32 = torch.empty(0, dtype=torch.float16), torch.empty(0, dtype=torch.float32)
     assert prune(every, {"seqlen_bucket": 512, "q_ptr": f16}, BLOCK_D=64) == attention_mod.MMA_CONFIGS
     short = prune(every, {"seqlen_bucket": 16, "q_ptr": f16}, BLOCK_D=64)
-    assert short and all(c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 32 for c in short)
+    assert short and all(c.kwargs["BLOCK_M"] <= 64 for c in short)
     # d = 128: no 128 x 64 tiles (they spill), and exact fp32 only gets the FMA tiles.
     wide = prune(every, {"seqlen_bucket": 512, "q_ptr": f16}, BLOCK_D=128)
     assert wide and not any(c.kwargs["BLOCK_M"] == 128 and c.kwargs["BLOCK_N"] == 64 for c in wide)
     assert prune(every, {"seqlen_bucket": 512, "q_ptr": f32}, BLOCK_D=128) == attention_mod.FMA_CONFIGS
     assert len(attention_mod._attention_kernel.configs) == 1  # this suite runs under TRITON_INTERPRET=1
+
+
+def test_every_config_of_a_dtype_family_steps_keys_alike():
+    # Batch invariance: the autotuner keys on the batch's longest sequence, so whatever it picks for a row alone
+    # and for the same row in a longer batch must cut that row's keys into the same steps (one BLOCK_N per
+    # family) and reduce its score rows in the same order (fp32: one tile shape).
+    assert len({c.kwargs["BLOCK_N"] for c in attention_mod.MMA_CONFIGS}) == 1
+    assert len(attention_mod.FMA_CONFIGS) == 1
+    f16 = torch.empty(0, dtype=torch.float16)
+    for bucket in (16, 32, 64, 128, 512):
+        for d in (32, 64, 128):
+            kept = attention_mod._prune_configs(attention_mod._CONFIGS, {"seqlen_bucket": bucket, "q_ptr": f16},
+                                                BLOCK_D=d)
+            assert kept and {c.kwargs["BLOCK_N"] for c in kept} == {attention_mod.MMA_CONFIGS[0].kwargs["BLOCK_N"]}
 
 
 # ---- sliding-window attention (varlen) ----

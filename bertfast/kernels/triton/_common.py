@@ -177,6 +177,10 @@ MMA_CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
+    # Narrow tiles for a few tokens (b1 x s16: M = 16): a GEMM there streams its weights, and N / BLOCK_N programs
+    # are all there is to stream them with (768 / 64 = 12 of an H100's 132 SMs).
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=5),
 ]
 # fp32 with input_precision="ieee" runs on the FMA units, operands in registers: small K steps,
 # or the kernel spills heavily.
@@ -200,6 +204,7 @@ PAIR_MMA_CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
     # 3 stages of this tile spill a few bytes on sm_80 (ptxas, at ~100 registers).
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=2),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
 ]
 PAIR_FMA_CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M": 8}, num_warps=8, num_stages=2),

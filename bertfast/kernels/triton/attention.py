@@ -34,7 +34,8 @@ MASKED = tl.constexpr(-1.0e30)
 
 
 def _prune_configs(configs, named_args, **kwargs):
-    """Keep the configs of this dtype's family that fit the problem (the autotuner's filter)."""
+    """Keep the configs of this dtype's family that fit the problem (the autotuner's filter). Only the query tile
+    (BLOCK_M) is ever chosen: the key step (BLOCK_N) is one per family, never pruned (see MMA_CONFIGS)."""
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     bucket = named_args["seqlen_bucket"]
     family = FMA_CONFIGS if named_args["q_ptr"].dtype == torch.float32 else MMA_CONFIGS
@@ -44,7 +45,7 @@ def _prune_configs(configs, named_args, **kwargs):
             continue
         bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
         # Query tiles taller than the longest sequence only compute masked rows.
-        if bm > max(64, bucket) or bn > max(32, bucket):
+        if bm > max(64, bucket):
             continue
         # Registers: the fp32 accumulator [BLOCK_M, BLOCK_D] and the scores [BLOCK_M, BLOCK_N];
         # past this budget the d = 128 builds spill (`bertfast kernels`).
@@ -55,21 +56,24 @@ def _prune_configs(configs, named_args, **kwargs):
 
 
 # fp16/bf16 (tensor cores). BERT attention is short (S <= 512) with d = 64 mostly: 128-row query
-# tiles with 64-key steps keep the tensor cores busy on A100/H100; 64-row tiles serve short
-# sequences and d = 128.
+# tiles keep the tensor cores busy on A100/H100; 64-row tiles serve short sequences and d = 128.
+# Batch invariance: a row's output depends on how its keys are cut into BLOCK_N steps (the online softmax
+# rescales at each step, and P is rounded to the input dtype against the running max), so every config of a
+# family steps by the same BLOCK_N; the autotuner (keyed by the longest sequence of the batch) picks only the
+# query tile, which never changes a row's arithmetic. (On an H200, with 32- and 64-key configs in one list, a
+# ModernBERT row alone and inside a batch differed by one fp16 ulp.)
 MMA_CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=3),
     # ptxas caps 8-warp programs at 128 registers on its own and then spills the padded variant
     # on sm_80; the tile needs ~150.
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3, maxnreg=168),
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2),
 ]
-# fp32 with input_precision="ieee" runs on the FMA units: 16-key steps or it spills (d 64..128).
+# fp32 with input_precision="ieee" runs on the FMA units: 16-key steps or it spills (d 64..128). One config:
+# the row sums of a blocked layout are reduced in an order that depends on the tile's shape.
 FMA_CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 16}, num_warps=4, num_stages=2),
-    triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=2),
 ]
 _CONFIGS = MMA_CONFIGS + FMA_CONFIGS
 _INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=1)
@@ -187,7 +191,7 @@ def _check_bias(op: str, bias, T: int, heads: int):
                          f"{type(bias).__name__}")
     table, positions = bias
     if (not torch.is_tensor(table) or table.dtype != torch.float32 or table.dim() != 2 or table.shape[0] != heads
-            or table.shape[1] % 2 == 0 or table.stride(1) != 1):
+            or table.shape[1] % 2 == 0 or (table.stride(1) != 1 and table.shape[1] > 1)):
         desc = f"{table.dtype} {tuple(table.shape)}" if torch.is_tensor(table) else type(table).__name__
         raise ValueError(f"{op}: the bias table must be float32 (heads = {heads}, odd width) with contiguous rows, "
                          f"got {desc}")

@@ -38,7 +38,24 @@ def add_arguments(parser) -> None:
     parser.add_argument("--deadline", type=float, default=570.0,
                         help="seconds for the whole run; a stage gets at most what is left (default 570: one "
                              "10-minute device call with room for the copy back)")
+    parser.add_argument("--budgets", default="", metavar="STAGE=S,...",
+                        help="seconds for the named stages instead of their default budgets, e.g. parity=200,bench=120")
     add_stage_options(parser)
+
+
+def parse_budgets(text: str, base: dict) -> dict:
+    """`base` with the comma list of stage=seconds applied; ValueError for an unknown stage or a bad number."""
+    budgets = dict(base)
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        stage, _, value = item.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = float("nan")
+        if stage not in STAGES or not seconds > 0:
+            raise ValueError(f"--budgets: {item!r} is not STAGE=SECONDS with a known stage and seconds > 0")
+        budgets[stage] = seconds
+    return budgets
 
 
 def parse_stages(text: str) -> list[str]:
@@ -95,9 +112,9 @@ def _passthrough(args) -> list[str]:
     return out
 
 
-def run_stage(stage: str, args, out_dir: str, timeout: float) -> dict:
-    """One stage in a child process (its own session, killed whole past `timeout`): its result with seconds,
-    exit code and the tail of its output, also written to out_dir/<stage>.json."""
+def run_stage(stage: str, args, out_dir: str, timeout: float, device: str | None = None) -> dict:
+    """One stage in a child process (its own session, killed whole past `timeout`): its result with the device it
+    ran on, seconds, exit code and the tail of its output, also written to out_dir/<stage>.json."""
     path = os.path.join(out_dir, f"{stage}.json")
     if os.path.exists(path):
         os.remove(path)
@@ -136,7 +153,7 @@ def run_stage(stage: str, args, out_dir: str, timeout: float) -> dict:
         result = {**(result or {}), "status": "fail", "reason": f"timed out after {timeout:.0f} s (its budget)"}
     elif result is None:
         result = {"status": "error", "reason": f"the stage process exited with code {code} and wrote no result"}
-    result.update(seconds=round(time.monotonic() - t0, 1), exit_code=code, log_tail=tail)
+    result.update(device=device, seconds=round(time.monotonic() - t0, 1), exit_code=code, log_tail=tail)
     with open(path, "w") as f:
         json.dump(result, f, indent=1, default=str)
     return result
@@ -152,6 +169,7 @@ def _write(path: str, summary: dict) -> None:
 def run(args) -> int:
     try:
         stages = parse_stages(args.stages)
+        budget = parse_budgets(args.budgets, QUICK_BUDGET_S if args.quick else FULL_BUDGET_S)
         if not args.deadline > 0:
             raise ValueError(f"--deadline must be > 0 seconds, got {args.deadline:g}")
     except ValueError as e:
@@ -171,7 +189,6 @@ def run(args) -> int:
         _write(summary_path, summary)
         print(f"bertfast gpucheck: {why} (wrote {summary_path})", file=sys.stderr)
         return 2
-    budget = QUICK_BUDGET_S if args.quick else FULL_BUDGET_S
     gpu = env["gpu"]
     print(f"bertfast gpucheck: {gpu['name']} (sm_{gpu['capability'].replace('.', '')}), torch {env['torch']}, "
           f"triton {env['packages']['triton']}; stages {', '.join(stages)}; results in {args.out}", flush=True)
@@ -180,7 +197,7 @@ def run(args) -> int:
         if left < MIN_STAGE_S:
             entry = {"status": "not-run", "reason": f"out of time: {left:.0f} s left of --deadline {args.deadline:g}"}
         else:
-            result = run_stage(stage, args, args.out, min(budget[stage], left))
+            result = run_stage(stage, args, args.out, min(budget[stage], left), device=gpu["name"])
             entry = {k: result.get(k) for k in ("status", "reason", "seconds", "exit_code")}
             entry.update({k: result[k] for k in ("counts",) if k in result})
         summary["stages"][stage] = entry

@@ -6,6 +6,8 @@ and just below the position limit, and a single token. The oracle is transformer
 device with TF32 off. fp32 must be within FP32_LIMIT relative error over real positions (IEEE dot products); fp16
 and bf16 within the one accuracy rule against transformers' own error in the same dtype (2x it plus a floor,
 `accuracy.tolerance`). On CUDA the engine runs twice, replaying CUDA graphs (its default) and launching eagerly.
+Batch invariance: rows of the ragged batch (a 1-token row, a middle one, the longest) run alone must give, bit for
+bit, what they gave inside the batch (one "invariance" row per family, dtype and mode).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class ParityRow:
     family: str
     dtype: str
     mode: str  # "graphs", "eager" (CUDA) or "default"
-    batch: str  # the real lengths
+    batch: str  # the real lengths ("alone:<lengths>" for an invariance row)
     status: str  # "PASS" | "FAIL" | "SKIP"
     rel_err: float | None = None
     ref_rel_err: float | None = None  # transformers' own error in this dtype (0 in fp32: it is the oracle)
@@ -129,6 +131,24 @@ def _judge(row: ParityRow, dtype, ours, ref_lowp, oracle, mask) -> ParityRow:
     return row
 
 
+INVARIANCE_ROWS = (1, 2, 0)  # of batch_lengths()[0]: a 1-token row, a middle one, the longest
+
+
+def _invariance(enc, inputs, batch_out, mask) -> tuple[bool, float, str]:
+    """Each row of INVARIANCE_ROWS run alone against its slice of `batch_out`: (all bit for bit, the largest
+    difference, the lengths that differ)."""
+    equal, worst, differing = True, 0.0, []
+    for i in INVARIANCE_ROWS:
+        n = int(mask[i].sum())
+        alone = _outputs(enc, {k: v[i:i + 1, :n] for k, v in inputs.items()})[0][0, :n]
+        inside = batch_out[i, :n]
+        if not torch.equal(alone, inside):
+            equal = False
+            differing.append(str(n))
+            worst = max(worst, (alone.double() - inside.double()).abs().max().item())
+    return equal, worst, ",".join(differing)
+
+
 def run_parity(device: str = "cuda", backend: str = "triton", dtypes=("fp32", "fp16", "bf16"), families=None,
                progress=None) -> list[ParityRow]:
     """Every (family, dtype, mode, batch) as a ParityRow; progress(row) after each when given. A family this
@@ -163,13 +183,30 @@ def run_parity(device: str = "cuda", backend: str = "triton", dtypes=("fp32", "f
                 except Exception as e:
                     add(ParityRow(family, name, mode, "*", "FAIL", note=f"build: {type(e).__name__}: {e}"[:300]))
                     continue
+                batch_out = None
                 for (inputs, mask), oracle, ref in zip(batches, oracles, refs):
                     row = ParityRow(family, name, mode, "x".join(map(str, mask.sum(1).tolist())), "FAIL")
                     try:
-                        add(_judge(row, dtype, _outputs(enc, inputs), ref, oracle, mask))
+                        ours = _outputs(enc, inputs)
+                        batch_out = ours[0] if batch_out is None else batch_out
+                        add(_judge(row, dtype, ours, ref, oracle, mask))
                     except Exception as e:
                         row.note = f"{type(e).__name__}: {e}"[:300]
                         add(row)
+                inputs, mask = batches[0]
+                lengths = mask.sum(1).tolist()
+                row = ParityRow(family, name, mode, "alone:" + "x".join(str(lengths[i]) for i in INVARIANCE_ROWS),
+                                "FAIL")
+                try:
+                    if batch_out is None:
+                        raise RuntimeError("the batch itself failed")
+                    equal, diff, differing = _invariance(enc, inputs, batch_out, mask)
+                    row.status = "PASS" if equal else "FAIL"
+                    row.note = ("invariance: bit for bit" if equal else
+                                f"invariance: rows of length {differing} differ alone (max |diff| {diff:.3g})")
+                except Exception as e:
+                    row.note = f"invariance: {type(e).__name__}: {e}"[:300]
+                add(row)
             del hf_lowp
     return rows
 
