@@ -1,17 +1,15 @@
-"""Int8 GEMM building blocks at BERT-base shapes: which library kernel to use, and what our epilogue costs.
+"""Int8 GEMM building blocks at BERT-base shapes: our fused int8 linear against the libraries' GEMMs.
 
 For each linear of a BERT-base layer (QKV 768->2304, attention out 768->768, FFN in 768->3072 + GELU, FFN
 out 3072->768 + residual) and token counts M, one interleaved run times:
   fp32     torch.addmm (MKL sgemm)
   bf16     F.linear in bf16 (oneDNN, AMX-bf16 where present)
   int_mm   torch._int_mm int8 x int8 -> int32 (no epilogue)
-  onednn   oneDNN qlinear_pointwise int8 GEMM alone (quant.int8_gemm: int32 acc * per-channel scale)
+  onednn   oneDNN's prepacked int8 GEMM alone (qlinear_pointwise: int32 sums * per-channel scale; "-" where this
+           torch lacks it): the library the engine does not call (its blocking changes a row with M), as a peer
   quant    quant.quantize_rows (per-token asymmetric) alone
-  epilog   the rest of quant.linear after the oneDNN GEMM (zero point, row scale, bias, activation,
-           residual), timed on a fresh copy of the GEMM output (one clone included)
-  linear   quant.linear end to end, the op the cpu backend runs: the native fused kernel (quantize + the
-           tier's int8 GEMM + epilogue in one call) up to quant.native_rows() tokens (every M below the amx
-           tier), above it quantize + onednn + epilog
+  linear   quant.linear end to end, the op the cpu backend runs at every M: the native fused kernel (quantize +
+           the tier's int8 GEMM + epilogue in one call)
 Medians of interleaved rounds, ms, and effective TOP/s (2 M N K / time).
 
     python benchmarks/bench_int8.py [--m 16,128,1024] [--rounds 20] [--threads N]
@@ -28,6 +26,19 @@ import torch.nn.functional as F
 from bertfast.backends.cpu import quant
 from bertfast.tools.bench.measure import interleaved, timer
 
+_M_HINT = 1024  # the M oneDNN tunes its packed layout for; any M runs
+
+
+def onednn_int8(ql: quant.QuantLinear):
+    """A function qx -> oneDNN's int8 GEMM on ql's weight, or None where this torch has no oneDNN int8 linear."""
+    ops = getattr(torch.ops, "onednn", None)
+    if not torch.backends.mkldnn.is_available() or not hasattr(ops, "qlinear_prepack"):
+        return None
+    packed = ops.qlinear_prepack(ql.q, [_M_HINT, ql.in_features])
+    zero = torch.zeros(ql.out_features, dtype=torch.int64)
+    return lambda qx: ops.qlinear_pointwise(qx, 1.0, 0, packed, ql.scale, zero, None, 1.0, 0, torch.float32,
+                                            "none", [], "")
+
 SHAPES = [("qkv", 768, 2304, "none", False), ("attn_out", 768, 768, "none", True),
           ("ffn_in", 768, 3072, "gelu", False), ("ffn_out", 3072, 768, "none", True)]
 
@@ -42,8 +53,8 @@ def main():
         torch.set_num_threads(args.threads)
     ms = [int(v) for v in args.m.split(",")]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, native quant kernels: "
-          f"{quant._C is not None}, oneDNN int8 linear: {quant._onednn_available()}")
-    head = ("shape", "M", "fp32", "bf16", "int_mm", "onednn", "quant", "epilog", "linear", "linear TOP/s")
+          f"{quant._C is not None}")
+    head = ("shape", "M", "fp32", "bf16", "int_mm", "onednn", "quant", "linear", "linear TOP/s")
     print("  ".join(f"{h:>12}" for h in head))
     g = torch.Generator().manual_seed(0)
     for M in ms:
@@ -56,30 +67,21 @@ def main():
             w_t, w_bf, x_bf = w.t(), w.bfloat16(), x.bfloat16()
             qx, xs, zp = quant.quantize_rows(x)
             w_q_t = ql.q.t()
-            acc = quant.int8_gemm(qx, ql)
-
-            def epilogue():
-                out = acc.clone()
-                quant._epilogue_torch(out, ql, xs, zp, bias, act, res) if quant._C is None else \
-                    quant._C.int8_epilogue_(out, xs, zp, ql.colsum, bias, "none", None)
-                if act == "gelu":
-                    torch.ops.aten.gelu_(out)
-                if res is not None:
-                    out.add_(res)
+            library = onednn_int8(ql)
 
             fns = {
                 "fp32": lambda: torch.addmm(bias, x, w_t),
                 "bf16": lambda: F.linear(x_bf, w_bf),
                 "int_mm": lambda: torch._int_mm(qx, w_q_t),
-                "onednn": lambda: quant.int8_gemm(qx, ql),
+                "onednn": (lambda: library(qx)) if library is not None else None,
                 "quant": lambda: quant.quantize_rows(x),
-                "epilog": epilogue,
                 "linear": lambda: quant.linear(x, ql, bias, act, res),
             }
-            times = interleaved({k: timer(f) for k, f in fns.items()}, args.rounds, warmup=1)
+            runs = {k: timer(f) for k, f in fns.items() if f is not None}
+            times = interleaved(runs, args.rounds, warmup=1)
             med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
             tops = 2 * M * N * K / (med["linear"] * 1e-3) / 1e12
-            cells = [name, str(M)] + [f"{med[k]:.3f}" for k in fns] + [f"{tops:.2f}"]
+            cells = [name, str(M)] + [f"{med[k]:.3f}" if k in med else "-" for k in fns] + [f"{tops:.2f}"]
             print("  ".join(f"{c:>12}" for c in cells), flush=True)
 
 

@@ -5,7 +5,7 @@
 // Ops and their kernels (csrc/cpu/): embed (embed.cpp), layernorm (layernorm.cpp), attention (attention.cpp),
 // rotary_ (rotary.cpp), glu (glu.cpp),
 // pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
-// int8_epilogue_ (int8_epilogue.cpp), pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows),
+// pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows),
 // isa / detected_isa / set_isa / has_avx512_bf16 / set_avx512_bf16 (isa.cpp), num_threads (parallel.h).
 #include <ATen/MemoryOverlap.h>
 #include <torch/extension.h>
@@ -514,7 +514,7 @@ bool set_isa(const std::string& name) {
 
 }  // namespace
 
-// ---- int8 dynamic quantization (quantize_rows.cpp, int8_epilogue.cpp, int8_linear*.cpp; bertfast/quant.py) ----
+// ---- int8 dynamic quantization (quantize_rows.cpp, int8_linear*.cpp; bertfast/backends/cpu/quant.py) ----
 
 namespace {
 
@@ -524,14 +524,6 @@ void check_rows_f32(const at::Tensor& x, const char* name) {
   BF_CHECK(x.scalar_type() == at::kFloat, name, " must be float32, got ", x.scalar_type());
   BF_CHECK(x.dim() == 2, name, " must be (tokens, features), got ", x.sizes());
   BF_CHECK(x.stride(1) == 1 || x.size(1) <= 1, name, " must be contiguous along features, got strides ", x.strides());
-}
-
-// Per-token zero points (M,) int32, as quantize_rows returns them.
-void check_zero_points(const at::Tensor& zp, int64_t M) {
-  check_tensor(zp, "x_zero_point");
-  BF_CHECK(zp.scalar_type() == at::kInt && zp.dim() == 1 && zp.size(0) == M, "x_zero_point must be (", M,
-           ",) int32, got ", zp.scalar_type(), " ", zp.sizes());
-  check_contig(zp, "x_zero_point");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
@@ -546,28 +538,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x
                       scale.data_ptr<float>(), zp.data_ptr<int32_t>());
   }
   return {q, scale, zp};
-}
-
-at::Tensor int8_epilogue_(at::Tensor out, const at::Tensor& x_scale, const at::Tensor& x_zero_point,
-                          const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
-                          const c10::optional<at::Tensor>& residual) {
-  check_tensor(out, "out");
-  BF_CHECK(out.scalar_type() == at::kFloat, "out must be float32, got ", out.scalar_type());
-  BF_CHECK(out.dim() == 2, "out must be (tokens, features), got ", out.sizes());
-  check_contig(out, "out");
-  const int64_t M = out.size(0), N = out.size(1);
-  check_vector(x_scale, out, M, "x_scale");
-  check_zero_points(x_zero_point, M);
-  check_vector(colsum, out, N, "colsum");
-  const bc::Activation a = activation(act);
-  const at::Tensor b = optional_operand(bias, out, {N}, Layout::Contiguous, "bias");
-  const at::Tensor r = optional_operand(residual, out, {M, N}, Layout::Rows, "residual");
-  if (M > 0) {
-    py::gil_scoped_release nogil;
-    bc::int8_epilogue(out.data_ptr<float>(), M, N, x_scale.data_ptr<float>(), x_zero_point.data_ptr<int32_t>(),
-                      colsum.data_ptr<float>(), ptr<float>(b), a, ptr<float>(r), r.defined() ? r.stride(0) : 0);
-  }
-  return out;
 }
 
 at::Tensor pack_int8(const at::Tensor& weight) {
@@ -679,13 +649,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "hide (False) or restore (True) AVX-512 BF16, as BERTFAST_ISA=avx512_vnni-nobf16 does at load; returns False if "
         "the CPU lacks it or the amx tier is active", py::arg("enabled"));
   m.def("num_threads", &bc::num_threads, "OpenMP threads the kernels use");
-  // int8 dynamic quantization (bertfast/quant.py)
+  // int8 dynamic quantization (bertfast/backends/cpu/quant.py)
   m.def("quantize_rows", &quantize_rows, "per-token asymmetric int8 quantization: x (M, K) fp32 -> (q int8, scale, zero_point)",
         py::arg("x"));
-  m.def("int8_epilogue_", &int8_epilogue_,
-        "out = act(x_scale * (out - x_zero_point * colsum) + bias) + residual in place, after the int8 GEMM",
-        py::arg("out"), py::arg("x_scale"), py::arg("x_zero_point"), py::arg("colsum"), py::arg("bias") = py::none(),
-        py::arg("act") = "none", py::arg("residual") = py::none());
   m.def("pack_int8", &pack_int8, "pack an int8 (N, K) weight for quant_linear", py::arg("weight"));
   m.def("quant_linear", &quant_linear,
         "quantize_rows, then the int8 GEMM on pack_int8 weights with the dequantization epilogue fused (AMX-int8 / "

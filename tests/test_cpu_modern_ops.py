@@ -33,18 +33,8 @@ pytestmark = pytest.mark.skipif(
     _C is None, reason="the native extension bertfast._C is not built (run bash install.sh)"
 )
 
-from bertfast.backends.cpu import quant, routing  # noqa: E402
+from bertfast.backends.cpu import quant  # noqa: E402
 from bertfast.backends.cpu.backend import CpuBackend  # noqa: E402
-
-# GEMM path per test: "ext" sends every GEMM to the extension's own kernel, "library" to oneDNN / MKL.
-PATHS = {"ext": 1 << 30, "library": 0}
-
-
-@pytest.fixture(params=list(PATHS))
-def gemm_path(request, monkeypatch):
-    monkeypatch.setattr(routing, "native_rows", lambda dtype, tier, native_bf16: PATHS[request.param])
-    return request.param
-
 
 def _rotary(tokens, d, gen, theta=10000.0):
     """RoPE tables as the models build them: positions (with repeats, as in a batch) times inverse frequencies."""
@@ -96,7 +86,7 @@ def test_rotary_head_major_view(isa):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_backend_qkv_rotary(isa, gemm_path, dtype, bias):
+def test_backend_qkv_rotary(isa, dtype, bias):
     """CpuBackend.qkv(rotary=): the GEMM, then q and k rotated; against reference.qkv in fp64."""
     g = torch.Generator().manual_seed(9)
     T, heads, d = 70, 2, 32
@@ -274,7 +264,7 @@ def _gated_case(dtype, M, K, N, bias, seed):
 @pytest.mark.parametrize("act", ["gelu", "silu"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("M", [3, 100])
-def test_gated_linear(isa, gemm_path, dtype, act, bias, M):
+def test_gated_linear(isa, dtype, act, bias, M):
     """CpuBackend.linear(gated=True) on packed weights, through each GEMM path, vs reference.linear_glu."""
     x, w, b = _gated_case(dtype, M, 96, 72, bias, seed=M)
     low = lambda t: None if t is None else t.to(dtype)  # noqa: E731
@@ -332,7 +322,7 @@ def test_gated_linear_errors():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M", [5, 200])
-def test_bias_free_linear(isa, gemm_path, dtype, M):
+def test_bias_free_linear(isa, dtype, M):
     x, w, _ = _gated_case(dtype, M, 64, 24, False, seed=M + 1)
     r = rounded(torch.randn(M, 48, generator=torch.Generator().manual_seed(2), dtype=torch.float64), dtype)
     ours = CpuBackend().linear(x.to(dtype), _pack(w.to(dtype)), None, "none", r.to(dtype))

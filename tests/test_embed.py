@@ -143,6 +143,20 @@ def test_int8(tmp_path, tiny_text_model):
     assert np.array_equal(read_output(tmp_path / "out")["embedding"], want)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+def test_each_tier_and_dtype_equals_encode(isa, tmp_path, tiny_text_model, dtype):
+    # Batches of up to 2048 tokens against 64: each text's vector is computed inside batches of other sizes and
+    # neighbours than encode gives it, past every row count where a GEMM once left the extension.
+    src = write_input(tmp_path / "c.txt", TEXTS[:60])
+    for budget in (2048, 64):
+        out = tmp_path / f"out{budget}"
+        assert embed(src, out, "--model", tiny_text_model, "--dtype", dtype, "--backend", "cpu",
+                     "--batch-tokens", budget, "--no-progress") == 0
+        want = Encoder.from_pretrained(tiny_text_model, backend="cpu", dtype=dtype).encode(
+            TEXTS[:60], convert_to_numpy=True)
+        assert np.array_equal(read_output(out)["embedding"], want), f"{dtype}, --batch-tokens {budget}"
+
+
 def test_default_model(tmp_path, minilm_path):
     src = write_input(tmp_path / "c.txt", TEXTS[:12])
     assert embed(src, tmp_path / "out.npy") == 0

@@ -1,4 +1,4 @@
-"""Int8 dynamic quantization (bertfast/quant.py and its native kernels, csrc/cpu/quantize_rows.cpp, int8_*.cpp).
+"""Int8 dynamic quantization (bertfast/backends/cpu/quant.py and its native kernels, csrc/cpu/quantize_rows.cpp, int8_*.cpp).
 
 Quantize/dequantize round trips; the native per-token quantization bitwise equal to its torch
 definition (both ISAs); the int8 GEMM with every epilogue against an fp64 evaluation of the same
@@ -148,10 +148,10 @@ CASES = [  # (M, K, N)
 ]
 
 
-def _linear_case(M, K, N, act, with_residual, use_onednn=None, seed=0):
+def _linear_case(M, K, N, act, with_residual, seed=0):
     g = torch.Generator().manual_seed(seed + M * 7 + K * 3 + N)
     w = torch.randn(N, K, generator=g) * K ** -0.5
-    weight = quant.QuantLinear.from_float(w, use_onednn=use_onednn)
+    weight = quant.QuantLinear.from_float(w)
     x = (torch.randn(M, K, generator=g) * 1.5 + 0.2)
     if act != "none":
         x = x.clamp(min=-0.17)  # FFN-out style input for variety: skewed rows, large zero points
@@ -177,31 +177,13 @@ def test_linear_epilogues_vs_fp64(M, K, N, act):
         _check(quant.linear(x, weight, bias, act, residual), x, weight, bias, act, residual)
 
 
-@has_native
-@pytest.mark.parametrize("act", ACTS)
-def test_native_epilogue_each_isa(isa, act):
-    # The fused native epilogue itself, every activation (linear() routes GELU through torch).
-    x, weight, bias, residual = _linear_case(65, 96, 72, act, True, seed=3)
-    qx, xs, zp = quant.quantize_rows_reference(x)
-    out = quant.int8_gemm(qx, weight)
-    quant._C.int8_epilogue_(out, xs, zp, weight.colsum, bias, act, residual)
-    _check(out, x, weight, bias, act, residual)
-    x, weight, _, _ = _linear_case(5, 64, 20, act, False, seed=4)
-    qx, xs, zp = quant.quantize_rows_reference(x)
-    out = quant.int8_gemm(qx, weight)
-    quant._C.int8_epilogue_(out, xs, zp, weight.colsum, None, act, None)
-    _check(out, x, weight, None, act, None)
-
-
-@pytest.mark.parametrize("path", ["torch-ops", "int-mm"])
-def test_linear_fallback_paths(monkeypatch, path):
-    """The same-math paths used where the native kernels or oneDNN's int8 linear are missing."""
-    if path == "torch-ops":
-        monkeypatch.setattr(quant, "_C", None)
-    use_onednn = False if path == "int-mm" else None
+def test_linear_without_the_extension(monkeypatch):
+    """The same math where the native kernels are missing: torch's int8 GEMM and epilogue."""
+    monkeypatch.setattr(quant, "_C", None)
     for act in ("none", "gelu"):
-        x, weight, bias, residual = _linear_case(17, 80, 48, act, act == "none", use_onednn=use_onednn)
-        assert (weight.onednn is None) == (path == "int-mm")
+        x, _, bias, residual = _linear_case(17, 80, 48, act, act == "none")
+        weight = quant.QuantLinear.from_float(torch.randn(48, 80, generator=torch.Generator().manual_seed(2)) * 0.1)
+        assert weight.packed is None and "_int_mm" in repr(weight)
         _check(quant.linear(x, weight, bias, act, residual), x, weight, bias, act, residual)
 
 
@@ -277,11 +259,11 @@ def test_int8_on_backend_without_it_is_a_clear_error():
     pytest.param(1000, 66, 40, id="M1000-K66-N40"),
 ])
 def test_int8_kernel_paths(isa, M, K, N):
-    """The native int8 GEMM on every tier the CPU has, each path its rows select (never oneDNN here)."""
+    """The native int8 GEMM and its fused epilogue on every tier the CPU has, each path its rows select."""
     for act in ACTS:
-        x, weight, bias, residual = _linear_case(M, K, N, act, act == "none", use_onednn=False, seed=11)
+        x, weight, bias, residual = _linear_case(M, K, N, act, act == "none", seed=11)
         _check(quant.linear(x, weight, bias, act, residual), x, weight, bias, act, residual)
-    x, weight, _, _ = _linear_case(M, K, N, "none", False, use_onednn=False, seed=12)
+    x, weight, _, _ = _linear_case(M, K, N, "none", False, seed=12)
     _check(quant.linear(x, weight), x, weight, None, "none", None)
 
 

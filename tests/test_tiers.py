@@ -1,8 +1,8 @@
 """Every ISA tier the CPU supports, at model level: the cpu backend against transformers.
 
-Per tier (the `isa` fixture switches the extension in-process: our kernels and the GEMM routing, which
-reads the active tier): fp32 within 1e-5 relative on a ragged batch with a 1-token row; bf16 no worse than
-twice Hugging Face's own bf16 error; a sequence alone equals itself inside the batch, bit for bit; int8
+Per tier (the `isa` fixture switches the extension in-process): fp32 within 1e-5 relative on a ragged batch with a 1-token row; bf16 no worse than
+twice Hugging Face's own bf16 error; a sequence alone equals itself inside the batch, bit for bit, in fp32, bf16
+and int8, up to batches of 481 tokens (past every row count where a GEMM once left the extension); int8
 sentence embeddings meet the int8 report's targets (bertfast.tools.validate.int8_report); dtype="auto" gives bf16 exactly
 where the tier has native bf16 dot products; an explicit bf16 warns once where it is measured slower.
 """
@@ -25,7 +25,9 @@ from conftest import hf_bert, ragged_batch, rel_err
 CPU_REASON = available_backends("cpu").get("cpu")
 pytestmark = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")
 
-LENGTHS = [23, 1, 17, 9]  # 50 tokens: every GEMM on the extension's kernel on every tier (native_rows)
+LENGTHS = [23, 1, 17, 9]  # 50 tokens
+# 481 tokens: past 64, 128, 256 and 384 rows, where GEMMs went to oneDNN or MKL before the extension ran them all
+LONG_LENGTHS = [40, 1, 33, 40, 17, 40, 39, 2, 40, 28, 40, 36, 40, 40, 36, 9]
 INT8_SENTENCES = 48  # of the report's fixed set: a broken tier kernel fails on any of them
 
 
@@ -65,15 +67,16 @@ def test_bf16_within_twice_hf_bf16(isa, hf, batch):
         f"bf16 error {ours:.3g} vs Hugging Face bf16 {theirs:.3g}"
 
 
-@pytest.mark.parametrize("lengths", [[20, 1, 9], LENGTHS], ids=["30-tokens", "50-tokens"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("lengths", [[20, 1, 9], LENGTHS, LONG_LENGTHS], ids=["30-tokens", "50-tokens", "481-tokens"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"], ids=["fp32", "bf16", "int8"])
 def test_batch_invariance(isa, hf, dtype, lengths):
-    ids, mask, types = ragged_batch(lengths, seqlen=25, seed=4)
+    ids, mask, types = ragged_batch(lengths, seqlen=max(lengths), seed=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         enc = Encoder.from_hf(hf, backend="cpu", dtype=dtype)
     together = enc(ids, mask, types).last_hidden_state
-    for b, n in enumerate(lengths):
+    rows = range(len(lengths)) if len(lengths) < 8 else (0, 1, 2, 13)
+    for b, n in ((b, lengths[b]) for b in rows):
         alone = enc(ids[b:b + 1, :n], token_type_ids=types[b:b + 1, :n]).last_hidden_state[0]
         assert torch.equal(alone, together[b, :n]), f"row {b} ({n} tokens) differs alone"
 
@@ -133,3 +136,39 @@ def test_explicit_bf16_warns_once_where_slower(isa, hf, backend, monkeypatch):
     else:
         assert not messages
 
+
+
+@pytest.fixture(scope="module")
+def family_models():
+    return {}  # family -> its parity model, built once for every tier and dtype
+
+
+FAMILIES = ("bert", "roberta", "distilbert", "albert", "electra", "mpnet", "modernbert", "nomic_bert", "gte")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"], ids=["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_batch_invariant_past_every_old_threshold(isa, family, dtype, family_models):
+    """Each family's rows alone equal, bit for bit, their slices of a ~600-token ragged batch (a 1-token row,
+    rows at the position limit) on every tier: relative bias, rotary, windows, gated FFNs and factorised
+    embeddings included."""
+    from bertfast.tools.gpucheck import parity
+
+    if family not in family_models:
+        try:
+            family_models[family] = parity.build_model(family)
+        except parity.FamilySkipped as e:
+            pytest.skip(str(e))
+    model = family_models[family]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        enc = Encoder.from_hf(model, backend="cpu", dtype=dtype)
+    limit = enc.config.max_sequence_length
+    lengths = [limit, 1, 57, limit - 3, 9, limit, 100, limit - 1]
+    inputs, mask = parity.make_inputs(model, lengths, seed=3)
+    assert int(mask.sum()) > 512
+    together = enc(**inputs).last_hidden_state
+    for b in (1, 2, 3):
+        n = lengths[b]
+        alone = enc(**{k: v[b:b + 1, :n] for k, v in inputs.items()}).last_hidden_state[0]
+        assert torch.equal(alone, together[b, :n]), f"{family}: row {b} ({n} tokens) changes with its batch"

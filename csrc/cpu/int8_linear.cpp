@@ -1,4 +1,4 @@
-// Int8 GEMM on weights packed at load, the dequantization epilogue fused (bertfast/quant.py):
+// Int8 GEMM on weights packed at load, the dequantization epilogue fused (bertfast/backends/cpu/quant.py):
 //   out[m, n] = act(xs[m] * (ws[n] * sum_k q[m, k] w[n, k] - zp[m] * colsum[n]) + bias[n]) + residual[m, n]
 // for activation codes q (per-token asymmetric int8, quantize_rows) and weights w (per-channel symmetric).
 //

@@ -79,15 +79,11 @@ template <typename T>
 void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
                    int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo);
 
-// ---- int8 dynamic quantization (quantize_rows.cpp, int8_epilogue.cpp; used by bertfast/quant.py) ----
+// ---- int8 dynamic quantization (quantize_rows.cpp; used by bertfast/backends/cpu/quant.py) ----
 
 // Per-token asymmetric int8 quantization of x (M, K) fp32 with row stride ldx: q (M, K) int8 contiguous,
 // scale (M,) fp32 and zero point (M,) int32 per row (the math of quant.quantize_rows_reference).
 void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp);
-// out (M, N) fp32 in place: act(xs[m] * (out - zp[m] * colsum[n]) + bias[n]) + residual[m, n] (row stride ldr);
-// bias and residual may be null.
-void int8_epilogue(float* out, int64_t M, int64_t N, const float* xs, const int32_t* zp, const float* colsum,
-                   const float* bias, Activation act, const float* residual, int64_t ldr);
 
 // ---- int8_linear*.cpp: int8 GEMM (the quant_linear op) ----
 

@@ -1,4 +1,4 @@
-// quantize_rows: per-token asymmetric int8 quantization of fp32 activations (bertfast/quant.py), before the
+// quantize_rows: per-token asymmetric int8 quantization of fp32 activations (bertfast/backends/cpu/quant.py), before the
 // int8 GEMM (int8_linear*.cpp).
 //
 // One read of each row for min/max (it is then in L1/L2), one more to write the codes; the math is the fp32

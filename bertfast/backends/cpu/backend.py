@@ -2,10 +2,10 @@
 
 Embedding + LayerNorm, varlen attention (reading q/k/v in place from the fused QKV output; sliding window,
 relative position bias), RoPE on q and k (in place, right after the QKV GEMM), the GLU gate and LayerNorm
-run in C++ (code per ISA tier, `isa`). GEMMs run where `routing` sends them, on weights packed once in
-`prepare` (`linear.PackedLinear`, or `quant.QuantLinear` under int8). A plain BERT layer whose GEMMs all run
-on the extension runs whole in C++ (`_C.Layer`, csrc/cpu/layer.cpp): the same kernels in the same order,
-without the Python between them. fp32 and bf16; with quantize="int8" (`dtype="int8"`) the four per-layer
+run in C++ (code per ISA tier, `isa`). GEMMs run on the extension's kernel at every token count, on weights
+packed once in `prepare` (`linear.PackedLinear`, or `quant.QuantLinear` under int8). A plain BERT layer runs
+whole in C++ (`_C.Layer`, csrc/cpu/layer.cpp): the same kernels in the same order, without the Python between
+them. fp32 and bf16; with quantize="int8" (`dtype="int8"`) the four per-layer
 GEMMs run int8 (docs/int8.md), everything else fp32.
 """
 
@@ -18,7 +18,7 @@ import torch
 from ...kernels import activation
 from ..contract import Backend, Precision, Rotary
 from ..weights import LayerWeights, ModelWeights
-from . import isa, linear, quant, routing
+from . import isa, linear, quant
 from .ext import _C, IMPORT_ERROR
 
 # Caps (`isa.active_cap`) without native bf16 dot products where the backend's bf16 forward measured slower
@@ -80,10 +80,6 @@ class CpuBackend(Backend):
         if isa.native_bf16():
             return Precision(torch.bfloat16)
         return Precision(torch.float32, (torch.bfloat16,) if isa.active_cap() in BF16_SLOWER_TIERS else ())
-
-    def native_rows(self, dtype) -> int:
-        """`routing.native_rows` on the active tier (dtype: torch.float32, torch.bfloat16 or "int8")."""
-        return routing.native_rows(dtype, _C.isa(), isa.native_bf16())
 
     # --- ops (shapes in bertfast.reference) ---
     def linear(self, x, weight, bias, act: str = "none", residual=None, gated: bool = False):
@@ -148,11 +144,9 @@ class CpuBackend(Backend):
                         cfg.layer_norm_eps, cfg.activation)
 
     def whole_layer(self, x, layer):
-        """`_C.Layer` where every GEMM of these tokens runs on the extension's kernel (bit-identical to the
-        ops composed one by one), else None."""
+        """`_C.Layer` for a layer it can run (bit-identical to the ops composed one by one), else None."""
         whole = getattr(self, "_whole", {}).get(id(layer))
-        rows = self.native_rows("int8" if self.quantize == "int8" else x.dtype)
-        if whole is not None and x.shape[0] <= rows and x.is_contiguous():
+        if whole is not None and x.is_contiguous():
             return lambda x, cu_seqlens, max_seqlen, scale, bias: whole(x, cu_seqlens, max_seqlen, scale,
                                                                         **_bias_args(bias))
         return None

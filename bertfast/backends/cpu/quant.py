@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from ...kernels import activation
-from . import routing
 from .ext import _C
 
 QMAX = 127  # symmetric weight grid [-127, 127]: -128 is never produced, so -q is always representable
@@ -104,35 +103,17 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 # The packed weight and the GEMM
 
 
-def _onednn_available() -> bool:
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops, "onednn")
-            and hasattr(torch.ops.onednn, "qlinear_pointwise") and hasattr(torch.ops.onednn, "qlinear_prepack"))
-
-
-_PREPACK_M_HINT = 1024  # the M oneDNN tunes the packed layout for; any M runs correctly
-
-
-def _amx_tier() -> bool:
-    return _C is not None and _C.isa() == "amx"
-
-
-def native_rows() -> int:
-    """The largest token count whose int8 GEMMs run on the native kernel (`routing.native_rows`)."""
-    return routing.native_rows("int8", _C.isa() if _C is not None else "portable", False)
-
-
 class QuantLinear:
     """A linear weight quantized once at load (symmetric, per output channel) and packed.
 
     q: (N, K) int8; scale: (N,) float32; colsum: (N,) float32 scale[n] * sum_k q[n, k] (the
-    zero-point correction of asymmetric activations); packed: q in the native small-M kernel's
-    layout (None without the extension); onednn: the weight prepacked for oneDNN's int8 GEMM (or None
-    when this torch has no oneDNN int8 linear: `torch._int_mm` on `q_t` is used instead).
+    zero-point correction of asymmetric activations); packed: q in the extension's GEMM layout, which runs
+    every token count (None without the extension: then `torch._int_mm` on `q_t`).
     """
 
-    __slots__ = ("q", "scale", "colsum", "onednn", "zero_points", "q_t", "packed", "out_features", "in_features")
+    __slots__ = ("q", "scale", "colsum", "q_t", "packed", "out_features", "in_features")
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, use_onednn: bool | None = None):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor):
         if q.dtype != torch.int8 or q.dim() != 2:
             raise ValueError(f"QuantLinear needs a (N, K) int8 weight, got {q.dtype} {tuple(q.shape)}")
         if scale.dtype != torch.float32 or scale.shape != (q.shape[0],):
@@ -140,24 +121,15 @@ class QuantLinear:
         self.q, self.scale = q.contiguous(), scale.contiguous()
         self.out_features, self.in_features = q.shape
         self.colsum = (self.q.sum(dim=1, dtype=torch.int64).to(torch.float64) * self.scale.double()).float()
-        self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
-        if use_onednn is None:  # only the amx tier runs oneDNN's int8 GEMM (see native_rows)
-            use_onednn = _onednn_available() and (_C is None or _amx_tier())
-        self.onednn = None
-        if use_onednn:
-            try:
-                self.onednn = torch.ops.onednn.qlinear_prepack(self.q, [_PREPACK_M_HINT, self.in_features])
-            except RuntimeError:  # a build whose oneDNN cannot pack this shape: the fallback GEMM
-                self.onednn = None
-        self.q_t = None if self.onednn is not None else self.q.t()
-        # The native small-M kernel's layout ([N/16][K/4][16][4]), when the extension has it.
+        # The extension's layout ([N/16][K/4][16][4]), when it is built; else the (K, N) view `torch._int_mm` takes.
         self.packed = _C.pack_int8(self.q) if _C is not None else None
+        self.q_t = self.q.t() if self.packed is None else None
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, use_onednn: bool | None = None) -> "QuantLinear":
+    def from_float(cls, weight: torch.Tensor) -> "QuantLinear":
         """Quantize a float (N, K) weight (see `quantize_weight`) and pack it."""
         q, scale = quantize_weight(weight)
-        return cls(q, scale, use_onednn)
+        return cls(q, scale)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -172,20 +144,15 @@ class QuantLinear:
         return dequantize(self.q, self.scale)
 
     def __repr__(self):
-        gemm = "onednn" if self.onednn is not None else "_int_mm"
+        gemm = "native" if self.packed is not None else "_int_mm"
         return f"QuantLinear(out_features={self.out_features}, in_features={self.in_features}, gemm={gemm})"
 
 
 def int8_gemm(qx: torch.Tensor, weight: QuantLinear) -> torch.Tensor:
-    """(M, K) int8 x (N, K) int8 weight -> (M, N) float32 = (int32 sum_k qx qw) * weight.scale[n].
-
-    The per-row activation scale is not applied here (see `linear`).
-    """
-    if weight.onednn is not None:
-        return torch.ops.onednn.qlinear_pointwise(
-            qx, 1.0, 0, weight.onednn, weight.scale, weight.zero_points, None, 1.0, 0,
-            torch.float32, "none", [], "")
-    acc = torch._int_mm(qx, weight.q_t)
+    """(M, K) int8 x (N, K) int8 weight -> (M, N) float32 = (int32 sum_k qx qw) * weight.scale[n], through
+    `torch._int_mm` (the path without the extension). The per-row activation scale is not applied here."""
+    q_t = weight.q_t if weight.q_t is not None else weight.q.t()
+    acc = torch._int_mm(qx, q_t)
     return acc.to(torch.float32).mul_(weight.scale)
 
 
@@ -224,25 +191,15 @@ def linear(x: torch.Tensor, weight: QuantLinear, bias: torch.Tensor | None = Non
         raise ValueError(f"residual must be ({M}, {N}) float32, got {residual.dtype} {tuple(residual.shape)}")
     if M == 0:
         return x.new_zeros(0, N)
-    if weight.packed is not None and (M <= native_rows() or weight.onednn is None):
-        # one native call: quantize, GEMM, epilogue
+    if weight.packed is not None:
+        # one native call at every token count: quantize, GEMM, epilogue (exact int32 sums, one epilogue)
         if x.stride(1) != 1:
             x = x.contiguous()
         if residual is not None and residual.stride(1) != 1:
             residual = residual.contiguous()
         return _C.quant_linear(x, weight.packed, weight.scale, weight.colsum, bias, act, residual)
     qx, x_scale, x_zero_point = quantize_rows(x)
-    out = int8_gemm(qx, weight)
-    if _C is None:
-        return _epilogue_torch(out, weight, x_scale, x_zero_point, bias, act, residual)
-    if act in ("gelu", "gelu_tanh"):
-        # torch's vectorized GELU beats the epilogue's (docs/int8.md#epilogue): stop before the activation.
-        _C.int8_epilogue_(out, x_scale, x_zero_point, weight.colsum, bias, "none", None)
-        out = activation.apply_(out, act)
-        return out if residual is None else out.add_(residual)
-    _C.int8_epilogue_(out, x_scale, x_zero_point, weight.colsum, bias, act,
-                      None if residual is None else residual.contiguous())
-    return out
+    return _epilogue_torch(int8_gemm(qx, weight), weight, x_scale, x_zero_point, bias, act, residual)
 
 
 def linear_reference(x: torch.Tensor, weight: QuantLinear, bias=None, act: str = "none", residual=None,
