@@ -7,6 +7,7 @@ refused before timing, and an uninstallable one is reported as skipped with its 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import struct
 import sys
@@ -109,12 +110,16 @@ def _wrong_mask_provider(source, dtype):
     return providers.Provider("wrong-mask", dtype, lambda b: enc(b.input_ids, None, b.token_type_ids).last_hidden_state)
 
 
-def test_validation_refuses_a_wrong_provider_before_timing(tmp_path, monkeypatch):
+def test_validation_refuses_a_wrong_provider_before_timing(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(providers.FACTORIES, "wrong-mask", _wrong_mask_provider)
     out_json = tmp_path / "bench.json"
     rc = _run_cli(["--workloads", "b2xs16,b4xs16-uniform", "--dtypes", "fp32",
                    "--providers", "bertfast-torch,hf-sdpa,wrong-mask", "--json", str(out_json)])
-    assert rc == 1  # an error row makes the run fail
+    assert rc == 0  # a peer's wrong row is reported in the table; only a bertfast row fails the run
+    printed = capsys.readouterr()
+    assert any(line.startswith("b4xs16-uniform") and "wrong-mask" in line and "ERROR: wrong output" in line
+               for line in printed.out.splitlines()), printed.out
+    assert "1 row(s) failed validation or crashed, 0 of them bertfast's" in printed.err
     _, rows = _rows(out_json)
     # Full rows: ignoring the mask changes nothing, and the gate lets it through.
     assert rows[("b2xs16", "fp32", "wrong-mask")]["status"] == "ok"
@@ -126,20 +131,61 @@ def test_validation_refuses_a_wrong_provider_before_timing(tmp_path, monkeypatch
     assert rows[("b4xs16-uniform", "fp32", "bertfast-torch")]["status"] == "ok"
 
 
+def test_a_wrong_bertfast_row_fails_the_run(monkeypatch, capsys):
+    # The same mask-ignoring provider as a bertfast row: its refusal fails the run.
+    monkeypatch.setitem(providers.FACTORIES, "bertfast-torch", _wrong_mask_provider)
+    rc = _run_cli(["--workloads", "b4xs16-uniform", "--dtypes", "fp32", "--providers", "bertfast-torch,hf-sdpa"])
+    assert rc == 1
+    printed = capsys.readouterr()
+    assert any(line.startswith("b4xs16-uniform") and "bertfast-torch" in line and "ERROR: wrong output" in line
+               for line in printed.out.splitlines()), printed.out
+    assert "1 row(s) failed validation or crashed, 1 of them bertfast's" in printed.err
+
+
+def test_openvino_rows_match_the_reference():
+    ov = pytest.importorskip("openvino", reason="the openvino rows need openvino (pip install openvino nncf)")
+    has_nncf = importlib.util.find_spec("nncf") is not None
+    native_bf16 = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    source = load_source(config_name="tiny")
+    rows = runner.run_bench(source, [workloads.Workload.parse("b2xs16-uniform")], ["fp32", "bf16"],
+                            ["openvino", "openvino-int8"], repeats=1, min_repeats=1, progress=None, isolation="none")
+    by = {(r.provider, r.dtype): r for r in rows}
+    fp32 = by[("openvino", "fp32")]
+    assert fp32.status == "ok", fp32.reason
+    assert fp32.info["inference_precision"] == "f32" and fp32.max_abs_err < 1e-4
+    bf16 = by[("openvino", "bf16")]
+    if native_bf16:
+        assert bf16.status == "ok", bf16.reason
+        assert bf16.info["inference_precision"] == "bf16" and bf16.max_abs_err <= bf16.tolerance
+    else:
+        assert bf16.status == "skipped" and "no native bf16" in bf16.reason
+    int8 = by[("openvino-int8", "fp32")]
+    if has_nncf:
+        assert int8.status == "ok", int8.reason
+        assert int8.info["min_token_cosine"] >= runner.INT8_MIN_COSINE and int8.tolerance is None
+    else:
+        assert int8.status == "skipped" and "not installed (nncf)" in int8.reason
+    assert by[("openvino-int8", "bf16")].status == "skipped" and "fp32 pass" in by[("openvino-int8", "bf16")].reason
+    with pytest.raises(providers.ProviderSkipped, match="fp32 and bf16 rows only"):
+        providers.check_runnable("openvino", source, torch.float16)
+
+
 def test_failed_or_missing_providers_are_skipped_with_reason(monkeypatch, tmp_path):
     def broken(source, dtype):
         raise RuntimeError("no such device")
 
     monkeypatch.setitem(providers.FACTORIES, "broken", broken)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
+    monkeypatch.setitem(sys.modules, "openvino", None)
     source = load_source(config_name="tiny")
     rows = runner.run_bench(source, [workloads.Workload.parse("b1xs8")], ["fp32"],
-                           ["bertfast-torch", "broken", "onnxruntime", "hf-sdpa"], repeats=1, min_repeats=1,
-                           progress=None, isolation="none")
+                           ["bertfast-torch", "broken", "onnxruntime", "openvino", "hf-sdpa"], repeats=1,
+                           min_repeats=1, progress=None, isolation="none")
     by = {r.provider: r for r in rows}
-    assert [r.provider for r in rows] == ["bertfast-torch", "broken", "onnxruntime", "hf-sdpa"]
+    assert [r.provider for r in rows] == ["bertfast-torch", "broken", "onnxruntime", "openvino", "hf-sdpa"]
     assert by["broken"].status == "skipped" and "RuntimeError: no such device" in by["broken"].reason
     assert by["onnxruntime"].status == "skipped" and "not installed" in by["onnxruntime"].reason
+    assert by["openvino"].status == "skipped" and "not installed (openvino)" in by["openvino"].reason
     assert by["bertfast-torch"].status == by["hf-sdpa"].status == "ok"
     table = report.format_table(rows)
     assert "SKIPPED: set-up failed: RuntimeError: no such device" in table

@@ -42,6 +42,8 @@ def test_each_cuda_row_skips_without_cuda(name):
     ("onnxruntime", torch.bfloat16, "fp32 and fp16 only on CUDA"),
     ("bertfast-int8", torch.float32, "an int8 row of the CPU"),
     ("ctranslate2-int8", torch.float32, "an int8 row of the CPU"),
+    ("openvino", torch.float32, "a CPU row"),
+    ("openvino-int8", torch.float32, "an int8 row of the CPU"),
 ])
 def test_cuda_rows_name_their_dtype_and_device_limits(monkeypatch, name, dtype, reason):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

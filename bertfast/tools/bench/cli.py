@@ -197,11 +197,13 @@ def _run_one(args, source, device, workloads, dtypes, providers, preskipped, rep
     print(report.format_table(rows))
     for note in report.notes(load_before, env, steal):
         print(note)
-    status = 0
+    # Only bertfast's own rows fail the run: a peer that is wrong on this model is a finding, reported in its row.
     errors = [r for r in rows if r.status == "error"]
+    ours = [r for r in errors if r.provider.startswith("bertfast")]
     if errors:
-        print(f"\n{len(errors)} row(s) failed validation or crashed: see ERROR lines", file=sys.stderr)
-        status = 1
+        print(f"\n{len(errors)} row(s) failed validation or crashed, {len(ours)} of them bertfast's: see ERROR lines",
+              file=sys.stderr)
+    status = 1 if ours else 0
     if json_path:
         settings = {"workloads": [w.name for w in workloads], "dtypes": dtypes, "providers": providers,
                     "repeats": repeats, "budget_s": budget, "settle_ms": args.settle_ms,

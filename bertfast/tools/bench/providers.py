@@ -3,11 +3,12 @@
 Rows: `bertfast-<backend>` (one per registered backend; on CUDA `bertfast-triton` replays CUDA graphs and
 `bertfast-triton-eager` launches each kernel), `hf-eager`, `hf-sdpa` (the baseline), `hf-fa2` (transformers'
 flash_attention_2, CUDA), `onnxruntime` (CPU, or CUDA with onnxruntime-gpu), `torch-compile` (default mode) and
-`torch-compile-max` (mode="max-autotune"), and the int8 rows `bertfast-int8`, `onnxruntime-int8`,
-`ctranslate2-int8` (int8 GEMM operands, fp32 activations: run in the fp32 pass). The default rows differ by device
-(`default_providers`). A provider that is not installed, cannot run this dtype or device, or fails to build raises
-`ProviderSkipped` with the reason, reported as a skipped row. Each factory works on deep copies of the reference
-(`source.Source`) and times its own build (`Provider.build_s`).
+`torch-compile-max` (mode="max-autotune"), `openvino` (CPU: fp32, and bf16 where the CPU has it natively), and the
+int8 rows `bertfast-int8`, `onnxruntime-int8`, `ctranslate2-int8`, `openvino-int8` (int8 GEMM operands, fp32
+activations: run in the fp32 pass). The default rows differ by device (`default_providers`). A provider that is
+not installed, cannot run this dtype or device, or fails to build raises `ProviderSkipped` with the reason, reported
+as a skipped row. Each factory works on deep copies of the reference (`source.Source`) and times its own build
+(`Provider.build_s`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from bertfast.tools.bench.source import Source
 from bertfast.tools.workloads import Batch, make_batch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-FIXED_PROVIDERS = ("hf-eager", "hf-sdpa", "onnxruntime", "torch-compile", "bertfast-int8", "onnxruntime-int8",
-                   "ctranslate2-int8")
-INT8_PROVIDERS = ("bertfast-int8", "onnxruntime-int8", "ctranslate2-int8")
+FIXED_PROVIDERS = ("hf-eager", "hf-sdpa", "onnxruntime", "openvino", "torch-compile", "bertfast-int8",
+                   "onnxruntime-int8", "ctranslate2-int8", "openvino-int8")
+INT8_PROVIDERS = ("bertfast-int8", "onnxruntime-int8", "ctranslate2-int8", "openvino-int8")
 # The rows of `bench --device cuda`: the engine with and without CUDA graphs against what a GPU user would run.
 CUDA_PROVIDERS = ("bertfast-triton", "bertfast-triton-eager", "hf-sdpa", "hf-fa2", "torch-compile",
                   "torch-compile-max", "onnxruntime")
@@ -264,6 +265,62 @@ def _ctranslate2_int8_factory(source: Source, dtype: torch.dtype) -> Provider:
                                                     "quantization=int8, compute_type=int8"})
 
 
+def _openvino_factory(quantize: str | None = None):
+    """OpenVINO's CPU plugin on the plain ONNX export (`openvino.convert_model`; batch and sequence stay dynamic),
+    its inference precision set to the row's dtype (left unset it is bf16 on a CPU with bf16); int8: NNCF's
+    data-free weight compression (int8 weights per channel, activations quantized per group by the plugin at run
+    time), in the fp32 pass."""
+    name = "openvino-int8" if quantize else "openvino"
+
+    def factory(source: Source, dtype: torch.dtype) -> Provider:
+        try:
+            import openvino as ov
+            if quantize:
+                import nncf
+        except ImportError as e:
+            raise ProviderSkipped(f"not installed ({e.name}): pip install openvino"
+                                  + (" nncf" if quantize else "")) from None
+        t0 = time.perf_counter()
+        names = _onnx_names(source)
+        with tempfile.TemporaryDirectory(prefix="bertfast-bench-") as tmp:
+            raw = os.path.join(tmp, "model.onnx")
+            _export_onnx(source, raw, names)
+            model = ov.convert_model(raw)
+        if quantize:
+            nncf_logger = logging.getLogger("nncf")
+            level = nncf_logger.level
+            nncf_logger.setLevel(logging.ERROR)  # its table of compressed layers
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):  # its progress bar
+                    model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+            finally:
+                nncf_logger.setLevel(level)
+        precision = "bf16" if dtype == torch.bfloat16 else "f32"
+        compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision,
+                                                          "INFERENCE_NUM_THREADS": torch.get_num_threads(),
+                                                          "PERFORMANCE_HINT": "LATENCY"})
+        # The plugin ignores a bf16 hint on a CPU without native bf16 and runs f32: not a bf16 row.
+        ran = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
+        if ran != precision:
+            raise ProviderSkipped(f"OpenVINO {ov.__version__} runs {ran}, not {precision}, on this CPU: no native "
+                                  "bf16 (BF16 is not in its OPTIMIZATION_CAPABILITIES)")
+        request = compiled.create_infer_request()
+        build = time.perf_counter() - t0
+
+        def fn(b: Batch):
+            out = request.infer({n: b.inputs()[n].numpy() for n in names})  # outputs copied out of the request
+            return torch.from_numpy(out["last_hidden_state"])
+
+        info = {"openvino": ov.__version__, "inference_precision": ran,
+                "threads": compiled.get_property("INFERENCE_NUM_THREADS")}
+        if quantize:
+            info.update(quantized="int8", scheme=f"nncf {nncf.__version__} compress_weights INT8_ASYM per channel, "
+                        f"dynamic activation groups of {compiled.get_property('DYNAMIC_QUANTIZATION_GROUP_SIZE')}")
+        return Provider(name, dtype, fn, build, info)
+
+    return factory
+
+
 def _torch_compile_factory(mode: str | None = None):
     """torch.compile of the HF SDPA model: default mode, or `mode` ("max-autotune": Inductor's GEMM autotuning and
     CUDA graphs). On CUDA each shape gets a static graph of its own (dynamic=False), as a served model would."""
@@ -311,6 +368,8 @@ FACTORIES: dict[str, Callable[[Source, torch.dtype], Provider]] = {
     "bertfast-int8": _bertfast_factory("cpu", quantize="int8"),
     "onnxruntime-int8": _onnxruntime_int8_factory,
     "ctranslate2-int8": _ctranslate2_int8_factory,
+    "openvino": _openvino_factory(),
+    "openvino-int8": _openvino_factory("int8"),
 }
 
 
@@ -343,6 +402,11 @@ def check_runnable(provider: str, source: Source, dtype: torch.dtype) -> None:
         raise ProviderSkipped(f"wired for BERT checkpoints only here (this is {source.config.family})")
     if provider == "onnxruntime":
         _check_onnxruntime(cuda, dtype)
+    if provider == "openvino":
+        if cuda:
+            raise ProviderSkipped("a CPU row (OpenVINO's CPU plugin; no GPU path is wired in this bench)")
+        if dtype == torch.float16:
+            raise ProviderSkipped("fp32 and bf16 rows only (wired here as OpenVINO's f32 and bf16 CPU inference)")
     if provider == "hf-fa2":
         if dtype == torch.float32:
             raise ProviderSkipped("flash_attention_2 runs fp16 and bf16 only")
