@@ -6,7 +6,7 @@
 // rotary_ (rotary.cpp), glu (glu.cpp),
 // pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
 // pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows),
-// isa / detected_isa / set_isa / has_avx512_bf16 / set_avx512_bf16 (isa.cpp), num_threads (parallel.h).
+// isa / detected_isa / set_isa / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni / set_avx_vnni (isa.cpp), num_threads (parallel.h).
 #include <ATen/MemoryOverlap.h>
 #include <torch/extension.h>
 
@@ -648,6 +648,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_avx512_bf16", &bc::set_avx512_bf16,
         "hide (False) or restore (True) AVX-512 BF16, as BERTFAST_ISA=avx512_vnni-nobf16 does at load; returns False if "
         "the CPU lacks it or the amx tier is active", py::arg("enabled"));
+  m.def("has_avx_vnni", &bc::has_avx_vnni, "whether the avx2 tier's int8 GEMM uses AVX-VNNI (the CPU has it, not hidden)");
+  m.def("set_avx_vnni", &bc::set_avx_vnni, "hide (False) or restore (True) AVX-VNNI; False if the CPU lacks it",
+        py::arg("enabled"));
   m.def("num_threads", &bc::num_threads, "OpenMP threads the kernels use");
   // int8 dynamic quantization (bertfast/backends/cpu/quant.py)
   m.def("quantize_rows", &quantize_rows, "per-token asymmetric int8 quantization: x (M, K) fp32 -> (q int8, scale, zero_point)",

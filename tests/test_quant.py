@@ -17,7 +17,7 @@ ACTS = ("none", "gelu", "gelu_tanh", "relu")
 EPS32 = 2.0 ** -24
 
 has_native = pytest.mark.skipif(
-    quant._C is None, reason="bertfast._C is not built (quantize_rows, int8_epilogue_)",
+    quant._C is None, reason="bertfast._C is not built (quantize_rows, quant_linear)",
 )
 
 
@@ -265,6 +265,32 @@ def test_int8_kernel_paths(isa, M, K, N):
         _check(quant.linear(x, weight, bias, act, residual), x, weight, bias, act, residual)
     x, weight, _, _ = _linear_case(M, K, N, "none", False, seed=12)
     _check(quant.linear(x, weight), x, weight, None, "none", None)
+
+
+@has_native
+@pytest.mark.parametrize("M,K,N", [(1, 64, 16), (7, 36, 47), (49, 132, 23), (129, 768, 200), (300, 3072, 40)],
+                         ids=["M1", "M7-K36-N47", "M49-K132", "M129-K768", "M300-K3072"])
+def test_avx2_int8_same_bits_with_and_without_avx_vnni(M, K, N):
+    """The avx2 tier's int8 GEMM with AVX-VNNI (vpdpbusd on ymm) makes the vpmaddwd path's int32 sums and runs
+    its epilogue: the same bits, so an int8 output does not depend on whether the CPU has AVX-VNNI."""
+    _C = quant._C
+    if not _C.has_avx_vnni():
+        pytest.skip("the CPU has no AVX-VNNI (avx_vnni in /proc/cpuinfo)")
+    before = _C.isa()
+    assert _C.set_isa("avx2")
+    try:
+        for act in ACTS:
+            x, weight, bias, residual = _linear_case(M, K, N, act, act == "none", seed=5)
+            with_vnni = quant.linear(x, weight, bias, act, residual)
+            assert _C.set_avx_vnni(False) and not _C.has_avx_vnni()
+            try:
+                without = quant.linear(x, weight, bias, act, residual)
+            finally:
+                assert _C.set_avx_vnni(True)
+            assert torch.equal(with_vnni, without), act
+            _check(with_vnni, x, weight, bias, act, residual)
+    finally:
+        _C.set_isa(before)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@
 //   amx, K % 64 == 0: AMX-int8 tiles (tdpbssd) on the signed codes, any M.
 //   avx512_vnni: up to kStreamRows rows a 4 x 64 tile streams the weights (x flipped per broadcast); more
 //     rows: x flipped once into an unsigned buffer, then row blocks x 64 columns in 6 x 64 register tiles.
-//   avx2: x widened once to int16, weights sign-extended on the fly (vpmovsxbw), vpmaddwd: 6 x 8 tiles.
+//   avx2: x widened once to int16, weights sign-extended on the fly (vpmovsxbw), vpmaddwd: 6 x 8 tiles; where the
+//     CPU has AVX-VNNI, x flipped once to unsigned bytes and VEX vpdpbusd on ymm, 6 x 16 tiles (the same sums).
 //   portable: x widened as for avx2; per panel the weights moved to k-contiguous rows, then 4 x 2 tiles of
 //     dot products over k in plain loops (the compiler's pmaddwd / sdot reductions).
 //
@@ -65,6 +66,16 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
     });
     parallel_for(nt, row_blocks * groups, [&](int64_t i) {
       item(i, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) { item_vnni(a, xu, ld, r0, r1, p0, p1); });
+    });
+    return;
+  }
+  if (isa == Isa::Avx2 && has_avx_vnni()) {
+    uint8_t* xu = reinterpret_cast<uint8_t*>(codes.data());
+    parallel_for(prep_threads, row_blocks, [&](int64_t rb) {
+      flip_codes_avx2(a, rb * kRowBlock, std::min(M, (rb + 1) * kRowBlock), ld, xu);
+    });
+    parallel_for(nt, row_blocks * groups, [&](int64_t i) {
+      item(i, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) { item_avxvnni(a, xu, ld, r0, r1, p0, p1); });
     });
     return;
   }

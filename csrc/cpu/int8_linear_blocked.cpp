@@ -199,6 +199,75 @@ BF_TARGET_AVX2 void widen_codes_avx2(const Int8Args& a, int64_t lo, int64_t hi, 
   widen_codes(a, lo, hi, ldw, xw);
 }
 
+// ---- AVX-VNNI (the avx2 tier where the CPU has it): x flipped once to unsigned bytes, vpdpbusd on ymm ----
+
+namespace {
+
+// acc += u8(x) . s8(w) per 4-byte group, VEX-encoded (no AVX-512 needed). Inline asm for the reason dpbusd
+// gives (GCC 12 does not tie the builtin's accumulator to its output).
+BF_TARGET_AVXVNNI BF_INLINE void dpbusd_vex(__m256i& acc, __m256i x, __m256i w) {
+  asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(x), "x"(w));
+}
+
+// MR rows x panel p's 16 columns: per k group its 64 weight bytes as two ymm (columns 0-7, 8-15: lane c of a
+// vpdpbusd is column c) times row r's 4 unsigned codes broadcast; 2 x MR accumulators (12 at MR = 6, of 16
+// registers). The int32 sums are tile_avx2's exactly, and finish_row is its epilogue.
+template <int MR>
+BF_TARGET_AVXVNNI BF_INLINE void tile_avxvnni(const Int8Args& a, const uint8_t* xu, int64_t ldu, int64_t m0,
+                                              int64_t p) {
+  const int64_t k4 = (a.K + 3) / 4, n0 = p * 16, n = std::min<int64_t>(16, a.N - n0);
+  __m256i acc[MR][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  const int8_t* wp = a.packed + p * k4 * 64;
+  const uint8_t* xr = xu + m0 * ldu;
+  for (int64_t g = 0; g < k4; ++g) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + g * 64));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + g * 64 + 32));
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      int32_t c;
+      std::memcpy(&c, xr + r * ldu + 4 * g, 4);
+      const __m256i xv = _mm256_set1_epi32(c);
+      dpbusd_vex(acc[r][0], xv, w0);
+      dpbusd_vex(acc[r][1], xv, w1);
+    }
+  }
+  alignas(32) int32_t sums[MR][16];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r]), acc[r][0]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r] + 8), acc[r][1]);
+  }
+  for (int r = 0; r < MR; ++r) finish_row(sums[r], m0 + r, n0, n, a);
+}
+
+struct AvxVnniTile {
+  const Int8Args& a;
+  const uint8_t* xu;
+  int64_t ldu;
+  template <int MR>
+  BF_TARGET_AVXVNNI void run(int64_t m0, int64_t p) const { tile_avxvnni<MR>(a, xu, ldu, m0, p); }
+};
+
+}  // namespace
+
+BF_TARGET_AVXVNNI void item_avxvnni(const Int8Args& a, const uint8_t* xu, int64_t ldu, int64_t r0, int64_t r1,
+                                    int64_t p0, int64_t p1) {
+  DenormalGuard ftz;
+  for (int64_t p = p0; p < p1; ++p) row_tiles<6>(r0, r1, p, AvxVnniTile{a, xu, ldu});
+}
+
+// The codes of rows [lo, hi) as unsigned bytes (q ^ 0x80), [M][ldu], the pad past K zero (its weights are zero).
+BF_TARGET_AVX2 void flip_codes_avx2(const Int8Args& a, int64_t lo, int64_t hi, int64_t ldu, uint8_t* xu) {
+  for (int64_t m = lo; m < hi; ++m) {
+    const int8_t* src = a.x + m * a.ldx;
+    uint8_t* dst = xu + m * ldu;
+    for (int64_t k = 0; k < a.K; ++k) dst[k] = uint8_t(src[k]) ^ 0x80u;
+    for (int64_t k = a.K; k < ldu; ++k) dst[k] = 0;
+  }
+}
+
 // ---- AVX512-VNNI: x flipped once to unsigned bytes ----
 
 namespace {

@@ -126,6 +126,11 @@ void item_generic(const Int8Args& a, const int16_t* xw, int64_t ldw, int64_t r0,
 BF_TARGET_AVX2 void widen_codes_avx2(const Int8Args& a, int64_t lo, int64_t hi, int64_t ldw, int16_t* xw);
 BF_TARGET_AVX2 void item_avx2(const Int8Args& a, const int16_t* xw, int64_t ldw, int64_t r0, int64_t r1, int64_t p0,
                               int64_t p1);
+// The avx2 tier with AVX-VNNI: the codes flipped to unsigned bytes [M][ldu], then vpdpbusd on ymm; the same int32
+// sums as item_avx2's, the same epilogue.
+BF_TARGET_AVX2 void flip_codes_avx2(const Int8Args& a, int64_t lo, int64_t hi, int64_t ldu, uint8_t* xu);
+BF_TARGET_AVXVNNI void item_avxvnni(const Int8Args& a, const uint8_t* xu, int64_t ldu, int64_t r0, int64_t r1,
+                                    int64_t p0, int64_t p1);
 BF_TARGET_VNNI void flip_codes_vnni(const Int8Args& a, int64_t lo, int64_t hi, int64_t ldu, uint8_t* xu);
 BF_TARGET_VNNI void item_vnni(const Int8Args& a, const uint8_t* xu, int64_t ldu, int64_t r0, int64_t r1, int64_t p0,
                               int64_t p1);

@@ -89,6 +89,28 @@ static std::atomic<bool>& bf16_state() {
 
 bool has_avx512_bf16() { return bf16_state().load(std::memory_order_relaxed); }
 
+static bool cpu_has_avx_vnni() {
+#if BF_X86
+  static const bool vnni = isa_supported(Isa::Avx2) && __builtin_cpu_supports("avxvnni");
+  return vnni;
+#else
+  return false;
+#endif
+}
+
+static std::atomic<bool>& avx_vnni_state() {
+  static std::atomic<bool> state{cpu_has_avx_vnni()};
+  return state;
+}
+
+bool has_avx_vnni() { return avx_vnni_state().load(std::memory_order_relaxed); }
+
+bool set_avx_vnni(bool enabled) {
+  if (enabled && !cpu_has_avx_vnni()) return false;
+  avx_vnni_state().store(enabled);
+  return true;
+}
+
 static Isa initial_isa() {
   Isa cap = Isa::Amx;
   const char* env = std::getenv("BERTFAST_ISA");

@@ -41,6 +41,11 @@ bool has_avx512_bf16();
 // Hide (false) or restore (true) AVX-512 BF16; false if the CPU lacks it, or if hiding it while the amx
 // tier is active.
 bool set_avx512_bf16(bool enabled);
+// AVX-VNNI (VEX vpdpbusd on ymm: Alder Lake and later Intel cores, AMD Zen 4 and later), used by the Avx2 tier's
+// int8 GEMM where present: exact int32 sums either way, so the output is the same with or without it.
+bool has_avx_vnni();
+// Hide (false) or restore (true) AVX-VNNI, so tests can compare the two paths; false if the CPU lacks it.
+bool set_avx_vnni(bool enabled);
 // Whether the CPU has AMX tiles and the OS granted this process their state (requested once).
 bool amx_tiles_permitted();
 
@@ -53,6 +58,8 @@ bool amx_tiles_permitted();
 #define BF_TARGET_AVX512BF16 \
   __attribute__((target(   \
       "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,bmi2,prefer-vector-width=512")))
+// The Avx2 tier's int8 GEMM with AVX-VNNI (VEX vpdpbusd on ymm).
+#define BF_TARGET_AVXVNNI __attribute__((target("avx2,fma,f16c,bmi2,avxvnni")))
 // The int8 GEMM's VNNI kernels (vpdpbusd).
 #define BF_TARGET_VNNI \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi2,prefer-vector-width=512")))
