@@ -16,6 +16,7 @@ from .backends import Backend, get_backend, warn_once
 from .config import ConfigError, read_config_json
 from .engine import Engine
 from .loading import ModelWeights, load_hf_model, load_pretrained, resolve_dtype
+from .precision import check_precision, quantize_embeddings
 from .sentence import SentenceConfig, pooling_modes, read_sentence_config
 from .tokenization import load_tokenizer, prompt_length, token_budget_batches
 
@@ -308,7 +309,7 @@ class Encoder(nn.Module):
     def encode(self, texts, *, prompt_name: str | None = None, prompt: str | None = None, pooling=None,
                normalize: bool | None = None, batch_size: int = 32, batch_tokens: int | None = None,
                truncate_dim: int | None = None, convert_to_numpy: bool = False,
-               show_progress_bar: bool | None = None):
+               show_progress_bar: bool | None = None, precision: str = "float32", ranges=None):
         """Sentence embeddings (N, D) fp32, as the checkpoint's sentence-transformers modules make them.
 
         texts: a string or a list of strings. The configuration (`modules.json`, the Pooling config,
@@ -319,7 +320,12 @@ class Encoder(nn.Module):
         batch_size texts, or with batch_tokens as many as fit that many (padded) tokens. Returns a
         torch tensor on the engine's device, or a NumPy array with convert_to_numpy=True.
         show_progress_bar: None shows tqdm's bar on a terminal for inputs of 8 batches or more.
+        precision: "float32", or "int8", "uint8", "binary", "ubinary": the vectors quantized as
+        sentence-transformers' encode(precision=...) quantizes them (`bertfast.quantize_embeddings`; int8/uint8
+        ranges from these vectors unless `ranges`, (2, D), is given: pass a corpus's ranges when encoding it in
+        parts). A quantized result is int8/uint8, (N, D) or packed bits (N, ceil(D / 8)).
         """
+        check_precision(precision)
         texts = [texts] if isinstance(texts, str) else list(texts)
         batches = self.encode_batches(texts, prompt_name=prompt_name, prompt=prompt, pooling=pooling,
                                       normalize=normalize, batch_size=batch_size, batch_tokens=batch_tokens,
@@ -338,6 +344,9 @@ class Encoder(nn.Module):
                 bar.update()
         if bar is not None:
             bar.close()
+        if precision != "float32":
+            quantized = quantize_embeddings(emb, precision, ranges)
+            return quantized if convert_to_numpy else torch.from_numpy(quantized)
         return emb.cpu().numpy() if convert_to_numpy else emb
 
     def encode_batches(self, texts, *, prompt_name: str | None = None, prompt: str | None = None,

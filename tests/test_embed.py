@@ -157,6 +157,42 @@ def test_each_tier_and_dtype_equals_encode(isa, tmp_path, tiny_text_model, dtype
         assert np.array_equal(read_output(out)["embedding"], want), f"{dtype}, --batch-tokens {budget}"
 
 
+@pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])
+def test_precision_equals_quantized_encode(tmp_path, tiny_text_model, expected, precision):
+    from bertfast import quantization_ranges, quantize_embeddings
+
+    src = write_input(tmp_path / "c.txt", TEXTS[:50])
+    extra = []
+    ranges = None
+    if precision.endswith("int8"):
+        ranges = quantization_ranges(expected[:20])  # from a sample: the rest falls outside now and then (clips)
+        np.save(tmp_path / "ranges.npy", ranges)
+        extra = ["--ranges", tmp_path / "ranges.npy"]
+    want = quantize_embeddings(expected[:50], precision, ranges)
+    for out in (tmp_path / "out", tmp_path / "out.npy"):
+        assert embed(src, out, "--model", tiny_text_model, "--precision", precision, "--shard-rows", 16,
+                     "--batch-tokens", 256, "--no-progress", *extra) == 0
+        got = np.load(out) if out.suffix == ".npy" else read_output(out)["embedding"]
+        assert got.dtype == want.dtype and np.array_equal(got, want), out.name
+
+
+def test_precision_errors(tmp_path, tiny_text_model, capsys):
+    src = write_input(tmp_path / "c.txt", TEXTS[:5])
+    assert embed(src, tmp_path / "a", "--model", tiny_text_model, "--precision", "int8") == 2
+    assert "--precision int8 needs --ranges FILE.npy" in capsys.readouterr().err
+    np.save(tmp_path / "r.npy", np.zeros((2, 64), dtype=np.float32))
+    assert embed(src, tmp_path / "b", "--model", tiny_text_model, "--ranges", tmp_path / "r.npy") == 2
+    assert "--ranges applies to --precision int8 or uint8, not float32" in capsys.readouterr().err
+    np.save(tmp_path / "bad.npy", np.zeros((3, 64), dtype=np.float32))
+    assert embed(src, tmp_path / "c", "--model", tiny_text_model, "--precision", "uint8", "--ranges",
+                 tmp_path / "bad.npy") == 2
+    assert "need a (2, D) float array" in capsys.readouterr().err
+    assert embed(src, tmp_path / "d", "--model", tiny_text_model, "--precision", "binary", "--no-progress") == 0
+    capsys.readouterr()
+    assert embed(src, tmp_path / "d", "--model", tiny_text_model, "--resume", "--no-progress") == 2
+    assert "precision: 'binary' then, 'float32' now" in capsys.readouterr().err
+
+
 def test_default_model(tmp_path, minilm_path):
     src = write_input(tmp_path / "c.txt", TEXTS[:12])
     assert embed(src, tmp_path / "out.npy") == 0

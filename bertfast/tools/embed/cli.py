@@ -2,7 +2,8 @@
 
 INPUT: a .txt (one text per line), .jsonl, .csv or .parquet file, a directory of them or a glob.
 OUTPUT: a directory of Parquet shards (id, embedding, optional text) with a manifest, or FILE.npy
-((N, D) float32, the embedded rows in input order). The command parses, checks, and hands over to the
+((N, D) float32, the embedded rows in input order; with --precision the quantized form: int8/uint8 (N, D) or
+packed bits (N, ceil(D / 8)), as `bertfast.quantize_embeddings` makes them). The command parses, checks, and hands over to the
 job (`job.run`) with one `bertfast.ray.Embedder`, or a pool of them on a Ray cluster (`--ray`). SIGINT
 and SIGTERM stop it between shard commits (`signals`): a message, exit status 128 + the signal.
 """
@@ -10,10 +11,12 @@ and SIGTERM stop it between shard commits (`signals`): a message, exit status 12
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import signal
 import sys
 
+from bertfast.precision import PRECISIONS, quantize_embeddings
 from bertfast.ray import BATCH_TOKENS
 
 from . import signals
@@ -41,6 +44,12 @@ def add_arguments(p):
     prompt.add_argument("--prompt-name", default=None, help="a prompt configured by the model (e.g. query)")
     prompt.add_argument("--prompt", default=None, help="text prepended to every input text")
     p.add_argument("--truncate-dim", type=int, default=None, help="keep the first N dimensions")
+    p.add_argument("--precision", default="float32", choices=PRECISIONS,
+                   help="store the vectors quantized as sentence-transformers' quantize_embeddings does "
+                        "(default float32); int8 and uint8 need --ranges")
+    p.add_argument("--ranges", default=None, metavar="FILE.npy",
+                   help="int8/uint8: the (2, D) per-dimension minimum and maximum, computed once on a sample "
+                        "(numpy.save(FILE, bertfast.quantization_ranges(sample_embeddings)))")
     p.add_argument("--shard-rows", type=int, default=10000, help="embedded rows per output shard (default 10000)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted run into the same OUTPUT")
     p.add_argument("--strict", action="store_true", help="stop at the first bad row instead of counting it")
@@ -74,6 +83,12 @@ def _check_args(args, files: list[str]) -> str | None:
             args.pooling = pooling_modes([m.strip() for m in args.pooling.split(",")])
         except ValueError as e:
             return str(e)
+    if args.precision in ("int8", "uint8") and args.ranges is None:
+        return (f"--precision {args.precision} needs --ranges FILE.npy: a corpus embedded in shards cannot take "
+                "its quantization ranges from itself (compute them once on a sample: "
+                "numpy.save(FILE, bertfast.quantization_ranges(embeddings)))")
+    if args.ranges is not None and args.precision not in ("int8", "uint8"):
+        return f"--ranges applies to --precision int8 or uint8, not {args.precision}"
     if os.path.isfile(args.output) and not args.output.endswith(".npy"):
         return f"OUTPUT {args.output} is a file: give a directory, or a path ending in .npy"
     return None
@@ -85,8 +100,39 @@ def settings(args, files: list[str]) -> dict:
             "pooling": list(args.pooling) if args.pooling else None, "normalize": args.normalize,
             "prompt_name": args.prompt_name, "prompt": args.prompt, "truncate_dim": args.truncate_dim,
             "column": args.column, "id_column": args.id_column, "keep_text": args.keep_text,
-            "shard_rows": args.shard_rows,
+            "shard_rows": args.shard_rows, "precision": args.precision,
+            "ranges_sha256": _sha256(args.ranges) if args.ranges else None,
             "inputs": [[os.path.abspath(f), os.path.getsize(f)] for f in files]}
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _load_ranges(path: str | None):
+    """The --ranges array, (2, D) float; ValueError saying what is wrong with the file."""
+    if path is None:
+        return None
+    import numpy as np
+
+    try:
+        ranges = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--ranges {path}: not a .npy array ({e})") from None
+    if ranges.ndim != 2 or ranges.shape[0] != 2 or ranges.dtype.kind != "f":
+        raise ValueError(f"--ranges {path}: need a (2, D) float array (minimum and maximum per dimension), "
+                         f"got {ranges.dtype} {ranges.shape}")
+    return ranges
+
+
+def _quantized(embed_chunks, precision: str, ranges):
+    """embed_chunks with each chunk's vectors quantized (row by row the same whatever the chunk: binary needs no
+    range, int8/uint8 use the fixed --ranges)."""
+    if precision == "float32":
+        return embed_chunks
+    return lambda chunks: ((quantize_embeddings(emb, precision, ranges), tokens)
+                           for emb, tokens in embed_chunks(chunks))
 
 
 class _Progress:
@@ -144,6 +190,7 @@ def _run(args, progress: _Progress) -> int:
             signals.install()  # ray.init sets its own SIGTERM handler
             pool = embed_chunks = cluster.ActorPool(ray, options, args.ray_actors, args.ray_cpus_per_actor)
             rows = cluster.read_rows_on(ray, files, args.column, args.id_column)
+        embed_chunks = _quantized(embed_chunks, args.precision, _load_ranges(args.ranges))
         progress.writer = writer = ShardWriter(args.output, settings(args, files), resume=args.resume)
     except (OutputError, ValueError, RuntimeError, OSError) as e:  # LoadError, ConfigError are ValueErrors
         if pool is not None:

@@ -1,7 +1,7 @@
 """Output of `bertfast embed`: Parquet shards written atomically, a manifest that makes `--resume` exact.
 
 A Parquet OUTPUT is a directory of `part-NNNNN.parquet` shards (columns `id`, `embedding` as a
-fixed-size list of float32, `text` with --keep-text) and `_manifest.json`. Shard k holds the k-th run of
+fixed-size list of float32, or of int8/uint8 with --precision, `text` with --keep-text) and `_manifest.json`. Shard k holds the k-th run of
 `shard_rows` embedded rows in input order, so shard boundaries depend only on the input and the settings.
 Each shard is written to a hidden temporary file and renamed into place, and only then recorded in the
 manifest (itself replaced atomically): a killed run leaves whole shards or nothing, and `--resume`
@@ -112,7 +112,8 @@ class ShardWriter:
         return self.complete or index in self.shards
 
     def write(self, index: int, ids: list, embeddings: np.ndarray, texts: list[str] | None = None) -> None:
-        """Shard `index`: ids (int or str, one kind), embeddings (N, D) float32, texts or None."""
+        """Shard `index`: ids (int or str, one kind), embeddings (N, D) float32 (or int8/uint8: quantized), texts
+        or None."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -120,7 +121,7 @@ class ShardWriter:
         id_type = pa.int64() if ids and isinstance(ids[0], int) else pa.string()
         columns = {"id": pa.array(ids, type=id_type),
                    "embedding": pa.FixedSizeListArray.from_arrays(
-                       pa.array(np.ascontiguousarray(embeddings, dtype=np.float32).reshape(-1)), dim)}
+                       pa.array(np.ascontiguousarray(embeddings).reshape(-1)), dim)}
         if texts is not None:
             columns["text"] = pa.array(texts, type=pa.string())
         table = pa.table(columns)
@@ -154,10 +155,12 @@ class ShardWriter:
             raise OutputError(f"{self.directory}: shards {order} are not contiguous from 0")
         files = [os.path.join(self.directory, self.shards[k]["file"]) for k in order]
         rows = sum(self.shards[k]["rows"] for k in order)
-        dim = pq.ParquetFile(files[0]).schema_arrow.field("embedding").type.list_size if files else 0
+        field = pq.ParquetFile(files[0]).schema_arrow.field("embedding").type if files else None
+        dim = field.list_size if files else 0
+        dtype = field.value_type.to_pandas_dtype() if files else np.float32
 
         def write(tmp):
-            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(rows, dim))
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(rows, dim))
             start = 0
             for path in files:  # one shard in memory at a time
                 column = pq.read_table(path, columns=["embedding"]).column("embedding").combine_chunks()
