@@ -4,7 +4,7 @@ dynamic quantization), `Encoder.encode` and `bertfast embed` (reading, tokenizin
 Parquet shards; its peak RSS in its own process) in each of --dtypes (fp32, int8, bf16).
 
     python benchmarks/bench_embed.py [--texts 20000] [--rows st,onnx,encode,embed] [--dtypes fp32,int8,bf16]
-                                     [--json benchmarks/results/embed-cpu.json]
+                                     [--json benchmarks/results/embed-cpu/embed-20k.json]
 
 The corpus is deterministic (`corpus`: 1-60 words from a fixed vocabulary). Every row's output is checked
 against SentenceTransformer.encode (torch, fp32) on the first SAMPLE texts, by the rule for its kind

@@ -3,7 +3,7 @@
 Every row is first checked like the op tests check it: ours vs the fp64 reference must be no worse
 than twice the same-dtype reference's own error plus a small floor; a wrong op fails its row
 instead of producing a number. FLOPs and bytes come from `bertfast.tools.workloads.op_cost` (the
-compulsory traffic of a fused kernel), the same model the roofline notes in README.md use.
+compulsory traffic of a fused kernel), the same model the roofline notes in benchmarks/README.md use.
 """
 
 from __future__ import annotations

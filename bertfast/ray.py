@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import torch
 
-BATCH_TOKENS = 1024  # padded tokens per forward: on a CPU small batches keep activations in cache (README)
+BATCH_TOKENS = 1024  # padded tokens per forward: on a CPU small batches keep activations in cache (docs/embed.md)
 
 
 def _assigned_cpus() -> int | None:

@@ -229,8 +229,8 @@ def _pooler_case(B, hidden, noncontig=False, quick=False):
 
 
 def _layer_case(lengths, hidden, heads, inter, act="gelu", quick=False):
-    """A whole encoder layer (the backend's `layer` op, which a backend may run in one piece) on a
-    ragged batch."""
+    """A whole encoder layer as the engine runs it (`engine.run_layer`: the backend's `whole_layer` where it
+    offers one, else `engine.compose_layer` over its ops) on a ragged batch."""
     cfg = tiny_config(hidden, heads, inter, act=act)
     cu = _lengths_to_cu(lengths)
 
