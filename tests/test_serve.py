@@ -181,6 +181,37 @@ def test_openai_embeddings(client, encoder):
     assert np.allclose(np.linalg.norm(short, axis=1), 1, atol=1e-6)
 
 
+def test_precision(client, encoder, tmp_path):
+    from bertfast import quantization_ranges, quantize_embeddings
+
+    want = encoder.encode(TEXTS[:4], convert_to_numpy=True)
+    for precision in ("binary", "ubinary"):
+        got = np.array(client.post("/embed", json={"inputs": TEXTS[:4], "precision": precision}).json())
+        assert np.array_equal(got, quantize_embeddings(want, precision)), precision
+    openai = client.post("/v1/embeddings", json={"input": TEXTS[:4], "precision": "ubinary"}).json()
+    assert np.array_equal(np.array([d["embedding"] for d in openai["data"]]), quantize_embeddings(want, "ubinary"))
+    b64 = client.post("/v1/embeddings", json={"input": TEXTS[:4], "precision": "binary",
+                                              "encoding_format": "base64"}).json()
+    packed = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype=np.int8) for d in b64["data"]])
+    assert np.array_equal(packed, quantize_embeddings(want, "binary"))
+    # int8 / uint8 with the server's ranges: each text's codes alone equal its codes in a batch
+    ranges = quantization_ranges(encoder.encode(TEXTS, convert_to_numpy=True))
+    np.save(tmp_path / "ranges.npy", ranges)
+    srv = Server("--ranges", str(tmp_path / "ranges.npy"))
+    try:
+        for precision in ("int8", "uint8"):
+            batch = httpx.post(srv.url + "/embed", json={"inputs": TEXTS[:4], "precision": precision}, timeout=60)
+            assert np.array_equal(np.array(batch.json()), quantize_embeddings(want, precision, ranges)), precision
+            alone = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS[2], "precision": precision},
+                               timeout=60).json()["data"][0]["embedding"]
+            assert alone == batch.json()[2]
+        short = httpx.post(srv.url + "/v1/embeddings", json={"input": "a", "precision": "int8", "dimensions": 8},
+                           timeout=60)
+        assert short.status_code == 422 and "ranges are for 384 dimensions" in short.json()["error"]
+    finally:
+        srv.stop()
+
+
 def test_tokenize(client, encoder):
     got = client.post("/tokenize", json={"inputs": ["hello world", "x"]}).json()
     assert [[t["text"] for t in row] for row in got] == [["[CLS]", "hello", "world", "[SEP]"], ["[CLS]", "x", "[SEP]"]]
@@ -212,6 +243,11 @@ BAD = [  # (id, method, path, body: dict/None or raw bytes, headers, status, fie
     ("openai-dimensions", "POST", "/v1/embeddings", {"input": "a", "dimensions": 999}, AUTH, 422, "dimensions", 384),
     ("openai-format", "POST", "/v1/embeddings", {"input": "a", "encoding_format": "hex"}, AUTH, 422,
      "encoding_format", None),
+    ("bad-precision", "POST", "/embed", {"inputs": "a", "precision": "int4"}, AUTH, 422, "precision", None),
+    ("int8-without-ranges", "POST", "/embed", {"inputs": ["a", "b"], "precision": "int8"}, AUTH, 422, "precision",
+     None),
+    ("openai-uint8-without-ranges", "POST", "/v1/embeddings", {"input": "a", "precision": "uint8"}, AUTH, 422,
+     "precision", None),
     ("unknown-route", "GET", "/nope", None, AUTH, 404, None, None),
     ("wrong-method", "GET", "/embed", None, AUTH, 405, None, None),
     ("no-key", "POST", "/embed", {"inputs": "a"}, {}, 401, "Authorization", None),
@@ -333,3 +369,12 @@ def test_bad_model_directory_exits_with_a_message(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bertfast", "serve", "--model", str(tmp_path / "none"),
                         "--port", str(free_port())], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "is not a directory" in r.stderr
+
+
+def test_bad_ranges_file_exits_with_a_message(tmp_path, minilm_path):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    np.save(tmp_path / "r.npy", np.zeros((3, 384), dtype=np.float32))
+    r = subprocess.run([sys.executable, "-m", "bertfast", "serve", "--model", minilm_path, "--ranges",
+                        str(tmp_path / "r.npy"), "--port", str(free_port())], env=env, cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "need a (2, D) float array" in r.stderr

@@ -28,6 +28,8 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from bertfast.precision import quantize_embeddings
+
 from .batcher import Batcher, Busy, Closed, Job
 from .gate import Gate
 from .metrics import Metrics
@@ -92,8 +94,9 @@ def direct_route(schema, handler):
     return answer
 
 
-def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | None = None) -> Gate:
-    """The server's ASGI app: the Gate in front of the FastAPI app (which serves /openapi.json)."""
+def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | None = None, ranges=None) -> Gate:
+    """The server's ASGI app: the Gate in front of the FastAPI app (which serves /openapi.json). ranges: the (2, D)
+    int8/uint8 quantization ranges (--ranges), or None (those precisions are refused)."""
     batcher = Batcher(limits.max_batch_tokens, limits.max_concurrent_requests)
     metrics = Metrics(batcher)
     batcher.on_batch = metrics.on_batch
@@ -156,6 +159,22 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
         encodings = await off_loop(model.tokenize, texts, truncate=truncate, direction=direction, field=field)
         return [e.ids for e in encodings], prompt_len
 
+    def quantized(vectors: np.ndarray, precision: str) -> np.ndarray:
+        """The vectors in `precision`: float64-widened float32, or the quantized codes (each row on its own: no
+        range is taken from the request's other texts)."""
+        if precision == "float32":
+            return vectors.astype(np.float64)
+        if precision in ("int8", "uint8"):
+            if ranges is None:
+                raise ApiError(422, f"precision {precision} needs the server started with --ranges FILE.npy (the "
+                               "corpus's per-dimension minimum and maximum, as bertfast.quantization_ranges "
+                               "computes them): a range taken from one request would make a text's codes depend "
+                               "on the others", field="precision")
+            if ranges.shape[1] != vectors.shape[1]:
+                raise ApiError(422, f"precision {precision}: the server's --ranges are for {ranges.shape[1]} "
+                               f"dimensions, these vectors have {vectors.shape[1]}", field="precision")
+        return quantize_embeddings(vectors, precision, ranges)
+
     async def embed(req: EmbedRequest):
         serves("/embed")
         texts = texts_of(req.inputs, "inputs")
@@ -163,7 +182,7 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
             rows, prompt_len = await text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
                                                prompt_name=req.prompt_name)
             vectors = await run_rows(rows, model.key(req.normalize, None, prompt_len))
-        return json_response(vectors.astype(np.float64))
+        return json_response(quantized(vectors, req.precision))
 
     async def openai_embeddings(req: OpenAIEmbeddingRequest):
         serves("/v1/embeddings")
@@ -186,15 +205,16 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
             key = model.key(True if dims is not None and model.normalizes else None, dims, prompt_len)
             vectors = await run_rows(rows, key)
         tokens = sum(len(r) for r in rows)
+        data = quantized(vectors, req.precision)
         if req.encoding_format == "base64":
-            data = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
-        else:
-            data = vectors.astype(np.float64)
+            raw = vectors.astype("<f4") if req.precision == "float32" else data
+            data = [base64.b64encode(v.tobytes()).decode("ascii") for v in raw]
         return json_response({"object": "list", "model": req.model or model.model_id,
                              "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(data)],
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
-    app.post("/embed", response_model=list[list[float]], summary="TEI: sentence embeddings")(embed)
+    app.post("/embed", response_model=Union[list[list[float]], list[list[int]]],
+             summary="TEI: sentence embeddings")(embed)
     app.post("/v1/embeddings", response_model=OpenAIEmbeddingResponse, summary="OpenAI: embeddings")(openai_embeddings)
     direct = {"/embed": direct_route(EmbedRequest, embed),
               "/v1/embeddings": direct_route(OpenAIEmbeddingRequest, openai_embeddings)}

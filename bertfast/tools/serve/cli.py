@@ -25,6 +25,9 @@ def add_arguments(p):
     p.add_argument("--max-client-batch-size", type=int, default=32, help="texts per request")
     p.add_argument("--max-body-bytes", type=int, default=2_000_000, help="request body limit (413 above)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all routes but /health)")
+    p.add_argument("--ranges", default=None, metavar="FILE.npy",
+                   help="the (2, D) int8/uint8 quantization ranges that requests with precision int8 or uint8 use "
+                        "(numpy.save(FILE, bertfast.quantization_ranges(sample_embeddings)))")
     p.add_argument("--log-level", default="info", help="uvicorn's log level; access lines are JSON on stderr")
 
 
@@ -51,6 +54,19 @@ def run(args) -> int:
     if not os.path.isdir(path):
         print(f"bertfast serve: --model {path} is not a directory", file=sys.stderr)
         return 2
+    ranges = None
+    if args.ranges is not None:
+        import numpy as np
+
+        try:
+            ranges = np.load(args.ranges, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            print(f"bertfast serve: --ranges {args.ranges}: not a .npy array ({e})", file=sys.stderr)
+            return 2
+        if ranges.ndim != 2 or ranges.shape[0] != 2 or ranges.dtype.kind != "f":
+            print(f"bertfast serve: --ranges {args.ranges}: need a (2, D) float array (minimum and maximum per "
+                  f"dimension), got {ranges.dtype} {ranges.shape}", file=sys.stderr)
+            return 2
     pooling = tuple(args.pooling.split(",")) if args.pooling else None
     model = ServedModel(path, backend=args.backend, dtype=args.dtype, pooling=pooling,
                         model_id=args.model_id or (None if args.model else DEFAULT_MODEL_ID))
@@ -62,7 +78,7 @@ def run(args) -> int:
     access.addHandler(handler)
     access.setLevel(logging.INFO)
     access.propagate = False
-    config = uvicorn.Config(create_app(model, limits, args.api_key), host=args.host, port=args.port,
+    config = uvicorn.Config(create_app(model, limits, args.api_key, ranges), host=args.host, port=args.port,
                             log_level=args.log_level, access_log=False, lifespan="on")
     server = uvicorn.Server(config)
     server.run()

@@ -18,6 +18,9 @@ DIRECTION = "'right' (keep the start) or 'left' (keep the end)"
 PREDICT_INPUTS = ("a string, a pair of strings [text_a, text_b], or a batch of them as lists "
                   "[[text], [text_a, text_b], ...]")
 Direction = Literal["right", "left", "Right", "Left"]
+Precision = Literal["float32", "int8", "uint8", "binary", "ubinary"]
+PRECISION = ("'float32', or quantized as sentence-transformers' quantize_embeddings: 'binary', 'ubinary' (packed sign "
+             "bits), 'int8', 'uint8' (these two with the server's --ranges)")
 
 
 class Request(BaseModel):
@@ -32,6 +35,7 @@ class EmbedRequest(Request):
     truncate: bool = Field(False, description="a boolean")
     truncation_direction: Direction = Field("right", description=DIRECTION)
     prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
+    precision: Precision = Field("float32", description=PRECISION)
 
 
 class PredictRequest(Request):
@@ -88,11 +92,12 @@ class OpenAIEmbeddingRequest(Request):
     encoding_format: Literal["float", "base64"] = Field("float", description="'float' or 'base64'")
     dimensions: int | None = Field(None, description="a positive integer, at most the model's dimension")
     user: str | None = Field(None, description="a string")
+    precision: Precision = Field("float32", description=PRECISION + "; with encoding_format 'base64', the bytes")
 
 
 class EmbeddingData(BaseModel):
     object: Literal["embedding"] = "embedding"
-    embedding: Union[list[float], str]
+    embedding: Union[list[float], list[int], str]
     index: int
 
 
