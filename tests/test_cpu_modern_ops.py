@@ -282,7 +282,7 @@ def _pack(weight):
 @pytest.mark.parametrize("M", [1, 17, 300])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 def test_gated_linear_int8(isa, M, bias):
-    """int8 GEMM (quant.linear, native or oneDNN by rows), then the gate: within fp32 rounding of the same quantized
+    """int8 GEMM (quant.linear, the native kernel at every row count), then the gate: within fp32 rounding of the same quantized
     math in fp64, and close to the float product as int8 linears are (test_quant.py's 1% per linear)."""
     g = torch.Generator().manual_seed(M)
     K, N = 128, 80

@@ -242,7 +242,8 @@ def test_cli_exits_nonzero_on_a_broken_backend(registered, capsys):
     rows = table_rows(out)
     assert {r[0] for r in rows} == {"layernorm", "pooler"}
     assert any(r[0] == "layernorm" and r[7] == "FAIL" for r in rows)
-    assert all(r[7] == "PASS" for r in rows if r[0] == "pooler")
+    pooler = [r for r in rows if r[0] == "pooler"]
+    assert pooler and all(r[7] == "PASS" for r in pooler)
     assert re.search(r"\d+ passed, [1-9]\d* failed", out)
 
 
@@ -252,20 +253,22 @@ def test_a_correct_backend_with_different_arithmetic_passes():
     rows = run_op_sweep(Fp32Epilogue(), [torch.float32, torch.bfloat16], ops=ops)
     # fp16 matmuls are slow on CPU: the quick sweep holds the same floor logic at less cost.
     rows += run_op_sweep(Fp32Epilogue(), [torch.float16], quick=True, ops=ops)
-    assert all(r.status == "PASS" for r in rows), [r for r in rows if r.status != "PASS"]
+    assert rows and all(r.status == "PASS" for r in rows), [r for r in rows if r.status != "PASS"]
 
 
 def test_an_op_that_raises_is_a_failure_and_the_sweep_goes_on():
     rows = run_op_sweep(CrashingQkv(), [torch.float32], ops=["qkv", "pooler"])
-    assert all(r.status == "FAIL" and "kernel launch failed" in r.note for r in rows if r.op == "qkv")
-    assert all(r.status == "PASS" for r in rows if r.op == "pooler")
+    qkv, pooler = [r for r in rows if r.op == "qkv"], [r for r in rows if r.op == "pooler"]
+    assert qkv and all(r.status == "FAIL" and "kernel launch failed" in r.note for r in qkv)
+    assert pooler and all(r.status == "PASS" for r in pooler)
 
 
 def test_rejecting_a_strided_input_with_valueerror_is_a_skip_with_the_reason():
     rows = run_op_sweep(RejectsStrided(), [torch.float32], ops=["layernorm"])
     skipped = [r for r in rows if r.status == "SKIP"]
     assert skipped and all("strided" in r.shape and "must be contiguous" in r.note for r in skipped)
-    assert all(r.status == "PASS" for r in rows if "strided" not in r.shape)
+    plain = [r for r in rows if "strided" not in r.shape]
+    assert plain and all(r.status == "PASS" for r in plain)
 
 
 def test_unsupported_dtypes_are_skipped_with_the_reason(registered, capsys):
@@ -276,7 +279,8 @@ def test_unsupported_dtypes_are_skipped_with_the_reason(registered, capsys):
     skip = [r for r in table_rows(out) if r[7] == "SKIP"]
     assert len(skip) == 1 and skip[0][2] == "fp32"
     assert "does not support dtype torch.float32" in out
-    assert all(r[7] == "PASS" for r in table_rows(out) if r[2] == "fp16")
+    fp16 = [r for r in table_rows(out) if r[2] == "fp16"]
+    assert fp16 and all(r[7] == "PASS" for r in fp16)
     # Nothing left to check is a usage error, not a pass.
     assert main(["validate", "--backend", name, "--dtype", "bf16"]) == 2
 
