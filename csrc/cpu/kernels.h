@@ -1,6 +1,6 @@
 // The kernels' entry points, one per op: embed, layernorm, attention, GEMMs, int8 quantization, the layer.
 //
-// Raw pointers: shapes, strides and indices are validated once, in bindings.cpp.
+// Raw pointers: shapes, strides and indices are validated once, at the boundary (csrc/bindings/checks.h).
 #pragma once
 
 #include <cstdint>
