@@ -127,7 +127,7 @@ def test_errors_raise_value_error(call, message):
 
 
 # ----------------------------------------------------------------------------------------------
-# Sliding-window attention (query blocks of 32 rows, key tiles of 64 keys in csrc/cpu/attention.cpp)
+# Sliding-window attention (query blocks of 32 rows, key tiles of 64 keys in csrc/cpu/attention_impl.h)
 
 
 WINDOW_CASES = [

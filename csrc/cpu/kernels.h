@@ -1,6 +1,6 @@
 // The kernels' entry points, one per op: embed, layernorm, attention, GEMMs, int8 quantization, the layer.
 //
-// Raw pointers: shapes, strides and indices are validated once, in bindings.cpp.
+// Raw pointers: shapes, strides and indices are validated once, at the boundary (csrc/bindings/checks.h).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,7 @@ template <typename T>
 void layernorm(const T* x, const T* residual, const T* gamma, const T* beta, float eps, int64_t tokens,
                int64_t hidden, T* out);
 
-// ---- attention.cpp ----
+// ---- attention*.cpp ----
 
 // Varlen attention: q/k/v element (t, h, e) at ptr[t * row_stride + h * head_stride + e];
 // out: [T, heads * head_dim] contiguous. bf16_products: fp32 inputs may run the two products on bf16

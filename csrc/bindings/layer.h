@@ -1,0 +1,138 @@
+// `Layer` (Python: `_C.Layer`) and its weights (`_C.LayerWeights`): one encoder layer run whole in C++, the weights
+// checked once when it is built (checks.h), each call only its input; bound in csrc/bindings.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "bindings/checks.h"
+#include "bindings/ops.h"
+#include "cpu/kernels.h"
+
+namespace bertfast {
+// Hidden, as pybind11's own types are: a class bound by pybind11 must not be more visible than they.
+namespace bindings __attribute__((visibility("hidden"))) {
+
+// The tensors of one encoder layer (Python: `_C.LayerWeights(qkv=..., ...)`, keyword arguments): the four
+// GEMM weights packed by pack_linear (the dtype of the rest), or by pack_int8 with their per-channel scales
+// and column sums (int8_scales, int8_colsums: one per GEMM, in the order qkv, attn_out, ffn_in, ffn_out; an
+// fp32 layer), their biases and the two LayerNorms.
+struct LayerTensors {
+  at::Tensor qkv, qkv_bias, attn_out, attn_out_bias, attn_ln_weight, attn_ln_bias;
+  at::Tensor ffn_in, ffn_in_bias, ffn_out, ffn_out_bias, ffn_ln_weight, ffn_ln_bias;
+  c10::optional<std::vector<at::Tensor>> int8_scales, int8_colsums;
+};
+
+// One encoder layer on packed weights, run whole in C++ (csrc/cpu/layer.cpp): the weights are checked
+// once here, each call checks only its input.
+class Layer {
+ public:
+  Layer(const LayerTensors& w, int64_t hidden, int64_t intermediate, int64_t heads, double eps, const std::string& act)
+      : w_(w), config_{hidden, intermediate, heads, float(eps), activation(act), w.int8_scales.has_value()} {
+    BF_CHECK(hidden > 0 && intermediate > 0 && heads > 0, "hidden, intermediate and heads must be positive, got ",
+             hidden, ", ", intermediate, ", ", heads);
+    BF_CHECK(hidden % heads == 0, "hidden size ", hidden, " is not a multiple of heads ", heads);
+    BF_CHECK(w.int8_scales.has_value() == w.int8_colsums.has_value(), "int8_scales and int8_colsums go together");
+    const at::Tensor& ref = w.qkv_bias;  // the layer's float dtype
+    check_float(ref, "qkv bias");
+    BF_CHECK(!config_.int8 || ref.scalar_type() == at::kFloat, "an int8 layer computes in float32, got ",
+             ref.scalar_type());
+    if (config_.int8) {
+      BF_CHECK(w.int8_scales->size() == 4 && w.int8_colsums->size() == 4,
+               "int8_scales and int8_colsums need one tensor per GEMM (4), got ", w.int8_scales->size(), " and ",
+               w.int8_colsums->size());
+    }
+    const Gemm gemms[4] = {gemm(0), gemm(1), gemm(2), gemm(3)};
+    for (int g = 0; g < 4; ++g) {
+      if (config_.int8) {
+        check_packed_int8(*gemms[g].weight, gemms[g].n, gemms[g].k, gemms[g].name);
+        check_vector((*w.int8_scales)[g], ref, gemms[g].n, "int8 weight scale");
+        check_vector((*w.int8_colsums)[g], ref, gemms[g].n, "int8 weight column sum");
+        scales_[g] = (*w.int8_scales)[g];
+        colsums_[g] = (*w.int8_colsums)[g];
+      } else {
+        check_packed(*gemms[g].weight, ref, gemms[g].n, gemms[g].k, gemms[g].name);
+      }
+    }
+    check_vector(w.qkv_bias, ref, 3 * hidden, "qkv bias");
+    check_vector(w.attn_out_bias, ref, hidden, "attention output bias");
+    check_vector(w.attn_ln_weight, ref, hidden, "attention LayerNorm weight");
+    check_vector(w.attn_ln_bias, ref, hidden, "attention LayerNorm bias");
+    check_vector(w.ffn_in_bias, ref, intermediate, "ffn input bias");
+    check_vector(w.ffn_out_bias, ref, hidden, "ffn output bias");
+    check_vector(w.ffn_ln_weight, ref, hidden, "ffn LayerNorm weight");
+    check_vector(w.ffn_ln_bias, ref, hidden, "ffn LayerNorm bias");
+  }
+
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale,
+                     const c10::optional<at::Tensor>& bias_table,
+                     const c10::optional<at::Tensor>& bias_positions) const {
+    const int64_t H = config_.hidden, I = config_.intermediate;
+    check_like(x, w_.qkv_bias, "x");
+    BF_CHECK(x.dim() == 2 && x.size(1) == H, "x must be (tokens, ", H, "), got ", x.sizes());
+    check_contig(x, "x");
+    const int64_t T = x.size(0);
+    const int64_t B = check_cu_seqlens(cu_seqlens, T, max_seqlen, "x");
+    const bc::AttnBias bias = check_attn_bias(bias_table, bias_positions, config_.heads, T, cu_seqlens);
+    at::Tensor out = at::empty({T, H}, x.options());
+    at::Tensor work = at::empty({bc::layer_work_numel(T, H, I)}, x.options());
+    at::Tensor q, q_scale, q_zp;
+    if (config_.int8) {
+      q = at::empty({T * std::max(H, I)}, x.options().dtype(at::kChar));
+      q_scale = at::empty({T}, x.options().dtype(at::kFloat));
+      q_zp = at::empty({T}, x.options().dtype(at::kInt));
+    }
+    const bc::Int8Scratch q8{ptr<int8_t>(q), ptr<float>(q_scale), ptr<int32_t>(q_zp)};
+    {
+      py::gil_scoped_release nogil;
+      dispatch(x.scalar_type(), [&](auto tag) {
+        using T_ = decltype(tag);
+        const auto g = [&](int i) {
+          const Gemm gm = gemm(i);
+          return bc::LayerGemm<T_>{gm.weight->data_ptr(), ptr<T_>(*gm.bias), ptr<float>(scales_[i]),
+                                   ptr<float>(colsums_[i])};
+        };
+        const bc::LayerWeights<T_> w{g(0),
+                                     g(1),
+                                     g(2),
+                                     g(3),
+                                     ptr<T_>(w_.attn_ln_weight),
+                                     ptr<T_>(w_.attn_ln_bias),
+                                     ptr<T_>(w_.ffn_ln_weight),
+                                     ptr<T_>(w_.ffn_ln_bias)};
+        bc::encoder_layer<T_>(ptr<T_>(x), T, cu_seqlens.data_ptr<int32_t>(), B, float(scale), w, config_,
+                              ptr<T_>(work), q8, ptr<T_>(out), bias.table ? &bias : nullptr);
+      });
+    }
+    return out;
+  }
+
+ private:
+  // GEMM g of the layer (qkv, attn_out, ffn_in, ffn_out): its packed weight, bias, name and (N, K).
+  struct Gemm {
+    const at::Tensor* weight;
+    const at::Tensor* bias;
+    const char* name;
+    int64_t n, k;
+  };
+  Gemm gemm(int g) const {
+    const int64_t H = config_.hidden, I = config_.intermediate;
+    switch (g) {
+      case 0: return {&w_.qkv, &w_.qkv_bias, "qkv weight", 3 * H, H};
+      case 1: return {&w_.attn_out, &w_.attn_out_bias, "attention output weight", H, H};
+      case 2: return {&w_.ffn_in, &w_.ffn_in_bias, "ffn input weight", I, H};
+      default: return {&w_.ffn_out, &w_.ffn_out_bias, "ffn output weight", H, I};
+    }
+  }
+
+  LayerTensors w_;
+  bc::LayerConfig config_;
+  at::Tensor scales_[4], colsums_[4];  // int8 only
+};
+
+}  // namespace bindings
+}  // namespace bertfast

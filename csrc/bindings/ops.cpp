@@ -1,0 +1,273 @@
+// The op wrappers of `bertfast._C`: each checks its inputs (checks.h), allocates the output and calls its kernel in
+// csrc/cpu/ on raw pointers with the GIL released.
+#include <ATen/MemoryOverlap.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+
+#include "bindings/alloc.h"
+#include "bindings/checks.h"
+#include "bindings/ops.h"
+#include "cpu/isa.h"
+#include "cpu/kernels.h"
+
+namespace bertfast {
+namespace bindings {
+
+at::Tensor embed(const at::Tensor& ids, const c10::optional<at::Tensor>& positions,
+                 const c10::optional<at::Tensor>& types, const at::Tensor& word,
+                 const c10::optional<at::Tensor>& position_table, const c10::optional<at::Tensor>& type_table,
+                 const at::Tensor& gamma, const at::Tensor& beta, double eps) {
+  check_float(word, "word");
+  BF_CHECK(word.dim() == 2, "word must be (vocab, hidden), got ", word.sizes());
+  check_contig(word, "word");
+  const int64_t H = word.size(1);
+  BF_CHECK(H > 0, "hidden size must be positive, got word of shape ", word.sizes());
+  BF_CHECK(ids.dim() == 1, "input_ids must be 1-D (tokens,), got ", ids.sizes());
+  const int64_t T = ids.size(0);
+  check_index(ids, T, word.size(0), "input_ids");
+  at::Tensor pos, pt;  // undefined without a position table (rotary models): position_ids are then ignored
+  if (position_table.has_value()) {
+    pt = *position_table;
+    check_like(pt, word, "position");
+    BF_CHECK(pt.dim() == 2 && pt.size(1) == H, "position must be (max_positions, ", H, "), got ", pt.sizes());
+    check_contig(pt, "position");
+    BF_CHECK(positions.has_value(), "position_ids are needed with a position table");
+    pos = *positions;
+    check_index(pos, T, pt.size(0), "position_ids");
+  }
+  BF_CHECK(types.has_value() == type_table.has_value(),
+           "token_type_ids and the token type table must be given together");
+  at::Tensor ty, tt;
+  if (types.has_value()) {
+    ty = *types;
+    tt = *type_table;
+    check_like(tt, word, "token_type");
+    BF_CHECK(tt.dim() == 2 && tt.size(1) == H, "token_type must be (types, ", H, "), got ", tt.sizes());
+    check_contig(tt, "token_type");
+    check_index(ty, T, tt.size(0), "token_type_ids");
+  }
+  check_vector(gamma, word, H, "ln_weight");
+  check_vector(beta, word, H, "ln_bias");
+  at::Tensor out = at::empty({T, H}, word.options());
+  {
+    py::gil_scoped_release nogil;
+    dispatch(word.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::embed<T_>(ids.data_ptr<int64_t>(), pos.defined() ? pos.data_ptr<int64_t>() : nullptr,
+                    ty.defined() ? ty.data_ptr<int64_t>() : nullptr, ptr<T_>(word), ptr<T_>(pt), ptr<T_>(tt),
+                    ptr<T_>(gamma), ptr<T_>(beta), float(eps), T, H, ptr<T_>(out));
+    });
+  }
+  return out;
+}
+
+at::Tensor layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, double eps,
+                     const c10::optional<at::Tensor>& residual) {
+  check_float(x, "x");
+  BF_CHECK(x.dim() == 2, "x must be (tokens, hidden), got ", x.sizes());
+  check_contig(x, "x");
+  const int64_t T = x.size(0), H = x.size(1);
+  BF_CHECK(H > 0, "hidden size must be positive");
+  check_vector(gamma, x, H, "weight");
+  check_vector(beta, x, H, "bias");
+  const at::Tensor r = optional_operand(residual, x, x.sizes(), Layout::Contiguous, "residual");
+  at::Tensor out = at::empty_like(x);
+  {
+    py::gil_scoped_release nogil;
+    dispatch(x.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::layernorm<T_>(ptr<T_>(x), ptr<T_>(r), ptr<T_>(gamma), ptr<T_>(beta), float(eps), T, H, ptr<T_>(out));
+    });
+  }
+  return out;
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                     int64_t max_seqlen, double scale, bool bf16_products,
+                     const c10::optional<at::Tensor>& bias_table, const c10::optional<at::Tensor>& bias_positions,
+                     int64_t window) {
+  check_float(q, "q");
+  BF_CHECK(q.dim() == 3, "q must be (tokens, heads, head_dim), got ", q.sizes());
+  check_like(k, q, "k");
+  check_like(v, q, "v");
+  BF_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "q, k, v must have the same shape, got ", q.sizes(),
+           ", ", k.sizes(), ", ", v.sizes());
+  for (const auto* t : {&q, &k, &v})
+    BF_CHECK(t->stride(2) == 1 || t->size(2) == 1,
+             "q, k and v must be contiguous along head_dim (stride 1), got strides ", t->strides());
+  const int64_t T = q.size(0), heads = q.size(1), d = q.size(2);
+  BF_CHECK(heads > 0 && d > 0, "heads and head_dim must be positive, got ", q.sizes());
+  const int64_t B = check_cu_seqlens(cu_seqlens, T, max_seqlen, "q");
+  const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
+  const bc::AttnBias bias = check_attn_bias(bias_table, bias_positions, heads, T, cu_seqlens);
+  BF_CHECK(window >= 0, "window must be >= 0 (0: global attention), got ", window);
+  const bc::AttnStrides st{q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1)};
+  at::Tensor out = at::empty({T, heads * d}, q.options());
+  {
+    py::gil_scoped_release nogil;
+    dispatch(q.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::attention<T_>(ptr<T_>(q), ptr<T_>(k), ptr<T_>(v), st, cu, B, heads, d, float(scale), ptr<T_>(out),
+                        bf16_products, bias.table ? &bias : nullptr, window);
+    });
+  }
+  return out;
+}
+
+// RoPE on x (T, heads, d) in place, rows and heads any stride apart (e.g. the q and k heads of the fused (T, 3H)
+// QKV output viewed as (T, 2 * heads, d)); cos, sin (T, d / 2) float32 contiguous. Returns x.
+at::Tensor rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
+  check_float(x, "x");
+  BF_CHECK(x.dim() == 3, "x must be (tokens, heads, head_dim), got ", x.sizes());
+  BF_CHECK(x.stride(2) == 1 || x.size(2) <= 1, "x must be contiguous along head_dim (stride 1), got strides ",
+           x.strides());
+  BF_CHECK(at::has_internal_overlap(x) != at::MemOverlap::Yes, "x must not overlap itself (it is rotated in place), "
+           "got shape ", x.sizes(), " and strides ", x.strides());
+  const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
+  BF_CHECK(d % 2 == 0, "rotary embeddings need an even head_dim, got ", d);
+  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_tensor(*t, name);
+    BF_CHECK(t->scalar_type() == at::kFloat, name, " must be float32, got ", t->scalar_type());
+    BF_CHECK(t->dim() == 2 && t->size(0) == T && t->size(1) == d / 2, name, " must have shape (", T, ", ", d / 2,
+             "), got ", t->sizes());
+    check_contig(*t, name);
+  }
+  if (x.numel() > 0) {
+    py::gil_scoped_release nogil;
+    dispatch(x.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::rotary<T_>(ptr<T_>(x), x.stride(0), x.stride(1), T, heads, d, cos.data_ptr<float>(), sin.data_ptr<float>());
+    });
+  }
+  return x;
+}
+
+// The gate of a GLU FFN: h (M, 2N), contiguous along features -> act(h[:, :N]) * h[:, N:], (M, N).
+at::Tensor glu(const at::Tensor& h, const std::string& act) {
+  check_float(h, "h");
+  BF_CHECK(h.dim() == 2 && h.size(1) % 2 == 0, "h must be (rows, 2 * features), got ", h.sizes());
+  BF_CHECK(h.stride(1) == 1 || h.size(1) <= 1, "h must be contiguous along features, got strides ", h.strides());
+  const int64_t M = h.size(0), N = h.size(1) / 2;
+  const bc::Activation a = activation(act);
+  at::Tensor out = at::empty({M, N}, h.options());
+  if (M > 0 && N > 0) {
+    py::gil_scoped_release nogil;
+    dispatch(h.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::glu<T_>(ptr<T_>(h), M > 1 ? h.stride(0) : 2 * N, M, N, a, ptr<T_>(out));
+    });
+  }
+  return out;
+}
+
+at::Tensor pack_linear(const at::Tensor& weight) {
+  check_float(weight, "weight");
+  BF_CHECK(weight.dim() == 2, "weight must be (out_features, in_features), got ", weight.sizes());
+  const at::Tensor w = weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1);
+  const bool is_bf16 = w.scalar_type() == at::kBFloat16;
+  at::Tensor packed = empty_streamed(bc::packed_numel(N, K, is_bf16), w.options());
+  dispatch(w.scalar_type(), [&](auto tag) {
+    using T_ = decltype(tag);
+    bc::pack_linear<T_>(ptr<T_>(w), N, K, ptr<T_>(packed));
+  });
+  return packed;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                  const c10::optional<at::Tensor>& bias, const std::string& act,
+                  const c10::optional<at::Tensor>& residual) {
+  check_float(x, "x");
+  BF_CHECK(x.dim() == 2, "x must be (rows, in_features), got ", x.sizes());
+  BF_CHECK(x.stride(1) == 1 || x.size(1) <= 1, "x must be contiguous along in_features, got strides ",
+           x.strides());
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  BF_CHECK(N > 0 && K > 0, "in_features and out_features must be positive, got ", K, " and ", N);
+  check_packed(packed, x, N, K, "packed weight");
+  const bc::Activation a = activation(act);
+  const at::Tensor b = optional_operand(bias, x, {N}, Layout::Contiguous, "bias");
+  const at::Tensor r = optional_operand(residual, x, {M, N}, Layout::Rows, "residual");
+  at::Tensor out = at::empty({M, N}, x.options());
+  const int64_t ldx = M > 1 ? x.stride(0) : K;
+  {
+    py::gil_scoped_release nogil;
+    dispatch(x.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::linear_packed<T_>(ptr<T_>(x), ldx, ptr<T_>(packed), ptr<T_>(b), ptr<T_>(r), r.defined() ? r.stride(0) : 0,
+                             M, N, K, a, ptr<T_>(out), N);
+    });
+  }
+  return out;
+}
+
+std::string isa() { return bc::isa_name(bc::active_isa()); }
+std::string detected_isa() { return bc::isa_name(bc::detected_isa()); }
+
+bool set_isa(const std::string& name) {
+  bc::Isa tier;
+  BF_CHECK(bc::parse_isa(name.c_str(), &tier), "unknown ISA tier '", name,
+           "' (expected one of amx, avx512_vnni, avx2, portable)");
+  return bc::set_isa(tier);
+}
+
+// ---- int8 dynamic quantization (quantize_rows.cpp, int8_linear*.cpp; bertfast/backends/cpu/quant.py) ----
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
+  check_rows_f32(x, "x");
+  const int64_t M = x.size(0), K = x.size(1);
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor scale = at::empty({M}, x.options());
+  at::Tensor zp = at::empty({M}, x.options().dtype(at::kInt));
+  if (M > 0) {
+    py::gil_scoped_release nogil;
+    bc::quantize_rows(x.data_ptr<float>(), M > 1 ? x.stride(0) : K, M, K, q.data_ptr<int8_t>(),
+                      scale.data_ptr<float>(), zp.data_ptr<int32_t>());
+  }
+  return {q, scale, zp};
+}
+
+at::Tensor pack_int8(const at::Tensor& weight) {
+  check_tensor(weight, "weight");
+  BF_CHECK(weight.scalar_type() == at::kChar, "weight must be int8, got ", weight.scalar_type());
+  BF_CHECK(weight.dim() == 2, "weight must be (out_features, in_features), got ", weight.sizes());
+  const at::Tensor w = weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1);
+  at::Tensor packed = at::empty({bc::int8_packed_numel(N, K)}, w.options());
+  bc::pack_int8(w.data_ptr<int8_t>(), N, K, packed.data_ptr<int8_t>());
+  return packed;
+}
+
+// The whole int8 linear from fp32 x: quantize_rows, then the int8 GEMM with its epilogue fused,
+// act(x @ W.T + bias) + residual.
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
+                        const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
+                        const c10::optional<at::Tensor>& residual) {
+  check_rows_f32(x, "x");
+  const int64_t M = x.size(0), K = x.size(1);
+  check_float(w_scale, "w_scale");
+  BF_CHECK(w_scale.scalar_type() == at::kFloat && w_scale.dim() == 1, "w_scale must be (N,) float32, got ",
+           w_scale.scalar_type(), " ", w_scale.sizes());
+  const int64_t N = w_scale.size(0);
+  check_contig(w_scale, "w_scale");
+  check_vector(colsum, w_scale, N, "colsum");
+  check_packed_int8(packed, N, K, "packed weight");
+  const bc::Activation a = activation(act);
+  const at::Tensor b = optional_operand(bias, w_scale, {N}, Layout::Contiguous, "bias");
+  const at::Tensor r = optional_operand(residual, w_scale, {M, N}, Layout::Rows, "residual");
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor x_scale = at::empty({M}, x.options());
+  at::Tensor x_zp = at::empty({M}, x.options().dtype(at::kInt));
+  at::Tensor out = at::empty({M, N}, w_scale.options());
+  if (M > 0) {
+    py::gil_scoped_release nogil;
+    bc::quantize_rows(x.data_ptr<float>(), M > 1 ? x.stride(0) : K, M, K, q.data_ptr<int8_t>(),
+                      x_scale.data_ptr<float>(), x_zp.data_ptr<int32_t>());
+    bc::int8_linear(q.data_ptr<int8_t>(), K, M, K, x_scale.data_ptr<float>(), x_zp.data_ptr<int32_t>(),
+                    packed.data_ptr<int8_t>(), N, w_scale.data_ptr<float>(), colsum.data_ptr<float>(), ptr<float>(b),
+                    a, ptr<float>(r), r.defined() ? r.stride(0) : 0, out.data_ptr<float>());
+  }
+  return out;
+}
+
+}  // namespace bindings
+}  // namespace bertfast

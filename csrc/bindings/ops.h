@@ -1,0 +1,60 @@
+// The op wrappers of `bertfast._C` (ops.cpp; bound in csrc/bindings.cpp) and what Layer (layer.h) shares with
+// them: raw pointers of checked tensors and the float32 / bfloat16 dispatch.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <tuple>
+
+#include "cpu/types.h"
+
+namespace py = pybind11;
+
+namespace bertfast {
+namespace bindings {
+
+namespace bc = ::bertfast::cpu;
+
+template <typename T>
+T* ptr(const at::Tensor& t) {
+  return t.defined() ? reinterpret_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+template <typename F>
+void dispatch(at::ScalarType dt, F&& f) {
+  if (dt == at::kFloat)
+    f(float{});
+  else
+    f(bc::bf16{});
+}
+
+at::Tensor embed(const at::Tensor& ids, const c10::optional<at::Tensor>& positions,
+                 const c10::optional<at::Tensor>& types, const at::Tensor& word,
+                 const c10::optional<at::Tensor>& position_table, const c10::optional<at::Tensor>& type_table,
+                 const at::Tensor& gamma, const at::Tensor& beta, double eps);
+at::Tensor layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, double eps,
+                     const c10::optional<at::Tensor>& residual);
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                     int64_t max_seqlen, double scale, bool bf16_products,
+                     const c10::optional<at::Tensor>& bias_table, const c10::optional<at::Tensor>& bias_positions,
+                     int64_t window);
+at::Tensor rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor glu(const at::Tensor& h, const std::string& act);
+at::Tensor pack_linear(const at::Tensor& weight);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                  const c10::optional<at::Tensor>& bias, const std::string& act,
+                  const c10::optional<at::Tensor>& residual);
+std::string isa();
+std::string detected_isa();
+bool set_isa(const std::string& name);
+// int8 dynamic quantization
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x);
+at::Tensor pack_int8(const at::Tensor& weight);
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
+                        const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
+                        const c10::optional<at::Tensor>& residual);
+
+}  // namespace bindings
+}  // namespace bertfast

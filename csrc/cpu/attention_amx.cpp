@@ -1,0 +1,248 @@
+// The AMX tier of the attention (attention.cpp): bf16 Q K^T and P V on tiles, the online softmax on AVX-512,
+// for calls with bf16 products, no position bias, no window and head_dim <= 64.
+#include "attention_impl.h"
+
+#if BF_X86
+namespace bertfast {
+namespace cpu {
+namespace attention_detail {
+namespace {
+
+// ---- AMX-BF16 (bf16, head_dim <= 64): Q K^T and P V as tile products, softmax on AVX-512 ----
+//
+// A work item is one (sequence, head), as in attention.cpp. K is packed once per item as AMX B tiles: for 16 keys
+// and 32 head dims, B row r holds the pair of dims (2r, 2r + 1) of every key, i.e. the 16 x 16 transpose
+// of K viewed as 32-bit pairs. V is packed as pairs of keys (row p holds keys 2p and 2p + 1 interleaved
+// per column), the B layout of P V. Per block of 16 queries and 64 keys: S = Q K^T in four fp32 tiles,
+// the online softmax in fp32 (scale applied there), P rounded to bf16 (as torch's bf16 flash
+// attention on CPU does), P V into fresh tiles added to the fp32 accumulator. Head dims are zero-padded
+// to 32 or 64 in the packed copies, so any head_dim <= 64 works.
+constexpr int64_t kAmxQ = 16;     // query rows per block (tile rows)
+constexpr int64_t kAmxKeys = 64;  // keys per block (four 16-key score tiles)
+
+struct AmxScratch {
+  std::vector<uint32_t> kp;  // [key tiles of 16][dp / 32][16 dim pairs][16 keys]
+  std::vector<bf16> vp;      // [keys rounded to kAmxKeys / 2][dp][2]
+  alignas(64) bf16 qs[kAmxQ * 64];
+  alignas(64) float s[kAmxQ * kAmxKeys];
+  alignas(64) bf16 ps[kAmxQ * kAmxKeys];
+  alignas(64) float pv[kAmxQ * 64];
+  alignas(64) float acc[kAmxQ * 64];
+  float m[kAmxQ], l[kAmxQ];
+};
+
+BF_TARGET_AMX BF_INLINE __mmask32 dims_mask(int64_t d, int64_t e0) {
+  const int64_t n = std::min<int64_t>(32, std::max<int64_t>(0, d - e0));
+  return n == 32 ? __mmask32(0xffffffffu) : __mmask32((1u << n) - 1u);
+}
+
+// 32 elements of a row as bf16 (fp32 inputs rounded to nearest even), lanes outside `m` zero.
+BF_TARGET_AMX BF_INLINE __m512i load32_bf16(const bf16* p, __mmask32 m) { return _mm512_maskz_loadu_epi16(m, p); }
+BF_TARGET_AMX BF_INLINE __m512i load32_bf16(const float* p, __mmask32 m) {
+  const __m512 lo = _mm512_maskz_loadu_ps(__mmask16(m), p), hi = _mm512_maskz_loadu_ps(__mmask16(m >> 16), p + 16);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// K rows [0, len) of one head (row stride in elements) into kp; keys and dims past the end are zero.
+template <typename T>
+BF_TARGET_AMX BF_INLINE void amx_pack_k(const T* k, int64_t row_stride, int64_t len, int64_t d, int64_t dp,
+                                        uint32_t* kp) {
+  const int64_t chunks = dp / 32;
+  for (int64_t t = 0; t * 16 < len; ++t) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __mmask32 mask = dims_mask(d, 32 * c);
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) {
+        const int64_t key = 16 * t + i;
+        r[i] = key < len ? _mm512_castsi512_ps(load32_bf16(k + key * row_stride + 32 * c, mask))
+                         : _mm512_setzero_ps();
+      }
+      transpose16(r);  // moves 32-bit lanes: each lane is one (even, odd) pair of dims
+      uint32_t* dst = kp + (t * chunks + c) * 256;
+      for (int i = 0; i < 16; ++i) _mm512_storeu_ps(reinterpret_cast<float*>(dst + 16 * i), r[i]);
+    }
+  }
+}
+
+// V rows [0, len) into vp as key pairs: vp[p][n][0..1] = V[2p][n], V[2p + 1][n]; zero past len up to
+// `padded` keys and past d up to dp.
+template <typename T>
+BF_TARGET_AMX BF_INLINE void amx_pack_v(const T* v, int64_t row_stride, int64_t len, int64_t padded, int64_t d,
+                                        int64_t dp, bf16* vp) {
+  alignas(64) static const uint16_t kLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                               8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo_idx = _mm512_load_si512(kLo);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  for (int64_t p = 0; 2 * p < padded; ++p) {
+    for (int64_t e0 = 0; e0 < dp; e0 += 32) {
+      const __mmask32 mask = dims_mask(d, e0);
+      const int64_t k0 = 2 * p, k1 = 2 * p + 1;
+      const __m512i a = k0 < len ? load32_bf16(v + k0 * row_stride + e0, mask) : _mm512_setzero_si512();
+      const __m512i b = k1 < len ? load32_bf16(v + k1 * row_stride + e0, mask) : _mm512_setzero_si512();
+      bf16* dst = vp + (p * dp + e0) * 2;
+      _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, lo_idx, b));
+      _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(a, hi_idx, b));
+    }
+  }
+}
+
+// 2^x for the probabilities of the AMX path (x <= 0 there): 2^n * 2^f with f in [-0.5, 0.5] and 2^f
+// by its degree-5 Taylor polynomial (relative error < 3e-6, far below the bf16 rounding of P, 4e-3).
+BF_TARGET_AMX BF_INLINE __m512 exp2_512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.3333558e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Online softmax of one block's scores (16 rows x kn keys, unscaled in sc.s) into bf16 probabilities
+// in sc.ps (zero past kn up to kAmxKeys); rescales the accumulator rows by the change of their max.
+// Works in base 2: scores times scale * log2(e), so m and the exponents are in log2 units.
+BF_TARGET_AMX BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t kn, int64_t dp, float scale, bool first) {
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY), to_log2 = _mm512_set1_ps(scale * 1.44269504088896341f);
+  __mmask16 masks[4];
+  for (int c = 0; c < 4; ++c) {
+    const int64_t valid = std::min<int64_t>(16, std::max<int64_t>(0, kn - 16 * c));
+    masks[c] = valid == 16 ? __mmask16(0xffff) : __mmask16((1u << valid) - 1u);
+  }
+  for (int64_t i = 0; i < kAmxQ; ++i) {
+    const float* s = sc.s + i * kAmxKeys;
+    __m512 sv[4];
+    __m512 mx = _mm512_set1_ps(sc.m[i]);
+    for (int c = 0; c < 4; ++c) {
+      sv[c] = _mm512_mask_mul_ps(neg_inf, masks[c], _mm512_maskz_loadu_ps(masks[c], s + 16 * c), to_log2);
+      mx = _mm512_max_ps(mx, sv[c]);
+    }
+    const float m_new = _mm512_reduce_max_ps(mx);
+    const float alpha = std::exp2(sc.m[i] - m_new);  // 0 on the first block (m = -inf)
+    const __m512 mv = _mm512_set1_ps(m_new);
+    __m512 sum = _mm512_setzero_ps();
+    bf16* pr = sc.ps + i * kAmxKeys;
+    for (int c = 0; c < 4; ++c) {
+      const __m512 p = _mm512_maskz_mov_ps(masks[c], exp2_512(_mm512_sub_ps(sv[c], mv)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + 16 * c), (__m256i)_mm512_cvtneps_pbh(p));
+      sum = _mm512_add_ps(sum, p);
+    }
+    sc.l[i] = sc.l[i] * alpha + _mm512_reduce_add_ps(sum);
+    sc.m[i] = m_new;
+    if (!first) {
+      float* a = sc.acc + i * dp;
+      const __m512 av = _mm512_set1_ps(alpha);
+      for (int64_t e = 0; e < dp; e += 16) _mm512_storeu_ps(a + e, _mm512_mul_ps(_mm512_loadu_ps(a + e), av));
+    }
+  }
+}
+
+// Tile products with the tile numbers the instructions need as immediates: C tile g += A(4) x B(5).
+#define BF_AMX_QK(g)                                                      \
+  if (groups > g) {                                                       \
+    _tile_loadd(5, sc.kp.data() + ((kb / 16 + g) * chunks + c) * 256, 64); \
+    _tile_dpbf16ps(g, 4, 5);                                              \
+  }
+#define BF_AMX_PV(g)                                                          \
+  if (ngroups > g) {                                                          \
+    _tile_loadd(5, sc.vp.data() + ((kb + 32 * kc) / 2 * dp + 16 * g) * 2, dp * 4); \
+    _tile_dpbf16ps(g, 4, 5);                                                  \
+  }
+
+}  // namespace
+
+template <typename T>  // bf16, or fp32 rounded to bf16 as it is packed
+BF_TARGET_AMX void attention_amx(const T* q, const T* k, const T* v, const AttnStrides& st,
+                                 const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d, float scale,
+                                 T* out, std::atomic<int64_t>* next) {
+  DenormalGuard ftz;
+  static thread_local AmxScratch sc;
+  const int64_t H = heads * d;
+  const int64_t dp = d <= 32 ? 32 : 64;
+  const int64_t chunks = dp / 32, ngroups = dp / 16;
+  amx_load_tile_config(16);  // tmm0-3 score / output tiles, tmm4 A (Q or P), tmm5 B (K or V)
+  WorkItems items{next, cu_seqlens, batch * heads, heads};
+  int64_t h, start, len;
+  while (items.claim(&h, &start, &len)) {
+    const int64_t padded = (len + kAmxKeys - 1) / kAmxKeys * kAmxKeys;
+    sc.kp.resize(padded / 16 * chunks * 256);
+    sc.vp.resize(padded * dp);
+    amx_pack_k(k + start * st.k_row + h * st.k_head, st.k_row, len, d, dp, sc.kp.data());
+    // Key tiles past len inside the last block are read by no product (groups stops at ceil(kn / 16)).
+    amx_pack_v(v + start * st.v_row + h * st.v_head, st.v_row, len, padded, d, dp, sc.vp.data());
+    for (int64_t q0 = 0; q0 < len; q0 += kAmxQ) {
+      const int64_t qn = std::min<int64_t>(kAmxQ, len - q0);
+      for (int64_t i = 0; i < kAmxQ; ++i) {
+        for (int64_t e0 = 0; e0 < dp; e0 += 32) {
+          const __m512i row = i < qn ? load32_bf16(q + (start + q0 + i) * st.q_row + h * st.q_head + e0,
+                                                   dims_mask(d, e0))
+                                     : _mm512_setzero_si512();
+          _mm512_store_si512(sc.qs + i * dp + e0, row);
+        }
+        sc.m[i] = -INFINITY;
+        sc.l[i] = 0.f;
+      }
+      for (int64_t kb = 0; kb < len; kb += kAmxKeys) {
+        const int64_t kn = std::min<int64_t>(kAmxKeys, len - kb);
+        const int64_t groups = (kn + 15) / 16;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t c = 0; c < chunks; ++c) {
+          _tile_loadd(4, sc.qs + 32 * c, dp * 2);
+          BF_AMX_QK(0) BF_AMX_QK(1) BF_AMX_QK(2) BF_AMX_QK(3)
+        }
+        _tile_stored(0, sc.s, kAmxKeys * 4);
+        _tile_stored(1, sc.s + 16, kAmxKeys * 4);
+        _tile_stored(2, sc.s + 32, kAmxKeys * 4);
+        _tile_stored(3, sc.s + 48, kAmxKeys * 4);
+        amx_softmax_block(sc, kn, dp, scale, kb == 0);
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t kc = 0; kc * 32 < kn; ++kc) {
+          _tile_loadd(4, sc.ps + 32 * kc, kAmxKeys * 2);
+          BF_AMX_PV(0) BF_AMX_PV(1) BF_AMX_PV(2) BF_AMX_PV(3)
+        }
+        _tile_stored(0, sc.pv, dp * 4);
+        _tile_stored(1, sc.pv + 16, dp * 4);
+        if (ngroups > 2) {
+          _tile_stored(2, sc.pv + 32, dp * 4);
+          _tile_stored(3, sc.pv + 48, dp * 4);
+        }
+        for (int64_t i = 0; i < kAmxQ * dp; i += 16) {
+          const __m512 pv = _mm512_load_ps(sc.pv + i);
+          _mm512_store_ps(sc.acc + i, kb == 0 ? pv : _mm512_add_ps(_mm512_load_ps(sc.acc + i), pv));
+        }
+      }
+      for (int64_t i = 0; i < qn; ++i) {
+        const __m512 inv = _mm512_set1_ps(1.0f / sc.l[i]);
+        T* o = out + (start + q0 + i) * H + h * d;
+        for (int64_t e = 0; e < d; e += 16) {
+          const int64_t n = std::min<int64_t>(16, d - e);
+          store16(o + e, _mm512_mul_ps(_mm512_load_ps(sc.acc + i * dp + e), inv),
+                  n == 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u));
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+#undef BF_AMX_QK
+#undef BF_AMX_PV
+
+template BF_TARGET_AMX void attention_amx<float>(const float*, const float*, const float*, const AttnStrides&,
+                                                 const int32_t*, int64_t, int64_t, int64_t, float, float*,
+                                                 std::atomic<int64_t>*);
+template BF_TARGET_AMX void attention_amx<bf16>(const bf16*, const bf16*, const bf16*, const AttnStrides&,
+                                                const int32_t*, int64_t, int64_t, int64_t, float, bf16*,
+                                                std::atomic<int64_t>*);
+
+}  // namespace attention_detail
+}  // namespace cpu
+}  // namespace bertfast
+#endif

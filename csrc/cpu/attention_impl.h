@@ -1,0 +1,296 @@
+// Internals shared by the attention's files (attention*.cpp): tile sizes, the work items and their row
+// prefetch, the per-thread scratch, the position bias and window of a tile, and attention_thread, the driver
+// of the fp32-math tiers over a tier's `Block`; each tier's entry point (the dispatch is attention.cpp).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "isa.h"
+#include "kernels.h"
+#include "scalar_math.h"
+#include "simd.h"
+#include "vec_math.h"
+#include "parallel.h"
+
+namespace bertfast {
+namespace cpu {
+namespace attention_detail {
+
+constexpr int64_t kQBlock = 32;
+constexpr int64_t kKBlock = 64;
+static_assert(kKBlock % kQBlock == 0, "a query block lies inside one key tile (its diagonal tile)");
+
+// The (sequence, head) work items of one call, claimed from a counter the threads share until none are
+// left: a dynamic schedule, since sequences differ in length and so items in cost. Empty sequences are
+// skipped.
+struct WorkItems {
+  std::atomic<int64_t>* next;
+  const int32_t* cu_seqlens;
+  int64_t total, heads;
+  bool claim(int64_t* h, int64_t* start, int64_t* len) {
+    for (;;) {
+      const int64_t w = next->fetch_add(1, std::memory_order_relaxed);
+      if (w >= total) return false;
+      const int64_t b = w / heads;
+      *h = w % heads;
+      *start = cu_seqlens[b];
+      *len = cu_seqlens[b + 1] - *start;
+      if (*len > 0) return true;
+    }
+  }
+};
+
+// Pulls the q, k, v and output rows of the item a thread claimed next toward L2, a few rows per call of
+// step() while the current item computes: they come from a [T, 3H] tensor larger than L2, one head's
+// slice of each row at a time, which the hardware prefetchers do not follow.
+struct RowPrefetch {
+  const char* src[4];
+  int64_t stride[4];  // bytes between rows
+  int64_t bytes = 0, rows = 0, next = 0;
+
+  template <typename T>
+  void start(const T* q, const T* k, const T* v, T* out, const AttnStrides& st, int64_t heads, int64_t d,
+             int64_t h, int64_t row0, int64_t len) {
+    const T* base[4] = {q + row0 * st.q_row + h * st.q_head, k + row0 * st.k_row + h * st.k_head,
+                        v + row0 * st.v_row + h * st.v_head, out + row0 * heads * d + h * d};
+    const int64_t strides[4] = {st.q_row, st.k_row, st.v_row, heads * d};
+    for (int i = 0; i < 4; ++i) {
+      src[i] = reinterpret_cast<const char*>(base[i]);
+      stride[i] = strides[i] * int64_t(sizeof(T));
+    }
+    bytes = d * int64_t(sizeof(T));
+    rows = len;
+    next = 0;
+  }
+
+  BF_INLINE void step(int64_t n) {
+    for (const int64_t end = std::min(rows, next + n); next < end; ++next) {
+      for (int i = 0; i < 3; ++i) lines<0>(src[i] + next * stride[i]);
+      lines<1>(src[3] + next * stride[3]);
+    }
+  }
+
+  template <int kWrite>
+  BF_INLINE void lines(const char* row) const {
+    const char* line = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row) & ~uintptr_t(63));
+    for (; line < row + bytes; line += 64) __builtin_prefetch(line, kWrite, 2);
+  }
+};
+
+// Buffers of one thread, in fp32. d_pad = head_dim rounded up to 16 (zero columns), so vector code
+// needs no tail handling along head_dim.
+struct Scratch {
+  std::vector<float> qf;   // [kQBlock][d_pad], pre-scaled, rows past the block end zero
+  std::vector<float> kt;   // [key tiles][d][kKBlock], K transposed per tile, keys past the end zero
+  std::vector<float> vf;   // [keys rounded to kKBlock][d_pad]
+  std::vector<float> acc;  // [kQBlock][d_pad], written (not added to) by the first key tile
+  std::vector<float> s;    // [kQBlock][kKBlock] scores, then probabilities
+  float m[kQBlock], l[kQBlock];
+};
+
+// The position bias of one (query block, key tile): score (i, j) += row[kpos[j] - qpos[i]], row = this head's
+// table row at distance 0; row == nullptr: no bias.
+struct TileBias {
+  const float* row = nullptr;
+  const int32_t *qpos = nullptr, *kpos = nullptr;
+};
+
+// Adds the bias to the tile's scores s [qn][kKBlock] (kn keys); inlined into each tier's block.
+BF_INLINE void add_bias(float* s, const TileBias& b, int64_t qn, int64_t kn) {
+  if (b.row == nullptr) return;
+  for (int64_t i = 0; i < qn; ++i) {
+    const float* row = b.row - b.qpos[i];
+    float* si = s + i * kKBlock;
+#pragma omp simd
+    for (int64_t j = 0; j < kn; ++j) si[j] += row[b.kpos[j]];
+  }
+}
+
+// The sliding window on one (query block, key tile): query row i sees key j of the tile iff
+// |j + offset - i| <= window, offset = the tile's first key minus the block's first query. window == 0: every
+// row sees every key of the tile (no window, or a tile inside all the rows' windows): nothing is masked.
+struct TileWindow {
+  int64_t window = 0, offset = 0;
+};
+
+// Sets s[i][j] = value for the keys j < kn outside row i's window, rows i < qn (the scores before the softmax:
+// -inf; the probabilities after it: 0, since exp of -inf is clamped to ~1e-38 there, not 0).
+BF_INLINE void mask_window(float* s, const TileWindow& w, int64_t qn, int64_t kn, float value) {
+  if (w.window == 0) return;
+  for (int64_t i = 0; i < qn; ++i) {
+    const int64_t lo = std::clamp<int64_t>(i - w.offset - w.window, 0, kn);
+    const int64_t hi = std::clamp<int64_t>(i - w.offset + w.window + 1, lo, kn);
+    float* si = s + i * kKBlock;
+    for (int64_t j = 0; j < lo; ++j) si[j] = value;
+    for (int64_t j = hi; j < kn; ++j) si[j] = value;
+  }
+}
+
+#if BF_X86
+// In-register transpose of a 16 x 16 fp32 block (r[i] = row i on entry, column i on exit).
+BF_TARGET_AVX512 BF_INLINE void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + c]: rows 4i..4i+3 of column c within each 128-bit lane
+    u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), w0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD), w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    r[c] = _mm512_shuffle_f32x4(v0, w0, 0x88);
+    r[8 + c] = _mm512_shuffle_f32x4(v0, w0, 0xDD);
+    r[4 + c] = _mm512_shuffle_f32x4(v1, w1, 0x88);
+    r[12 + c] = _mm512_shuffle_f32x4(v1, w1, 0xDD);
+  }
+}
+#endif
+
+// The key tiles [*t_lo, *t_hi] that query rows [q0, q0 + qn) of a sequence of len keys visit: all of them
+// without a window (w == 0), else those meeting [q0 - w, q0 + qn - 1 + w].
+BF_INLINE void visited_tiles(int64_t q0, int64_t qn, int64_t len, int64_t w, int64_t* t_lo, int64_t* t_hi) {
+  if (w == 0) {
+    *t_lo = 0;
+    *t_hi = (len - 1) / kKBlock;
+  } else {
+    *t_lo = std::max<int64_t>(0, q0 - w) / kKBlock;
+    *t_hi = std::min<int64_t>(len - 1, q0 + qn - 1 + w) / kKBlock;
+  }
+}
+
+// The n-th key tile a query block visits: its diagonal tile first (the one holding rows q0..q0 + qn - 1 as keys;
+// tile 0 without a window), then [t_lo, t_hi] in order without it.
+BF_INLINE int64_t tile_order(int64_t n, int64_t t_lo, int64_t t_diag) {
+  if (n == 0) return t_diag;
+  return t_lo + n - 1 >= t_diag ? t_lo + n : t_lo + n - 1;
+}
+
+template <typename T, typename Block>
+BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnStrides& st,
+                                const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d, float scale,
+                                T* out, std::atomic<int64_t>* next, const AttnBias* bias, int64_t window) {
+  DenormalGuard ftz;
+  const int64_t H = heads * d;
+  const int64_t dp = (d + 15) / 16 * 16;
+  // Kept per thread across calls: at small batches allocation would cost more than the attention.
+  static thread_local Scratch sc;
+  sc.qf.resize(kQBlock * dp);
+  sc.acc.resize(kQBlock * dp);
+  sc.s.resize(kQBlock * kKBlock);
+  WorkItems items{next, cu_seqlens, batch * heads, heads};
+  int64_t h, start, len, h_next = 0, start_next = 0, len_next = 0;
+  // One item claimed ahead, so its rows can be prefetched while this one computes.
+  for (bool have = items.claim(&h, &start, &len); have; h = h_next, start = start_next, len = len_next) {
+    RowPrefetch pf;
+    have = items.claim(&h_next, &start_next, &len_next);
+    if (have) pf.start(q, k, v, out, st, heads, d, h_next, start_next, len_next);
+    const int64_t tiles = (len + kKBlock - 1) / kKBlock;
+    const int64_t w = window < len - 1 ? window : 0;  // a window reaching every key is no window
+    int64_t runs = 0;  // (query block, key tile) pairs this item computes
+    for (int64_t q0 = 0; q0 < len; q0 += kQBlock) {
+      int64_t t_lo, t_hi;
+      visited_tiles(q0, std::min<int64_t>(kQBlock, len - q0), len, w, &t_lo, &t_hi);
+      runs += t_hi - t_lo + 1;
+    }
+    const int64_t rows_per_run = have ? (len_next + runs - 1) / runs : 0;
+    // K transposed per key tile and V, widened once for every query block of this (sequence, head).
+    // Keys past the end of a tile are masked out of the softmax and never read from V; the columns
+    // of V past head_dim (to d_pad) must be zero (they are accumulated, then dropped).
+    sc.kt.resize(tiles * d * kKBlock);
+    sc.vf.resize(tiles * kKBlock * dp);
+    Block::template load_kt<T>(k + start * st.k_row + h * st.k_head, st.k_row, len, d, sc.kt.data());
+    for (int64_t j = 0; j < len; ++j) {
+      const T* vs = v + (start + j) * st.v_row + h * st.v_head;
+      float* vd = sc.vf.data() + j * dp;
+#pragma omp simd
+      for (int64_t e = 0; e < d; ++e) vd[e] = to_float(vs[e]);
+      for (int64_t e = d; e < dp; ++e) vd[e] = 0.f;
+    }
+    for (int64_t q0 = 0; q0 < len; q0 += kQBlock) {
+      const int64_t qn = std::min<int64_t>(kQBlock, len - q0);
+      for (int64_t i = 0; i < qn; ++i) {
+        const T* src = q + (start + q0 + i) * st.q_row + h * st.q_head;
+        float* dst = sc.qf.data() + i * dp;
+#pragma omp simd
+        for (int64_t e = 0; e < d; ++e) dst[e] = to_float(src[e]) * scale;
+        for (int64_t e = d; e < dp; ++e) dst[e] = 0.f;
+        sc.m[i] = -INFINITY;
+        sc.l[i] = 0.f;
+      }
+      // The register tiles read up to a multiple of 4 rows: zero queries past the end.
+      std::fill(sc.qf.begin() + qn * dp, sc.qf.end(), 0.f);
+      int64_t t_lo, t_hi;
+      visited_tiles(q0, qn, len, w, &t_lo, &t_hi);
+      const int64_t t_diag = w == 0 ? 0 : q0 / kKBlock;
+      for (int64_t n = 0; n <= t_hi - t_lo; ++n) {
+        const int64_t t = tile_order(n, t_lo, t_diag), k0 = t * kKBlock;
+        const int64_t kn = std::min<int64_t>(kKBlock, len - k0);
+        pf.step(rows_per_run);
+        TileBias tb;
+        if (bias != nullptr)
+          tb = {bias->table + h * bias->width + (bias->width - 1) / 2, bias->pos + start + q0, bias->pos + start + k0};
+        TileWindow tw;  // masks only a tile some row's window leaves part of
+        if (w > 0 && (k0 + kn - 1 - q0 > w || q0 + qn - 1 - k0 > w)) tw = {w, k0 - q0};
+        Block::run(sc, sc.kt.data() + t * d * kKBlock, sc.vf.data() + t * kKBlock * dp, qn, kn, d, dp, n == 0, tb, tw);
+      }
+      for (int64_t i = 0; i < qn; ++i) {
+        const float inv = 1.0f / sc.l[i];
+        const float* a = sc.acc.data() + i * dp;
+        T* o = out + (start + q0 + i) * H + h * d;
+#pragma omp simd
+        for (int64_t e = 0; e < d; ++e) o[e] = from_float<T>(a[e] * inv);
+      }
+    }
+  }
+}
+
+// The tiers' entry points: one thread's share of the (sequence, head) items, claimed from `next`.
+// fp32 math (attention_thread) on the portable (attention_portable.cpp), AVX2 (attention_avx2.cpp) and
+// AVX-512 (attention_avx512.cpp) tiers.
+template <typename T>
+void attention_generic(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu, int64_t batch,
+                       int64_t heads, int64_t d, float scale, T* out, std::atomic<int64_t>* next,
+                       const AttnBias* bias, int64_t window);
+#if BF_X86
+template <typename T>
+BF_TARGET_AVX2 void attention_avx2(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu,
+                                   int64_t batch, int64_t heads, int64_t d, float scale, T* out,
+                                   std::atomic<int64_t>* next, const AttnBias* bias, int64_t window);
+template <typename T>
+BF_TARGET_AVX512 void attention_avx512(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu,
+                                       int64_t batch, int64_t heads, int64_t d, float scale, T* out,
+                                       std::atomic<int64_t>* next, const AttnBias* bias, int64_t window);
+// AMX tiles, bf16 products (attention_amx.cpp): no position bias, no window, head_dim <= 64.
+template <typename T>  // bf16, or fp32 rounded to bf16 as it is packed
+BF_TARGET_AMX void attention_amx(const T* q, const T* k, const T* v, const AttnStrides& st,
+                                 const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d, float scale,
+                                 T* out, std::atomic<int64_t>* next);
+#endif
+
+// Defines an fp32-math tier's entry point `name` (declared above), compiled for `TARGET` (empty: the build's
+// baseline): attention_thread on the tier's `Block`, for float and bf16. Each tier's file expands it once.
+#define BF_ATTENTION_TIER(name, TARGET, Block)                                                                        \
+  template <typename T>                                                                                               \
+  TARGET void name(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu, int64_t batch,       \
+                   int64_t heads, int64_t d, float scale, T* out, std::atomic<int64_t>* next,                         \
+                   const AttnBias* bias, int64_t window) {                                                            \
+    attention_thread<T, Block>(q, k, v, st, cu, batch, heads, d, scale, out, next, bias, window);                     \
+  }                                                                                                                   \
+  template TARGET void name<float>(const float*, const float*, const float*, const AttnStrides&, const int32_t*,      \
+                                   int64_t, int64_t, int64_t, float, float*, std::atomic<int64_t>*,                   \
+                                   const AttnBias*, int64_t);                                                         \
+  template TARGET void name<bf16>(const bf16*, const bf16*, const bf16*, const AttnStrides&, const int32_t*,          \
+                                  int64_t, int64_t, int64_t, float, bf16*, std::atomic<int64_t>*,                     \
+                                  const AttnBias*, int64_t);
+
+}  // namespace attention_detail
+}  // namespace cpu
+}  // namespace bertfast
