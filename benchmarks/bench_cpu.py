@@ -77,7 +77,7 @@ def quartiles(ts):
 def bench_models(args):
     import transformers
 
-    from bertfast.tools.validate.accuracy import rel_error, tolerance
+    from bertfast.accuracy import rel_error, tolerance
 
     torch.manual_seed(0)
     cfg = transformers.BertConfig(attn_implementation="sdpa")  # BERT-base: 12 x 768, 12 heads, 3072

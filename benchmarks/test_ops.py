@@ -17,7 +17,7 @@ from bertfast.backends.torch import TorchBackend
 from bertfast.tools import workloads
 from bertfast.backends import REGISTRY, available_backends, get_backend
 from bertfast.tools.bench.providers import DTYPES
-from bertfast.tools.validate.accuracy import tolerance
+from bertfast.accuracy import tolerance
 
 ORACLE = TorchBackend()  # the reference ops behind the backend contract
 SHAPES = ("b8xs128", "b32xs512", "b8xs128-uniform")

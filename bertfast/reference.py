@@ -1,10 +1,10 @@
 """Eager reference: the exact math of Hugging Face's `BertModel`, in plain torch, in any dtype.
 
-This module is the oracle (product code never imports it; the torch backend wraps its ops). Its op
-functions (`embed`, `qkv`, `attention`, `linear_gelu`, `linear_residual`, `layernorm`, `pooler`, and
-`layer`, one encoder layer made of them) define what every backend's op must compute, and
-`forward` runs the whole padded model the way `transformers` does (additive key-padding mask,
-position ids ``0..S-1``; MPNet's relative position bias). Tests check `forward` against `transformers` itself; kernels and backends
+This module is the oracle (the torch backend wraps its ops; it imports nothing of the engine it checks: its
+position ids are its own). Its op functions (`embed`, `qkv`, `attention`, `linear`, `linear_glu`, `linear_gelu`,
+`linear_residual`, `layernorm`, `pooler`) define what every backend's op must compute (the engine composes them into a layer once,
+`engine.compose_layer`), and `forward` runs the whole padded model the way `transformers` does (additive
+key-padding mask, position ids ``0..S-1`` or from the ids; MPNet's relative position bias). Tests check `forward` against `transformers` itself; kernels and backends
 are checked against the op functions. Nothing here is tuned for speed.
 """
 
@@ -19,7 +19,6 @@ from . import relative, rotary as rope
 from .kernels import activation as act_table
 from .backends import AttentionBias, Rotary
 from .backends.weights import EmbeddingWeights, LayerWeights, ModelWeights
-from .engine import default_position_ids
 
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
     """kind: 'gelu' (exact erf), 'gelu_tanh' (tanh approximation) or 'relu' (also 'tanh', 'none')."""
@@ -174,34 +173,20 @@ def pooler(cls_hidden, weight, bias) -> torch.Tensor:
     return torch.tanh(F.linear(cls_hidden, weight, bias))
 
 
-def layer(x, layer: LayerWeights, cu_seqlens, max_seqlen: int, num_heads: int, scale: float, eps: float,
-          act: str, bias: AttentionBias | None = None, *, rotary: Rotary | None = None, window: int = 0,
-          gated: bool = False, norm_first: bool = False) -> torch.Tensor:
-    """One encoder layer on the packed layout x: (T, H), composed from the ops above (keywords: as
-    `engine.compose_layer`)."""
-
-    def attend(h):
-        q, k, v = qkv(h, layer.qkv_weight, layer.qkv_bias, num_heads, rotary)
-        return attention(q, k, v, cu_seqlens, max_seqlen, scale, bias, window)
-
-    def ffn_in(h):
-        if gated:
-            return linear_glu(h, layer.ffn_in_weight, layer.ffn_in_bias, act)
-        return linear_gelu(h, layer.ffn_in_weight, layer.ffn_in_bias, act)
-
-    if norm_first:
-        h = x if layer.attn_ln_weight is None else layernorm(x, layer.attn_ln_weight, layer.attn_ln_bias, eps)
-        x = linear_residual(attend(h), layer.attn_out_weight, layer.attn_out_bias, x)
-        h = ffn_in(layernorm(x, layer.ffn_ln_weight, layer.ffn_ln_bias, eps))
-        return linear_residual(h, layer.ffn_out_weight, layer.ffn_out_bias, x)
-    x = layernorm(linear_residual(attend(x), layer.attn_out_weight, layer.attn_out_bias, x),
-                  layer.attn_ln_weight, layer.attn_ln_bias, eps)
-    return layernorm(linear_residual(ffn_in(x), layer.ffn_out_weight, layer.ffn_out_bias, x),
-                     layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
-
-
 # ----------------------------------------------------------------------------------------------
 # The whole model, padded, exactly as transformers computes it.
+
+
+def _position_ids(config, input_ids):
+    """transformers' default position ids: 0..S-1 per row; for the models that count from the pad id
+    (RoBERTa, XLM-R, MPNet: `create_position_ids_from_input_ids`), pad + the running count of non-pad tokens at
+    real tokens and pad at pad tokens."""
+    B, S = input_ids.shape
+    if not config.positions_from_input_ids:
+        return torch.arange(S, device=input_ids.device)[None, :].repeat(B, 1)
+    pad = config.position_padding_idx
+    not_pad = (input_ids != pad).to(torch.int64)
+    return not_pad.cumsum(dim=1) * not_pad + pad
 
 
 def rotate_padded(x, cos, sin):
@@ -254,7 +239,7 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
     if token_type_ids is None:
         token_type_ids = torch.zeros(B, S, dtype=torch.long, device=dev)
     if position_ids is None:
-        position_ids = default_position_ids(cfg, input_ids)
+        position_ids = _position_ids(cfg, input_ids)
     mask = attention_mask.bool()
     emb = weights.embeddings
     x = embed(input_ids, position_ids, token_type_ids if emb.token_type is not None else None, emb,

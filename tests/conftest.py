@@ -13,7 +13,7 @@ import torch
 
 from bertfast.backends.cpu import isa as isa_module
 # The tests' name for the one relative error: max |ours - ref| / max |ref|, over real positions with a mask.
-from bertfast.tools.validate.accuracy import rel_error as rel_err  # noqa: F401
+from bertfast.accuracy import rel_error as rel_err  # noqa: F401
 
 
 def _matmul_is_row_invariant() -> bool:

@@ -14,7 +14,7 @@ import torch
 import bertfast
 from bertfast import Encoder
 from bertfast.backends import available_backends
-from bertfast.tools.validate.accuracy import TABLE, within
+from bertfast.accuracy import TABLE, within
 from conftest import rel_err
 
 transformers = pytest.importorskip("transformers")
@@ -23,6 +23,7 @@ CPU_REASON = available_backends("cpu").get("cpu")
 pytestmark = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")
 
 from bertfast.backends.cpu.backend import CpuBackend  # noqa: E402  (imports fine without the extension)
+from bertfast.backends.torch import TorchBackend  # noqa: E402
 from bertfast.engine import compose_layer, run_layer  # noqa: E402
 
 def random_inputs(vocab, batch, seqlen, seed):
@@ -174,8 +175,6 @@ def _prepared_layer(dtype, hidden, heads, inter, act="gelu", seed=0, quantize=No
                          ids=["D26", "D32-gelu_tanh", "D64-relu", "D80"])
 @pytest.mark.parametrize("lengths", [[1], [5, 0, 12, 1]], ids=["one-token", "ragged"])
 def test_whole_layer_equals_op_by_op(dtype, hidden, heads, inter, act, lengths):
-    from bertfast import reference
-
     quantize, dtype = ("int8", torch.float32) if dtype == "int8" else (None, dtype)
     backend, layer, cfg = _prepared_layer(dtype, hidden, heads, inter, act, quantize=quantize)
     assert id(layer) in backend._whole
@@ -189,12 +188,13 @@ def test_whole_layer_equals_op_by_op(dtype, hidden, heads, inter, act, lengths):
         return  # the int8 numerics are judged in test_quant.py (quantized linears and the encoder)
     # Against fp64 math on the same (rounded) weights and input: fp32 to 1e-5; bf16 no worse than twice
     # the reference's own error when it computes in bf16.
-    expected = reference.layer(x.double(), _plain_layer(layer, torch.float64), *args)
+    expected = compose_layer(TorchBackend(), x.double(), _plain_layer(layer, torch.float64), *args)
     err = (whole.double() - expected).abs().max().item()
     if dtype == torch.float32:
         assert err <= TABLE[dtype] * expected.abs().max().item()
     else:
-        ref_err = (reference.layer(x, _plain_layer(layer, dtype), *args).double() - expected).abs().max().item()
+        ref_err = (compose_layer(TorchBackend(), x, _plain_layer(layer, dtype), *args).double()
+                   - expected).abs().max().item()
         assert within(err, ref_err, dtype, floor=0.0, cap=False), \
             f"bf16 error {err:.3g} vs the reference's own {ref_err:.3g}"
 

@@ -21,7 +21,7 @@ from bertfast import reference
 from bertfast.backends import AttentionBias, Rotary
 from bertfast.backends.weights import EmbeddingWeights
 from bertfast.kernels import activation
-from bertfast.tools.validate.accuracy import TABLE
+from bertfast.accuracy import TABLE
 from test_cpu_ops import DTYPES, _qkv_views, check, rounded
 
 try:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from bertfast import reference
 from bertfast.backends.weights import EmbeddingWeights
-from bertfast.tools.validate.accuracy import TABLE, tolerance
+from bertfast.accuracy import TABLE, tolerance
 
 try:
     from bertfast import _C

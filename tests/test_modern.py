@@ -19,7 +19,7 @@ import torch
 import bertfast
 from bertfast import Encoder, reference
 from bertfast.loading import _TensorSource, assemble, load_hf_model
-from bertfast.tools.validate.accuracy import within
+from bertfast.accuracy import within
 from conftest import rel_err
 from modern_models import CONFIGS, FAMILY_OF, batch, build
 

@@ -22,7 +22,7 @@ import bertfast
 from bertfast import Encoder, reference, relative
 from bertfast.backends import AttentionBias, available_backends
 from bertfast.loading import load_hf_model
-from bertfast.tools.validate.accuracy import TABLE, within
+from bertfast.accuracy import TABLE, within
 from conftest import rel_err
 
 transformers = pytest.importorskip("transformers")

@@ -18,7 +18,7 @@ import torch
 from bertfast import Encoder
 from bertfast.tools.validate import int8_report as quant_report
 from bertfast.backends import available_backends
-from bertfast.tools.validate.accuracy import within
+from bertfast.accuracy import within
 
 from conftest import hf_bert, ragged_batch, rel_err
 

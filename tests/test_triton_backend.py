@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 
 from bertfast import Encoder, ModelConfig, reference  # noqa: E402
 from bertfast.backends.weights import EmbeddingWeights, LayerWeights, ModelWeights  # noqa: E402
-from bertfast.tools.validate.accuracy import rel_error, within  # noqa: E402
+from bertfast.accuracy import rel_error, within  # noqa: E402
 
 _ops = pytest.importorskip("bertfast.kernels.triton")
 pytestmark = pytest.mark.skipif(not _ops.INTERPRET, reason="bertfast.kernels.triton was imported before TRITON_INTERPRET=1 "

@@ -72,7 +72,7 @@ def _check_on_gpu():
 
 
 def test_new_kernels_compiled_on_gpu_match_reference():
-    from bertfast.tools.validate.accuracy import within
+    from bertfast.accuracy import within
 
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([here, os.path.dirname(here),

@@ -13,7 +13,7 @@ from bertfast import reference
 from bertfast.backends import REGISTRY
 from bertfast.backends.torch import TorchBackend
 from bertfast.tools.cli import main
-from bertfast.tools.validate.accuracy import TABLE, judge
+from bertfast.accuracy import TABLE, judge
 from bertfast.tools.validate.cases import OP_NAMES, op_cases
 from bertfast.tools.validate.model_check import run_model_check
 from bertfast.tools.validate.sweep import run_op_sweep

@@ -15,7 +15,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from bertfast.tools.validate.accuracy import TABLE, errors, tolerance  # noqa: E402
+from bertfast.accuracy import TABLE, errors, tolerance  # noqa: E402
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16")]
 
@@ -39,7 +39,7 @@ def f64(*tensors):
 
 
 def assert_matches_reference(ours, ref_low, ref_hi, dtype, what="", table=True):
-    """The house check (bertfast.tools.validate.accuracy): ours vs the fp64 reference is no worse than
+    """The house check (bertfast.accuracy): ours vs the fp64 reference is no worse than
     twice the same-dtype reference's own error plus the floor (absolute errors, the floor scaled by
     the output's magnitude), and within the per-dtype table as allclose (atol = rtol = TABLE).
     table=False only for inputs whose conditioning alone exceeds the table (the reference misses it

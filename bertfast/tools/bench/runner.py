@@ -21,7 +21,7 @@ from bertfast.tools.bench.measure import interleaved, quantile
 from bertfast.tools.bench.process import Local, Worker
 from bertfast.tools.bench.providers import BASELINE, DTYPES, ProviderSkipped, check_runnable, setup
 from bertfast.tools.bench.source import Source, reference_output
-from bertfast.tools.validate import accuracy
+from bertfast import accuracy
 from bertfast.tools.workloads import Batch
 
 # Floor of the allowed max abs error vs the fp32 HF model, per dtype (docs/bench-method.md#validation):

@@ -16,7 +16,7 @@ import torch
 from bertfast.backends import gemm_choice
 from bertfast.kernels import activation
 from bertfast.tools.bench.measure import interleaved, time_call
-from bertfast.tools.validate.accuracy import TABLE
+from bertfast.accuracy import TABLE
 from bertfast.tools.workloads import model_config
 
 M_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)

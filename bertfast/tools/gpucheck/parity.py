@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from bertfast.encoder import Encoder
-from bertfast.tools.validate.accuracy import rel_error, tolerance
+from bertfast.accuracy import rel_error, tolerance
 
 FP32_LIMIT = 1e-5
 HIDDEN, HEADS, INTERMEDIATE, LAYERS, VOCAB, POSITIONS = 128, 2, 256, 2, 1000, 128

@@ -15,7 +15,7 @@ import torch
 
 from bertfast.backends.cpu import isa
 from bertfast.tools.validate import int8_report
-from bertfast.tools.validate.accuracy import DTYPE_IDS, Row
+from bertfast.accuracy import DTYPE_IDS, Row
 from bertfast.tools.validate.cases import OP_NAMES
 from bertfast.tools.validate.model_check import run_model_check
 from bertfast.tools.validate.sweep import run_op_sweep

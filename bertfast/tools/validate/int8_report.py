@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from bertfast.tools.validate.accuracy import Row, errors
+from bertfast.accuracy import Row, errors
 from bertfast.tools.validate.model_check import model_batch
 from bertfast.tools.validate.sentences import sentences as fixed_sentences
 

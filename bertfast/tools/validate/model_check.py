@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from bertfast.tools.validate.accuracy import DTYPE_IDS, Row, judge
+from bertfast.accuracy import DTYPE_IDS, Row, judge
 from bertfast.tools.validate.sweep import dtype_skip_reason, error_note
 
 # The batch's sentences when the checkpoint has a tokenizer; else random ids of these lengths.

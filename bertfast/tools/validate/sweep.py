@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from bertfast.tools.validate.accuracy import DTYPE_IDS, Row, judge
+from bertfast.accuracy import DTYPE_IDS, Row, judge
 from bertfast.tools.validate.cases import OpCase, op_cases, random_weights, tiny_config
 
 
