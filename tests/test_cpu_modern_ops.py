@@ -4,8 +4,9 @@ varlen attention (`_C.attention(window=)`), the GLU gate (`_C.glu`, `CpuBackend.
 GEMM path, int8 included), embeddings without a position table, and bias-free linears.
 
 Every native op runs on each ISA tier the CPU has. RoPE is the same fp32 operations as the reference, so it
-must match bit for bit (bf16: the same fp32 values rounded once). The others follow test_cpu_ops's rule:
-fp32 within 1e-5 of the fp64 reference; bf16 no worse than twice the bf16 reference's own error plus a floor.
+must match bit for bit (bf16: the same fp32 values rounded once). The others follow the rule of
+tests/helpers/cpu_ops.py: fp32 within 1e-5 of the fp64 reference; bf16 no worse than twice the bf16 reference's
+own error plus a floor.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from bertfast.backends import AttentionBias, Rotary
 from bertfast.backends.weights import EmbeddingWeights
 from bertfast.kernels import activation
 from bertfast.accuracy import TABLE
-from test_cpu_ops import DTYPES, _qkv_views, check, rounded
+from helpers.cpu_ops import DTYPES, check, qkv_views, rounded
 
 try:
     from bertfast import _C
@@ -146,7 +147,7 @@ WINDOW_CASES = [
 def _window_case(lengths, heads, d, window, dtype):
     """Inputs (q, k, v in `dtype`, views of one fused buffer) and both references, once for every tier."""
     gen = torch.Generator().manual_seed(sum(lengths) + d + window)
-    (q, k, v), low, cu = _qkv_views(list(lengths), heads, d, dtype, gen)
+    (q, k, v), low, cu = qkv_views(list(lengths), heads, d, dtype, gen)
     scale = 1.0 / math.sqrt(d)
     ref_hi = reference.attention_loop(q, k, v, cu, scale, window=window)
     ref_low = reference.attention(*low, cu, max(lengths), scale, window=window)
@@ -170,7 +171,7 @@ def test_attention_window_with_bias(isa, dtype):
     """The MPNet bias and the window together (the bias table covers every distance; the window cuts)."""
     lengths, heads, d, window = [150, 1, 70], 2, 32, 20
     gen = torch.Generator().manual_seed(21)
-    (q, k, v), (ql, kl, vl), cu = _qkv_views(lengths, heads, d, dtype, gen)
+    (q, k, v), (ql, kl, vl), cu = qkv_views(lengths, heads, d, dtype, gen)
     width = max(lengths) + 3
     positions = torch.cat([torch.arange(n) + i for i, n in enumerate(lengths)]).to(torch.int32)
     bias = AttentionBias(torch.randn(heads, 2 * width - 1, generator=gen) * 2, positions)
@@ -209,7 +210,7 @@ def test_attention_window_skips_far_tiles(isa):
 def test_attention_window_batch_invariant(isa, dtype):
     """A sequence alone gives bit-identical output to the same sequence inside a batch, with a window."""
     gen = torch.Generator().manual_seed(8)
-    _, (q, k, v), cu = _qkv_views([30, 177, 5], 2, 32, dtype, gen)
+    _, (q, k, v), cu = qkv_views([30, 177, 5], 2, 32, dtype, gen)
     batch = _C.attention(q, k, v, cu, 177, 0.2, window=24)
     alone = _C.attention(q[30:207], k[30:207], v[30:207], _cu([177]), 177, 0.2, window=24)
     assert torch.equal(batch[30:207], alone)
@@ -217,7 +218,7 @@ def test_attention_window_batch_invariant(isa, dtype):
 
 def test_backend_attention_window(isa):
     gen = torch.Generator().manual_seed(4)
-    (q, k, v), (ql, kl, vl), cu = _qkv_views([90, 40], 2, 32, torch.float32, gen)
+    (q, k, v), (ql, kl, vl), cu = qkv_views([90, 40], 2, 32, torch.float32, gen)
     ours = CpuBackend().attention(ql, kl, vl, cu, 90, 0.2, window=10)
     check(ours, ours, reference.attention_loop(q, k, v, cu, 0.2, window=10), torch.float32)
 

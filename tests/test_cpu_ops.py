@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from bertfast import reference
 from bertfast.backends.weights import EmbeddingWeights
-from bertfast.accuracy import TABLE, tolerance
+from bertfast.accuracy import TABLE
+from helpers.cpu_ops import DTYPES, check, qkv_views, rounded
 
 try:
     from bertfast import _C
@@ -26,33 +27,6 @@ except ImportError:
 pytestmark = pytest.mark.skipif(
     _C is None, reason="the native extension bertfast._C is not built (run bash install.sh)"
 )
-
-DTYPES = [
-    pytest.param(torch.float32, id="fp32"),
-    pytest.param(torch.bfloat16, id="bf16"),
-]
-
-
-def rounded(t, dtype):
-    """t rounded to `dtype`, held in fp64 (None stays None): inputs both references and ours share."""
-    return None if t is None else t.to(dtype).double()
-
-
-def check(ours, ref_low, ref_hi, dtype, floor=1e-6):
-    """ours vs the fp64 reference: allclose per dtype, and (bf16) no worse than 2x the bf16 reference."""
-    ours, ref_low, ref_hi = ours.double(), ref_low.double(), ref_hi.double()
-    assert ours.shape == ref_hi.shape
-    assert torch.isfinite(ours).all()
-    scale = max(ref_hi.abs().max().item(), 1.0)
-    err = (ours - ref_hi).abs().max().item()
-    if dtype == torch.float32:
-        assert err <= TABLE[dtype] * scale, f"fp32 max error {err:.3g} (scale {scale:.3g})"
-    else:
-        ref_err = (ref_low - ref_hi).abs().max().item()
-        # floor: 1e-6 unless a test says otherwise, stricter than accuracy.FLOOR's bf16 ulp.
-        bound = tolerance(ref_err, dtype, floor=floor, scale=scale, cap=False)
-        assert err <= bound, f"bf16 error {err:.3g} vs reference's own {ref_err:.3g}"
-        torch.testing.assert_close(ours, ref_hi, atol=TABLE[dtype] * scale, rtol=TABLE[dtype])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -277,15 +251,6 @@ def test_linear_row_independent_of_row_count(isa, epilogue, dtype):
 # varlen attention
 
 
-def _qkv_views(lengths, heads, d, dtype, gen):
-    """q, k, v as views of one packed (T, 3H) projection, like the backend's qkv op returns."""
-    T = sum(lengths)
-    qkv = rounded(torch.randn(T, 3 * heads * d, generator=gen, dtype=torch.float64), dtype)
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
-    split = lambda t: t.view(T, 3, heads, d).unbind(1)  # noqa: E731
-    return split(qkv), split(qkv.to(dtype)), cu
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lengths,heads,d", [
     pytest.param([1], 2, 32, id="L1-H2-D32"),
@@ -300,7 +265,7 @@ def _qkv_views(lengths, heads, d, dtype, gen):
 ])
 def test_attention(isa, dtype, lengths, heads, d):
     gen = torch.Generator().manual_seed(sum(lengths) + d)
-    (q, k, v), (ql, kl, vl), cu = _qkv_views(lengths, heads, d, dtype, gen)
+    (q, k, v), (ql, kl, vl), cu = qkv_views(lengths, heads, d, dtype, gen)
     scale = 1.0 / math.sqrt(d)
     ours = _C.attention(ql, kl, vl, cu, max(lengths), scale)
     assert ours.shape == (sum(lengths), heads * d) and ours.is_contiguous()
@@ -319,7 +284,7 @@ def test_attention_bf16_products_on_fp32_inputs(isa, lengths, heads, d):
     """fp32 q/k/v with bf16_products (the int8 path): fp32 output, within bf16 attention's error (exact
     fp32 where there is no AMX or head_dim > 64)."""
     gen = torch.Generator().manual_seed(sum(lengths) + d + 1)
-    (q, k, v), (q32, k32, v32), cu = _qkv_views(lengths, heads, d, torch.float32, gen)
+    (q, k, v), (q32, k32, v32), cu = qkv_views(lengths, heads, d, torch.float32, gen)
     scale = 1.0 / math.sqrt(d)
     ours = _C.attention(q32, k32, v32, cu, max(lengths), scale, bf16_products=True)
     assert ours.dtype == torch.float32 and ours.shape == (sum(lengths), heads * d)
@@ -336,7 +301,7 @@ def test_attention_bf16_products_on_fp32_inputs(isa, lengths, heads, d):
 def test_attention_batch_invariant(isa, dtype):
     """A sequence alone gives bit-identical output to the same sequence inside a batch."""
     gen = torch.Generator().manual_seed(7)
-    (_, _, _), (q, k, v), cu = _qkv_views([30, 77, 5], 4, 32, dtype, gen)
+    (_, _, _), (q, k, v), cu = qkv_views([30, 77, 5], 4, 32, dtype, gen)
     batch = _C.attention(q, k, v, cu, 77, 0.2)
     alone = _C.attention(q[30:107], k[30:107], v[30:107], torch.tensor([0, 77], dtype=torch.int32), 77, 0.2)
     assert torch.equal(batch[30:107], alone)

@@ -7,24 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-import test_families as families
+import helpers.families as families
 import modern_models
 from bertfast import Encoder
-from bertfast.backends import Tokens, get_backend
+from bertfast.backends import get_backend
 from bertfast.backends.graphs import (LARGEST_BUCKET, TOKEN_BUCKETS, Bucket, GraphRunner, StaticTokens, bucket_for,
                                       token_buckets)
 from bertfast.engine import Engine
 from conftest import hf_bert, ragged_batch
-
-
-def tokens_of(lengths, width=None, bias=False):
-    """Packed Tokens of sequences with `lengths` (ids 1.., positions 0..n-1 per sequence)."""
-    T = sum(lengths)
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
-    positions = torch.cat([torch.arange(n) for n in lengths])
-    columns = positions.to(torch.int32) if bias else None
-    return Tokens(torch.arange(1, T + 1), positions, torch.zeros(T, dtype=torch.int64), columns, cu,
-                  max(lengths), width or max(lengths))
+from helpers.tokens import tokens_of
 
 
 def test_token_buckets_hold_every_power_of_two():

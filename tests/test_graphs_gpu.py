@@ -55,7 +55,7 @@ def _graph_checks(device="cuda", dtypes=("float32", "float16", "bfloat16"), case
     """Child process body: prints one JSON line per (case, dtype)."""
     import conftest
     import modern_models
-    import test_families as families
+    import helpers.families as families
     from bertfast.backends.graphs import GraphRunner
     from bertfast.kernels.triton import INTERPRET
 
@@ -143,7 +143,7 @@ def test_graph_check_dry_run_on_cpu():
 def test_replay_cases_fall_in_buckets_already_captured():
     """The GPU test's bookkeeping, checked here: each "-replay" case reuses an earlier case's bucket, no other does."""
     from bertfast.backends.graphs import bucket_for
-    from test_graphs import tokens_of
+    from helpers.tokens import tokens_of
 
     seen = []
     for name, lengths in CASES:

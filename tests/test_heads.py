@@ -8,11 +8,11 @@ import torch
 import bertfast
 from bertfast.heads import TaskModel, load, supported_architectures
 from conftest import rel_err
-from test_families import COMMON, NO_TYPES, batch_for
+from helpers.families import COMMON, CPU_BACKENDS, NO_TYPES, batch_for
+from helpers.outputs import check_against
 
 transformers = pytest.importorskip("transformers")
 
-CPU_BACKENDS = [n for n, r in bertfast.available_backends("cpu").items() if r is None and n != "triton"]
 PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
           "albert": "Albert", "distilbert": "DistilBert", "mpnet": "MPNet"}
 TASKS = {
@@ -70,28 +70,6 @@ def inputs_for(model, task):
     if task == "MultipleChoice":
         kwargs = {k: v.view(3, 2, -1) for k, v in kwargs.items()}
     return kwargs, mask
-
-
-def check_against(ours, ref, mask):
-    """Every transformers field at <= 1e-5 relative, real positions only; per-token fields are 0 at
-    padded positions; tuple order starts like transformers' (no loss, no attentions)."""
-    keys = list(ref.keys())
-    assert list(ours.keys())[:len(keys)] == keys
-    for i, key in enumerate(keys):
-        a, b = ours[key], ref[key]
-        assert ours[i] is a
-        if isinstance(b, tuple):  # hidden_states
-            assert len(a) == len(b)
-            for x, y in zip(a, b):
-                assert rel_err(x, y, mask) <= 1e-5, key
-        elif b.dim() >= 2 and b.shape[:2] == mask.shape:  # per token
-            assert a.shape == b.shape, key
-            assert rel_err(a, b, mask) <= 1e-5, key
-            assert not a[~mask.bool()].any(), f"{key} is not 0 at padded positions"
-        else:
-            assert a.shape == b.shape, key
-            assert rel_err(a, b) <= 1e-5, key
-    assert rel_err(ours.last_hidden_state, ref.hidden_states[-1], mask) <= 1e-5
 
 
 CASES = [(f, t, True) for f in TASKS for t in TASKS[f]] + [

@@ -5,6 +5,9 @@ Floors, top to bottom: `bertfast.tools` (commands) -> the product at the top of 
 -> `kernels`. A module imports only from its own floor or below; the product never imports the oracle
 `bertfast.reference` (only the torch backend wraps it, and tools and tests use it). Every import counts,
 function-local ones included, so a cycle cannot hide behind a deferred import.
+
+The tests keep one rule of their own: no module under tests/ imports a test module; what several test modules
+share lives in conftest.py, modern_models.py and tests/helpers/.
 """
 
 from __future__ import annotations
@@ -114,3 +117,37 @@ def test_no_import_cycles():
 def test_module_is_readable_in_one_sitting(name):
     lines = MODULES[name].read_text().count("\n")
     assert lines <= MAX_LINES, f"{name} has {lines} lines (split it along a seam, house style ~{MAX_LINES})"
+
+
+TESTS = pathlib.Path(__file__).resolve().parent
+
+
+def _dotted(path: pathlib.Path) -> str:
+    """The name a module under tests/ imports as (the tests directory is on sys.path): test_x, ops.test_y."""
+    return ".".join(path.relative_to(TESTS).with_suffix("").parts)
+
+
+def _imported_names(path: pathlib.Path) -> set[str]:
+    """Every dotted name `path` imports, function-local imports included; `from a import b` gives a and a.b."""
+    package = _dotted(path).rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".") if package else []
+            base = ".".join(parts[: len(parts) - node.level + 1] + [node.module or ""]) if node.level else node.module
+            base = base.strip(".")
+            names.add(base)
+            names.update(f"{base}.{a.name}".strip(".") for a in node.names)
+    return names
+
+
+def test_no_test_module_imports_another():
+    """Each test module runs, changes or goes alone: shared builders and checks live in non-test modules."""
+    files = sorted(TESTS.rglob("*.py"))
+    test_modules = {_dotted(p) for p in files if p.name.startswith("test_") or p.stem.endswith("_test")}
+    assert "test_layout" in test_modules and "ops.test_attention" in test_modules  # the walk found them
+    found = [f"{_dotted(p)} imports {name}" for p in files for name in sorted(_imported_names(p) & test_modules)]
+    assert not found, ("modules under tests/ import test modules (move what they share to tests/helpers/): "
+                       + "; ".join(found))

@@ -12,8 +12,8 @@ import torch
 import bertfast
 from bertfast import Encoder
 from conftest import rel_err
-from test_modern_heads import BACKENDS, PREFIX, build, inputs_for
-from test_sentence import max_diff, sentences
+from helpers.modern_tasks import BACKENDS, PREFIX, build, inputs_for
+from helpers.sentences import max_diff, sentences
 
 transformers = pytest.importorskip("transformers")
 st = pytest.importorskip("sentence_transformers")

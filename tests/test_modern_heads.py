@@ -1,7 +1,7 @@
 """ModernBERT, NomicBERT, GTE task heads (`load`) and `optimize` against transformers' own task models.
 
-Random small configs (hidden 64, 3 layers; ModernBERT with a sliding window of 8 tokens every other layer),
-ragged batches with a 1-token row and rows longer than the window, fp32 at <= 1e-5 relative.
+Random small configs (tests/helpers/modern_tasks.py: hidden 64, 3 layers; ModernBERT with a sliding window of 8
+tokens every other layer), ragged batches with a 1-token row and rows longer than the window, fp32 at <= 1e-5 relative.
 """
 
 import json
@@ -13,20 +13,15 @@ import torch
 import bertfast
 from bertfast.heads import TaskModel, load, supported_architectures
 from conftest import rel_err
-from test_families import batch_for
-from test_heads import check_against
-from test_optimize import compare
+from helpers.modern_tasks import BACKENDS, PREFIX, build, inputs_for
+from helpers.outputs import check_against, compare
 
 transformers = pytest.importorskip("transformers")
 
-BACKENDS = ["torch"] + (["cpu"] if bertfast.backends.available_backends("cpu").get("cpu") is None else [])
-PREFIX = {"modernbert": "ModernBert", "nomic_bert": "NomicBert", "gte": "Gte"}
 TASKS = {"modernbert": ["SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice",
                         "MaskedLM"],
          "nomic_bert": ["SequenceClassification", "TokenClassification", "MaskedLM"],
          "gte": ["SequenceClassification", "TokenClassification", "MaskedLM"]}
-SMALL = dict(vocab_size=97, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
-             pad_token_id=0)
 # Per family, a second config flipping what the heads read from config.json: ModernBERT's pooling, biases,
 # classifier activation (not the layers'), untied decoders; GTE without token types (gte-base-en-v1.5).
 VARIANTS = {
@@ -35,38 +30,6 @@ VARIANTS = {
     "nomic_bert": dict(tie_word_embeddings=False),
     "gte": dict(tie_word_embeddings=False, type_vocab_size=0),
 }
-LENGTHS = [20, 1, 9, 13, 5, 17]  # ModernBERT's window: 8 tokens
-
-
-def config(family, **kw):
-    kw = {**SMALL, "num_labels": 3, **kw}
-    if family == "modernbert":
-        return transformers.ModernBertConfig(**{"local_attention": 8, "global_attn_every_n_layers": 2,
-                                                "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1,
-                                                "sep_token_id": 2, **kw})
-    if family == "nomic_bert":  # hidden_act silu (SwiGLU): also the MLM head's activation
-        return transformers.NomicBertConfig(**kw)
-    # the GTE MLM head's gelu is fixed, not the layers' activation: make them differ
-    return transformers.GteConfig(**{"hidden_act": "silu", **kw})
-
-
-def build(family, cls_name, seed=0, **kw):
-    torch.manual_seed(seed)
-    model = getattr(transformers, cls_name)(config(family, **kw)).eval()
-    with torch.no_grad():  # random init leaves norms at identity and biases at zero
-        for name, p in model.named_parameters():
-            if "norm" in name.lower() or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
-    return model
-
-
-def inputs_for(model, multiple_choice=False, lengths=LENGTHS):
-    """Ragged right-padded batch; multiple choice: 3 questions x 2 choices."""
-    kwargs, mask = batch_for(model, lengths, seed=4)
-    if multiple_choice:
-        kwargs = {k: v.view(3, 2, -1) for k, v in kwargs.items()}
-    return kwargs, mask
-
 
 CASES = [(f, t, v) for f in TASKS for t in TASKS[f] for v in (False, True)
          if not v or f != "nomic_bert" or t == "MaskedLM"]  # NomicBERT's variant only unties the decoder

@@ -7,11 +7,10 @@ import torch
 
 import bertfast
 from conftest import rel_err
-from test_families import COMMON, NO_TYPES, batch_for
+from helpers.families import COMMON, CPU_BACKENDS, NO_TYPES, batch_for
+from helpers.outputs import compare
 
 transformers = pytest.importorskip("transformers")
-
-CPU_BACKENDS = [n for n, r in bertfast.available_backends("cpu").items() if r is None and n != "triton"]
 
 
 def _config(family):
@@ -60,18 +59,6 @@ def inputs_for(model, multiple_choice=False):
     if multiple_choice:  # [B, C, S]: 3 questions x 2 choices
         kwargs = {k: v.view(3, 2, -1) for k, v in kwargs.items()}
     return kwargs, mask
-
-
-def compare(ours, ref, mask):
-    for key in ref.keys():
-        a, b = ours[key], ref[key]
-        if isinstance(b, tuple):
-            for x, y in zip(a, b, strict=True):
-                assert rel_err(x, y, mask) <= 1e-5, key
-        elif b.dim() >= 2 and b.shape[:2] == mask.shape:  # per-token output: real positions only
-            assert rel_err(a, b, mask) <= 1e-5, key
-        else:
-            assert rel_err(a.reshape(-1), b.reshape(-1)) <= 1e-5, key
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)

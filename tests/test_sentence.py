@@ -3,7 +3,6 @@
 
 import json
 import os
-import random
 import shutil
 import warnings
 
@@ -15,6 +14,7 @@ import torch
 import bertfast
 from bertfast import ConfigError, Encoder
 from conftest import hf_bert
+from helpers.sentences import max_diff, sentences
 
 st = pytest.importorskip("sentence_transformers")
 try:
@@ -22,25 +22,7 @@ try:
 except ImportError:  # releases before 6.0
     from sentence_transformers.models import Dense, Normalize, Pooling, Transformer
 
-WORDS = ("the a of cat dog model engine runs fast slow embedding vector sentence token padding batch "
-         "Paris Zürich naïve café 42 3.14 (see below) — don't e-mail well-known GPU CPU 東京 数据 🙂 "
-         "attention layer norm quickly jumps over lazy river bank money interest rates").split()
 TOL = 1e-5  # fp32 parity, max abs difference over every embedding coordinate
-
-
-def sentences(n, seed=0, long_every=25, long_words=(250, 420)):
-    """n deterministic texts of varied lengths; every long_every-th one longer than 256 tokens."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        k = rng.randint(*long_words) if i % long_every == 5 else rng.choice((1, 2, 3, 5, 8, 13, 21, 34, 55))
-        text = " ".join(rng.choice(WORDS) for _ in range(k))
-        out.append(text.capitalize() + rng.choice((".", "?", "!", "")))
-    return out
-
-
-def max_diff(a, b):
-    return (torch.as_tensor(a).double() - torch.as_tensor(b).double()).abs().max().item()
 
 
 @pytest.fixture(scope="module")

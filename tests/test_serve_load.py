@@ -22,7 +22,7 @@ pytest.importorskip("uvicorn", reason="bertfast serve needs the serve extra (uvi
 pytest.importorskip("prometheus_client", reason="bertfast serve needs the serve extra (prometheus-client)")
 httpx = pytest.importorskip("httpx", reason="the serve tests' HTTP client, httpx, is in the test extra")
 
-from test_serve import TEXTS, Server, as_f32, join, start_threads  # noqa: E402
+from helpers.serve import TEXTS, Server, as_f32, join, start_threads  # noqa: E402
 
 # Resident memory the server may gain over an overload burst (allocator caches, per-connection state);
 # measured ~1 MB over 1000+ refusals; a leak per refused request or unbounded queueing passes it.

@@ -2,7 +2,7 @@
 
 Random-weight transformers `BertForSequenceClassification` checkpoints (3 labels with softmax, 4 labels
 with problem_type multi_label_classification, 1 label: a cross-encoder) saved with the default model's
-tokenizer; the server runs in a subprocess on a loopback port (test_serve's `Server`). Scores equal
+tokenizer; the server runs in a subprocess on a loopback port (tests/helpers/serve.py's `Server`). Scores equal
 transformers' own logits -> softmax/sigmoid within 1e-5 (fp32), on transformers' own tokenization of
 texts and pairs; results are sorted best first; an input's score is the same bits alone and inside any
 batch (also with many clients at once); every error is a 4xx JSON naming the field and the limit, and the
@@ -27,7 +27,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 from conftest import corpus, rel_err  # noqa: E402
-from test_serve import Server, join, start_threads  # noqa: E402
+from helpers.serve import Server, join, start_threads  # noqa: E402
 
 LIMIT = 64  # max_position_embeddings of the test checkpoints: the served input limit
 MAX_INPUTS = 6  # --max-client-batch-size

@@ -177,7 +177,7 @@ def test_fp32_matches_transformers(hidden, heads, layers):
 @pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "mpnet"])
 def test_each_family_matches_transformers(family):
     pytest.importorskip("transformers")
-    from test_families import batch_for, build
+    from helpers.families import batch_for, build
 
     model = build(family, seed=8)
     kwargs, mask = batch_for(model, [12, 1, 7], seed=9)

@@ -1,0 +1,90 @@
+"""`bertfast serve` in a child process on a free loopback port, and the client threads the serve tests run
+against it. Every wait is bounded; the caller stops the server in `finally`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the serve tests' HTTP client, httpx, is in the test extra")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+TEXTS = ["hello world", "A man is eating food.", "x", "The quick brown fox jumps over the lazy dog " * 3,
+         "Ünïcödé テキスト and emoji 🙂", "a much longer sentence about cats, dogs and other animals that live in houses",
+         "short", "Paris is the capital of France."]
+
+
+def free_port() -> int:
+    """A loopback port free now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python -m bertfast serve ...` in a child process; `url` once /health answers 200 (60 s at most).
+    Its output goes to a pipe read at `stop()`, or to the file `log` (many requests: a pipe nobody
+    reads fills up with access lines and blocks the server)."""
+
+    def __init__(self, *args, log: str | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        out = subprocess.PIPE if log is None else open(log, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "bertfast", "serve", "--port", str(self.port),
+                                      "--backend", "cpu", *args], env=env, cwd=ROOT,
+                                     stdout=out, stderr=subprocess.STDOUT, text=True)
+        if log is not None:
+            out.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}):\n{self.stop()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("the server did not become healthy within 60 s")
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        out, _ = self.proc.communicate(timeout=30)
+        if self.log is not None:
+            with open(self.log) as f:
+                return f.read()
+        return out
+
+
+def start_threads(target, args) -> list[threading.Thread]:
+    """One started thread per argument, running target(arg)."""
+    threads = [threading.Thread(target=target, args=(a,)) for a in args]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def join(threads, timeout: float = 120) -> None:
+    """Join every thread within `timeout` seconds in all; fail if one still runs (a hung client)."""
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "a client thread hung"
+
+
+
+def as_f32(vectors) -> np.ndarray:
+    """JSON floats as float32 (through float64: the values the server wrote)."""
+    return np.asarray(vectors, dtype=np.float64).astype(np.float32)
