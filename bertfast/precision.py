@@ -30,6 +30,19 @@ def quantization_ranges(embeddings) -> np.ndarray:
     return np.vstack((emb.min(axis=0), emb.max(axis=0)))
 
 
+def load_ranges(path: str) -> np.ndarray:
+    """The (2, D) float ranges saved at `path` (numpy.save of `quantization_ranges`); ValueError saying what is
+    wrong with the file."""
+    try:
+        ranges = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a .npy array ({e})") from None
+    if ranges.ndim != 2 or ranges.shape[0] != 2 or ranges.dtype.kind != "f":
+        raise ValueError(f"{path}: need a (2, D) float array (minimum and maximum per dimension), "
+                         f"got {ranges.dtype} {ranges.shape}")
+    return ranges
+
+
 def quantize_embeddings(embeddings, precision: str, ranges=None, calibration_embeddings=None) -> np.ndarray:
     """embeddings (N, D) or (D,) float -> the `precision` form (see the module docstring). int8/uint8 take their
     ranges from `ranges` (2, D), else from `calibration_embeddings`, else from `embeddings` themselves (at least

@@ -59,23 +59,18 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
   };
   const int prep_threads = int(std::min<int64_t>(nt, row_blocks));
 #if BF_X86
-  if (isa >= Isa::Avx512Vnni) {
+  // VNNI (AVX-512, or AVX-VNNI on the avx2 tier): the codes flipped to unsigned bytes, then vpdpbusd tiles.
+  if (isa >= Isa::Avx512Vnni || (isa == Isa::Avx2 && has_avx_vnni())) {
+    const bool zmm = isa >= Isa::Avx512Vnni;
     uint8_t* xu = reinterpret_cast<uint8_t*>(codes.data());
     parallel_for(prep_threads, row_blocks, [&](int64_t rb) {
-      flip_codes_vnni(a, rb * kRowBlock, std::min(M, (rb + 1) * kRowBlock), ld, xu);
+      const int64_t lo = rb * kRowBlock, hi = std::min(M, lo + kRowBlock);
+      zmm ? flip_codes_vnni(a, lo, hi, ld, xu) : flip_codes_avx2(a, lo, hi, ld, xu);
     });
     parallel_for(nt, row_blocks * groups, [&](int64_t i) {
-      item(i, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) { item_vnni(a, xu, ld, r0, r1, p0, p1); });
-    });
-    return;
-  }
-  if (isa == Isa::Avx2 && has_avx_vnni()) {
-    uint8_t* xu = reinterpret_cast<uint8_t*>(codes.data());
-    parallel_for(prep_threads, row_blocks, [&](int64_t rb) {
-      flip_codes_avx2(a, rb * kRowBlock, std::min(M, (rb + 1) * kRowBlock), ld, xu);
-    });
-    parallel_for(nt, row_blocks * groups, [&](int64_t i) {
-      item(i, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) { item_avxvnni(a, xu, ld, r0, r1, p0, p1); });
+      item(i, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+        zmm ? item_vnni(a, xu, ld, r0, r1, p0, p1) : item_avxvnni(a, xu, ld, r0, r1, p0, p1);
+      });
     });
     return;
   }

@@ -108,10 +108,10 @@ class QuantLinear:
 
     q: (N, K) int8; scale: (N,) float32; colsum: (N,) float32 scale[n] * sum_k q[n, k] (the
     zero-point correction of asymmetric activations); packed: q in the extension's GEMM layout, which runs
-    every token count (None without the extension: then `torch._int_mm` on `q_t`).
+    every token count (None without the extension: then `torch._int_mm` on q's transpose).
     """
 
-    __slots__ = ("q", "scale", "colsum", "q_t", "packed", "out_features", "in_features")
+    __slots__ = ("q", "scale", "colsum", "packed", "out_features", "in_features")
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor):
         if q.dtype != torch.int8 or q.dim() != 2:
@@ -121,9 +121,8 @@ class QuantLinear:
         self.q, self.scale = q.contiguous(), scale.contiguous()
         self.out_features, self.in_features = q.shape
         self.colsum = (self.q.sum(dim=1, dtype=torch.int64).to(torch.float64) * self.scale.double()).float()
-        # The extension's layout ([N/16][K/4][16][4]), when it is built; else the (K, N) view `torch._int_mm` takes.
+        # The extension's layout ([N/16][K/4][16][4]), when it is built.
         self.packed = _C.pack_int8(self.q) if _C is not None else None
-        self.q_t = self.q.t() if self.packed is None else None
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> "QuantLinear":
@@ -151,8 +150,7 @@ class QuantLinear:
 def int8_gemm(qx: torch.Tensor, weight: QuantLinear) -> torch.Tensor:
     """(M, K) int8 x (N, K) int8 weight -> (M, N) float32 = (int32 sum_k qx qw) * weight.scale[n], through
     `torch._int_mm` (the path without the extension). The per-row activation scale is not applied here."""
-    q_t = weight.q_t if weight.q_t is not None else weight.q.t()
-    acc = torch._int_mm(qx, q_t)
+    acc = torch._int_mm(qx, weight.q.t())
     return acc.to(torch.float32).mul_(weight.scale)
 
 

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-from bertfast.precision import PRECISIONS, quantize_embeddings
+from bertfast.precision import PRECISIONS, load_ranges, quantize_embeddings
 from bertfast.ray import BATCH_TOKENS
 
 from . import signals
@@ -111,19 +111,13 @@ def _sha256(path: str) -> str:
 
 
 def _load_ranges(path: str | None):
-    """The --ranges array, (2, D) float; ValueError saying what is wrong with the file."""
+    """The --ranges array, or None; ValueError saying what is wrong with the file."""
     if path is None:
         return None
-    import numpy as np
-
     try:
-        ranges = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--ranges {path}: not a .npy array ({e})") from None
-    if ranges.ndim != 2 or ranges.shape[0] != 2 or ranges.dtype.kind != "f":
-        raise ValueError(f"--ranges {path}: need a (2, D) float array (minimum and maximum per dimension), "
-                         f"got {ranges.dtype} {ranges.shape}")
-    return ranges
+        return load_ranges(path)
+    except ValueError as e:
+        raise ValueError(f"--ranges {e}") from None
 
 
 def _quantized(embed_chunks, precision: str, ranges):

@@ -56,16 +56,12 @@ def run(args) -> int:
         return 2
     ranges = None
     if args.ranges is not None:
-        import numpy as np
+        from bertfast.precision import load_ranges
 
         try:
-            ranges = np.load(args.ranges, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            print(f"bertfast serve: --ranges {args.ranges}: not a .npy array ({e})", file=sys.stderr)
-            return 2
-        if ranges.ndim != 2 or ranges.shape[0] != 2 or ranges.dtype.kind != "f":
-            print(f"bertfast serve: --ranges {args.ranges}: need a (2, D) float array (minimum and maximum per "
-                  f"dimension), got {ranges.dtype} {ranges.shape}", file=sys.stderr)
+            ranges = load_ranges(args.ranges)
+        except ValueError as e:
+            print(f"bertfast serve: --ranges {e}", file=sys.stderr)
             return 2
     pooling = tuple(args.pooling.split(",")) if args.pooling else None
     model = ServedModel(path, backend=args.backend, dtype=args.dtype, pooling=pooling,
