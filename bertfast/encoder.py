@@ -106,6 +106,17 @@ def choose_dtype(dtype, backend: Backend, device) -> torch.dtype | None:
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
+def to_host(*tensors):
+    """The arguments with every CUDA tensor copied to the host, all the copies waited for at once (one device sync
+    for the lot, where `.cpu()` on each would wait once each); anything else is passed through."""
+    on_gpu = [torch.is_tensor(t) and t.device.type == "cuda" for t in tensors]
+    if not any(on_gpu):
+        return tensors
+    out = tuple(t.to("cpu", non_blocking=True) if gpu else t for t, gpu in zip(tensors, on_gpu))
+    torch.cuda.synchronize()
+    return out
+
+
 def check_inputs(config, input_ids, attention_mask, token_type_ids, position_ids, has_pooler, device):
     """Validate and normalise forward inputs; returns int64 tensors on `device` (mask as int64).
 
@@ -265,9 +276,16 @@ class Encoder(nn.Module):
         Returns EncoderOutput(last_hidden_state (B, S, H), pooler_output (B, H) or None,
         hidden_states (embeddings + each layer) when output_hidden_states). Padded positions are 0.
         """
+        # On a GPU the inputs are checked and packed on the host (`Engine.forward` moves the packed tokens in one
+        # transfer): every check on the device would be a kernel launch and every read a wait for the device.
+        where = self.device
+        if where.type == "cuda":
+            where = torch.device("cpu")
+            input_ids, attention_mask, token_type_ids, position_ids = to_host(
+                input_ids, attention_mask, token_type_ids, position_ids)
         ids, mask, types, positions = check_inputs(
             self.config, input_ids, attention_mask, token_type_ids, position_ids,
-            self.engine.weights.pooler_weight is not None, self.device,
+            self.engine.weights.pooler_weight is not None, where,
         )
         last, pooled, states = self.engine.forward(ids, mask, types, positions, output_hidden_states)
         out = EncoderOutput(last, pooled, states)

@@ -77,6 +77,26 @@ def run_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int,
     return compose_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias, **modern)
 
 
+def to_device(tokens: Tokens, indices: torch.Tensor, device) -> tuple[Tokens, torch.Tensor]:
+    """`tokens` and `indices` packed on the host, moved to `device` in two copies (the int64 and the int32 fields,
+    each through one pinned buffer, asynchronous): a small forward's inputs cost two transfers, not one each."""
+    wide = [t for t in (tokens.ids, tokens.positions, tokens.types, indices) if t is not None]
+    narrow = [t for t in (tokens.cu_seqlens, tokens.columns) if t is not None]
+    moved = []
+    for group, dtype in ((wide, torch.int64), (narrow, torch.int32)):
+        flat = torch.cat([t.reshape(-1).to(dtype) for t in group])
+        if torch.device(device).type == "cuda":
+            flat = flat.pin_memory()
+        flat = flat.to(device, non_blocking=True)
+        moved += list(flat.split([t.numel() for t in group]))
+    ids, positions = moved[0], moved[1]
+    types = moved[2] if tokens.types is not None else None
+    indices = moved[len(wide) - 1]
+    cu_seqlens = moved[len(wide)]
+    columns = moved[len(wide) + 1] if tokens.columns is not None else None
+    return tokens._replace(ids=ids, positions=positions, types=types, columns=columns, cu_seqlens=cu_seqlens), indices
+
+
 class Engine:
     """One model on one backend. `forward` = `pack` (unpad) -> `run` (the layer stack on the packed tokens:
     `encode`, or its CUDA-graph replay per token-count bucket, `backends.graphs.GraphRunner`) -> pad -> pooler.
@@ -161,6 +181,8 @@ class Engine:
         w = self.weights
         B, S = input_ids.shape
         tokens, indices = self.pack(input_ids, attention_mask, token_type_ids, position_ids)
+        if tokens.ids.device != w.device:  # packed on the host (`Encoder.forward` on a GPU)
+            tokens, indices = to_device(tokens, indices, w.device)
         states = self.run(tokens, output_hidden_states)
         last = pad(states[-1], indices, B, S)
         pooled = None

@@ -167,7 +167,8 @@ def test_parity_suite_passes_on_the_cpu_backend():
     judged = [r for r in rows if not r.batch.startswith("alone:")]
     assert len(judged) == 2 * len(families) and all(r.tol == parity.FP32_LIMIT for r in judged)
     alone = [r for r in rows if r.batch.startswith("alone:")]
-    assert len(alone) == len(families) and all(r.batch.startswith("alone:1x57x12") for r in alone)
+    assert len(alone) == len(families) and all(r.batch.startswith("alone:1x57x12") and
+                                               r.batch.endswith(f"+in{parity.LARGE_BATCH_ROWS}rows") for r in alone)
     assert all(r.note == "invariance: bit for bit" for r in alone)
     limit_rows = [r for r in rows if r.family == "bert" and r.batch.startswith("128x1x")]
     assert limit_rows  # the row at the position limit (128) ran
@@ -184,6 +185,12 @@ def test_invariance_check_names_a_row_that_changes_with_its_batch():
     moved[2, 5, 0] += 1e-6  # the 57-token row, inside the batch
     equal, diff, differing = parity._invariance(enc, inputs, moved, mask)
     assert not equal and differing == "57" and 0 < diff < 1e-5
+    large = parity.large_batch(model, inputs, 128)
+    assert len(large["input_ids"]) == parity.LARGE_BATCH_ROWS and torch.equal(large["input_ids"][:6],
+                                                                               inputs["input_ids"])
+    assert parity._invariance(enc, inputs, batch_out, mask, large) == (True, 0.0, "")
+    equal, _, differing = parity._invariance(enc, inputs, moved, mask, large)
+    assert not equal and differing.split(",") == ["57", f"57 (in {int(large['attention_mask'].sum())} tokens)"]
 
 
 def test_budgets_override_the_stage_defaults_and_reject_bad_items():

@@ -175,3 +175,21 @@ def test_a_row_without_real_tokens_keeps_its_zeros():
     mask[1] = 0  # an empty sequence among real ones: cu_seqlens repeats a value
     engine = _engine(model, "torch", torch.float64)
     _compare(engine, (ids * mask, mask, types * mask, None), 1e-12)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_tokens_packed_on_the_host_move_with_their_dtypes(bias):
+    """`engine.to_device` (what a GPU engine does with tokens packed on the host): every field and the indices
+    arrive equal, in their own dtypes, each its own contiguous tensor."""
+    from bertfast.engine import to_device
+
+    tokens = tokens_of([5, 1, 7], bias=bias)
+    indices = torch.arange(13) * 2
+    moved, moved_indices = to_device(tokens, indices, "cpu")
+    assert torch.equal(moved_indices, indices) and moved_indices.dtype == torch.int64
+    for name in ("ids", "positions", "types", "columns", "cu_seqlens"):
+        a, b = getattr(tokens, name), getattr(moved, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert torch.equal(a, b) and a.dtype == b.dtype and b.is_contiguous(), name
+    assert (moved.max_seqlen, moved.width) == (tokens.max_seqlen, tokens.width)

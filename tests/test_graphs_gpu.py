@@ -77,6 +77,9 @@ def _graph_checks(device="cuda", dtypes=("float32", "float16", "bfloat16"), case
         for case, lengths in cases:
             _report(case, dtype, call(graphed, lengths), call(eager, lengths),
                     captured=len(graphed.engine.run.captured))
+        # Inputs on the host (a tokenizer's tensors) give the bits of inputs on the device.
+        host = graphed(*conftest.ragged_batch(cases[0][1], vocab=97))
+        _report("host-inputs", dtype, (host.last_hidden_state, host.pooler_output), call(graphed, cases[0][1])[:2])
         lengths = cases[-1][1]
         _report("hidden-states", dtype, call(graphed, lengths, True), call(eager, lengths, True))
         # Above the largest bucket: eager launches, the same bits.
@@ -111,7 +114,7 @@ def _run_child(device: str, *args) -> list[dict]:
 
 
 def _check(rows, cases, dtypes, device):
-    per_dtype = len(cases) + 3
+    per_dtype = len(cases) + 4
     assert len(rows) == per_dtype * len(dtypes) + (2 if device == "cpu" else 4), rows
     for row in rows:
         assert row["equal"], row

@@ -1,8 +1,8 @@
 """The `gemm` stage of `bertfast gpucheck`: each fused GEMM of the triton backend (QKV, attention out + residual, FFN in
 + activation, FFN out + residual) against cuBLAS through torch (`addmm` + the unfused epilogue, `backends.gemm_choice`)
 per (M bucket, N, K, dtype) on this GPU. Both outputs are checked against an fp32 product first (a wrong path is a
-failure, not a timing); then the two are timed in interleaved rounds (`measure.interleaved`, CUDA events around a
-burst of calls). cuBLAS is chosen only where it wins by more than MARGIN, since the fused kernel keeps batch
+failure, not a timing); then the two are timed in interleaved rounds (`measure.interleaved`, CUDA events around the
+replay of a CUDA graph holding a burst of calls: the kernels' time, as the engine's graphs see it, not the launches'). cuBLAS is chosen only where it wins by more than MARGIN, since the fused kernel keeps batch
 invariance and the graph buckets' bits. The result holds the table to commit as `bertfast/backends/gemm_table.json`.
 """
 
@@ -46,8 +46,20 @@ def _paths(op, x, w, b, act, residual, heads):
             lambda: gemm_choice.cublas_linear(x, w, b, act, residual))
 
 
-def _timed(fn, reps):
-    return lambda: time_call(lambda: [fn() for _ in range(reps)], device="cuda")[0] / reps
+def _graphed(fn, reps):
+    """A timer of one call of `fn`: `reps` calls captured in one CUDA graph, replayed, the time divided by `reps`.
+    Launched one by one, a GEMM of a few microseconds would time its launch, not the kernel (as the engine's graphs
+    do not)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # a warm-up call off the capture stream, as torch's graph notes advise
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return lambda: time_call(graph.replay, device="cuda")[0] / reps
 
 
 def measure(op: str, m: int, n: int, k: int, act: str, dtype: torch.dtype, seed: int = 0) -> dict:
@@ -70,9 +82,9 @@ def measure(op: str, m: int, n: int, k: int, act: str, dtype: torch.dtype, seed:
         return {**entry, "choice": "triton", "error": f"a path is off the fp32 product by more than {TABLE[dtype]}"}
     for fn in paths.values():  # autotune, compile, cuBLAS heuristics
         fn()
-    single = time_call(paths["triton"], device="cuda")[0]
-    reps = max(1, min(200, int(SAMPLE_S / max(single, 1e-6))))
-    times = interleaved({name: _timed(fn, reps) for name, fn in paths.items()}, ROUNDS, warmup=1)
+    single = time_call(paths["triton"], device="cuda")[0]  # launch-bound at small M: reps errs high, never low
+    reps = max(4, min(200, int(SAMPLE_S / max(single, 1e-6))))
+    times = interleaved({name: _graphed(fn, reps) for name, fn in paths.items()}, ROUNDS, warmup=1)
     us = {name: statistics.median(t) * 1e6 for name, t in times.items()}
     choice = "cublas" if us["cublas"] < us["triton"] * (1 - MARGIN) else "triton"
     return {**entry, "triton_us": round(us["triton"], 2), "cublas_us": round(us["cublas"], 2), "reps": reps,

@@ -6,8 +6,9 @@ and just below the position limit, and a single token. The oracle is transformer
 device with TF32 off. fp32 must be within FP32_LIMIT relative error over real positions (IEEE dot products); fp16
 and bf16 within the one accuracy rule against transformers' own error in the same dtype (2x it plus a floor,
 `accuracy.tolerance`). On CUDA the engine runs twice, replaying CUDA graphs (its default) and launching eagerly.
-Batch invariance: rows of the ragged batch (a 1-token row, a middle one, the longest) run alone must give, bit for
-bit, what they gave inside the batch (one "invariance" row per family, dtype and mode).
+Batch invariance: rows of the ragged batch (a 1-token row, a middle one, the longest) run alone, and every row of it
+inside a batch of LARGE_BATCH_ROWS rows (~4k tokens, the GEMMs' large tiles), must give, bit for bit, what they gave
+inside the ragged batch (one "invariance" row per family, dtype and mode).
 """
 
 from __future__ import annotations
@@ -132,20 +133,41 @@ def _judge(row: ParityRow, dtype, ours, ref_lowp, oracle, mask) -> ParityRow:
 
 
 INVARIANCE_ROWS = (1, 2, 0)  # of batch_lengths()[0]: a 1-token row, a middle one, the longest
+LARGE_BATCH_ROWS = 64  # the ragged batch again inside this many rows (~4k tokens): the GEMMs' large-M tiles
 
 
-def _invariance(enc, inputs, batch_out, mask) -> tuple[bool, float, str]:
-    """Each row of INVARIANCE_ROWS run alone against its slice of `batch_out`: (all bit for bit, the largest
-    difference, the lengths that differ)."""
+def large_batch(model, inputs: dict, limit: int, seed: int = 7) -> dict:
+    """`inputs` (the ragged batch, padded to `limit` columns) followed by random rows up to LARGE_BATCH_ROWS in all
+    (lengths in [1, limit], one at the limit), so each GEMM runs at an M bucket several tile configs above the
+    small batches'."""
+    g = torch.Generator().manual_seed(seed)
+    extra = [limit] + torch.randint(1, limit + 1, (LARGE_BATCH_ROWS - 1 - len(inputs["input_ids"]),),
+                                    generator=g).tolist()
+    more, _ = make_inputs(model, extra, seed=seed)
+    return {k: torch.cat([v, more[k]]) for k, v in inputs.items()}
+
+
+def _invariance(enc, inputs, batch_out, mask, large=None) -> tuple[bool, float, str]:
+    """Each row of INVARIANCE_ROWS run alone against its slice of `batch_out`, and every row of the batch against
+    its slice of the large batch `large` (when given: the batch's rows lead it): (all bit for bit, the largest
+    difference, what differs)."""
     equal, worst, differing = True, 0.0, []
+
+    def compare(a, b, what):
+        nonlocal equal, worst
+        if not torch.equal(a, b):
+            equal = False
+            differing.append(what)
+            worst = max(worst, (a.double() - b.double()).abs().max().item())
+
     for i in INVARIANCE_ROWS:
         n = int(mask[i].sum())
         alone = _outputs(enc, {k: v[i:i + 1, :n] for k, v in inputs.items()})[0][0, :n]
-        inside = batch_out[i, :n]
-        if not torch.equal(alone, inside):
-            equal = False
-            differing.append(str(n))
-            worst = max(worst, (alone.double() - inside.double()).abs().max().item())
+        compare(alone, batch_out[i, :n], str(n))
+    if large is not None:
+        big = _outputs(enc, large)[0]
+        for i, n in enumerate(mask.sum(1).tolist()):
+            compare(big[i, :n], batch_out[i, :n], f"{n} (in {int(large['attention_mask'].sum())} tokens)")
     return equal, worst, ",".join(differing)
 
 
@@ -195,12 +217,13 @@ def run_parity(device: str = "cuda", backend: str = "triton", dtypes=("fp32", "f
                         add(row)
                 inputs, mask = batches[0]
                 lengths = mask.sum(1).tolist()
-                row = ParityRow(family, name, mode, "alone:" + "x".join(str(lengths[i]) for i in INVARIANCE_ROWS),
-                                "FAIL")
+                row = ParityRow(family, name, mode, "alone:" + "x".join(str(lengths[i]) for i in INVARIANCE_ROWS)
+                                + f"+in{LARGE_BATCH_ROWS}rows", "FAIL")
                 try:
                     if batch_out is None:
                         raise RuntimeError("the batch itself failed")
-                    equal, diff, differing = _invariance(enc, inputs, batch_out, mask)
+                    equal, diff, differing = _invariance(enc, inputs, batch_out, mask,
+                                                         large_batch(model, inputs, limit))
                     row.status = "PASS" if equal else "FAIL"
                     row.note = ("invariance: bit for bit" if equal else
                                 f"invariance: rows of length {differing} differ alone (max |diff| {diff:.3g})")
