@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bertfast import Encoder  # noqa: E402
-from bertfast.encoder import check_inputs  # noqa: E402
+from bertfast.encoder import check_inputs, to_host  # noqa: E402
+from bertfast.engine import to_device  # noqa: E402
 from bertfast.padding import pad  # noqa: E402
 from bertfast.tools import workloads  # noqa: E402
 from bertfast.tools.workloads import Workload  # noqa: E402
@@ -44,20 +45,27 @@ def _median_us(fn, calls: int) -> float:
 
 @torch.inference_mode()  # as Engine.forward: the graphs' static buffers are inference tensors
 def stages(enc: Encoder, inputs: dict, calls: int) -> dict:
-    """Median microseconds of each host stage of `enc(**inputs)` (synced after each) and of the whole call."""
+    """Median microseconds of each stage of `enc(**inputs)` as `Encoder.forward` runs them on a GPU (synced after
+    each): the inputs to the host, checked and packed there, moved in two transfers, the layer stack, pad, pooler."""
     eng = enc.engine
     has_pooler = eng.weights.pooler_weight is not None
-    ids, mask, types, positions = check_inputs(enc.config, inputs["input_ids"], inputs["attention_mask"],
-                                               inputs.get("token_type_ids"), None, has_pooler, enc.device)
+    host = to_host(inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids"))
+
+    def check():
+        return check_inputs(enc.config, *host, None, has_pooler, "cpu")
+
+    ids, mask, types, positions = check()
     B, S = ids.shape
-    tokens, indices = eng.pack(ids, mask, types, positions)
+    packed, host_indices = eng.pack(ids, mask, types, positions)
+    tokens, indices = to_device(packed, host_indices, enc.device)
     states = eng.run(tokens, False)
     last = pad(states[-1], indices, B, S)
     out = {
-        "check_inputs": _median_us(lambda: check_inputs(enc.config, inputs["input_ids"], inputs["attention_mask"],
-                                                        inputs.get("token_type_ids"), None, has_pooler, enc.device),
-                                   calls),
-        "pack": _median_us(lambda: eng.pack(ids, mask, types, positions), calls),
+        "inputs to host": _median_us(lambda: to_host(inputs["input_ids"], inputs["attention_mask"],
+                                                     inputs.get("token_type_ids")), calls),
+        "check_inputs (host)": _median_us(check, calls),
+        "pack (host)": _median_us(lambda: eng.pack(ids, mask, types, positions), calls),
+        "to device": _median_us(lambda: to_device(packed, host_indices, enc.device), calls),
         "run (graph replay + fill)": _median_us(lambda: eng.run(tokens, False), calls),
         "pad": _median_us(lambda: pad(states[-1], indices, B, S), calls),
         "whole call": _median_us(lambda: enc(**inputs), calls),

@@ -245,6 +245,7 @@ def test_gpu_overhead_times_every_host_stage(monkeypatch):
     enc = Encoder.from_hf(model, backend="cpu")
     inputs, _ = parity.make_inputs(model, [5, 1, 9])
     times = module.stages(enc, inputs, calls=3)
-    assert set(times) == {"check_inputs", "pack", "run (graph replay + fill)", "pad", "whole call", "pooler"}
+    assert set(times) == {"inputs to host", "check_inputs (host)", "pack (host)", "to device",
+                          "run (graph replay + fill)", "pad", "whole call", "pooler"}
     assert all(t > 0 for t in times.values())
     assert module.graph_gpu_us(enc, inputs, 3) is None  # no captured graph off CUDA
