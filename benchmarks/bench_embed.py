@@ -4,7 +4,7 @@ dynamic quantization), `Encoder.encode` and `bertfast embed` (reading, tokenizin
 Parquet shards; its peak RSS in its own process) in each of --dtypes (fp32, int8, bf16).
 
     python benchmarks/bench_embed.py [--texts 20000] [--rows st,onnx,encode,embed] [--dtypes fp32,int8,bf16]
-                                     [--json benchmarks/results/embed-cpu/embed-20k.json]
+                                     [--json benchmarks/results/embed-cpu/embed-20k.json] [--profile]
 
 The corpus is deterministic (`corpus`: 1-60 words from a fixed vocabulary). Every row's output is checked
 against SentenceTransformer.encode (torch, fp32) on the first SAMPLE texts, by the rule for its kind
@@ -31,6 +31,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_peak, beside this file
 WORDS = ("the a cat dog sat on mat quick brown fox jumps over lazy river mountain data engine vector search "
          "model token cafe naive 42 3.14 well-known e-mail, (brackets) question? yes! market bank rate "
          "bread recipe starter home kitchen city train station ticket weather forecast rain sunny").split()
@@ -158,6 +159,36 @@ def embed_row(dtype: str, src: str, out: str, ref) -> dict:
     return {"name": "bertfast embed", "dtype": dtype, "texts_per_s": rate, "peak_rss_mib": peak, "check": checked}
 
 
+# The instruction each dtype's GEMMs are built from, per tier (benchmarks/bench_peak.py's rows): their ceiling.
+CEILING_INSTRUCTIONS = {("fp32", "avx2"): "fp32 FMA ymm", ("fp32", None): "fp32 FMA zmm",
+                        ("int8", "avx2"): "int16 madd ymm", ("int8", None): "int8 VNNI zmm",
+                        ("bf16", None): "bf16 dot zmm"}
+
+
+def gemm_ceiling(peak_rows: list[dict], dtype: str, tier: str) -> float | None:
+    """GFLOP/s of the fastest all-thread row of the instruction `dtype`'s GEMMs use on `tier` (None if missing)."""
+    name = CEILING_INSTRUCTIONS.get((dtype, tier), CEILING_INSTRUCTIONS.get((dtype, None)))
+    rates = [r["ops_per_s"] for r in peak_rows if not r.get("missing") and r["instruction"].startswith(name)]
+    return max(rates) / 1e9 if rates else None
+
+
+def profile_row(dtype: str, src: str, out: str, tier: str, peak_rows: list[dict]) -> dict:
+    """`bertfast embed --profile` in its own process (a run of its own: the timed rows run unprofiled); its
+    breakdown printed with each GEMM's rate against this CPU's ceiling for the dtype."""
+    from bertfast.profiling import format_table
+
+    path = out + "-profile.json"
+    cmd = [sys.executable, "-m", "bertfast", "embed", src, out, "--dtype", dtype, "--profile", path]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    if proc.returncode:
+        raise SystemExit(f"bertfast embed --profile --dtype {dtype} failed (exit {proc.returncode}):\n{proc.stderr}")
+    with open(path) as f:
+        prof = json.load(f)
+    ceiling = gemm_ceiling(peak_rows, dtype, tier)
+    print("\n" + format_table(prof, {"gemm": ceiling} if ceiling else None), flush=True)
+    return {"dtype": dtype, "gemm_ceiling_gflops": ceiling, **prof}
+
+
 def version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -171,6 +202,8 @@ def main() -> int:
     parser.add_argument("--rows", default="st,onnx,encode,embed")
     parser.add_argument("--dtypes", default="fp32,int8,bf16")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and the machine here")
+    parser.add_argument("--profile", action="store_true", help="then one `bertfast embed --profile` run per dtype: "
+                        "where its time goes, each GEMM against this CPU's ceiling (benchmarks/bench_peak.py)")
     args = parser.parse_args()
     rows, dtypes = args.rows.split(","), args.dtypes.split(",")
     for value, known in ((rows, {"st", "onnx", "encode", "embed"}), (dtypes, {"fp32", "int8", "bf16"})):
@@ -211,6 +244,17 @@ def main() -> int:
                 f.writelines(t + "\n" for t in texts)
             for dtype in dtypes:
                 results.append(embed_row(dtype, src, os.path.join(tmp, f"out-{dtype}"), ref))
+        profiles = []
+        if args.profile:
+            import bench_peak
+
+            src = os.path.join(tmp, "corpus.txt")
+            if not os.path.exists(src):
+                with open(src, "w", encoding="utf-8") as f:
+                    f.writelines(t + "\n" for t in texts)
+            peak_rows = bench_peak.measure(0.3)
+            profiles = [profile_row(dtype, src, os.path.join(tmp, f"prof-{dtype}"), info["active"], peak_rows)
+                        for dtype in dtypes]
     base = next((r["texts_per_s"] for r in results if r["name"] == "SentenceTransformer.encode (torch)"), None)
     print(f"\n{'row':<48} {'dtype':<6} {'texts/s':>9} {'vs ST':>7} {'peak RSS':>9}")
     for r in results:
@@ -231,7 +275,7 @@ def main() -> int:
         report = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **env,
                   "settings": {"texts": len(texts), "rows": rows, "dtypes": dtypes, "sample": SAMPLE,
                                "batch_size": BATCH, "rules": RULES, "model_dir": path},
-                  "rows": results, "peak_rss_mib_this_process": own_peak}
+                  "rows": results, "profiles": profiles, "peak_rss_mib_this_process": own_peak}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
         print(f"wrote {args.json}")

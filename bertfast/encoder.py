@@ -17,6 +17,7 @@ from .config import ConfigError, read_config_json
 from .engine import Engine
 from .loading import ModelWeights, load_hf_model, load_pretrained, resolve_dtype
 from .precision import check_precision, quantize_embeddings
+from .profiling import stage
 from .sentence import SentenceConfig, pooling_modes, read_sentence_config
 from .tokenization import load_tokenizer, prompt_length, token_budget_batches
 
@@ -276,6 +277,13 @@ class Encoder(nn.Module):
         Returns EncoderOutput(last_hidden_state (B, S, H), pooler_output (B, H) or None,
         hidden_states (embeddings + each layer) when output_hidden_states). Padded positions are 0.
         """
+        out = EncoderOutput(*self._run(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
+                                       self.engine.weights.pooler_weight is not None))
+        return out if return_dict else out.to_tuple()
+
+    def _run(self, input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states: bool, pool: bool):
+        """check_inputs -> Engine.forward: (last, pooled or None, hidden states or None); pool=False skips the pooler
+        (and its check that position 0 is real), which sentence embeddings never read."""
         # On a GPU the inputs are checked and packed on the host (`Engine.forward` moves the packed tokens in one
         # transfer): every check on the device would be a kernel launch and every read a wait for the device.
         where = self.device
@@ -283,13 +291,9 @@ class Encoder(nn.Module):
             where = torch.device("cpu")
             input_ids, attention_mask, token_type_ids, position_ids = to_host(
                 input_ids, attention_mask, token_type_ids, position_ids)
-        ids, mask, types, positions = check_inputs(
-            self.config, input_ids, attention_mask, token_type_ids, position_ids,
-            self.engine.weights.pooler_weight is not None, where,
-        )
-        last, pooled, states = self.engine.forward(ids, mask, types, positions, output_hidden_states)
-        out = EncoderOutput(last, pooled, states)
-        return out if return_dict else out.to_tuple()
+        ids, mask, types, positions = check_inputs(self.config, input_ids, attention_mask, token_type_ids,
+                                                   position_ids, pool, where)
+        return self.engine.forward(ids, mask, types, positions, output_hidden_states, pool=pool)
 
     @property
     def tokenizer(self):
@@ -303,10 +307,11 @@ class Encoder(nn.Module):
 
     def tokenize(self, texts: list[str]):
         """texts -> (input_ids, attention_mask, token_type_ids), each (N, longest) int64."""
-        enc = self.tokenizer.encode_batch(list(texts))
-        ids = torch.tensor([e.ids for e in enc], dtype=torch.int64, device=self.device)
-        mask = torch.tensor([e.attention_mask for e in enc], dtype=torch.int64, device=self.device)
-        types = torch.tensor([e.type_ids for e in enc], dtype=torch.int64, device=self.device)
+        with stage("tokenize"):
+            enc = self.tokenizer.encode_batch(list(texts))
+            ids = torch.tensor([e.ids for e in enc], dtype=torch.int64, device=self.device)
+            mask = torch.tensor([e.attention_mask for e in enc], dtype=torch.int64, device=self.device)
+            types = torch.tensor([e.type_ids for e in enc], dtype=torch.int64, device=self.device)
         return ids, mask, types
 
     @property
@@ -416,9 +421,11 @@ class Encoder(nn.Module):
         """
         modes = None if pooling is None else pooling_modes(pooling)
         types = token_type_ids if self.config.type_vocab_size else None
-        last = self(input_ids, attention_mask, types).last_hidden_state.float()
-        return self.sentence_config.embed(last, attention_mask.to(last.device), pooling=modes, normalize=normalize,
-                                          truncate_dim=truncate_dim, prompt_length=prompt_length)
+        last = self._run(input_ids, attention_mask, types, None, False, pool=False)[0].float()
+        with stage("pooling"):
+            return self.sentence_config.embed(last, attention_mask.to(last.device), pooling=modes,
+                                              normalize=normalize, truncate_dim=truncate_dim,
+                                              prompt_length=prompt_length)
 
     def _run_batches(self, texts, groups, tokenized, pooling, normalize, truncate_dim, prompt_len):
         for rows in groups:

@@ -172,11 +172,11 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, input_ids, attention_mask, token_type_ids=None, position_ids=None,
-                output_hidden_states: bool = False):
+                output_hidden_states: bool = False, pool: bool = True):
         """input_ids, attention_mask, token_type_ids, position_ids: (B, S) int64 (mask 0/1).
 
-        Returns (last_hidden_state (B, S, H), pooler_output (B, H) or None, hidden_states or None);
-        padded positions hold 0.
+        Returns (last_hidden_state (B, S, H), pooler_output (B, H) or None (no pooler, or pool=False),
+        hidden_states or None); padded positions hold 0.
         """
         w = self.weights
         B, S = input_ids.shape
@@ -186,7 +186,7 @@ class Engine:
         states = self.run(tokens, output_hidden_states)
         last = pad(states[-1], indices, B, S)
         pooled = None
-        if w.pooler_weight is not None:  # tanh(W h[CLS] + b)
+        if pool and w.pooler_weight is not None:  # tanh(W h[CLS] + b)
             pooled = self.backend.linear(last[:, 0].contiguous(), w.pooler_weight, w.pooler_bias, "tanh")
         hidden = tuple(pad(h, indices, B, S) for h in states) if output_hidden_states else None
         return last, pooled, hidden

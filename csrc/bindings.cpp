@@ -90,6 +90,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_avx_vnni", &bc::set_avx_vnni, "hide (False) or restore (True) AVX-VNNI; False if the CPU lacks it",
         py::arg("enabled"));
   m.def("num_threads", &bc::num_threads, "OpenMP threads the kernels use");
+  m.def("profile_enable", &profile_enable, "the native layer's stage timers on (zeroed) or off", py::arg("on"));
+  m.def("profile_counters", &profile_counters,
+        "the native layer's stage totals since profile_enable(True): {stage: (seconds, calls, flops)}");
   // int8 dynamic quantization (bertfast/backends/cpu/quant.py)
   m.def("quantize_rows", &quantize_rows, "per-token asymmetric int8 quantization: x (M, K) fp32 -> (q int8, scale, zero_point)",
         py::arg("x"));

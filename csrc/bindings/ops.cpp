@@ -9,6 +9,7 @@
 #include "bindings/ops.h"
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
+#include "cpu/profile.h"
 
 namespace bertfast {
 namespace bindings {
@@ -196,6 +197,23 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
       bc::linear_packed<T_>(ptr<T_>(x), ldx, ptr<T_>(packed), ptr<T_>(b), ptr<T_>(r), r.defined() ? r.stride(0) : 0,
                              M, N, K, a, ptr<T_>(out), N);
     });
+  }
+  return out;
+}
+
+void profile_enable(bool on) {
+  if (on) bc::profile::reset();
+  bc::profile::g_enabled.store(on, std::memory_order_relaxed);
+}
+
+py::dict profile_counters() {
+  namespace pf = bc::profile;
+  py::dict out;  // stage name -> (seconds, calls, flops); layernorm's two calls a layer share one name
+  for (int s = 0; s < pf::kStageCount; ++s) {
+    const int64_t calls = pf::g_counters.calls[s].load(std::memory_order_relaxed);
+    if (!calls) continue;
+    out[pf::kStageNames[s]] = py::make_tuple(double(pf::g_counters.ns[s].load(std::memory_order_relaxed)) * 1e-9,
+                                             calls, pf::g_counters.flops[s].load(std::memory_order_relaxed));
   }
   return out;
 }

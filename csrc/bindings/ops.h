@@ -46,6 +46,9 @@ at::Tensor pack_linear(const at::Tensor& weight);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                   const c10::optional<at::Tensor>& bias, const std::string& act,
                   const c10::optional<at::Tensor>& residual);
+// The native layer's stage timers (cpu/profile.h): on (counters zeroed) or off, and their totals.
+void profile_enable(bool on);
+py::dict profile_counters();
 std::string isa();
 std::string detected_isa();
 bool set_isa(const std::string& name);

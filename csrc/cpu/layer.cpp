@@ -5,6 +5,7 @@
 // calling them one by one from Python. What it saves is the Python between them (paired runs, b1 x s16:
 // BERT-base x0.93-0.95 the time in fp32, x0.92 bf16, x0.91 int8; MiniLM x0.84-0.90).
 #include "kernels.h"
+#include "profile.h"
 
 namespace bertfast {
 namespace cpu {
@@ -19,26 +20,38 @@ void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_
   T* mid = ctx + T_ * H;      // (T, H): after the attention block
   T* inner = mid + T_ * H;    // (T, I)
   // out (T, N) = act(in (T, K) . g^T + bias) + residual (T, N); what the backend's linear runs on the extension.
-  const auto gemm = [&](const LayerGemm<T>& g, const T* in, int64_t K, int64_t N, const T* residual, Activation act,
-                        T* o) {
+  const auto gemm = [&](profile::Stage stage, const LayerGemm<T>& g, const T* in, int64_t K, int64_t N,
+                        const T* residual, Activation act, T* o) {
     if constexpr (sizeof(T) == 4) {
       if (c.int8) {  // quant.linear's native call: quantize_rows, then the int8 GEMM with its epilogue
-        quantize_rows(in, K, T_, K, q8.q, q8.scale, q8.zp);
+        {
+          profile::Scope timed(profile::kQuantize);
+          quantize_rows(in, K, T_, K, q8.q, q8.scale, q8.zp);
+        }
+        profile::Scope timed(stage, 2 * T_ * K * N);
         int8_linear(q8.q, K, T_, K, q8.scale, q8.zp, static_cast<const int8_t*>(g.packed), N, g.w_scale, g.colsum,
                     g.bias, act, residual, N, o);
         return;
       }
     }
+    profile::Scope timed(stage, 2 * T_ * K * N);
     linear_packed<T>(in, K, static_cast<const T*>(g.packed), g.bias, residual, N, T_, N, K, act, o, N);
   };
-  gemm(w.qkv, x, H, 3 * H, nullptr, Activation::None, qkv);
-  const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
-  attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, c.heads, d, scale, ctx, c.int8, bias);
-  gemm(w.attn_out, ctx, H, H, x, Activation::None, mid);
-  layernorm<T>(mid, nullptr, w.attn_ln_weight, w.attn_ln_bias, c.eps, T_, H, mid);
-  gemm(w.ffn_in, mid, H, I, nullptr, c.act, inner);
-  gemm(w.ffn_out, inner, I, H, mid, Activation::None, out);
-  layernorm<T>(out, nullptr, w.ffn_ln_weight, w.ffn_ln_bias, c.eps, T_, H, out);
+  const auto norm = [&](T* y, const T* gamma, const T* beta) {
+    profile::Scope timed(profile::kLayerNorm);
+    layernorm<T>(y, nullptr, gamma, beta, c.eps, T_, H, y);
+  };
+  gemm(profile::kQkv, w.qkv, x, H, 3 * H, nullptr, Activation::None, qkv);
+  {
+    profile::Scope timed(profile::kAttention);
+    const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
+    attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, c.heads, d, scale, ctx, c.int8, bias);
+  }
+  gemm(profile::kAttnOut, w.attn_out, ctx, H, H, x, Activation::None, mid);
+  norm(mid, w.attn_ln_weight, w.attn_ln_bias);
+  gemm(profile::kFfnIn, w.ffn_in, mid, H, I, nullptr, c.act, inner);
+  gemm(profile::kFfnOut, w.ffn_out, inner, I, H, mid, Activation::None, out);
+  norm(out, w.ffn_ln_weight, w.ffn_ln_bias);
 }
 
 template void encoder_layer<float>(const float*, int64_t, const int32_t*, int64_t, float, const LayerWeights<float>&,

@@ -11,12 +11,15 @@ and SIGTERM stop it between shard commits (`signals`): a message, exit status 12
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import json
 import os
 import signal
 import sys
 
 from bertfast.precision import PRECISIONS, load_ranges, quantize_embeddings
+from bertfast.profiling import profile, stage, timed_iter
 from bertfast.ray import BATCH_TOKENS
 
 from . import signals
@@ -55,6 +58,10 @@ def add_arguments(p):
     p.add_argument("--strict", action="store_true", help="stop at the first bad row instead of counting it")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar on stderr: texts/s, tokens/s, ETA (default: on a terminal)")
+    p.add_argument("--profile", nargs="?", const="-", default=None, metavar="FILE.json",
+                   help="print where the time goes at the end (read, tokenize, each op of the forward with each "
+                        "GEMM's GFLOP/s, pooling, write); with FILE.json also write it there. In this process only "
+                        "(not with --ray)")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="embed on a Ray cluster: 'auto', an address, or none for a local cluster")
     p.add_argument("--ray-actors", type=int, default=None, help="embedding actors (default: cluster CPUs "
@@ -89,6 +96,8 @@ def _check_args(args, files: list[str]) -> str | None:
                 "numpy.save(FILE, bertfast.quantization_ranges(embeddings)))")
     if args.ranges is not None and args.precision not in ("int8", "uint8"):
         return f"--ranges applies to --precision int8 or uint8, not {args.precision}"
+    if args.profile is not None and args.ray is not None:
+        return "--profile times the stages in this process: it cannot see into Ray actors (leave out --ray)"
     if os.path.isfile(args.output) and not args.output.endswith(".npy"):
         return f"OUTPUT {args.output} is a file: give a directory, or a path ending in .npy"
     return None
@@ -125,8 +134,11 @@ def _quantized(embed_chunks, precision: str, ranges):
     range, int8/uint8 use the fixed --ranges)."""
     if precision == "float32":
         return embed_chunks
-    return lambda chunks: ((quantize_embeddings(emb, precision, ranges), tokens)
-                           for emb, tokens in embed_chunks(chunks))
+    def quantized(emb):
+        with stage("quantize output"):
+            return quantize_embeddings(emb, precision, ranges)
+
+    return lambda chunks: ((quantized(emb), tokens) for emb, tokens in embed_chunks(chunks))
 
 
 class _Progress:
@@ -151,6 +163,26 @@ def _stopped(writer) -> int:
     rows = sum(shard["rows"] for shard in writer.shards.values())
     return _fail(f"interrupted by {name}: {len(writer.shards)} shard(s) ({rows} texts) are committed in "
                  f"{writer.directory}; run the same command with --resume to finish", 128 + signum)
+
+
+@contextlib.contextmanager
+def _profiled(args, embedder):
+    """A running `bertfast.profile` of the embedder's encoder (None without --profile)."""
+    if args.profile is None:
+        yield None
+        return
+    import torch
+
+    from bertfast.backends.cpu import isa
+
+    enc = embedder.encoder
+    where = f"tier {isa.active_cap()}, {torch.get_num_threads()} threads" if enc.device.type == "cpu" else str(
+        enc.device)
+    c = enc.config
+    dtype = enc.quantize or str(enc.dtype).replace("torch.", "")
+    label = (f"bertfast embed, {c.family} {c.num_hidden_layers} layers x {c.hidden_size}, {dtype}, {where}")
+    with profile(enc, label=label) as prof:
+        yield prof
 
 
 def _run(args, progress: _Progress) -> int:
@@ -197,9 +229,10 @@ def _run(args, progress: _Progress) -> int:
         total = (sum(count_rows(f) for f in files) if args.ray is None else cluster.count_all_rows(ray, files))
         print(f"embedding {len(files)} file(s) into {args.output} ({args.model}, "
               f"{'Ray ' + args.ray if args.ray else 'this process'})", file=sys.stderr)
-        report = job.run(rows, writer, embed_chunks, shard_rows=args.shard_rows, total=total,
-                         keep_text=args.keep_text, strict=args.strict, use_row_ids=args.id_column is None,
-                         progress=args.progress)
+        with _profiled(args, embedder if args.ray is None else None) as prof:
+            report = job.run(timed_iter(rows, "read") if prof else rows, writer, embed_chunks,
+                             shard_rows=args.shard_rows, total=total, keep_text=args.keep_text, strict=args.strict,
+                             use_row_ids=args.id_column is None, progress=args.progress)
     except job.BadRow as e:
         return _fail(f"bad row (--strict): {e}", 1)
     finally:
@@ -207,6 +240,11 @@ def _run(args, progress: _Progress) -> int:
         if pool is not None:
             pool.close()
     print(report.summary())
+    if prof:
+        print(prof.table())
+        if args.profile != "-":
+            with open(args.profile, "w") as f:
+                json.dump(prof.as_dict(), f, indent=1)
     if report.embedded + report.skipped == 0:
         return _fail("no texts to embed: every row was bad (see above)", 1)
     print(f"wrote {writer.finish()}")

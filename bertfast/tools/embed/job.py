@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bertfast.profiling import stage
+
 CHUNK = 1024  # texts per embed call: sort window for token batching, bounded tokenizer memory
 EXAMPLES = 10  # bad rows listed in the report
 
@@ -122,7 +124,8 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
                 elapsed = time.perf_counter() - start
                 bar.set_postfix_str(f"{report.tokens / elapsed:.0f} tok/s, {report.bad} bad", refresh=False)
                 bar.update(report.embedded + report.bad - bar.n)
-            writer.write(index, ids, np.concatenate(parts), texts if keep_text else None)
+            with stage("write"):
+                writer.write(index, ids, np.concatenate(parts), texts if keep_text else None)
     finally:
         bar.close()
         report.seconds = time.perf_counter() - start

@@ -1,0 +1,225 @@
+"""Where a run's time goes: wall time per stage of a corpus or `encode` run, from timers that cost nothing when off.
+
+    with bertfast.profile(encoder) as prof:
+        encoder.encode(texts)
+    print(prof.table())
+
+Stages: the pipeline's (`read`, `tokenize`, `pooling`, `write`, ... through `stage(name)`, a no-op without a running
+profile), the engine's ops (the backend's op methods wrapped for the profile's duration: `embeddings`, `gemm qkv`,
+`attention`, `gemm attn-out`, `layernorm`, `gemm ffn-in`, `gemm ffn-out`, `gemm pooler`, `gemm other`), and inside
+the native layer (`_C.Layer`, one call per layer on the cpu backend) the same op names from its own timers
+(csrc/cpu/profile.h), plus `quantize rows` (int8). `forward: rest` is what the forward spends outside its ops (unpad,
+pad, Python), `rest` what the run spends outside every stage. GEMM rows carry their rate (GFLOP/s). Off, nothing is
+wrapped and the native timers read one flag per stage. On a GPU every op is followed by a device sync, so the
+stages add up but the whole runs slower than unprofiled.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+OPS = ("embeddings", "gemm qkv", "attention", "gemm attn-out", "layernorm", "gemm ffn-in", "gemm ffn-out",
+       "quantize rows", "gemm pooler", "gemm other")
+_NATIVE_LAYER = "layer (native)"  # one `_C.Layer` call: split by its own timers into OPS
+_active: "Profile | None" = None
+
+
+class Profile:
+    """Seconds, calls and FLOPs per stage, and the wall time of the profiled block (`wall`)."""
+
+    def __init__(self, label: str = ""):
+        self.label = label
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.flops: dict[str, int] = {}
+        self.wall = 0.0
+
+    def add(self, name: str, seconds: float, flops: int = 0, calls: int = 1) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        self.calls[name] = self.calls.get(name, 0) + calls
+        self.flops[name] = self.flops.get(name, 0) + int(flops)
+
+    def rows(self) -> list[dict]:
+        """One dict per stage (stage, seconds, share of the wall time, calls, gflops_per_s or None), in pipeline
+        order, then `forward: rest` and `rest` (never negative)."""
+        seconds = dict(self.seconds)
+        # A native layer call is split by its own timers into OPS; what it spent between them stays in `forward: rest`.
+        seconds.pop(_NATIVE_LAYER, None)
+        forward = seconds.pop("forward", 0.0)
+        ops = sum(v for k, v in seconds.items() if k in OPS)
+        forward_rest = max(0.0, forward - ops) if forward else 0.0
+        order = [k for k in seconds if k not in OPS] + [k for k in OPS if k in seconds]
+        out = [self._row(k, seconds[k]) for k in order]
+        if forward:
+            out.append(self._row("forward: rest", forward_rest))
+        accounted = sum(seconds.values()) + forward_rest
+        out.append(self._row("rest", max(0.0, self.wall - accounted)))
+        return out
+
+    def _row(self, name: str, seconds: float) -> dict:
+        flops = self.flops.get(name, 0)
+        return {"stage": name, "seconds": seconds, "share": seconds / self.wall if self.wall else 0.0,
+                "calls": self.calls.get(name, 0),
+                "gflops_per_s": flops / seconds / 1e9 if flops and seconds > 0 else None}
+
+    def table(self, ceilings: dict[str, float] | None = None) -> str:
+        """The breakdown as text (`format_table`)."""
+        return format_table(self.as_dict(), ceilings)
+
+    def as_dict(self) -> dict:
+        return {"label": self.label, "wall_s": self.wall, "stages": self.rows()}
+
+
+def format_table(profile: dict, ceilings: dict[str, float] | None = None) -> str:
+    """A profile (`Profile.as_dict()`, or its JSON as `bertfast embed --profile FILE` writes it) as text. ceilings:
+    {"gemm": GFLOP/s} (e.g. benchmarks/bench_peak.py's all-core row of the instruction this dtype's GEMMs use)
+    prints each GEMM's rate as a share of it."""
+    wall, rows, label = profile["wall_s"], profile["stages"], profile.get("label")
+    ceiling = (ceilings or {}).get("gemm")
+    lines = [f"where the time goes{': ' + label if label else ''} (wall {wall:.3f} s)",
+             f"{'stage':<16} {'seconds':>9} {'share':>7} {'calls':>7} {'GFLOP/s':>9}" + (f" {'of peak':>8}" if ceiling
+                                                                                        else "")]
+    for r in rows:
+        rate = r["gflops_per_s"]
+        line = (f"{r['stage']:<16} {r['seconds']:>9.3f} {100 * r['share']:>6.1f}% {r['calls']:>7} "
+                f"{'' if rate is None else f'{rate:.0f}':>9}")
+        if ceiling:
+            line += f" {'' if rate is None else f'{100 * rate / ceiling:.0f}%':>8}"
+        lines.append(line)
+    gemm = sum(r["seconds"] for r in rows if r["stage"].startswith("gemm"))
+    share = 100 * gemm / wall if wall else 0.0
+    lines.append(f"GEMMs {gemm:.3f} s ({share:.1f}% of the wall time); everything else {100 - share:.1f}%"
+                 + (f"; GEMM ceiling {ceiling:.0f} GFLOP/s" if ceiling else ""))
+    return "\n".join(lines)
+
+
+@contextmanager
+def stage(name: str):
+    """Time the block as `name` in the running profile; nothing without one."""
+    prof = _active
+    if prof is None:
+        yield
+        return
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        prof.add(name, time.perf_counter() - start)
+
+
+def timed_iter(iterable, name: str):
+    """`iterable` with the time each item takes to produce counted as `name` (while a profile runs)."""
+    it = iter(iterable)
+    while True:
+        prof, start = _active, time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        finally:
+            if prof is not None:
+                prof.add(name, time.perf_counter() - start, calls=0)
+        yield item
+
+
+def _linear_stage(x, out, act, residual) -> str:
+    if act == "tanh":
+        return "gemm pooler"
+    if act != "none":
+        return "gemm ffn-in"
+    if residual is not None:
+        return "gemm attn-out" if x.shape[-1] == out.shape[-1] else "gemm ffn-out"
+    return "gemm other"
+
+
+def _wrap_backend(backend, prof: Profile, sync) -> list[str]:
+    """Time `backend`'s op methods into `prof` (instance attributes shadowing the class's); returns their names."""
+    def timed(name, fn, flops=lambda args, kwargs, out: 0, name_of=None):
+        def op(*args, **kwargs):
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            sync()
+            stage_name = name if name_of is None else name_of(args, kwargs, out)
+            prof.add(stage_name, time.perf_counter() - start, flops(args, kwargs, out))
+            return out
+        return op
+
+    def linear_flops(args, kwargs, out):
+        x = args[0]
+        return 2 * x.shape[0] * x.shape[-1] * out.shape[-1] * (2 if kwargs.get("gated") else 1)
+
+    def linear_name(args, kwargs, out):
+        act = kwargs.get("act", args[3] if len(args) > 3 else "none")
+        residual = kwargs.get("residual", args[4] if len(args) > 4 else None)
+        return "gemm ffn-in" if kwargs.get("gated") else _linear_stage(args[0], out, act, residual)
+
+    def qkv_flops(args, kwargs, out):
+        x = args[0]
+        return 2 * x.shape[0] * x.shape[-1] * sum(t[0].numel() for t in out)
+
+    def whole_layer(x, layer):
+        run = type(backend).whole_layer(backend, x, layer)
+        return None if run is None else timed(_NATIVE_LAYER, run)
+
+    ops = {"embed": timed("embeddings", backend.embed),
+           "qkv": timed("gemm qkv", backend.qkv, qkv_flops),
+           "attention": timed("attention", backend.attention),
+           "linear": timed("gemm", backend.linear, linear_flops, linear_name),
+           "layernorm": timed("layernorm", backend.layernorm),
+           "whole_layer": whole_layer}
+    for name, fn in ops.items():
+        setattr(backend, name, fn)
+    return list(ops)
+
+
+def _native():
+    try:
+        from . import _C
+    except ImportError:
+        return None
+    return _C if hasattr(_C, "profile_enable") else None
+
+
+@contextmanager
+def profile(encoder=None, label: str = ""):
+    """Profile the block: pipeline stages, `encoder`'s ops (when given) and the native layer's stages. Yields the
+    Profile, complete when the block ends. One profile at a time."""
+    global _active
+    if _active is not None:
+        raise RuntimeError("a profile is already running")
+    prof = Profile(label)
+    wrapped, backend, native = [], None, _native()
+    if encoder is not None:
+        backend = encoder.engine.backend
+        device = encoder.device
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        wrapped = _wrap_backend(backend, prof, sync)
+        forward = encoder.engine.forward
+
+        def timed_forward(*args, **kwargs):
+            start = time.perf_counter()
+            out = forward(*args, **kwargs)
+            prof.add("forward", time.perf_counter() - start)
+            return out
+
+        encoder.engine.forward = timed_forward
+    if native is not None:
+        native.profile_enable(True)
+    _active = prof
+    start = time.perf_counter()
+    try:
+        yield prof
+    finally:
+        prof.wall = time.perf_counter() - start
+        _active = None
+        for name in wrapped:
+            delattr(backend, name)
+        if encoder is not None:
+            del encoder.engine.forward
+        if native is not None:
+            for name, (seconds, calls, flops) in native.profile_counters().items():
+                prof.add(name, seconds, flops, calls)
+            native.profile_enable(False)
