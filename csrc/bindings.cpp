@@ -6,7 +6,8 @@
 // rotary_ (rotary.cpp), glu (glu.cpp),
 // pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
 // pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows),
-// isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni / set_avx_vnni (isa.cpp), num_threads (parallel.h).
+// isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni / set_avx_vnni
+// (isa.cpp), num_threads (parallel.h).
 //
 // The files: bindings/checks.h (the input checks), bindings/ops.h and ops.cpp (the op wrappers), bindings/layer.h
 // (Layer), bindings/alloc.h and alloc.cpp (huge pages for packed weights); this one only binds. Only this file
@@ -81,8 +82,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa,
         "the ISA tier the kernels dispatch to: 'amx', 'amx_emulated', 'avx512_vnni', 'avx2' or 'portable'");
   m.def("detected_isa", &detected_isa, "the best ISA tier this CPU (and OS) supports");
-  m.def("set_isa", &set_isa, "cap the kernels at an ISA tier (or choose amx_emulated); returns False if the CPU lacks it",
-        py::arg("isa"));
+  m.def("set_isa", &set_isa,
+        "cap the kernels at an ISA tier (or choose amx_emulated); returns False if the CPU lacks it", py::arg("isa"));
   m.def("isa_supported", &isa_supported, "whether this CPU runs an ISA tier (amx_emulated: AVX-512 VNNI and BF16)",
         py::arg("isa"));
   m.def("has_avx512_bf16", &bc::has_avx512_bf16,

@@ -71,7 +71,10 @@ struct TmulMxcsr {
   ~TmulMxcsr() { _mm_setcsr(saved); }
 };
 
-BF_TARGET_AVX512 BF_INLINE __m512 make_fp32_even(__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
+// make_fp32 of the even (low) and the odd (high) bf16 of each 32-bit pair.
+BF_TARGET_AVX512 BF_INLINE __m512 make_fp32_even(__m512i pairs) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+}
 BF_TARGET_AVX512 BF_INLINE __m512 make_fp32_odd(__m512i pairs) {
   return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(int(0xffff0000u))));
 }

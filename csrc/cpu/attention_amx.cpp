@@ -39,7 +39,9 @@ BF_TARGET_TILES_BF16 BF_INLINE __mmask32 dims_mask(int64_t d, int64_t e0) {
 }
 
 // 32 elements of a row as bf16 (fp32 inputs rounded to nearest even), lanes outside `m` zero.
-BF_TARGET_TILES_BF16 BF_INLINE __m512i load32_bf16(const bf16* p, __mmask32 m) { return _mm512_maskz_loadu_epi16(m, p); }
+BF_TARGET_TILES_BF16 BF_INLINE __m512i load32_bf16(const bf16* p, __mmask32 m) {
+  return _mm512_maskz_loadu_epi16(m, p);
+}
 BF_TARGET_TILES_BF16 BF_INLINE __m512i load32_bf16(const float* p, __mmask32 m) {
   const __m512 lo = _mm512_maskz_loadu_ps(__mmask16(m), p), hi = _mm512_maskz_loadu_ps(__mmask16(m >> 16), p + 16);
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);

@@ -21,8 +21,9 @@ namespace linear_detail {
 constexpr int kAmxRows = 16;
 constexpr int64_t kAmxPrefetch = 2 * 16 * kPanel * 4;  // bytes ahead in the weight stream: two steps
 
-BF_TARGET_TILES_BF16 void BF_TILES(linear_amx)(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N, int64_t K,
-                                         const Epilogue& ep, MeetInTheMiddle::Walker& panels) {
+BF_TARGET_TILES_BF16 void BF_TILES(linear_amx)(const bf16* x, int64_t ldx, const bf16* packed, int64_t M,
+                                                int64_t N, int64_t K, const Epilogue& ep,
+                                                MeetInTheMiddle::Walker& panels) {
   static_assert(kPanel == 48, "the AMX kernel holds a panel in three 16-column tiles");
   DenormalGuard ftz;
   const int64_t panel_bytes = K * kPanel * 2;  // K is even here
