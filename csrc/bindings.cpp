@@ -6,7 +6,8 @@
 // rotary_ (rotary.cpp), glu (glu.cpp),
 // pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
 // pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows),
-// isa / detected_isa / set_isa / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni / set_avx_vnni (isa.cpp), num_threads (parallel.h).
+// isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni / set_avx_vnni
+// (isa.cpp), num_threads (parallel.h).
 //
 // The files: bindings/checks.h (the input checks), bindings/ops.h and ops.cpp (the op wrappers), bindings/layer.h
 // (Layer), bindings/alloc.h and alloc.cpp (huge pages for packed weights); this one only binds. Only this file
@@ -78,14 +79,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("eps"), py::arg("act"))
       .def("__call__", &Layer::forward, py::arg("x"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
            py::arg("bias_table") = py::none(), py::arg("bias_positions") = py::none());
-  m.def("isa", &isa, "the ISA tier the kernels dispatch to: 'amx', 'avx512_vnni', 'avx2' or 'portable'");
+  m.def("isa", &isa,
+        "the ISA tier the kernels dispatch to: 'amx', 'amx_emulated', 'avx512_vnni', 'avx2' or 'portable'");
   m.def("detected_isa", &detected_isa, "the best ISA tier this CPU (and OS) supports");
-  m.def("set_isa", &set_isa, "cap the kernels at an ISA tier; returns False if the CPU lacks it", py::arg("isa"));
+  m.def("set_isa", &set_isa,
+        "cap the kernels at an ISA tier (or choose amx_emulated); returns False if the CPU lacks it", py::arg("isa"));
+  m.def("isa_supported", &isa_supported, "whether this CPU runs an ISA tier (amx_emulated: AVX-512 VNNI and BF16)",
+        py::arg("isa"));
   m.def("has_avx512_bf16", &bc::has_avx512_bf16,
         "whether the kernels use AVX-512 BF16 dot products (the CPU has them, not hidden)");
   m.def("set_avx512_bf16", &bc::set_avx512_bf16,
         "hide (False) or restore (True) AVX-512 BF16, as BERTFAST_ISA=avx512_vnni-nobf16 does at load; returns False if "
-        "the CPU lacks it or the amx tier is active", py::arg("enabled"));
+        "the CPU lacks it or the amx or amx_emulated tier is active", py::arg("enabled"));
   m.def("has_avx_vnni", &bc::has_avx_vnni, "whether the avx2 tier's int8 GEMM uses AVX-VNNI (the CPU has it, not hidden)");
   m.def("set_avx_vnni", &bc::set_avx_vnni, "hide (False) or restore (True) AVX-VNNI; False if the CPU lacks it",
         py::arg("enabled"));

@@ -309,6 +309,7 @@ def test_isa_argument_errors(capsys):
     assert parse_tiers("all") == ["amx", "avx512_vnni", "avx512_vnni-nobf16", "avx2", "portable"]
     assert parse_tiers("avx2,avx512_vnni-nobf16") == ["avx512_vnni-nobf16", "avx2"]
     assert parse_tiers("portable,avx2") == ["avx2", "portable"]
+    assert parse_tiers("avx2,amx_emulated") == ["amx_emulated", "avx2"]  # by name only: not in "all"
 
 
 def test_peak_memory_sees_a_large_temporary():

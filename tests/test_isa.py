@@ -34,11 +34,22 @@ def _child(code: str, env: dict, timeout: float = 300) -> subprocess.CompletedPr
 def test_tiers_detected_in_order():
     tiers = supported_tiers()
     assert tiers[-1] == "portable"
-    # A tier is supported only with every tier below it.
+    # A tier is supported only with every tier below it; amx_emulated is never the detected one.
     assert tiers == list(TIERS[TIERS.index(tiers[0]):])
+    assert tiers == isa.supported_tiers()
     info = bertfast.cpu_info()
-    assert info["detected"] == tiers[0]
-    assert info["active"] in tiers
+    assert info["detected"] == next(t for t in tiers if t != isa.EMULATED)
+    assert info["active"] in tiers and info["active"] != isa.EMULATED
+    assert info["amx_emulated"] == (isa.EMULATED in tiers)
+
+
+def test_amx_emulated_needs_avx512_bf16():
+    """amx_emulated runs where the CPU has the amx tier's code around the tiles (AVX-512 VNNI and BF16)."""
+    has_bf16 = "avx512_bf16" in isa.proc_cpuinfo()[1]
+    assert (isa.EMULATED in supported_tiers()) == ("avx512_vnni" in supported_tiers() and has_bf16)
+    reason = isa.unsupported(isa.EMULATED, ["avx512_vnni", "avx2", "portable"])
+    assert "AVX-512 VNNI and AVX-512 BF16" in reason
+    assert "its best: avx512_vnni" in isa.unsupported("amx", ["amx_emulated", "avx512_vnni", "avx2", "portable"])
 
 
 @pytest.mark.parametrize("tier", CAPS)
@@ -60,9 +71,12 @@ def test_cap_from_environment(tier):
     assert out.returncode == 0, out.stderr
     child = json.loads(out.stdout.strip().splitlines()[-1])
     info, env = child["info"], child["env"]
-    detected = supported_tiers()[0]
+    detected = next(t for t in supported_tiers() if t != isa.EMULATED)
     want = isa.cap_tier(tier)
-    expected = want if TIERS.index(want) >= TIERS.index(detected) else detected
+    if isa.unsupported(tier) is None:  # amx_emulated runs where supported, above a detected avx512_vnni too
+        expected = want
+    else:
+        expected = want if TIERS.index(want) >= TIERS.index(detected) else detected
     assert info["cap"] == tier and info["detected"] == detected and info["active"] == expected
     if tier == isa.NO_BF16:  # hidden from the kernels, from oneDNN and from dtype="auto"
         assert not child["bf16"] and not info["native_bf16"] and "BF16" not in env["ONEDNN_MAX_CPU_ISA"]

@@ -98,10 +98,11 @@ def test_int8_report_targets(isa, minilm_path, sentence_fp32):
 
 
 def _native_bf16(tier: str) -> bool:
-    """The rule, stated independently of bertfast.backends.cpu.isa: amx, or avx512_vnni on a CPU with AVX-512 BF16."""
+    """The rule, stated independently of bertfast.backends.cpu.isa: amx or amx_emulated, or avx512_vnni on a CPU with
+    AVX-512 BF16."""
     from bertfast import _C
 
-    return tier == "amx" or (tier == "avx512_vnni" and _C.has_avx512_bf16())
+    return tier in ("amx", "amx_emulated") or (tier == "avx512_vnni" and _C.has_avx512_bf16())
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])

@@ -100,7 +100,7 @@ class Backend:
         """dtype="auto" and the dtypes measured slower than fp32 on device type `device` ("cpu", "cuda").
 
         CUDA: bf16 where the GPU has it, else fp32. CPU: bf16 where the active ISA tier has native bf16 dot
-        products (`isa.native_bf16`: amx, or avx512_vnni with AVX-512 BF16), else fp32 with bf16 marked
+        products (`isa.native_bf16`: amx, amx_emulated, or avx512_vnni with AVX-512 BF16), else fp32 with bf16 marked
         slower: torch's bf16 GEMM there is ATen's scalar bf16 dot (docs/cpu-gemm.md#bf16-without-native-dot-products)."""
         if device == "cuda":
             return Precision(torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32)

@@ -224,8 +224,15 @@ std::string detected_isa() { return bc::isa_name(bc::detected_isa()); }
 bool set_isa(const std::string& name) {
   bc::Isa tier;
   BF_CHECK(bc::parse_isa(name.c_str(), &tier), "unknown ISA tier '", name,
-           "' (expected one of amx, avx512_vnni, avx2, portable)");
+           "' (expected one of amx, amx_emulated, avx512_vnni, avx2, portable)");
   return bc::set_isa(tier);
+}
+
+bool isa_supported(const std::string& name) {
+  bc::Isa tier;
+  BF_CHECK(bc::parse_isa(name.c_str(), &tier), "unknown ISA tier '", name,
+           "' (expected one of amx, amx_emulated, avx512_vnni, avx2, portable)");
+  return bc::isa_supported(tier);
 }
 
 // ---- int8 dynamic quantization (quantize_rows.cpp, int8_linear*.cpp; bertfast/backends/cpu/quant.py) ----

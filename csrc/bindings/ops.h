@@ -52,6 +52,7 @@ py::dict profile_counters();
 std::string isa();
 std::string detected_isa();
 bool set_isa(const std::string& name);
+bool isa_supported(const std::string& name);
 // int8 dynamic quantization
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x);
 at::Tensor pack_int8(const at::Tensor& weight);

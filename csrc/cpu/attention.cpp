@@ -14,7 +14,8 @@
 // are set to -inf before the softmax and their probabilities to 0 after it. Work is linear in length then,
 // like the memory (K and V widened once per (sequence, head), nothing quadratic). A window reaching the whole
 // sequence (window >= len - 1) is no window: the same tiles in the same order as global attention. Windowed
-// calls also run the fp32-math tiers, not the AMX tiles (which are not built with the window).
+// calls also run the fp32-math tiers, not the AMX tiles (which are not built with the window), even where the
+// window reaches every key: which kernel runs depends on the layer, never on the lengths in the call.
 //
 // The files: attention_impl.h (tiles, work items, scratch, the fp32-math driver attention_thread),
 // attention_portable.cpp, attention_avx2.cpp and attention_avx512.cpp (the fp32-math tiers' blocks),
@@ -34,6 +35,10 @@ template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
                int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products,
                const AttnBias* bias, int64_t window) {
+  // The AMX tiles take calls without a position bias or window, judged on the window the layer asks for: a window
+  // that reaches every key of this call's sequences (made 0 below) still runs the fp32-math tiers. Judged after,
+  // a sequence whose own length the window covers would run on the tiles alone but not beside a longer one.
+  const bool tiles = (sizeof(T) == 2 || bf16_products) && bias == nullptr && window == 0 && head_dim <= 64;
   int64_t work = 0, longest = 0;  // work: score elements computed (about: boundary tiles are computed whole)
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
@@ -47,13 +52,13 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
   // Every thread claims (sequence, head) items from one counter until none are left.
   std::atomic<int64_t> next{0};
 #if BF_X86
-  if ((sizeof(T) == 2 || bf16_products) && bias == nullptr && window == 0) {  // AMX: no position bias, no window
-    if (head_dim <= 64 && active_isa() == Isa::Amx) {
-      parallel_for(nt, nt, [&](int64_t) {
-        attention_amx(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
-      });
-      return;
-    }
+  const Isa isa = active_isa();
+  if (tiles && amx_kernels(isa)) {
+    parallel_for(nt, nt, [&](int64_t) {
+      isa == Isa::Amx ? attention_amx(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next)
+                      : attention_amx_emulated(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
+    });
+    return;
   }
 #endif
   parallel_for(nt, nt, [&](int64_t) {

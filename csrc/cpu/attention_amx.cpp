@@ -1,5 +1,7 @@
 // The AMX tier of the attention (attention.cpp): bf16 Q K^T and P V on tiles, the online softmax on AVX-512,
-// for calls with bf16 products, no position bias, no window and head_dim <= 64.
+// for calls with bf16 products, no position bias, no window and head_dim <= 64. Compiled a second time, the tiles
+// emulated, by attention_amx_emulated.cpp (the amx_emulated tier: amx_tiles.h).
+#include "amx_tiles.h"
 #include "attention_impl.h"
 
 #if BF_X86
@@ -31,21 +33,23 @@ struct AmxScratch {
   float m[kAmxQ], l[kAmxQ];
 };
 
-BF_TARGET_AMX BF_INLINE __mmask32 dims_mask(int64_t d, int64_t e0) {
+BF_TARGET_TILES_BF16 BF_INLINE __mmask32 dims_mask(int64_t d, int64_t e0) {
   const int64_t n = std::min<int64_t>(32, std::max<int64_t>(0, d - e0));
   return n == 32 ? __mmask32(0xffffffffu) : __mmask32((1u << n) - 1u);
 }
 
 // 32 elements of a row as bf16 (fp32 inputs rounded to nearest even), lanes outside `m` zero.
-BF_TARGET_AMX BF_INLINE __m512i load32_bf16(const bf16* p, __mmask32 m) { return _mm512_maskz_loadu_epi16(m, p); }
-BF_TARGET_AMX BF_INLINE __m512i load32_bf16(const float* p, __mmask32 m) {
+BF_TARGET_TILES_BF16 BF_INLINE __m512i load32_bf16(const bf16* p, __mmask32 m) {
+  return _mm512_maskz_loadu_epi16(m, p);
+}
+BF_TARGET_TILES_BF16 BF_INLINE __m512i load32_bf16(const float* p, __mmask32 m) {
   const __m512 lo = _mm512_maskz_loadu_ps(__mmask16(m), p), hi = _mm512_maskz_loadu_ps(__mmask16(m >> 16), p + 16);
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
 // K rows [0, len) of one head (row stride in elements) into kp; keys and dims past the end are zero.
 template <typename T>
-BF_TARGET_AMX BF_INLINE void amx_pack_k(const T* k, int64_t row_stride, int64_t len, int64_t d, int64_t dp,
+BF_TARGET_TILES_BF16 BF_INLINE void amx_pack_k(const T* k, int64_t row_stride, int64_t len, int64_t d, int64_t dp,
                                         uint32_t* kp) {
   const int64_t chunks = dp / 32;
   for (int64_t t = 0; t * 16 < len; ++t) {
@@ -67,7 +71,7 @@ BF_TARGET_AMX BF_INLINE void amx_pack_k(const T* k, int64_t row_stride, int64_t 
 // V rows [0, len) into vp as key pairs: vp[p][n][0..1] = V[2p][n], V[2p + 1][n]; zero past len up to
 // `padded` keys and past d up to dp.
 template <typename T>
-BF_TARGET_AMX BF_INLINE void amx_pack_v(const T* v, int64_t row_stride, int64_t len, int64_t padded, int64_t d,
+BF_TARGET_TILES_BF16 BF_INLINE void amx_pack_v(const T* v, int64_t row_stride, int64_t len, int64_t padded, int64_t d,
                                         int64_t dp, bf16* vp) {
   alignas(64) static const uint16_t kLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
                                                8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
@@ -88,7 +92,7 @@ BF_TARGET_AMX BF_INLINE void amx_pack_v(const T* v, int64_t row_stride, int64_t 
 
 // 2^x for the probabilities of the AMX path (x <= 0 there): 2^n * 2^f with f in [-0.5, 0.5] and 2^f
 // by its degree-5 Taylor polynomial (relative error < 3e-6, far below the bf16 rounding of P, 4e-3).
-BF_TARGET_AMX BF_INLINE __m512 exp2_512(__m512 x) {
+BF_TARGET_TILES_BF16 BF_INLINE __m512 exp2_512(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
@@ -104,7 +108,7 @@ BF_TARGET_AMX BF_INLINE __m512 exp2_512(__m512 x) {
 // Online softmax of one block's scores (16 rows x kn keys, unscaled in sc.s) into bf16 probabilities
 // in sc.ps (zero past kn up to kAmxKeys); rescales the accumulator rows by the change of their max.
 // Works in base 2: scores times scale * log2(e), so m and the exponents are in log2 units.
-BF_TARGET_AMX BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t kn, int64_t dp, float scale, bool first) {
+BF_TARGET_TILES_BF16 BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t kn, int64_t dp, float scale, bool first) {
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY), to_log2 = _mm512_set1_ps(scale * 1.44269504088896341f);
   __mmask16 masks[4];
   for (int c = 0; c < 4; ++c) {
@@ -142,21 +146,21 @@ BF_TARGET_AMX BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t kn, int64
 // Tile products with the tile numbers the instructions need as immediates: C tile g += A(4) x B(5).
 #define BF_AMX_QK(g)                                                      \
   if (groups > g) {                                                       \
-    _tile_loadd(5, sc.kp.data() + ((kb / 16 + g) * chunks + c) * 256, 64); \
-    _tile_dpbf16ps(g, 4, 5);                                              \
+    BF_TILE_LOADD(5, sc.kp.data() + ((kb / 16 + g) * chunks + c) * 256, 64); \
+    BF_TILE_DPBF16PS(g, 4, 5);                                              \
   }
 #define BF_AMX_PV(g)                                                          \
   if (ngroups > g) {                                                          \
-    _tile_loadd(5, sc.vp.data() + ((kb + 32 * kc) / 2 * dp + 16 * g) * 2, dp * 4); \
-    _tile_dpbf16ps(g, 4, 5);                                                  \
+    BF_TILE_LOADD(5, sc.vp.data() + ((kb + 32 * kc) / 2 * dp + 16 * g) * 2, dp * 4); \
+    BF_TILE_DPBF16PS(g, 4, 5);                                                  \
   }
 
 }  // namespace
 
 template <typename T>  // bf16, or fp32 rounded to bf16 as it is packed
-BF_TARGET_AMX void attention_amx(const T* q, const T* k, const T* v, const AttnStrides& st,
-                                 const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d, float scale,
-                                 T* out, std::atomic<int64_t>* next) {
+BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const T* v, const AttnStrides& st,
+                                                   const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
+                                                   float scale, T* out, std::atomic<int64_t>* next) {
   DenormalGuard ftz;
   static thread_local AmxScratch sc;
   const int64_t H = heads * d;
@@ -187,32 +191,32 @@ BF_TARGET_AMX void attention_amx(const T* q, const T* k, const T* v, const AttnS
       for (int64_t kb = 0; kb < len; kb += kAmxKeys) {
         const int64_t kn = std::min<int64_t>(kAmxKeys, len - kb);
         const int64_t groups = (kn + 15) / 16;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        BF_TILE_ZERO(0);
+        BF_TILE_ZERO(1);
+        BF_TILE_ZERO(2);
+        BF_TILE_ZERO(3);
         for (int64_t c = 0; c < chunks; ++c) {
-          _tile_loadd(4, sc.qs + 32 * c, dp * 2);
+          BF_TILE_LOADD(4, sc.qs + 32 * c, dp * 2);
           BF_AMX_QK(0) BF_AMX_QK(1) BF_AMX_QK(2) BF_AMX_QK(3)
         }
-        _tile_stored(0, sc.s, kAmxKeys * 4);
-        _tile_stored(1, sc.s + 16, kAmxKeys * 4);
-        _tile_stored(2, sc.s + 32, kAmxKeys * 4);
-        _tile_stored(3, sc.s + 48, kAmxKeys * 4);
+        BF_TILE_STORED(0, sc.s, kAmxKeys * 4);
+        BF_TILE_STORED(1, sc.s + 16, kAmxKeys * 4);
+        BF_TILE_STORED(2, sc.s + 32, kAmxKeys * 4);
+        BF_TILE_STORED(3, sc.s + 48, kAmxKeys * 4);
         amx_softmax_block(sc, kn, dp, scale, kb == 0);
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        BF_TILE_ZERO(0);
+        BF_TILE_ZERO(1);
+        BF_TILE_ZERO(2);
+        BF_TILE_ZERO(3);
         for (int64_t kc = 0; kc * 32 < kn; ++kc) {
-          _tile_loadd(4, sc.ps + 32 * kc, kAmxKeys * 2);
+          BF_TILE_LOADD(4, sc.ps + 32 * kc, kAmxKeys * 2);
           BF_AMX_PV(0) BF_AMX_PV(1) BF_AMX_PV(2) BF_AMX_PV(3)
         }
-        _tile_stored(0, sc.pv, dp * 4);
-        _tile_stored(1, sc.pv + 16, dp * 4);
+        BF_TILE_STORED(0, sc.pv, dp * 4);
+        BF_TILE_STORED(1, sc.pv + 16, dp * 4);
         if (ngroups > 2) {
-          _tile_stored(2, sc.pv + 32, dp * 4);
-          _tile_stored(3, sc.pv + 48, dp * 4);
+          BF_TILE_STORED(2, sc.pv + 32, dp * 4);
+          BF_TILE_STORED(3, sc.pv + 48, dp * 4);
         }
         for (int64_t i = 0; i < kAmxQ * dp; i += 16) {
           const __m512 pv = _mm512_load_ps(sc.pv + i);
@@ -230,17 +234,18 @@ BF_TARGET_AMX void attention_amx(const T* q, const T* k, const T* v, const AttnS
       }
     }
   }
-  _tile_release();
+  BF_TILE_RELEASE();
 }
 #undef BF_AMX_QK
 #undef BF_AMX_PV
 
-template BF_TARGET_AMX void attention_amx<float>(const float*, const float*, const float*, const AttnStrides&,
-                                                 const int32_t*, int64_t, int64_t, int64_t, float, float*,
-                                                 std::atomic<int64_t>*);
-template BF_TARGET_AMX void attention_amx<bf16>(const bf16*, const bf16*, const bf16*, const AttnStrides&,
-                                                const int32_t*, int64_t, int64_t, int64_t, float, bf16*,
-                                                std::atomic<int64_t>*);
+template BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)<float>(const float*, const float*, const float*,
+                                                                  const AttnStrides&, const int32_t*, int64_t,
+                                                                  int64_t, int64_t, float, float*,
+                                                                  std::atomic<int64_t>*);
+template BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)<bf16>(const bf16*, const bf16*, const bf16*,
+                                                                 const AttnStrides&, const int32_t*, int64_t, int64_t,
+                                                                 int64_t, float, bf16*, std::atomic<int64_t>*);
 
 }  // namespace attention_detail
 }  // namespace cpu

@@ -273,6 +273,11 @@ template <typename T>  // bf16, or fp32 rounded to bf16 as it is packed
 BF_TARGET_AMX void attention_amx(const T* q, const T* k, const T* v, const AttnStrides& st,
                                  const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d, float scale,
                                  T* out, std::atomic<int64_t>* next);
+// The same kernel with the tiles emulated (attention_amx_emulated.cpp, the amx_emulated tier).
+template <typename T>
+BF_TARGET_AVX512BF16 void attention_amx_emulated(const T* q, const T* k, const T* v, const AttnStrides& st,
+                                                 const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
+                                                 float scale, T* out, std::atomic<int64_t>* next);
 #endif
 
 // Defines an fp32-math tier's entry point `name` (declared above), compiled for `TARGET` (empty: the build's

@@ -7,7 +7,7 @@
 // are made unsigned (q + 128 == q ^ 0x80) and the epilogue subtracts (zp + 128) * colsum instead of
 // zp * colsum, the same correction. Every path sums exactly in int32, so the tiers differ at most in the
 // epilogue's last bit. Paths, by tier (never a library's reference kernel):
-//   amx, K % 64 == 0: AMX-int8 tiles (tdpbssd) on the signed codes, any M.
+//   amx, K % 64 == 0: AMX-int8 tiles (tdpbssd) on the signed codes, any M (amx_emulated: the same, emulated).
 //   avx512_vnni: up to kStreamRows rows a 4 x 64 tile streams the weights (x flipped per broadcast); more
 //     rows: x flipped once into an unsigned buffer, then row blocks x 64 columns in 6 x 64 register tiles.
 //   avx2: x widened once to int16, weights sign-extended on the fly (vpmovsxbw), vpmaddwd: 6 x 8 tiles; where the
@@ -39,8 +39,11 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
   const Isa isa = active_isa();
 #if BF_X86
   // Threads split the output columns in groups of 4 panels (64 columns), so each streams its own weights.
-  if (isa == Isa::Amx && K % 64 == 0) {
-    parallel_for(nt, groups, [&](int64_t g) { panels_amx(a, g * 4, std::min(panels, g * 4 + 4)); });
+  if (amx_kernels(isa) && K % 64 == 0) {
+    parallel_for(nt, groups, [&](int64_t g) {
+      const int64_t p0 = g * 4, p1 = std::min(panels, g * 4 + 4);
+      isa == Isa::Amx ? panels_amx(a, p0, p1) : panels_amx_emulated(a, p0, p1);
+    });
     return;
   }
   if (isa >= Isa::Avx512Vnni && M <= kStreamRows) {

@@ -1,8 +1,10 @@
-// The int8 GEMM on AMX-INT8 tiles (tdpbssd): the Amx tier with K a multiple of 64, any M.
+// The int8 GEMM on AMX-INT8 tiles (tdpbssd): the Amx tier with K a multiple of 64, any M. Compiled a second time,
+// the tiles emulated, by int8_linear_amx_emulated.cpp (the amx_emulated tier: amx_tiles.h).
 #include <omp.h>
 
 #include <algorithm>
 
+#include "amx_tiles.h"
 #include "int8_linear_impl.h"
 
 namespace bertfast {
@@ -26,7 +28,7 @@ BF_TARGET_VNNI void amx_store(const int32_t* c, int mr, int np, int64_t m0, int6
 
 }  // namespace
 
-BF_TARGET_AMX_INT8 void panels_amx(const Int8Args& a, int64_t p0, int64_t p1) {
+BF_TARGET_TILES_INT8 void BF_TILES(panels_amx)(const Int8Args& a, int64_t p0, int64_t p1) {
   DenormalGuard ftz;
   const int64_t k4 = a.K / 4;
   alignas(64) int32_t c[16 * 48];
@@ -44,25 +46,25 @@ BF_TARGET_AMX_INT8 void panels_amx(const Int8Args& a, int64_t p0, int64_t p1) {
           for (int j = 0; j < np; ++j)
             for (int l = 0; l < 1024; l += 64) _mm_prefetch(reinterpret_cast<const char*>(b + j * panel_bytes + 2048 + l), _MM_HINT_T0);
         }
-        _tile_loadd(3, xa + k0, a.ldx);
-        _tile_loadd(4, b, 64);
-        _tile_dpbssd(0, 3, 4);
+        BF_TILE_LOADD(3, xa + k0, a.ldx);
+        BF_TILE_LOADD(4, b, 64);
+        BF_TILE_DPBSSD(0, 3, 4);
         if (np > 1) {
-          _tile_loadd(5, b + panel_bytes, 64);
-          _tile_dpbssd(1, 3, 5);
+          BF_TILE_LOADD(5, b + panel_bytes, 64);
+          BF_TILE_DPBSSD(1, 3, 5);
         }
         if (np > 2) {
-          _tile_loadd(6, b + 2 * panel_bytes, 64);
-          _tile_dpbssd(2, 3, 6);
+          BF_TILE_LOADD(6, b + 2 * panel_bytes, 64);
+          BF_TILE_DPBSSD(2, 3, 6);
         }
       }
-      _tile_stored(0, c, 48 * 4);
-      if (np > 1) _tile_stored(1, c + 16, 48 * 4);
-      if (np > 2) _tile_stored(2, c + 32, 48 * 4);
+      BF_TILE_STORED(0, c, 48 * 4);
+      if (np > 1) BF_TILE_STORED(1, c + 16, 48 * 4);
+      if (np > 2) BF_TILE_STORED(2, c + 32, 48 * 4);
       amx_store(c, mr, np, m0, p * 16, a);
     }
   }
-  if (configured >= 0) _tile_release();
+  if (configured >= 0) BF_TILE_RELEASE();
 }
 #endif
 

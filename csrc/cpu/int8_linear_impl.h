@@ -135,8 +135,10 @@ BF_TARGET_VNNI void flip_codes_vnni(const Int8Args& a, int64_t lo, int64_t hi, i
 BF_TARGET_VNNI void item_vnni(const Int8Args& a, const uint8_t* xu, int64_t ldu, int64_t r0, int64_t r1, int64_t p0,
                               int64_t p1);
 
-// AMX-int8, K a multiple of 64 (int8_linear_amx.cpp): every row against panels [p0, p1).
+// AMX-int8, K a multiple of 64 (int8_linear_amx.cpp): every row against panels [p0, p1); the same kernel with
+// the tiles emulated (int8_linear_amx_emulated.cpp, the amx_emulated tier).
 BF_TARGET_AMX_INT8 void panels_amx(const Int8Args& a, int64_t p0, int64_t p1);
+BF_TARGET_VNNI void panels_amx_emulated(const Int8Args& a, int64_t p0, int64_t p1);
 #endif
 
 }  // namespace int8_detail

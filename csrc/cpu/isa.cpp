@@ -15,13 +15,14 @@ namespace bertfast {
 namespace cpu {
 
 namespace {
-constexpr const char* kNames[] = {"portable", "avx2", "avx512_vnni", "amx"};
+constexpr const char* kNames[] = {"portable", "avx2", "avx512_vnni", "amx_emulated", "amx"};
+constexpr int kTiers = sizeof(kNames) / sizeof(kNames[0]);
 }
 
 const char* isa_name(Isa isa) { return kNames[static_cast<int>(isa)]; }
 
 bool parse_isa(const char* name, Isa* isa) {
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < kTiers; ++i) {
     if (std::strcmp(name, kNames[i]) == 0) {
       *isa = static_cast<Isa>(i);
       return true;
@@ -62,8 +63,6 @@ Isa detected_isa() {
 #endif
 }
 
-bool isa_supported(Isa isa) { return isa <= detected_isa(); }
-
 // The cap below avx512_vnni's full feature set: the tier without AVX-512 BF16, as on a CPU (or a hypervisor)
 // that lacks it. BERTFAST_ISA names it; the kernels' tier is avx512_vnni.
 constexpr const char* kNoBf16Cap = "avx512_vnni-nobf16";
@@ -75,11 +74,17 @@ static bool bf16_hidden_by_env() {
 
 static bool cpu_has_avx512_bf16() {
 #if BF_X86
-  static const bool bf = isa_supported(Isa::Avx512Vnni) && __builtin_cpu_supports("avx512bf16");
+  static const bool bf = detected_isa() >= Isa::Avx512Vnni && __builtin_cpu_supports("avx512bf16");
   return bf;
 #else
   return false;
 #endif
+}
+
+bool isa_supported(Isa isa) {
+  // The emulated tiles run inside the AMX kernels' own AVX-512 BF16 / VNNI code, so that code's features are needed.
+  if (isa == Isa::AmxEmulated) return isa_supported(Isa::Avx512Vnni) && cpu_has_avx512_bf16();
+  return isa <= detected_isa();
 }
 
 static std::atomic<bool>& bf16_state() {
@@ -120,6 +125,8 @@ static Isa initial_isa() {
   } else if (env != nullptr && *env != '\0') {
     parse_isa(env, &cap);
   }
+  // amx_emulated is a choice, not only a cap: it runs where supported, above a detected avx512_vnni too.
+  if (cap == Isa::AmxEmulated && isa_supported(cap)) return cap;
   return cap < detected_isa() ? cap : detected_isa();
 }
 
@@ -131,14 +138,14 @@ static std::atomic<int>& isa_state() {
 Isa active_isa() { return static_cast<Isa>(isa_state().load(std::memory_order_relaxed)); }
 
 bool set_isa(Isa isa) {
-  if (!isa_supported(isa) || (isa == Isa::Amx && !has_avx512_bf16())) return false;
+  if (!isa_supported(isa) || (amx_kernels(isa) && !has_avx512_bf16())) return false;
   isa_state().store(static_cast<int>(isa));
   return true;
 }
 
 bool set_avx512_bf16(bool enabled) {
   if (enabled && !cpu_has_avx512_bf16()) return false;
-  if (!enabled && active_isa() == Isa::Amx) return false;  // the amx tier's kernels need it: cap the tier first
+  if (!enabled && amx_kernels(active_isa())) return false;  // the AMX kernels need it: cap the tier first
   bf16_state().store(enabled);
   return true;
 }

@@ -48,13 +48,13 @@ void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, cons
   const Epilogue ep{bias, residual, ldr, act, out, ldo};
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int nt = int(std::min<int64_t>(panels, threads_for(m * n * k / 4)));
+  const Isa isa = active_isa();
 #if BF_X86
-  const bool amx = sizeof(T) == 2 && active_isa() == Isa::Amx && k % kAmxK == 0;
+  const bool amx = sizeof(T) == 2 && amx_kernels(isa) && k % kAmxK == 0;
 #endif
   // Past kPackPasses passes (portable fp32: kPortablePackPasses), the blocked regime where the tier has one:
-  // fp32 on AVX-512 and portable, bf16 on AVX-512 without AVX-512 BF16 (widened; with it, bf16 at larger M is
-  // oneDNN's or AMX's). AVX2 streams at every M.
-  const Isa isa = active_isa();
+  // fp32 on AVX-512 and portable, bf16 on AVX-512 without AVX-512 BF16 (widened; with it, bf16 streams or runs on
+  // the AMX tiles). AVX2 streams at every M.
   const int64_t passes = (m + kMaxRows - 1) / kMaxRows;
   const bool blocked = sizeof(T) == 4 ? (isa >= Isa::Avx512Vnni && passes > kPackPasses) ||
                                             (isa == Isa::Portable && passes > kPortablePackPasses)
@@ -85,7 +85,8 @@ void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, cons
 #if BF_X86
     if constexpr (sizeof(T) == 2) {
       if (amx) {
-        linear_amx(x, ldx, packed, m, n, k, ep, mine);
+        isa == Isa::Amx ? linear_amx(x, ldx, packed, m, n, k, ep, mine)
+                        : linear_amx_emulated(x, ldx, packed, m, n, k, ep, mine);
         return;
       }
     }

@@ -1,8 +1,10 @@
-// The GEMM on AMX tiles: bf16 with K a multiple of kAmxK on the Amx tier, any M.
+// The GEMM on AMX tiles: bf16 with K a multiple of kAmxK on the Amx tier, any M. Compiled a second time, the tiles
+// emulated, by linear_amx_emulated.cpp (the amx_emulated tier: amx_tiles.h).
 #include <omp.h>
 
 #include <algorithm>
 
+#include "amx_tiles.h"
 #include "linear_impl.h"
 
 namespace bertfast {
@@ -19,8 +21,9 @@ namespace linear_detail {
 constexpr int kAmxRows = 16;
 constexpr int64_t kAmxPrefetch = 2 * 16 * kPanel * 4;  // bytes ahead in the weight stream: two steps
 
-BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N, int64_t K,
-                              const Epilogue& ep, MeetInTheMiddle::Walker& panels) {
+BF_TARGET_TILES_BF16 void BF_TILES(linear_amx)(const bf16* x, int64_t ldx, const bf16* packed, int64_t M,
+                                                int64_t N, int64_t K, const Epilogue& ep,
+                                                MeetInTheMiddle::Walker& panels) {
   static_assert(kPanel == 48, "the AMX kernel holds a panel in three 16-column tiles");
   DenormalGuard ftz;
   const int64_t panel_bytes = K * kPanel * 2;  // K is even here
@@ -42,21 +45,21 @@ BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, in
         const char* pf = stream_at(here, next, panel_bytes, k0 * kPanel * 2 + kAmxPrefetch);
         if (pf != nullptr)
           for (int l = 0; l < 16 * kPanel * 4; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
-        _tile_loadd(3, xa + k0, ldx * 2);
-        _tile_loadd(4, b, kPanel * 4);
-        _tile_loadd(5, b + 32, kPanel * 4);
-        _tile_loadd(6, b + 64, kPanel * 4);
-        _tile_dpbf16ps(0, 3, 4);
-        _tile_dpbf16ps(1, 3, 5);
-        _tile_dpbf16ps(2, 3, 6);
+        BF_TILE_LOADD(3, xa + k0, ldx * 2);
+        BF_TILE_LOADD(4, b, kPanel * 4);
+        BF_TILE_LOADD(5, b + 32, kPanel * 4);
+        BF_TILE_LOADD(6, b + 64, kPanel * 4);
+        BF_TILE_DPBF16PS(0, 3, 4);
+        BF_TILE_DPBF16PS(1, 3, 5);
+        BF_TILE_DPBF16PS(2, 3, 6);
       }
-      _tile_stored(0, tile, kPanel * 4);
-      _tile_stored(1, tile + 16, kPanel * 4);
-      _tile_stored(2, tile + 32, kPanel * 4);
+      BF_TILE_STORED(0, tile, kPanel * 4);
+      BF_TILE_STORED(1, tile + 16, kPanel * 4);
+      BF_TILE_STORED(2, tile + 32, kPanel * 4);
       store_tile<bf16>(tile, mr, m0, p * kPanel, nvalid, ep);
     }
   }
-  if (configured >= 0) _tile_release();
+  if (configured >= 0) BF_TILE_RELEASE();
 }
 
 #endif

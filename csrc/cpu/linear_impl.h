@@ -283,9 +283,12 @@ BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const floa
 // Blocked, bf16 on AVX-512 without AVX-512 BF16 (linear_blocked.cpp): operands widened to fp32 per k block.
 BF_TARGET_AVX512 void linear_blocked_bf16(const bf16* x, int64_t ldx, const bf16* packed, int64_t N, int64_t K,
                                           const Epilogue& ep, int64_t r0, int64_t rows, int64_t p0, int64_t p1);
-// AMX, bf16 with K a multiple of kAmxK (linear_amx.cpp).
+// AMX, bf16 with K a multiple of kAmxK (linear_amx.cpp); the same kernel with the tiles emulated
+// (linear_amx_emulated.cpp, the amx_emulated tier).
 BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N, int64_t K,
                               const Epilogue& ep, MeetInTheMiddle::Walker& panels);
+BF_TARGET_AVX512BF16 void linear_amx_emulated(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N,
+                                              int64_t K, const Epilogue& ep, MeetInTheMiddle::Walker& panels);
 #endif
 
 }  // namespace linear_detail

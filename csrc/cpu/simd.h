@@ -1,4 +1,4 @@
-// AVX-512 and AMX helpers: tail masks, 16-lane loads and stores of fp32 or bf16, the AMX tile configuration.
+// AVX-512 and AMX helpers: tail masks, 16-lane loads and stores of fp32 or bf16, the AMX tile configuration's layout.
 #pragma once
 
 #include <cstdint>
@@ -32,42 +32,14 @@ BF_TARGET_AVX512 BF_INLINE void store16(bf16* p, __m512 v, __mmask16 m) {
   _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(r));
 }
 
-// The tile configuration both AMX GEMMs (bf16 and int8) use: tmm0-2 accumulators and tmm3 the A tile,
-// `rows` rows of 64 bytes; tmm4-6 B tiles, 16 rows of 64 bytes. Inlined into the AMX kernels.
-struct alignas(64) AmxTileConfig {  // the 64-byte operand of LDTILECFG (palette 1)
+// The 64-byte operand of LDTILECFG (palette 1): what amx_tiles.h loads and amx_emulation.cpp interprets.
+struct alignas(64) AmxTileConfig {
   uint8_t palette_id;
   uint8_t start_row;
   uint8_t reserved[14];
   uint16_t colsb[16];
   uint8_t rows[16];
 };
-
-__attribute__((target("amx-tile"))) BF_INLINE void amx_load_tile_config(int rows) {
-  AmxTileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int t = 0; t < 4; ++t) {
-    cfg.rows[t] = uint8_t(rows);
-    cfg.colsb[t] = 64;
-  }
-  for (int t = 4; t < 7; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
-
-// Starts a 16-row block of either AMX GEMM: (re)configures the tiles when its row count differs from
-// the one configured (`configured`, -1 at first) and zeroes the three accumulators tmm0-2.
-__attribute__((target("amx-tile"))) BF_INLINE void amx_begin_block(int rows, int* configured) {
-  if (rows != *configured) {
-    amx_load_tile_config(rows);
-    *configured = rows;
-  }
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-}
 
 }  // namespace cpu
 }  // namespace bertfast

@@ -1,10 +1,13 @@
 """CPU ISA tiers: which one the native kernels run, and the same cap for oneDNN, MKL and ATen.
 
 Tiers, lowest to highest: `portable` (plain loops), `avx2` (AVX2 + FMA), `avx512_vnni` (AVX-512 F/BW/VL/DQ
-+ VNNI, AVX-512 BF16 where present), `amx` (AMX bf16/int8 tiles). The extension picks the best tier the
-CPU has; `BERTFAST_ISA=<cap>` caps it (for tests, benchmarks and reproducible numerics): a tier's name, or
-`avx512_vnni-nobf16`, the avx512_vnni tier with AVX-512 BF16 hidden (an Ice Lake, or a VM whose hypervisor
-masks AVX-512 BF16 and AMX, as a CPU with it can stand in for). The libraries
++ VNNI, AVX-512 BF16 where present), `amx_emulated` (the amx tier's kernels with the tile instructions
+emulated: slow, for testing the AMX code on a CPU with AVX-512 VNNI and BF16 but no AMX; docs/tiers.md),
+`amx` (AMX bf16/int8 tiles). The extension picks the best tier the CPU has, never `amx_emulated`;
+`BERTFAST_ISA=<cap>` caps it (for tests, benchmarks and reproducible numerics): a tier's name (`amx_emulated`
+runs wherever the CPU supports it, above a detected avx512_vnni too), or `avx512_vnni-nobf16`, the avx512_vnni
+tier with AVX-512 BF16 hidden (an Ice Lake, or a VM whose hypervisor masks AVX-512 BF16 and AMX, as a CPU with
+it can stand in for). The libraries
 torch calls decide for themselves, so the same cap is passed to them through their own variables
 (`ONEDNN_MAX_CPU_ISA`, `MKL_ENABLE_INSTRUCTIONS`, `ATEN_CPU_CAPABILITY`, and for `portable` also
 `MKL_CBWR=COMPATIBLE`), set when bertfast is imported unless the user set them: they take effect only if
@@ -16,10 +19,11 @@ from __future__ import annotations
 import functools
 import os
 
-TIERS = ("portable", "avx2", "avx512_vnni", "amx")
+TIERS = ("portable", "avx2", "avx512_vnni", "amx_emulated", "amx")
 NO_BF16 = "avx512_vnni-nobf16"
+EMULATED = "amx_emulated"
 # What BERTFAST_ISA takes, lowest to highest: each cap's features include those of the caps below it.
-CAPS = ("portable", "avx2", NO_BF16, "avx512_vnni", "amx")
+CAPS = ("portable", "avx2", NO_BF16, "avx512_vnni", EMULATED, "amx")
 
 # What each tier's cap means to the libraries (their own names); `amx` is no cap. avx512_vnni-nobf16 is
 # avx512_vnni's entry as it stands; library_caps raises avx512_vnni to AVX512_CORE_BF16 where the CPU has it.
@@ -54,9 +58,10 @@ def cap_tier(cap: str | None) -> str | None:
 
 def library_caps(cap: str | None) -> dict[str, str]:
     """The libraries' variables for a tier cap. avx512_vnni keeps AVX-512 BF16 where the CPU has it, as
-    the extension's tier does (oneDNN's own next step up, AVX512_CORE_BF16, still excludes AMX)."""
-    caps = dict(_LIBRARY_CAPS.get(cap_tier(cap), {}))
-    if cap == "avx512_vnni" and "avx512_bf16" in proc_cpuinfo()[1]:
+    the extension's tier does (oneDNN's own next step up, AVX512_CORE_BF16, still excludes AMX); amx_emulated
+    is avx512_vnni to them (they have no emulated tiles: what runs AMX under it is the extension's emulation)."""
+    caps = dict(_LIBRARY_CAPS.get("avx512_vnni" if cap == EMULATED else cap_tier(cap), {}))
+    if cap in ("avx512_vnni", EMULATED) and "avx512_bf16" in proc_cpuinfo()[1]:
         caps["ONEDNN_MAX_CPU_ISA"] = "AVX512_CORE_BF16"
     return caps
 
@@ -74,13 +79,13 @@ def apply_library_caps() -> None:
 
 
 def supported_tiers() -> list[str]:
-    """The tiers this CPU runs, highest first: every tier up to the extension's detected one ([] without
-    the extension)."""
+    """The tiers this CPU runs, highest first: every tier up to the extension's detected one, and amx_emulated
+    where the CPU has AVX-512 VNNI and BF16 ([] without the extension)."""
     from .ext import _C
 
     if _C is None:
         return []
-    return list(reversed(TIERS[:TIERS.index(_C.detected_isa()) + 1]))
+    return [tier for tier in reversed(TIERS) if _C.isa_supported(tier)]
 
 
 def supported_caps() -> list[str]:
@@ -101,14 +106,17 @@ def unsupported(cap: str, supported: list[str] | None = None) -> str | None:
         return "bertfast._C is not built: the CPU's tiers are unknown (run bash install.sh)"
     if cap == NO_BF16 and "avx512_vnni" in supported and cap not in supported:
         return "this CPU has no AVX-512 BF16 to hide: its avx512_vnni tier is this cap already"
+    if cap == EMULATED and cap not in supported:
+        return "amx_emulated needs a CPU with AVX-512 VNNI and AVX-512 BF16 (the AMX kernels' code around the tiles)"
     if cap not in supported:
-        return f"this CPU does not support the {cap} tier (its best: {supported[0]})"
+        best = next(t for t in supported if t != EMULATED)
+        return f"this CPU does not support the {cap} tier (its best: {best})"
     return None
 
 
 def native_bf16() -> bool:
-    """Whether the active tier has native bf16 dot products: `amx`, or `avx512_vnni` on a CPU with
-    AVX-512 BF16 (`active_cap()` one of those two). Below that, bf16 saves memory traffic but not arithmetic
+    """Whether the active tier has native bf16 dot products: `amx`, `amx_emulated` (which needs AVX-512 BF16),
+    or `avx512_vnni` on a CPU with AVX-512 BF16 (`active_cap()` one of those three). Below that, bf16 saves memory traffic but not arithmetic
     (docs/cpu-gemm.md#bf16-without-native-dot-products). Without the extension the CPU flags and
     BERTFAST_ISA's cap decide."""
     from .ext import _C
@@ -116,7 +124,7 @@ def native_bf16() -> bool:
     if _C is None:
         cap = requested_cap()
         return "avx512_bf16" in proc_cpuinfo()[1] and (cap is None or CAPS.index(cap) >= CAPS.index("avx512_vnni"))
-    return active_cap() in ("amx", "avx512_vnni")
+    return active_cap() in ("amx", EMULATED, "avx512_vnni")
 
 
 def active_cap() -> str | None:
@@ -148,7 +156,8 @@ def proc_cpuinfo() -> tuple[str, frozenset[str]]:
 
 def cpu_info() -> dict:
     """What this process runs on: the CPU model, the tier the CPU supports (`detected`), the tier the native
-    kernels run (`active`, after the cap), the cap asked for (`cap`), the relevant CPU flags, what the
+    kernels run (`active`, after the cap: `amx_emulated` where the AMX kernels run on emulated tiles), the
+    cap asked for (`cap`), whether the CPU runs amx_emulated (`amx_emulated`), the relevant CPU flags, what the
     libraries were told (`onednn_max_isa`, `mkl_instructions`, `mkl_cbwr`, `aten_capability`) with whether
     oneDNN and MKL may use AMX under it, and whether the active tier has native bf16 dot products
     (`native_bf16`, what dtype="auto" follows).
@@ -173,6 +182,7 @@ def cpu_info() -> dict:
         "detected": detected,
         "active": active,
         "cap": requested_cap(),
+        "amx_emulated": bool(_C.isa_supported(EMULATED)) if _C is not None else None,
         "flags": sorted(flags & {"avx2", "fma", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16",
                                  "amx_tile", "amx_bf16", "amx_int8"}),
         "onednn_max_isa": onednn_isa or "default",

@@ -55,8 +55,9 @@ def add_arguments(parser) -> None:
                         "thread pools); none: all in this process")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     parser.add_argument("--isa", metavar="all|TIER,...", help="run the grid once per CPU ISA tier (portable, avx2, "
-                        "avx512_vnni, amx), each in a child process with BERTFAST_ISA set: one table per tier, "
-                        "one JSON with every tier's rows; tiers this CPU lacks are listed as skipped")
+                        "avx512_vnni, amx; amx_emulated only by name), each in a child process with BERTFAST_ISA "
+                        "set: one table per tier, one JSON with every tier's rows; tiers this CPU lacks are listed "
+                        "as skipped")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and random weights")
     parser.add_argument("--json", metavar="F", help="write machine-readable results to F")
     parser.add_argument("--plot", metavar="F.png", help="write a speedup bar chart to F.png (needs matplotlib: "

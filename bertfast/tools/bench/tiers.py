@@ -19,11 +19,11 @@ from bertfast.backends.cpu import isa
 
 
 def parse_tiers(text: str) -> list[str]:
-    """'all' or a comma list of caps (tier names, avx512_vnni-nobf16) -> caps, highest first. Raises
-    ValueError for an unknown name."""
+    """'all' or a comma list of caps (tier names, avx512_vnni-nobf16) -> caps, highest first. 'all' leaves out
+    amx_emulated (a tier for tests: its timings are the emulation's). Raises ValueError for an unknown name."""
     names = [t.strip() for t in text.split(",") if t.strip()]
     if names == ["all"]:
-        return list(reversed(isa.CAPS))
+        return [cap for cap in reversed(isa.CAPS) if cap != isa.EMULATED]
     unknown = [t for t in names if t not in isa.CAPS]
     if unknown or not names:
         raise ValueError(f"--isa: unknown tier(s) {', '.join(unknown) or '(none given)'}; use 'all' or a comma "
