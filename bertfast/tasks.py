@@ -154,10 +154,11 @@ HEADS = {
                                          decoder("lm_head.decoder.weight", ["lm_head.decoder.bias"])])},
     },
 }
+HEADS["deberta-v2"] = {}  # the base model only, so far
 # Class-name prefix of each family in transformers (`BertForMaskedLM`, `XLMRobertaModel`, ...).
 CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
                 "albert": "Albert", "distilbert": "DistilBert", "mpnet": "MPNet", "modernbert": "ModernBert",
-                "nomic_bert": "NomicBert", "gte": "Gte"}
+                "nomic_bert": "NomicBert", "gte": "Gte", "deberta-v2": "DebertaV2"}
 
 # Activations a head may name: the layer's, plus tanh and identity (ELECTRA summary).
 HEAD_ACTIVATIONS = {**HF_NAMES, "gelu_tanh": "gelu_tanh", "tanh": "tanh", "linear": None}

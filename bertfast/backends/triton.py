@@ -26,6 +26,7 @@ def _triton_import_error() -> str | None:
 class TritonBackend(Backend):
     name = "triton"
     dtypes = (torch.float32, torch.float16, torch.bfloat16)  # tl.dot has no fp64 path worth having
+    unsupported_families = {"deberta-v2": "its disentangled attention is not in the Triton kernels yet"}
 
     @classmethod
     def unavailable_reason(cls, device):

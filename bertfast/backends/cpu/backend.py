@@ -28,6 +28,7 @@ BF16_SLOWER_TIERS: tuple[str, ...] = ("portable", isa.NO_BF16)
 
 class CpuBackend(Backend):
     name = "cpu"
+    unsupported_families = {"deberta-v2": "its disentangled attention is not in the native kernels yet"}
     dtypes = (torch.float32, torch.bfloat16)
     quantizations = ("int8",)
 
