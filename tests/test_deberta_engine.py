@@ -186,3 +186,42 @@ def test_cpu_int8_close_to_fp32():
     real = mask.bool()
     ours, ref = _ours(model, ids, mask, backend="cpu", dtype="int8"), _hf(model, ids, mask)
     assert float(torch.nn.functional.cosine_similarity(ours[real], ref[real], dim=-1).min()) > 0.99
+
+
+# --- the triton backend under the interpreter (tiny shapes: it interprets every program instance) ----------------
+
+@needs_triton
+@pytest.mark.parametrize("style", ["v2", "v3", "c2p", "p2c"])
+def test_triton_fp32_matches_transformers(style):
+    model = build(style, num_hidden_layers=1)
+    types = model.config.type_vocab_size or None
+    ids, mask, tt = batch([20, 1, 13], type_vocab=types or 0)
+    tt = tt if types else None
+    assert rel_err(_ours(model, ids, mask, tt, backend="triton", dtype=torch.float32), _hf(model, ids, mask, tt),
+                   mask) <= 1e-5
+
+
+@needs_triton
+def test_triton_attention_terms_op_and_errors():
+    from bertfast.kernels.triton.attention import attention_varlen
+
+    heads, d, lengths = 2, 16, [9, 1, 5]
+    cfg = ModelConfig.from_dict(dict(model_type="deberta-v2", hidden_size=heads * d, num_attention_heads=heads,
+                                     num_hidden_layers=1, intermediate_size=8, vocab_size=8, relative_attention=True,
+                                     pos_att_type=["c2p", "p2c"], position_buckets=4, max_relative_positions=16))
+    index = disentangled.distance_index(cfg, 12)
+    qkv, (pk, pq), cu, positions = _terms(lengths, heads, d, index.hi - index.lo, 3, torch.float32)
+    q, k, v = (qkv[:, i] for i in range(3))
+    for c2p_on, p2c_on in ((True, True), (True, False), (False, True)):
+        c2p, p2c = disentangled.tables(q, k, pk if c2p_on else None, pq if p2c_on else None, 0.2)
+        bias = DisentangledBias(c2p, p2c, index.index, positions)
+        ours = attention_varlen(q, k, v, cu, max(lengths), 0.2, bias=bias)
+        assert rel_err(ours, reference.attention(q, k, v, cu, max(lengths), 0.2, bias)) <= TABLE[torch.float32]
+    c2p, _ = disentangled.tables(q, k, pk, None, 0.2)
+    with pytest.raises(ValueError, match="need c2p or p2c"):
+        attention_varlen(q, k, v, cu, max(lengths), 0.2, bias=DisentangledBias(None, None, index.index, positions))
+    with pytest.raises(ValueError, match="one cols for both"):
+        attention_varlen(q, k, v, cu, max(lengths), 0.2, bias=DisentangledBias(c2p, c2p[..., :-1].contiguous(),
+                                                                                 index.index, positions))
+    with pytest.raises(ValueError, match="width odd"):
+        attention_varlen(q, k, v, cu, max(lengths), 0.2, bias=DisentangledBias(c2p, None, index.index[:-1], positions))
