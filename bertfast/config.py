@@ -7,6 +7,7 @@ position-embedding type raises `ConfigError` naming the field, so nothing downst
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ from .kernels.activation import GATED_IDS, HF_NAMES as ACTIVATIONS, LAYER_IDS
 
 # Families whose config and tensor names this version parses. Others raise ConfigError.
 SUPPORTED_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "mpnet",
-                      "modernbert", "nomic_bert", "gte")
+                      "modernbert", "nomic_bert", "gte", "deberta-v2")
 # Families with rotary position embeddings (no position table) and a gated FFN (GeGLU / SwiGLU).
 ROTARY_FAMILIES = ("modernbert", "nomic_bert", "gte")
 # transformers' default RoPE bases when a config names none (ModernBERT: global layers, local layers).
@@ -34,6 +35,8 @@ DISTILBERT_FIELDS = {"dim": "hidden_size", "n_heads": "num_attention_heads", "n_
                      "hidden_dim": "intermediate_size", "activation": "hidden_act"}
 
 POSITION_EMBEDDING_TYPES = ("absolute",)
+# DeBERTa-v2's disentangled attention terms (content-to-position, position-to-content).
+POS_ATT_TYPES = ("c2p", "p2c")
 
 
 class ConfigError(ValueError):
@@ -64,6 +67,14 @@ class ModelConfig:
     layer_windows: tuple[int, ...] = ()  # per layer: 0 = global attention, w > 0 = sees tokens |t - u| <= w
     gated_ffn: bool = False  # FFN in = one GEMM of both halves, act(a) * b (GeGLU, SwiGLU)
     norm_first: bool = False  # pre-LayerNorm layers and a final norm (ModernBERT); else post-LayerNorm
+    # DeBERTa-v2/v3 (`disentangled`): terms of pos_att_type, and the relative positions' bucketing
+    pos_att_type: tuple[str, ...] = ()  # subset of POS_ATT_TYPES; each one also divides the scores' scale
+    relative_attention: bool = False  # relative embeddings and position projections exist
+    position_buckets: int = 0  # > 0: log buckets, span = position_buckets; 0: span = max_relative_positions
+    max_relative_positions: int = 0
+    share_att_key: bool = False  # the position projections are the layer's own query / key projections
+    norm_rel_ebd: bool = False  # the relative embeddings pass a LayerNorm first
+    position_biased_input: bool = True  # absolute position embeddings added to the input (no table when False)
 
     def __post_init__(self):
         if not self.embedding_size:
@@ -89,6 +100,21 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def disentangled(self) -> bool:
+        """DeBERTa-v2's relative attention: per layer, c2p and/or p2c terms added to the attention scores."""
+        return self.relative_attention and bool(self.pos_att_type)
+
+    @property
+    def att_span(self) -> int:
+        """DeBERTa-v2's relative span: relative positions (or buckets) are clamped to [-span, span)."""
+        return self.position_buckets if self.position_buckets > 0 else self.max_relative_positions
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor of q.k: 1/sqrt(head_dim), DeBERTa-v2's 1/sqrt(head_dim * (1 + len(pos_att_type)))."""
+        return 1.0 / math.sqrt(self.head_dim * (1 + len(self.pos_att_type)))
 
     @property
     def rotary(self) -> bool:
@@ -163,7 +189,10 @@ class ModelConfig:
                 raise ConfigError(
                     f"config field 'relative_attention_num_buckets' = {buckets} is below the {RELATIVE_BUCKETS} "
                     f"buckets transformers' MPNet computes relative positions into")
-        rotary = _rotary_fields(family, d, hidden, heads) if family in ROTARY_FAMILIES else {}
+        extra = _rotary_fields(family, d, hidden, heads) if family in ROTARY_FAMILIES else {}
+        if family == "deberta-v2":  # no token types unless the config says so; its own eps default
+            d = {"type_vocab_size": 0, "layer_norm_eps": 1e-7, **d}
+            extra = _deberta_fields(d, hidden, heads)
         if family == "modernbert":  # its own names for the norm eps; no token types
             d = {**d, "layer_norm_eps": d.get("norm_eps", 1e-5), "type_vocab_size": 0}
         if family in ROTARY_FAMILIES:  # no position table: transformers takes any length up to the config's
@@ -189,7 +218,7 @@ class ModelConfig:
             num_hidden_groups=need("num_hidden_groups", default=1) if family == "albert" else 1,
             inner_group_num=need("inner_group_num", default=1) if family == "albert" else 1,
             relative_attention_num_buckets=buckets if family == "mpnet" else 0,
-            **rotary,
+            **extra,
         )
 
     @classmethod
@@ -248,6 +277,57 @@ def _rotary_fields(family: str, d: dict, hidden: int, heads: int) -> dict:
                                "rope_parameters.sliding_attention"),
         layer_windows=tuple(local // 2 if t == "sliding_attention" else 0 for t in types),
         gated_ffn=True, norm_first=True)
+
+
+def _deberta_fields(d: dict, hidden: int, heads: int) -> dict:
+    """DeBERTa-v2/v3 (and mDeBERTa): the disentangled attention's fields, as transformers' DebertaV2Model reads
+    them (`pos_att_type` a list or "a|b"; max_relative_positions < 1 means max_position_embeddings). What the
+    engine does not implement raises ConfigError naming the field."""
+    def flag(name, default):
+        value = d.get(name, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"config field {name!r} must be true or false, got {value!r}")
+        return value
+
+    def integer(name, default):
+        value = d.get(name, default)
+        if value is None:
+            value = default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config field {name!r} must be an integer, got {value!r}")
+        return value
+
+    types = d.get("pos_att_type") or []
+    if isinstance(types, str):
+        types = [t.strip() for t in types.lower().split("|")]
+    if not isinstance(types, (list, tuple)) or any(t not in POS_ATT_TYPES for t in types):
+        raise ConfigError(f"config field 'pos_att_type' = {d.get('pos_att_type')!r} is not supported "
+                          f"(supported: a list of {', '.join(POS_ATT_TYPES)})")
+    if integer("conv_kernel_size", 0) > 0:
+        raise ConfigError(f"config field 'conv_kernel_size' = {d['conv_kernel_size']!r}: DeBERTa's convolution "
+                          "layer (ConvLayer after the first layer) is not supported")
+    if integer("embedding_size", hidden) != hidden:
+        raise ConfigError(f"config field 'embedding_size' = {d['embedding_size']!r} differs from hidden_size = "
+                          f"{hidden}: DeBERTa's embedding projection is not supported")
+    if integer("attention_head_size", hidden // heads) != hidden // heads:
+        raise ConfigError(f"config field 'attention_head_size' = {d['attention_head_size']!r} differs from "
+                          f"hidden_size / num_attention_heads = {hidden // heads}: not supported")
+    norm = d.get("norm_rel_ebd", "none") or "none"
+    if not isinstance(norm, str) or any(n.strip() not in ("none", "layer_norm") for n in norm.lower().split("|")):
+        raise ConfigError(f"config field 'norm_rel_ebd' = {norm!r} is not supported (supported: none, layer_norm)")
+    relative = flag("relative_attention", False)
+    max_relative = integer("max_relative_positions", -1)
+    if max_relative < 1:
+        max_relative = integer("max_position_embeddings", 512)
+    buckets = max(integer("position_buckets", -1), 0)
+    if relative and types and (max_relative < 2 or buckets == 1):
+        raise ConfigError(f"config fields 'max_relative_positions' = {max_relative} / 'position_buckets' = {buckets}: "
+                          "too small for relative positions")
+    return dict(pos_att_type=tuple(t for t in POS_ATT_TYPES if t in types), relative_attention=relative,
+                position_buckets=buckets, max_relative_positions=max_relative,
+                share_att_key=flag("share_att_key", False),
+                norm_rel_ebd="layer_norm" in [n.strip() for n in norm.lower().split("|")],
+                position_biased_input=flag("position_biased_input", True))
 
 
 def read_config_json(path: str | os.PathLike) -> dict:

@@ -2,7 +2,8 @@
 
 unpad (`pack`) -> embed (-> projection) -> layers (-> final norm) (`encode`) -> pad -> pooler. `encode` reads only
 the packed tokens, so a CUDA graph of it can be replayed per token-count bucket (`backends.graphs`). What every
-layer shares is computed once per forward, inside `encode`: MPNet's relative position bias, the RoPE tables of
+layer shares is computed once per forward, inside `encode`: MPNet's relative position bias, DeBERTa-v2's distance
+columns (its c2p / p2c terms come per layer from q and k, `disentangled`), the RoPE tables of
 rotary models (one per base). A layer is `compose_layer` over the backend's ops: post-LayerNorm as in BERT (qkv ->
 varlen attention -> linear + residual -> layernorm -> linear + activation -> linear + residual -> layernorm), or
 pre-LayerNorm as in ModernBERT (layernorm -> qkv -> attention -> linear + residual -> layernorm -> linear -> linear
@@ -14,11 +15,10 @@ padded positions of the outputs hold 0.
 
 from __future__ import annotations
 
-import math
 
 import torch
 
-from . import relative, rotary as rope
+from . import disentangled as dis, relative, rotary as rope
 from .backends import AttentionBias, Backend, Rotary, Tokens
 from .backends.graphs import GraphRunner
 from .backends.weights import LayerWeights, ModelWeights
@@ -43,10 +43,12 @@ def default_position_ids(config, input_ids: torch.Tensor) -> torch.Tensor:
 def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int, heads: int,
                   scale: float, eps: float, act: str, bias: AttentionBias | None = None, *,
                   rotary: Rotary | None = None, window: int = 0, gated: bool = False,
-                  norm_first: bool = False) -> torch.Tensor:
+                  norm_first: bool = False, disentangled: tuple | None = None) -> torch.Tensor:
     """One encoder layer on x (T, H) from the backend's ops; cu_seqlens (B+1,) int32; bias: the relative position
     bias (MPNet) or None; rotary: RoPE tables for q and k or None; window: 0 (global) or the sliding window;
-    gated: a GLU FFN; norm_first: pre-LayerNorm (ModernBERT; attn_ln None = no norm before attention)."""
+    gated: a GLU FFN; norm_first: pre-LayerNorm (ModernBERT; attn_ln None = no norm before attention);
+    disentangled: DeBERTa-v2's (DistanceIndex, positions (T,) int32): the layer's c2p / p2c terms from its q and k
+    (`ops.disentangled`) become the attention's bias."""
     qkv_extra = {} if rotary is None else {"rotary": rotary}
     attn_extra = {"window": window} if window else {}
     ffn_extra = {"gated": True} if gated else {}
@@ -59,6 +61,8 @@ def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: 
         h = ops.linear(h, layer.ffn_in_weight, layer.ffn_in_bias, act, **ffn_extra)
         return ops.linear(h, layer.ffn_out_weight, layer.ffn_out_bias, "none", x)
     q, k, v = ops.qkv(x, layer.qkv_weight, layer.qkv_bias, heads, **qkv_extra)
+    if disentangled is not None:
+        bias = dis.layer_bias(ops, q, k, layer.pos_key, layer.pos_query, *disentangled, scale)
     ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale, bias, **attn_extra)
     x = ops.layernorm(ops.linear(ctx, layer.attn_out_weight, layer.attn_out_bias, "none", x),
                       layer.attn_ln_weight, layer.attn_ln_bias, eps)
@@ -134,7 +138,8 @@ class Engine:
         if w.embeddings.token_type is not None:
             types = (torch.zeros_like(ids) if token_type_ids is None
                      else token_type_ids.reshape(-1)[indices])
-        columns = (indices % S).to(torch.int32) if w.embeddings.relative_bias is not None else None
+        relative = w.embeddings.relative_bias is not None or cfg.disentangled
+        columns = (indices % S).to(torch.int32) if relative else None
         return Tokens(ids, positions, types, columns, cu_seqlens, max_seqlen, S), indices
 
     def encode(self, tokens: Tokens, output_hidden_states: bool = False) -> tuple[torch.Tensor, ...]:
@@ -148,16 +153,18 @@ class Engine:
             x = ops.linear(x, w.embeddings.projection_weight, w.embeddings.projection_bias)
         hidden = [x] if output_hidden_states else None
         heads, eps, act = cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation
-        scale = 1.0 / math.sqrt(cfg.head_dim)
-        bias = None
+        scale = cfg.attention_scale
+        bias, common = None, {}
         if w.embeddings.relative_bias is not None:  # MPNet: once per forward, shared by every layer
             bias = relative.attention_bias(w.embeddings.relative_bias, tokens.columns, tokens.width)
         tables = {}
         if cfg.rotary:  # once per forward and base: ModernBERT's local layers have their own
             tables = {theta: rope.tables(tokens.positions, theta, cfg.head_dim)
                       for theta in {cfg.rope_base(i) for i in range(len(w.layers))}}
+        if cfg.disentangled:  # DeBERTa-v2: the distances' columns once per forward; the terms per layer
+            common = dict(disentangled=(dis.distance_index(cfg, tokens.width, str(x.device)), tokens.columns))
         for i, layer in enumerate(w.layers):
-            modern = {}
+            modern = dict(common)
             if cfg.rotary:
                 modern = dict(rotary=tables[cfg.rope_base(i)], window=cfg.window(i), gated=cfg.gated_ffn,
                               norm_first=cfg.norm_first)

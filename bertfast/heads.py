@@ -42,9 +42,17 @@ def _num_labels(d: dict) -> int:
 
 
 def _expand(steps, d: dict, family: str, task: str):
-    """Replace config-dependent steps (ELECTRA's sequence summary) by plain ones."""
+    """Replace config-dependent steps (ELECTRA's sequence summary, steps chosen by a config field) by plain ones."""
     out = []
     for step in steps:
+        if isinstance(step, tuple) and step[0] == "choose":
+            _, field, default, choices = step
+            value = d.get(field, default)
+            if value not in choices:
+                raise LoadError(f"{family} {task}: config field {field!r} = {value!r} is not supported "
+                                f"(supported: {', '.join(map(repr, choices))})")
+            out.extend(_expand(choices[value], d, family, task))
+            continue
         if step is not ELECTRA_SUMMARY:
             out.append(step)
             continue

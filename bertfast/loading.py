@@ -8,12 +8,14 @@ tensor or file; no partially loaded object ever escapes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Callable, Mapping
 
 import torch
 
+from . import disentangled
 from .backends.weights import EmbeddingWeights, LayerWeights, ModelWeights
 from .config import ConfigError, ModelConfig
 
@@ -25,7 +27,7 @@ DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.fl
 # Where each family keeps its encoder inside task checkpoints (base checkpoints use no prefix).
 BASE_PREFIX = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta.", "electra": "electra.",
                "albert": "albert.", "distilbert": "distilbert.", "mpnet": "mpnet.", "modernbert": "model.",
-               "nomic_bert": "nomic_bert.", "gte": "gte."}
+               "nomic_bert": "nomic_bert.", "gte": "gte.", "deberta-v2": "deberta."}
 
 # Per family: module names (without .weight/.bias) of one layer's parts, relative to the layer.
 _BERT_LAYER = dict(query="attention.self.query", key="attention.self.key", value="attention.self.value",
@@ -41,6 +43,8 @@ LAYER_NAMES = {
                        ffn_in="ffn.lin1", ffn_out="ffn.lin2", ffn_ln="output_layer_norm"),
     "mpnet": {**_BERT_LAYER, "query": "attention.attn.q", "key": "attention.attn.k", "value": "attention.attn.v",
               "attn_out": "attention.attn.o", "attn_ln": "attention.LayerNorm"},
+    "deberta-v2": {**_BERT_LAYER, "query": "attention.self.query_proj", "key": "attention.self.key_proj",
+                   "value": "attention.self.value_proj"},
 }
 # Rotary families (gated FFN, no position table): each checkpoint layout's names. A layout fuses QKV ("qkv", rows
 # q | k | v) or not ("query", "key", "value"), and the FFN input ("ffn_in", with the row order of its two halves:
@@ -280,7 +284,8 @@ def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> Mode
         projection = linear(PROJECTION[config.family], H, E)
     embeddings = EmbeddingWeights(
         word=get("embeddings.word_embeddings.weight", (config.vocab_size, E)),
-        position=get("embeddings.position_embeddings.weight", (config.max_position_embeddings, E)),
+        position=(get("embeddings.position_embeddings.weight", (config.max_position_embeddings, E))
+                  if config.position_biased_input else None),
         token_type=(get("embeddings.token_type_embeddings.weight", (config.type_vocab_size, E))
                     if config.type_vocab_size else None),
         ln_weight=get("embeddings.LayerNorm.weight", (E,)),
@@ -310,12 +315,34 @@ def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> Mode
                 ffn_ln_weight=ffn_ln[0], ffn_ln_bias=ffn_ln[1],
             )
         layers.append(built[p])
+    if config.disentangled:
+        layers = _disentangled_positions(get, linear, config, layers)
     pooler = (None, None)
     if config.family in POOLER:
         pooler = linear(POOLER[config.family], H, H, optional=True)
     weights = ModelWeights(config, embeddings, layers, *pooler)
     # One dtype throughout: the checkpoint's (of the word embeddings) unless asked otherwise.
     return weights.to(dtype=dtype or weights.dtype)
+
+
+def _disentangled_positions(get, linear, config: ModelConfig, layers: list[LayerWeights]) -> list[LayerWeights]:
+    """DeBERTa-v2: the layers with their projections of the relative embeddings (`disentangled`): own
+    pos_key_proj / pos_query_proj, or with share_att_key the layer's key / query projections."""
+    H, out = config.hidden_size, []
+    rel = get("encoder.rel_embeddings.weight", (2 * config.att_span, H))
+    ln = linear("encoder.LayerNorm", H) if config.norm_rel_ebd else (None, None)
+    for i, layer in enumerate(layers):
+        own = f"encoder.layer.{i}.attention.self."
+        key = query = None
+        if "c2p" in config.pos_att_type:
+            key = ((layer.qkv_weight[H:2 * H], layer.qkv_bias[H:2 * H]) if config.share_att_key
+                   else linear(own + "pos_key_proj", H, H))
+        if "p2c" in config.pos_att_type:
+            query = ((layer.qkv_weight[:H], layer.qkv_bias[:H]) if config.share_att_key
+                     else linear(own + "pos_query_proj", H, H))
+        pos_key, pos_query = disentangled.position_projections(config, rel, *ln, key, query)
+        out.append(dataclasses.replace(layer, pos_key=pos_key, pos_query=pos_query))
+    return out
 
 
 def _rotary_layout(src, config: ModelConfig) -> tuple[str, dict]:

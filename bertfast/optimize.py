@@ -41,6 +41,7 @@ OUTPUT_CLASS = {
     "modernbert": "BaseModelOutput",
     "nomic_bert": "BaseModelOutputWithPooling",
     "gte": "BaseModelOutputWithPooling",
+    "deberta-v2": "BaseModelOutput",
 }
 # Arguments the engine serves; any other argument given a non-default value means fallback.
 SERVED = {"input_ids", "attention_mask", "token_type_ids", "position_ids", "output_hidden_states",

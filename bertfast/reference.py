@@ -4,7 +4,8 @@ This module is the oracle (the torch backend wraps its ops; it imports nothing o
 position ids are its own). Its op functions (`embed`, `qkv`, `attention`, `linear`, `linear_glu`, `linear_gelu`,
 `linear_residual`, `layernorm`, `pooler`) define what every backend's op must compute (the engine composes them into a layer once,
 `engine.compose_layer`), and `forward` runs the whole padded model the way `transformers` does (additive
-key-padding mask, position ids ``0..S-1`` or from the ids; MPNet's relative position bias). Tests check `forward` against `transformers` itself; kernels and backends
+key-padding mask, position ids ``0..S-1`` or from the ids; MPNet's relative position bias; DeBERTa-v2's disentangled
+attention). Tests check `forward` against `transformers` itself; kernels and backends
 are checked against the op functions. Nothing here is tuned for speed.
 """
 
@@ -15,9 +16,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import relative, rotary as rope
+from . import disentangled as dis, relative, rotary as rope
 from .kernels import activation as act_table
-from .backends import AttentionBias, Rotary
+from .backends import AttentionBias, DisentangledBias, Rotary
 from .backends.weights import EmbeddingWeights, LayerWeights, ModelWeights
 
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -93,8 +94,23 @@ def attention_padded(q, k, v, key_mask, scale: float, bias=None, window: int = 0
     return torch.matmul(probs, v)
 
 
-def attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float, bias: AttentionBias | None = None,
-              window: int = 0) -> torch.Tensor:
+def disentangled(q, k, pos_key, pos_query, scale: float):
+    """DeBERTa-v2's per-token position terms (c2p, p2c), (T, heads, R) each or None (`disentangled.tables`)."""
+    return dis.tables(q, k, pos_key, pos_query, scale)
+
+
+def _dense(bias, positions, dtype, pad=None):
+    """The dense (..., heads, S, S) form of an AttentionBias or DisentangledBias for tokens at `positions`
+    (..., S); pad(t) moves a per-token tensor to that layout (None: it already is)."""
+    if isinstance(bias, DisentangledBias):
+        move = pad or (lambda t: t)
+        tables = [None if t is None else move(t) for t in (bias.c2p, bias.p2c)]
+        return dis.dense_bias(DisentangledBias(*tables, bias.index, positions), positions, positions, dtype)
+    return relative.dense_bias(bias, positions, positions, dtype)
+
+
+def attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float,
+              bias: AttentionBias | DisentangledBias | None = None, window: int = 0) -> torch.Tensor:
     """Variable-length attention on packed tokens.
 
     q, k, v: (T, heads, d); cu_seqlens: (B+1,) int32 sequence starts; max_seqlen: longest sequence; bias: the
@@ -107,14 +123,16 @@ def attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float, bias: Attentio
     mask = torch.arange(max_seqlen, device=q.device)[None, :] < lengths[:, None]  # [B, S]
     idx = mask.flatten().nonzero().squeeze(1)
 
+    def padded_rows(t):  # (T, ...) -> (B, max_seqlen, ...), zeros at padding
+        buf = t.new_zeros(B * max_seqlen, *t.shape[1:]).index_copy_(0, idx, t)
+        return buf.view(B, max_seqlen, *t.shape[1:])
+
     def to_padded(t):
-        buf = t.new_zeros(B * max_seqlen, heads, d).index_copy_(0, idx, t)
-        return buf.view(B, max_seqlen, heads, d).transpose(1, 2)
+        return padded_rows(t).transpose(1, 2)
 
     dense = None
     if bias is not None:
-        positions = bias.positions.new_zeros(B * max_seqlen).index_copy_(0, idx, bias.positions).view(B, max_seqlen)
-        dense = relative.dense_bias(bias, positions, positions, q.dtype)
+        dense = _dense(bias, padded_rows(bias.positions), q.dtype, padded_rows)
     out = attention_padded(to_padded(q), to_padded(k), to_padded(v), mask, scale, dense, window)
     out = out.transpose(1, 2).reshape(B * max_seqlen, heads * d)
     return out.index_select(0, idx)
@@ -131,8 +149,7 @@ def attention_loop(q, k, v, cu_seqlens, scale: float, bias: AttentionBias | None
         qs, ks, vs = (t[start:end].transpose(0, 1)[None] for t in (q, k, v))
         dense = None
         if bias is not None:
-            positions = bias.positions[start:end]
-            dense = relative.dense_bias(bias, positions, positions, q.dtype)[None]
+            dense = _dense(bias, bias.positions[start:end], q.dtype, lambda t: t[start:end])[None]
         o = attention_padded(qs, ks, vs, None, scale, dense, window)[0].transpose(0, 1)
         outs.append(o.reshape(end - start, -1))
     if not outs:
@@ -195,18 +212,29 @@ def rotate_padded(x, cos, sin):
 
 
 def layer_forward(x, mask, layer: LayerWeights, num_heads: int, act: str, eps: float, bias=None, *, cos_sin=None,
-                  window: int = 0, gated: bool = False, norm_first: bool = False):
+                  window: int = 0, gated: bool = False, norm_first: bool = False, scale: float | None = None,
+                  distances: dis.DistanceIndex | None = None):
     """One encoder layer on a padded batch. x: (B, S, H); mask: (B, S) bool; bias: (1, heads, S, S) or None;
-    cos_sin: RoPE tables (B, S, d/2) each, or None; window, gated, norm_first: as `layer`."""
+    cos_sin: RoPE tables (B, S, d/2) each, or None; window, gated, norm_first: as `layer`; scale: of q.k (None:
+    1/sqrt(d)); distances: DeBERTa-v2's columns of the batch's distances (its c2p / p2c terms from this layer's
+    q and k and the layer's pos_key / pos_query), or None."""
     B, S, H = x.shape
     d = H // num_heads
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
 
     def attend(h):
         q, k, v = (t.reshape(B, S, num_heads, d).transpose(1, 2)
                    for t in F.linear(h, layer.qkv_weight, layer.qkv_bias).split(H, dim=-1))
         if cos_sin is not None:
             q, k = rotate_padded(q, *cos_sin), rotate_padded(k, *cos_sin)
-        ctx = attention_padded(q, k, v, mask, 1.0 / math.sqrt(d), bias, window)
+        rel = bias
+        if distances is not None:
+            rows = [None if t is None else t[distances.lo:distances.hi] for t in (layer.pos_key, layer.pos_query)]
+            flat = [t.transpose(1, 2).reshape(B * S, num_heads, d) for t in (q, k)]
+            tables = [None if t is None else t.view(B, S, num_heads, -1) for t in disentangled(*flat, *rows, scale)]
+            columns = torch.arange(S, device=x.device)
+            rel = dis.dense_bias(DisentangledBias(*tables, distances.index, columns), columns, columns, q.dtype)
+        ctx = attention_padded(q, k, v, mask, scale, rel, window)
         return linear(ctx.transpose(1, 2).reshape(B, S, H), layer.attn_out_weight, layer.attn_out_bias)
 
     def ffn(h):
@@ -257,10 +285,11 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
         for theta in {cfg.rope_base(i) for i in range(len(weights.layers))}:
             angles = position_ids.float()[..., None] * rope.inverse_frequencies(theta, cfg.head_dim, dev)
             tables[theta] = (angles.cos(), angles.sin())
+    distances = dis.distance_index(cfg, S, str(dev)) if cfg.disentangled else None
     for i, layer in enumerate(weights.layers):
-        modern = {}
+        modern = dict(scale=cfg.attention_scale, distances=distances)
         if cfg.rotary:
-            modern = dict(cos_sin=tables[cfg.rope_base(i)], window=cfg.window(i), gated=cfg.gated_ffn,
+            modern.update(cos_sin=tables[cfg.rope_base(i)], window=cfg.window(i), gated=cfg.gated_ffn,
                           norm_first=cfg.norm_first)
         x = layer_forward(x, mask, layer, cfg.num_attention_heads, cfg.activation, cfg.layer_norm_eps, bias,
                           **modern)

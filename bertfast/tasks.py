@@ -59,6 +59,12 @@ def decoder(weight, biases, inp="H", bias=True):
     return ("decoder", weight, tuple(biases), inp, bias)
 
 
+def choose(field, default, choices):
+    """Steps chosen by config field `field` (`default` when absent): choices maps its values to step lists
+    (DeBERTa's `legacy` MLM head)."""
+    return ("choose", field, default, choices)
+
+
 SQUEEZE = ("squeeze",)  # drop the trailing size-1 dim (ELECTRA discriminator: [T, 1] -> [T])
 ELECTRA_SUMMARY = ("electra_summary",)  # ElectraSequenceSummary: expanded from the config at load
 
@@ -154,15 +160,28 @@ HEADS = {
                                          decoder("lm_head.decoder.weight", ["lm_head.decoder.bias"])])},
     },
 }
+# DeBERTa-v2: ContextPooler (token 0 -> dense -> pooler_hidden_act) under the sequence-level heads; the MLM head
+# is BERT's (legacy, the default) or DebertaV2LMPredictionHead (legacy false: its own names, the word embeddings).
+DEBERTA_POOLER = [lin("pooler.dense"), act("pooler_hidden_act")]
+HEADS["deberta-v2"] = {
+    "SequenceClassification": {"logits": (FIRST, DEBERTA_POOLER + [lin("classifier", "L")])},
+    "TokenClassification": {"logits": (TOKENS, [lin("classifier", "L")])},
+    "QuestionAnswering": {"logits": (TOKENS, [lin("qa_outputs", "L")])},
+    "MultipleChoice": {"logits": (FIRST, DEBERTA_POOLER + [lin("classifier", 1)])},
+    "MaskedLM": {"logits": (TOKENS, [choose("legacy", True, {
+        True: BERT_MLM,
+        False: [lin("lm_predictions.lm_head.dense"), act("hidden_act"), ln("lm_predictions.lm_head.LayerNorm"),
+                decoder("lm_predictions.lm_head.decoder.weight", ["lm_predictions.lm_head.bias"])]})])},
+}
 # Class-name prefix of each family in transformers (`BertForMaskedLM`, `XLMRobertaModel`, ...).
 CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
                 "albert": "Albert", "distilbert": "DistilBert", "mpnet": "MPNet", "modernbert": "ModernBert",
-                "nomic_bert": "NomicBert", "gte": "Gte"}
+                "nomic_bert": "NomicBert", "gte": "Gte", "deberta-v2": "DebertaV2"}
 
 # Activations a head may name: the layer's, plus tanh and identity (ELECTRA summary).
 HEAD_ACTIVATIONS = {**HF_NAMES, "gelu_tanh": "gelu_tanh", "tanh": "tanh", "linear": None}
 # Config fields that name a head's activation, with transformers' defaults.
-CONFIG_ACTIVATIONS = {"summary_activation": "gelu", "classifier_activation": "gelu"}
+CONFIG_ACTIVATIONS = {"summary_activation": "gelu", "classifier_activation": "gelu", "pooler_hidden_act": "gelu"}
 
 
 def supported_architectures(family: str | None = None) -> list[str]:

@@ -37,10 +37,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "varlen attention on packed q, k, v (T, heads, d) -> (T, heads * d); bf16_products: fp32 inputs may "
         "run the products on bf16 operands (AMX, fp32 accumulation and softmax); bias_table (heads, width) float32 "
         "and bias_positions (T,) int32: score(t, u) += bias_table[h, (width - 1) / 2 + pos[u] - pos[t]] (MPNet); "
-        "window > 0: token t attends only to the tokens u of its sequence with |t - u| <= window",
+        "window > 0: token t attends only to the tokens u of its sequence with |t - u| <= window; DeBERTa-v2 "
+        "instead of bias_table: c2p, p2c (T, heads, cols) float32 (either may be None) and rel_index (width,) int32: "
+        "c = rel_index[(width - 1) / 2 + pos[t] - pos[u]], score(t, u) += c2p[t, h, c] + p2c[u, h, c]",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
         py::arg("bf16_products") = false, py::arg("bias_table") = py::none(), py::arg("bias_positions") = py::none(),
-        py::arg("window") = 0);
+        py::arg("window") = 0, py::arg("c2p") = py::none(), py::arg("p2c") = py::none(),
+        py::arg("rel_index") = py::none());
+  m.def("position_scores", &position_scores,
+        "DeBERTa-v2's per-token position terms: x (T, heads, d) rows any stride apart, pos (rows, heads * d) "
+        "contiguous of x's dtype -> (T, heads, rows) float32, scale * x[t, h] . pos[r, h]",
+        py::arg("x"), py::arg("pos"), py::arg("scale"));
   m.def("rotary_", &rotary_,
         "RoPE in place, half-split convention, exact fp32 math: x (T, heads, d) rows and heads any stride apart, "
         "cos and sin (T, d / 2) float32; returns x",

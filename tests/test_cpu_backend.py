@@ -203,8 +203,8 @@ def _plain_layer(layer, dtype):
     """The prepared layer's weights (PackedLinear or plain tensors) as plain tensors of `dtype`."""
     import dataclasses
 
-    def unpack(t):
-        return (t.weight if hasattr(t, "packed") else t).to(dtype)
+    def unpack(t):  # optional slots (DeBERTa's position projections) stay None
+        return None if t is None else (t.weight if hasattr(t, "packed") else t).to(dtype)
 
     return dataclasses.replace(layer, **{f.name: unpack(getattr(layer, f.name)) for f in dataclasses.fields(layer)})
 

@@ -14,7 +14,7 @@ from helpers.outputs import check_against
 transformers = pytest.importorskip("transformers")
 
 PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
-          "albert": "Albert", "distilbert": "DistilBert", "mpnet": "MPNet"}
+          "albert": "Albert", "distilbert": "DistilBert", "mpnet": "MPNet", "deberta-v2": "DebertaV2"}
 TASKS = {
     "bert": ["SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice", "MaskedLM",
              "NextSentencePrediction", "PreTraining"],
@@ -26,7 +26,7 @@ TASKS = {
     "distilbert": ["SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice",
                    "MaskedLM"],
 }
-TASKS["xlm-roberta"] = TASKS["mpnet"] = TASKS["roberta"]
+TASKS["xlm-roberta"] = TASKS["mpnet"] = TASKS["deberta-v2"] = TASKS["roberta"]
 
 
 def _config(family, **kw):
@@ -48,6 +48,10 @@ def _config(family, **kw):
                                          num_hidden_groups=2, **kw)
     if family == "mpnet":
         return transformers.MPNetConfig(**{**NO_TYPES, "hidden_act": "relu"}, **kw)
+    if family == "deberta-v2":  # v3 style; the pooler's gelu differs from the layers' relu
+        return transformers.DebertaV2Config(**{**NO_TYPES, "hidden_act": "relu"}, relative_attention=True,
+                                            pos_att_type="p2c|c2p", share_att_key=True, position_buckets=8,
+                                            norm_rel_ebd="layer_norm", position_biased_input=False, **kw)
     return transformers.DistilBertConfig(vocab_size=97, dim=64, n_layers=2, n_heads=4, hidden_dim=96,
                                          max_position_embeddings=40, activation="gelu_new", **kw)
 
@@ -75,7 +79,8 @@ def inputs_for(model, task):
 CASES = [(f, t, True) for f in TASKS for t in TASKS[f]] + [
     # Untied decoders: the checkpoint's own decoder weight and bias, not the embeddings'.
     (f, t, False) for f, t in [("bert", "PreTraining"), ("roberta", "MaskedLM"), ("electra", "MaskedLM"),
-                               ("albert", "MaskedLM"), ("distilbert", "MaskedLM"), ("mpnet", "MaskedLM")]]
+                               ("albert", "MaskedLM"), ("distilbert", "MaskedLM"), ("mpnet", "MaskedLM"),
+                               ("deberta-v2", "MaskedLM")]]
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -91,6 +96,18 @@ def test_head_matches_transformers(tmp_path, family, task, tied, backend):
         ours = load(source, backend=backend)
         assert isinstance(ours, TaskModel) and ours.architecture == type(model).__name__
         check_against(ours(**kwargs, output_hidden_states=True), ref, mask)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_deberta_mlm_head_not_legacy(tmp_path, backend):
+    """DeBERTa-v2's legacy=False MLM head (DebertaV2LMPredictionHead: its own names, the word embeddings)."""
+    model = build("deberta-v2", "MaskedLM", legacy=False)
+    model.save_pretrained(tmp_path)
+    kwargs, mask = inputs_for(model, "MaskedLM")
+    with torch.no_grad():
+        ref = model(**kwargs, output_hidden_states=True)
+    for source in (tmp_path, model):
+        check_against(load(source, backend=backend)(**kwargs, output_hidden_states=True), ref, mask)
 
 
 def test_outputs_without_hidden_states_and_as_tuple():

@@ -26,6 +26,10 @@ def _config(family):
         return transformers.AlbertConfig(**COMMON, embedding_size=16, num_labels=2)
     if family == "mpnet":
         return transformers.MPNetConfig(**NO_TYPES, num_labels=2)
+    if family == "deberta-v2":  # v3 style: shared keys, log buckets, normed relative embeddings, no positions
+        return transformers.DebertaV2Config(**NO_TYPES, num_labels=2, relative_attention=True, pos_att_type="p2c|c2p",
+                                            share_att_key=True, position_buckets=8, norm_rel_ebd="layer_norm",
+                                            position_biased_input=False)
     return transformers.DistilBertConfig(vocab_size=97, dim=64, n_layers=2, n_heads=4, hidden_dim=96,
                                          max_position_embeddings=40, num_labels=2)
 
@@ -41,6 +45,9 @@ MODELS = [
     ("distilbert", "DistilBertForQuestionAnswering"), ("distilbert", "DistilBertForSequenceClassification"),
     ("mpnet", "MPNetModel"), ("mpnet", "MPNetForSequenceClassification"), ("mpnet", "MPNetForMaskedLM"),
     ("mpnet", "MPNetForMultipleChoice"),
+    ("deberta-v2", "DebertaV2Model"), ("deberta-v2", "DebertaV2ForSequenceClassification"),
+    ("deberta-v2", "DebertaV2ForTokenClassification"), ("deberta-v2", "DebertaV2ForQuestionAnswering"),
+    ("deberta-v2", "DebertaV2ForMultipleChoice"), ("deberta-v2", "DebertaV2ForMaskedLM"),
 ]
 
 

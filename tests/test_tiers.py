@@ -144,7 +144,8 @@ def family_models():
     return {}  # family -> its parity model, built once for every tier and dtype
 
 
-FAMILIES = ("bert", "roberta", "distilbert", "albert", "electra", "mpnet", "modernbert", "nomic_bert", "gte")
+FAMILIES = ("bert", "roberta", "distilbert", "albert", "electra", "mpnet", "modernbert", "nomic_bert", "gte",
+            "deberta-v2")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"], ids=["fp32", "bf16", "int8"])

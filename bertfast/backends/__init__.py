@@ -16,7 +16,7 @@ from .cpu import isa as _isa
 # so before anything here imports torch.
 _isa.apply_library_caps()
 
-from .contract import AttentionBias, Backend, BackendUnavailable, Precision, Rotary, Tokens  # noqa: E402
+from .contract import AttentionBias, Backend, DisentangledBias, BackendUnavailable, Precision, Rotary, Tokens  # noqa: E402
 
 # name -> "module:Class". Adding a backend is one line here plus its module.
 REGISTRY = {
@@ -109,4 +109,4 @@ def get_backend(name: str = "auto", device="cpu", quantize: str | None = None, f
     return cls(quantize=quantize)
 
 
-__all__ = ["AttentionBias", "Backend", "BackendUnavailable", "Precision", "Rotary", "Tokens", "REGISTRY", "get_backend", "available_backends", "warn_once"]
+__all__ = ["AttentionBias", "Backend", "DisentangledBias", "BackendUnavailable", "Precision", "Rotary", "Tokens", "REGISTRY", "get_backend", "available_backends", "warn_once"]

@@ -44,6 +44,20 @@ class AttentionBias(NamedTuple):
     positions: torch.Tensor
 
 
+class DisentangledBias(NamedTuple):
+    """DeBERTa-v2's disentangled attention terms of one layer (`bertfast.disentangled`): for tokens t (query) and
+    u (key) of one sequence, c = index[(width - 1) / 2 + positions[t] - positions[u]] and
+    score(t, u) += c2p[t, h, c] + p2c[u, h, c], the terms already scaled as q.k is.
+
+    c2p, p2c: (T, heads, R) float32 contiguous, or None where the model lacks that term; index: (width,) int32,
+    width odd, values in [0, R); positions: (T,) int32 (each token's column in the padded batch)."""
+
+    c2p: torch.Tensor | None
+    p2c: torch.Tensor | None
+    index: torch.Tensor
+    positions: torch.Tensor
+
+
 class Rotary(NamedTuple):
     """Rotary position embeddings (RoPE) for q and k, the half-split ("rotate_half") convention over the whole
     head dim d: for i < d/2, y[i] = x[i] cos[t, i] - x[i + d/2] sin[t, i] and y[i + d/2] = x[i + d/2] cos[t, i] +
@@ -142,12 +156,19 @@ class Backend:
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias: AttentionBias | None = None,
                   window: int = 0):
         """Varlen softmax attention of each sequence on itself: q, k, v (T, heads, d) -> (T, heads * d);
-        softmax(q k^T * scale + bias) v, bias an AttentionBias or None. window > 0 (sliding-window attention,
+        softmax(q k^T * scale + bias) v, bias an AttentionBias, a DisentangledBias or None. window > 0 (sliding-window attention,
         ModernBERT's local layers): token t of a sequence attends only to the tokens u of it with
         |t - u| <= window, and the work outside the window is skipped, not masked after computing it."""
         raise NotImplementedError
 
     def layernorm(self, x, weight, bias, eps):
+        raise NotImplementedError
+
+    def disentangled(self, q, k, pos_key, pos_query, scale):
+        """DeBERTa-v2's per-token position terms (`reference.disentangled`): q, k (T, heads, d) views allowed;
+        pos_key, pos_query (R, heads * d) or None -> (c2p, p2c), (T, heads, R) float32 contiguous or None, with
+        c2p[t, h, r] = scale * q[t, h] . pos_key[r, h] and p2c[t, h, r] = scale * k[t, h] . pos_query[r, h]. A
+        table entry must not depend on T (batch invariance)."""
         raise NotImplementedError
 
     def whole_layer(self, x, layer: LayerWeights):

@@ -20,6 +20,7 @@ class TorchBackend(Backend):
     qkv = staticmethod(reference.qkv)
     attention = staticmethod(reference.attention)
     layernorm = staticmethod(reference.layernorm)
+    disentangled = staticmethod(reference.disentangled)
 
     @staticmethod
     def linear(x, weight, bias, act="none", residual=None, gated=False):

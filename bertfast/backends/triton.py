@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from . import gemm_choice
+from . import disentangled, gemm_choice
 from .contract import Backend, Precision
 
 
@@ -88,8 +88,13 @@ class TritonBackend(Backend):
             return gemm_choice.cublas_qkv(x, weight, bias, num_heads)
         return self._ops.qkv.qkv(x, weight, bias, num_heads, rotary=rotary)
 
+    def disentangled(self, q, k, pos_key, pos_query, scale):
+        """DeBERTa-v2's c2p / p2c tables: torch's batched products on the device (`disentangled.tables`)."""
+        return disentangled.tables(q, k, pos_key, pos_query, scale)
+
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None, window=0):
-        # bias: MPNet's AttentionBias (per-distance table, per-token positions), gathered per score tile.
+        # bias: MPNet's AttentionBias (per-distance table, per-token positions) or DeBERTa-v2's DisentangledBias
+        # (per-token c2p / p2c tables, per-distance index), gathered per score tile.
         return self._ops.attention.attention_varlen(q, k, v, cu_seqlens, max_seqlen, scale, validate=False,
                                                     window=window, bias=bias)
 

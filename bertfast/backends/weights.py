@@ -47,6 +47,9 @@ class LayerWeights:
     ffn_out_bias: torch.Tensor | None  # [H]
     ffn_ln_weight: torch.Tensor  # [H]
     ffn_ln_bias: torch.Tensor  # [H]
+    # DeBERTa-v2: the layer's key / query projections of its relative embeddings (`disentangled`), or None
+    pos_key: torch.Tensor | None = None  # [2 span, H]: the c2p term's
+    pos_query: torch.Tensor | None = None  # [2 span, H]: the p2c term's
 
 
 @dataclass

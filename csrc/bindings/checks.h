@@ -120,6 +120,26 @@ inline int64_t check_cu_seqlens(const at::Tensor& cu_seqlens, int64_t tokens, in
   return B;
 }
 
+// positions (T,) int32 contiguous, every distance between two tokens of one sequence at most `reach` (what the
+// per-distance table `what` covers); returns its data.
+inline const int32_t* check_positions(const at::Tensor& positions, int64_t tokens, const at::Tensor& cu_seqlens,
+                                      int64_t reach, const char* what) {
+  check_tensor(positions, "bias_positions");
+  BF_CHECK(positions.scalar_type() == at::kInt, "bias_positions must be int32, got ", positions.scalar_type());
+  BF_CHECK(positions.dim() == 1 && positions.size(0) == tokens, "bias_positions must be (", tokens, ",), got ",
+           positions.sizes());
+  check_contig(positions, "bias_positions");
+  const int32_t* pos = positions.data_ptr<int32_t>();
+  const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
+  for (int64_t b = 0; b + 1 < cu_seqlens.size(0); ++b) {
+    if (cu[b + 1] == cu[b]) continue;
+    const auto [lo, hi] = std::minmax_element(pos + cu[b], pos + cu[b + 1]);
+    BF_CHECK(int64_t(*hi) - *lo <= reach, "bias_positions of sequence ", b, " span ", int64_t(*hi) - *lo,
+             " but ", what, " (width ", 2 * reach + 1, ") covers distances up to ", reach);
+  }
+  return pos;
+}
+
 // The optional relative position bias of attention (`bc::AttnBias`; table and positions go together): table
 // (heads, width) float32 contiguous with width odd, positions (T,) int32 contiguous, and every distance between
 // two tokens of one sequence inside the table. table == nullptr in the result when absent.
@@ -132,21 +152,44 @@ inline bc::AttnBias check_attn_bias(const c10::optional<at::Tensor>& table, cons
   BF_CHECK(table->dim() == 2 && table->size(0) == heads && table->size(1) % 2 == 1,
            "bias_table must be (heads = ", heads, ", width) with width odd, got ", table->sizes());
   check_contig(*table, "bias_table");
-  check_tensor(*positions, "bias_positions");
-  BF_CHECK(positions->scalar_type() == at::kInt, "bias_positions must be int32, got ", positions->scalar_type());
-  BF_CHECK(positions->dim() == 1 && positions->size(0) == tokens, "bias_positions must be (", tokens, ",), got ",
-           positions->sizes());
-  check_contig(*positions, "bias_positions");
-  const int32_t* pos = positions->data_ptr<int32_t>();
-  const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
-  const int64_t reach = (table->size(1) - 1) / 2;
-  for (int64_t b = 0; b + 1 < cu_seqlens.size(0); ++b) {
-    if (cu[b + 1] == cu[b]) continue;
-    const auto [lo, hi] = std::minmax_element(pos + cu[b], pos + cu[b + 1]);
-    BF_CHECK(int64_t(*hi) - *lo <= reach, "bias_positions of sequence ", b, " span ", int64_t(*hi) - *lo,
-             " but bias_table (width ", table->size(1), ") covers distances up to ", reach);
-  }
+  const int32_t* pos = check_positions(*positions, tokens, cu_seqlens, (table->size(1) - 1) / 2, "bias_table");
   return {table->data_ptr<float>(), table->size(1), pos};
+}
+
+// DeBERTa-v2's disentangled terms for attention (`bc::AttnBias` with an index): c2p / p2c (T, heads, cols) float32
+// contiguous (either may be absent, not both), index (width,) int32 contiguous with width odd and values in
+// [0, cols), positions (T,) int32 contiguous with every distance within a sequence inside the index. Fills `bias`.
+inline void check_disentangled(const c10::optional<at::Tensor>& c2p, const c10::optional<at::Tensor>& p2c,
+                               const c10::optional<at::Tensor>& index, const c10::optional<at::Tensor>& positions,
+                               int64_t heads, int64_t tokens, const at::Tensor& cu_seqlens, bc::AttnBias* bias) {
+  BF_CHECK(index.has_value() && positions.has_value() && (c2p.has_value() || p2c.has_value()),
+           "the disentangled terms need rel_index, bias_positions and at least one of c2p, p2c");
+  int64_t cols = -1;
+  for (const auto& [t, name] : {std::pair{&c2p, "c2p"}, std::pair{&p2c, "p2c"}}) {
+    if (!t->has_value()) continue;
+    const at::Tensor& x = **t;
+    check_tensor(x, name);
+    BF_CHECK(x.scalar_type() == at::kFloat, name, " must be float32, got ", x.scalar_type());
+    BF_CHECK(x.dim() == 3 && x.size(0) == tokens && x.size(1) == heads && x.size(2) > 0, name, " must be (T = ",
+             tokens, ", heads = ", heads, ", cols > 0), got ", x.sizes());
+    BF_CHECK(cols < 0 || x.size(2) == cols, "c2p and p2c must have one number of columns, got ", cols, " and ",
+             x.size(2));
+    check_contig(x, name);
+    cols = x.size(2);
+  }
+  check_tensor(*index, "rel_index");
+  BF_CHECK(index->scalar_type() == at::kInt && index->dim() == 1 && index->size(0) % 2 == 1,
+           "rel_index must be (width,) int32 with width odd, got ", index->scalar_type(), " ", index->sizes());
+  check_contig(*index, "rel_index");
+  const int32_t* idx = index->data_ptr<int32_t>();
+  const auto [lo, hi] = std::minmax_element(idx, idx + index->size(0));
+  BF_CHECK(*lo >= 0 && *hi < cols, "rel_index values must lie in [0, ", cols, "), got [", *lo, ", ", *hi, "]");
+  *bias = {nullptr, index->size(0), check_positions(*positions, tokens, cu_seqlens, (index->size(0) - 1) / 2,
+                                                   "rel_index")};
+  bias->c2p = c2p.has_value() ? c2p->data_ptr<float>() : nullptr;
+  bias->p2c = p2c.has_value() ? p2c->data_ptr<float>() : nullptr;
+  bias->index = idx;
+  bias->cols = cols;
 }
 
 inline bc::Activation activation(const std::string& name) {

@@ -86,7 +86,8 @@ at::Tensor layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Ten
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                      int64_t max_seqlen, double scale, bool bf16_products,
                      const c10::optional<at::Tensor>& bias_table, const c10::optional<at::Tensor>& bias_positions,
-                     int64_t window) {
+                     int64_t window, const c10::optional<at::Tensor>& c2p, const c10::optional<at::Tensor>& p2c,
+                     const c10::optional<at::Tensor>& rel_index) {
   check_float(q, "q");
   BF_CHECK(q.dim() == 3, "q must be (tokens, heads, head_dim), got ", q.sizes());
   check_like(k, q, "k");
@@ -100,7 +101,13 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   BF_CHECK(heads > 0 && d > 0, "heads and head_dim must be positive, got ", q.sizes());
   const int64_t B = check_cu_seqlens(cu_seqlens, T, max_seqlen, "q");
   const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
-  const bc::AttnBias bias = check_attn_bias(bias_table, bias_positions, heads, T, cu_seqlens);
+  bc::AttnBias bias{nullptr, 0, nullptr};
+  if (c2p.has_value() || p2c.has_value() || rel_index.has_value()) {  // DeBERTa-v2
+    BF_CHECK(!bias_table.has_value(), "bias_table and the disentangled terms (c2p, p2c) exclude each other");
+    check_disentangled(c2p, p2c, rel_index, bias_positions, heads, T, cu_seqlens, &bias);
+  } else {
+    bias = check_attn_bias(bias_table, bias_positions, heads, T, cu_seqlens);
+  }
   BF_CHECK(window >= 0, "window must be >= 0 (0: global attention), got ", window);
   const bc::AttnStrides st{q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1)};
   at::Tensor out = at::empty({T, heads * d}, q.options());
@@ -109,7 +116,30 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     dispatch(q.scalar_type(), [&](auto tag) {
       using T_ = decltype(tag);
       bc::attention<T_>(ptr<T_>(q), ptr<T_>(k), ptr<T_>(v), st, cu, B, heads, d, float(scale), ptr<T_>(out),
-                        bf16_products, bias.table ? &bias : nullptr, window);
+                        bf16_products, bias.table || bias.index ? &bias : nullptr, window);
+    });
+  }
+  return out;
+}
+
+// DeBERTa-v2's per-token position terms: scale * x[t, h] . pos[r, h] -> (T, heads, rows) float32.
+at::Tensor position_scores(const at::Tensor& x, const at::Tensor& pos, double scale) {
+  check_float(x, "x");
+  BF_CHECK(x.dim() == 3 && x.size(1) > 0 && x.size(2) > 0, "x must be (tokens, heads, head_dim), got ", x.sizes());
+  BF_CHECK(x.stride(2) == 1 || x.size(2) == 1, "x must be contiguous along head_dim, got strides ", x.strides());
+  const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
+  check_like(pos, x, "pos");
+  BF_CHECK(pos.dim() == 2 && pos.size(0) > 0 && pos.size(1) == heads * d, "pos must be (rows > 0, heads * head_dim = ",
+           heads * d, "), got ", pos.sizes());
+  check_contig(pos, "pos");
+  at::Tensor out = at::empty({T, heads, pos.size(0)}, x.options().dtype(at::kFloat));
+  if (T == 0) return out;
+  {
+    py::gil_scoped_release nogil;
+    dispatch(x.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::position_scores<T_>(ptr<T_>(x), x.stride(0), x.stride(1), T, heads, d, ptr<T_>(pos), pos.size(0),
+                              float(scale), out.data_ptr<float>());
     });
   }
   return out;

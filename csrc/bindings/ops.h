@@ -39,7 +39,9 @@ at::Tensor layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Ten
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                      int64_t max_seqlen, double scale, bool bf16_products,
                      const c10::optional<at::Tensor>& bias_table, const c10::optional<at::Tensor>& bias_positions,
-                     int64_t window);
+                     int64_t window, const c10::optional<at::Tensor>& c2p, const c10::optional<at::Tensor>& p2c,
+                     const c10::optional<at::Tensor>& rel_index);
+at::Tensor position_scores(const at::Tensor& x, const at::Tensor& pos, double scale);
 at::Tensor rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor glu(const at::Tensor& h, const std::string& act);
 at::Tensor pack_linear(const at::Tensor& weight);

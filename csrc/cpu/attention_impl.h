@@ -92,14 +92,57 @@ struct Scratch {
 };
 
 // The position bias of one (query block, key tile): score (i, j) += row[kpos[j] - qpos[i]], row = this head's
-// table row at distance 0; row == nullptr: no bias.
+// table row at distance 0; or DeBERTa-v2's terms (index != nullptr): c = index[qpos[i] - kpos[j]] (index at
+// distance 0) and score (i, j) += c2p[i * stride + c] + p2c[j * stride + c], c2p / p2c at this head's row of the
+// block's first query / the tile's first key (either may be nullptr); row == index == nullptr: no bias.
 struct TileBias {
   const float* row = nullptr;
   const int32_t *qpos = nullptr, *kpos = nullptr;
+  const int32_t* index = nullptr;
+  const float *c2p = nullptr, *p2c = nullptr;
+  int64_t stride = 0;
 };
+
+// The tile of `bias` for query rows [q0, q0 + qn) and keys from k0 of the sequence starting at token `start`, head h.
+BF_INLINE TileBias tile_bias(const AttnBias& bias, int64_t heads, int64_t h, int64_t start, int64_t q0, int64_t k0) {
+  TileBias tb;
+  tb.qpos = bias.pos + start + q0;
+  tb.kpos = bias.pos + start + k0;
+  if (bias.index == nullptr) {
+    tb.row = bias.table + h * bias.width + (bias.width - 1) / 2;
+    return tb;
+  }
+  tb.index = bias.index + (bias.width - 1) / 2;
+  tb.stride = heads * bias.cols;
+  if (bias.c2p != nullptr) tb.c2p = bias.c2p + ((start + q0) * heads + h) * bias.cols;
+  if (bias.p2c != nullptr) tb.p2c = bias.p2c + ((start + k0) * heads + h) * bias.cols;
+  return tb;
+}
+
+// DeBERTa-v2's terms on the tile (see TileBias): their sum added to each score, as transformers adds c2p + p2c.
+template <bool kC2p, bool kP2c>
+BF_INLINE void add_disentangled(float* s, const TileBias& b, int64_t qn, int64_t kn) {
+  for (int64_t i = 0; i < qn; ++i) {
+    const int32_t* idx = b.index + b.qpos[i];
+    const float* c2p = b.c2p + (kC2p ? i * b.stride : 0);
+    float* si = s + i * kKBlock;
+    for (int64_t j = 0; j < kn; ++j) {
+      const int32_t c = idx[-b.kpos[j]];
+      float term = kC2p ? c2p[c] : 0.f;
+      if (kP2c) term += b.p2c[j * b.stride + c];
+      si[j] += term;
+    }
+  }
+}
 
 // Adds the bias to the tile's scores s [qn][kKBlock] (kn keys); inlined into each tier's block.
 BF_INLINE void add_bias(float* s, const TileBias& b, int64_t qn, int64_t kn) {
+  if (b.index != nullptr) {
+    if (b.c2p != nullptr && b.p2c != nullptr) add_disentangled<true, true>(s, b, qn, kn);
+    else if (b.c2p != nullptr) add_disentangled<true, false>(s, b, qn, kn);
+    else if (b.p2c != nullptr) add_disentangled<false, true>(s, b, qn, kn);
+    return;
+  }
   if (b.row == nullptr) return;
   for (int64_t i = 0; i < qn; ++i) {
     const float* row = b.row - b.qpos[i];
@@ -235,8 +278,7 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
         const int64_t kn = std::min<int64_t>(kKBlock, len - k0);
         pf.step(rows_per_run);
         TileBias tb;
-        if (bias != nullptr)
-          tb = {bias->table + h * bias->width + (bias->width - 1) / 2, bias->pos + start + q0, bias->pos + start + k0};
+        if (bias != nullptr) tb = tile_bias(*bias, heads, h, start, q0, k0);
         TileWindow tw;  // masks only a tile some row's window leaves part of
         if (w > 0 && (k0 + kn - 1 - q0 > w || q0 + qn - 1 - k0 > w)) tw = {w, k0 - q0};
         Block::run(sc, sc.kt.data() + t * d * kKBlock, sc.vf.data() + t * kKBlock * dp, qn, kn, d, dp, n == 0, tb, tw);

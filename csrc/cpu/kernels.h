@@ -38,10 +38,17 @@ struct AttnStrides {
 // An additive relative position bias (MPNet): score(t, u) += table[h * width + (width - 1) / 2 + pos[u] - pos[t]]
 // for tokens t, u of one sequence, pos: (T,) the tokens' positions, table: (heads, width) fp32 per distance,
 // width odd and covering every distance within a sequence (checked at the boundary): linear in length.
+// DeBERTa-v2's disentangled terms instead (index != nullptr, table == nullptr): c = index[(width - 1) / 2 + pos[t] -
+// pos[u]] and score(t, u) += c2p[(t * heads + h) * cols + c] + p2c[(u * heads + h) * cols + c], each table (T,
+// heads, cols) fp32 or absent (nullptr), index: (width,) int32 with values in [0, cols) (checked at the boundary).
 struct AttnBias {
   const float* table;
   int64_t width;
   const int32_t* pos;
+  const float* c2p = nullptr;
+  const float* p2c = nullptr;
+  const int32_t* index = nullptr;
+  int64_t cols = 0;
 };
 // window > 0: sliding-window attention, token t sees only the tokens u of its sequence with |t - u| <= window
 // (key tiles outside every query's window are never visited).
@@ -49,6 +56,15 @@ template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
                int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products = false,
                const AttnBias* bias = nullptr, int64_t window = 0);
+
+// ---- disentangled.cpp ----
+
+// DeBERTa-v2's per-token position terms: out[(t * heads + h) * rows + r] = scale * sum_e x[t, h, e] * pos[r, h, e],
+// x element (t, h, e) at x[t * ld_row + h * ld_head + e], pos: (rows, heads * head_dim) contiguous. Each entry is
+// one dot product over e in order, the same code for every token count (a row's terms do not depend on T).
+template <typename T>
+void position_scores(const T* x, int64_t ld_row, int64_t ld_head, int64_t tokens, int64_t heads, int64_t head_dim,
+                     const T* pos, int64_t rows, float scale, float* out);
 
 // ---- rotary.cpp ----
 

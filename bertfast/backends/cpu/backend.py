@@ -1,6 +1,7 @@
 """The "cpu" backend: native kernels from `bertfast._C` (csrc/) on the packed [T, H] token layout.
 
 Embedding + LayerNorm, varlen attention (reading q/k/v in place from the fused QKV output; sliding window,
+DeBERTa-v2's c2p / p2c terms from per-token tables, `_C.position_scores`,
 relative position bias), RoPE on q and k (in place, right after the QKV GEMM), the GLU gate and LayerNorm
 run in C++ (code per ISA tier, `isa`). GEMMs run on the extension's kernel at every token count, on weights
 packed once in `prepare` (`linear.PackedLinear`, or `quant.QuantLinear` under int8). A plain BERT layer runs
@@ -16,7 +17,7 @@ import dataclasses
 import torch
 
 from ...kernels import activation
-from ..contract import Backend, Precision, Rotary
+from ..contract import Backend, DisentangledBias, Precision, Rotary
 from ..weights import LayerWeights, ModelWeights
 from . import isa, linear, quant
 from .ext import _C, IMPORT_ERROR
@@ -123,12 +124,18 @@ class CpuBackend(Backend):
 
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None, window: int = 0):
         # Under int8 the products run on bf16 operands where AMX is present (docs/int8.md#what-stays-fp32); with a
-        # position bias (MPNet) or a window on the fp32-math tiers (csrc/cpu/attention.cpp).
+        # position bias (MPNet, DeBERTa-v2) or a window on the fp32-math tiers (csrc/cpu/attention.cpp).
         return _C.attention(q, k, v, cu_seqlens, int(max_seqlen), float(scale),
                             bf16_products=self.quantize == "int8", window=int(window), **_bias_args(bias))
 
     def layernorm(self, x, weight, bias, eps):
         return _C.layernorm(x.contiguous(), weight, bias, eps)
+
+    def disentangled(self, q, k, pos_key, pos_query, scale):
+        """DeBERTa-v2's c2p / p2c tables (`_C.position_scores`, one dot product per entry, whatever T)."""
+        c2p = None if pos_key is None else _C.position_scores(q, pos_key.contiguous(), float(scale))
+        p2c = None if pos_query is None else _C.position_scores(k, pos_query.contiguous(), float(scale))
+        return c2p, p2c
 
     def _whole_layer(self, layer, cfg):
         gemms = [layer.qkv_weight, layer.attn_out_weight, layer.ffn_in_weight, layer.ffn_out_weight]
@@ -163,5 +170,7 @@ def _fits_whole_layer(layer: LayerWeights, cfg) -> bool:
 
 
 def _bias_args(bias) -> dict:
-    """The native calls' keyword arguments for an AttentionBias (none without one)."""
+    """The native calls' keyword arguments for an AttentionBias or a DisentangledBias (none without one)."""
+    if isinstance(bias, DisentangledBias):
+        return dict(c2p=bias.c2p, p2c=bias.p2c, rel_index=bias.index, bias_positions=bias.positions)
     return {} if bias is None else dict(bias_table=bias.table, bias_positions=bias.positions)

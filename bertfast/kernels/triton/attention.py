@@ -17,7 +17,8 @@ keys inside those tiles but outside a row's window get the masked score.
 
 A relative position bias (MPNet, varlen only) is added to each score tile from a compact per-distance table,
 table[h, (width - 1) / 2 + pos[u] - pos[t]] (`backends.AttentionBias`), gathered per tile: never a (T, T)
-matrix.
+matrix. DeBERTa-v2's disentangled terms likewise (`backends.DisentangledBias`): per tile, each pair's column
+c = index[(width - 1) / 2 + pos[t] - pos[u]] and c2p[t, h, c] + p2c[u, h, c] gathered from the per-token tables.
 """
 
 from __future__ import annotations
@@ -80,19 +81,19 @@ _INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4,
 
 
 @triton.autotune(configs=configs_for_mode(_CONFIGS, _INTERPRETER_CONFIG),
-                 key=["seqlen_bucket", "BLOCK_D", "IS_VARLEN", "HAS_WINDOW", "HAS_BIAS"],
+                 key=["seqlen_bucket", "BLOCK_D", "IS_VARLEN", "HAS_WINDOW", "HAS_BIAS", "HAS_C2P", "HAS_P2C"],
                  prune_configs_by={"early_config_prune": _prune_configs})
-@triton.jit(do_not_specialize=["seqlen", "seqlen_bucket", "scale_log2", "window", "bias_width"])
+@triton.jit(do_not_specialize=["seqlen", "seqlen_bucket", "scale_log2", "window", "bias_width", "rel_cols"])
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, cu_seqlens_ptr, bias_ptr, positions_ptr,
-    seqlen, seqlen_bucket, head_dim, num_heads, scale_log2, window, bias_width, stride_bias_h,
+    q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, cu_seqlens_ptr, bias_ptr, positions_ptr, c2p_ptr, p2c_ptr,
+    seqlen, seqlen_bucket, head_dim, num_heads, scale_log2, window, bias_width, stride_bias_h, rel_cols,
     stride_qb, stride_qh, stride_qs, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_ob, stride_oh, stride_os, stride_od,
     stride_mb, stride_ms,
     IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # seqlen_bucket only keys the autotuner (next power of two of the longest sequence).
@@ -128,6 +129,12 @@ def _attention_kernel(
         pos_m = tl.load(positions_ptr + row0 + offs_m, mask=mask_m, other=0)  # [BLOCK_M] int32
         base_m = (bias_width - 1) // 2 - pos_m
         bias_row = bias_ptr + h * stride_bias_h
+    if HAS_C2P or HAS_P2C:
+        # DeBERTa-v2: index entry of distance 0, shifted by each query's position: entry = base_m[t] - pos[u];
+        # the tables' rows are (token, head) pairs of rel_cols columns.
+        pos_m = tl.load(positions_ptr + row0 + offs_m, mask=mask_m, other=0)  # [BLOCK_M] int32
+        base_m = (bias_width - 1) // 2 + pos_m
+        c2p_rows = c2p_ptr + ((row0 + offs_m) * num_heads + h) * rel_cols  # [BLOCK_M] pointers
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -150,6 +157,18 @@ def _attention_kernel(
             column = tl.minimum(tl.maximum(base_m[:, None] + pos_n[None, :], 0), bias_width - 1)
             bias = tl.load(bias_row + column, mask=mask_m[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_M, BLOCK_N]
             s += bias * 1.4426950408889634  # to log2 units, as scale_log2 is
+        if HAS_C2P or HAS_P2C:
+            pos_n = tl.load(positions_ptr + row0 + cols, mask=mask_n, other=0)  # [BLOCK_N] int32
+            mask_mn = mask_m[:, None] & mask_n[None, :]
+            entry = tl.minimum(tl.maximum(base_m[:, None] - pos_n[None, :], 0), bias_width - 1)
+            c = tl.load(bias_ptr + entry, mask=mask_mn, other=0)  # [BLOCK_M, BLOCK_N] int32 columns
+            term = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if HAS_C2P:
+                term += tl.load(c2p_rows[:, None] + c, mask=mask_mn, other=0.0)
+            if HAS_P2C:
+                p2c_rows = p2c_ptr + ((row0 + cols) * num_heads + h) * rel_cols  # [BLOCK_N] pointers
+                term += tl.load(p2c_rows[None, :] + c, mask=mask_mn, other=0.0)
+            s += term * 1.4426950408889634
         if HAS_MASK:
             keep = tl.load(mask_ptr + b.to(tl.int64) * stride_mb + cols * stride_ms, mask=mask_n, other=0)
             s = tl.where((keep != 0)[None, :], s, MASKED)
@@ -202,8 +221,30 @@ def _check_bias(op: str, bias, T: int, heads: int):
     return table, positions
 
 
+def _check_terms(op: str, terms, T: int, heads: int):
+    """DeBERTa-v2's disentangled terms (c2p, p2c, index, positions) (`backends.DisentangledBias`): c2p / p2c float32
+    (T, heads, cols) contiguous, at least one of them; index (width,) int32 contiguous, width odd, values in
+    [0, cols) (not read back: the engine builds it); positions as a bias's. Returns them."""
+    c2p, p2c, index, positions = terms
+    tables = [t for t in (c2p, p2c) if t is not None]
+    if not tables:
+        raise ValueError(f"{op}: the disentangled terms need c2p or p2c")
+    for name, t in (("c2p", c2p), ("p2c", p2c)):
+        if t is not None and (not torch.is_tensor(t) or t.dtype != torch.float32 or t.dim() != 3
+                              or tuple(t.shape[:2]) != (T, heads) or t.shape[2] != tables[0].shape[2]
+                              or not t.is_contiguous()):
+            desc = f"{t.dtype} {tuple(t.shape)}" if torch.is_tensor(t) else type(t).__name__
+            raise ValueError(f"{op}: {name} must be a contiguous float32 (T, heads, cols) = ({T}, {heads}, cols) "
+                             f"tensor (one cols for both), got {desc}")
+    if (not torch.is_tensor(index) or index.dtype != torch.int32 or index.dim() != 1 or index.shape[0] % 2 == 0
+            or not index.is_contiguous()):
+        raise ValueError(f"{op}: the disentangled index must be a contiguous int32 (width,) tensor, width odd")
+    _check_bias(op, (index[None, :].float(), positions), T, 1)
+    return c2p, p2c, index, positions
+
+
 def _launch(q, k, v, out, mask, cu_seqlens, batch, heads, seqlen, max_seqlen, scale, strides_bhsd, window=0,
-            bias=None):
+            bias=None, terms=None):
     d = q.shape[-1]
     block_d = max(16, next_pow2(d))  # tl.dot needs K >= 16
     bucket = max(16, next_pow2(max_seqlen))
@@ -211,13 +252,21 @@ def _launch(q, k, v, out, mask, cu_seqlens, batch, heads, seqlen, max_seqlen, sc
     sq, sk, sv, so = strides_bhsd
     sm = (mask.stride(0), mask.stride(1)) if mask is not None else (0, 0)
     table, positions = bias if bias is not None else (q, q)  # stand-ins, never read without HAS_BIAS
+    c2p = p2c = None
+    if terms is not None:  # DeBERTa-v2: the index in the table's slot (its width odd, like the table's)
+        c2p, p2c, index, positions = terms
+        table = index[None, :]
+    width = table.shape[1] if bias is not None or terms is not None else 1
+    cols = (c2p if c2p is not None else p2c).shape[2] if terms is not None else 0
     _attention_kernel[grid](
         q, k, v, out, mask if mask is not None else q, cu_seqlens if cu_seqlens is not None else q, table, positions,
+        c2p if c2p is not None else q, p2c if p2c is not None else q,
         seqlen, bucket, d, heads, float(scale) * 1.4426950408889634, window,
-        table.shape[1] if bias is not None else 1, table.stride(0) if bias is not None else 0,
+        width, table.stride(0) if bias is not None else 0, cols,
         *sq, *sk, *sv, *so, *sm,
         IS_VARLEN=cu_seqlens is not None, HAS_MASK=mask is not None, HAS_WINDOW=window > 0,
-        HAS_BIAS=bias is not None, BLOCK_D=block_d, INPUT_PRECISION=dot_precision(q.dtype),
+        HAS_BIAS=bias is not None, HAS_C2P=c2p is not None, HAS_P2C=p2c is not None, BLOCK_D=block_d,
+        INPUT_PRECISION=dot_precision(q.dtype),
     )
 
 
@@ -232,7 +281,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     the tokens u of its sequence with |t - u| <= window; the key tiles outside it are never visited);
     bias: None or a relative position bias (table, positions) (`backends.AttentionBias`): table (heads, width)
     float32 with width odd and rows contiguous, positions (T,) int32 contiguous; score(t, u) gains
-    table[h, (width - 1) / 2 + positions[u] - positions[t]] (clamped to the table), added in fp32.
+    table[h, (width - 1) / 2 + positions[u] - positions[t]] (clamped to the table), added in fp32; or DeBERTa-v2's
+    (c2p, p2c, index, positions) (`backends.DisentangledBias`): score(t, u) gains c2p[t, h, c] + p2c[u, h, c] with
+    c = index[(width - 1) / 2 + positions[t] - positions[u]].
     Returns (T, heads * d) in q's dtype.
     validate=False skips the checks of cu_seqlens' values (they need a device-to-host copy); use it
     only with cu_seqlens built by `bertfast.padding.unpad`.
@@ -251,7 +302,11 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         raise ValueError(f"{op}: window must be a non-negative int (0 = no window), got {window!r}")
     T, heads, d = q.shape
     tensors = [q, k, v, cu_seqlens]
-    if bias is not None:
+    terms = None
+    if bias is not None and len(bias) == 4:  # DeBERTa-v2's DisentangledBias
+        terms, bias = _check_terms(op, bias, T, heads), None
+        tensors += [t for t in terms if t is not None]
+    elif bias is not None:
         tensors += list(_check_bias(op, bias, T, heads))
     check_device(op, *tensors)
     if validate:
@@ -269,7 +324,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         strides = [(0, t.stride(1), t.stride(0), t.stride(2)) for t in (q, k, v, out)]
         # A window as wide as the longest sequence hides nothing: the plain kernel then.
         _launch(q, k, v, out, None, cu_seqlens, batch, heads, 0, max_seqlen, scale, strides,
-                window if window < max_seqlen else 0, bias)
+                window if window < max_seqlen else 0, bias, terms)
     return out.view(T, heads * d)
 
 
@@ -319,8 +374,10 @@ def aot_variants(dtype: torch.dtype = torch.float16, heads: int = 12, head_dim: 
     common = {"q_ptr": t, "k_ptr": t, "v_ptr": t, "o_ptr": t, "mask_ptr": torch.empty(16, dtype=torch.uint8),
               "cu_seqlens_ptr": torch.empty(16, dtype=torch.int32), "seqlen_bucket": bucket,
               "bias_ptr": torch.empty(16, dtype=torch.float32), "positions_ptr": torch.empty(16, dtype=torch.int32),
+              "c2p_ptr": torch.empty(16, dtype=torch.float32), "p2c_ptr": torch.empty(16, dtype=torch.float32),
               "head_dim": head_dim, "num_heads": heads, "scale_log2": 0.18, "window": 0, "bias_width": 1,
-              "stride_bias_h": 0, "HAS_WINDOW": False, "HAS_BIAS": False, "BLOCK_D": block_d,
+              "stride_bias_h": 0, "rel_cols": 0, "HAS_WINDOW": False, "HAS_BIAS": False, "HAS_C2P": False,
+              "HAS_P2C": False, "BLOCK_D": block_d,
               "INPUT_PRECISION": dot_precision(dtype)}
     varlen_strides = {f"stride_{x}{a}": v for x in "qkvo" for a, v in zip("bhsd", (0, head_dim, hidden, 1))}
     padded_strides = {f"stride_{x}{a}": v for x in "qkvo"

@@ -42,6 +42,10 @@ FAMILIES: dict[str, tuple[str, dict]] = {
                                       eos_token_id=2, cls_token_id=1, sep_token_id=2)),
     "nomic_bert": ("NomicBert", dict(_SHAPE, layer_norm_eps=1e-5)),
     "gte": ("Gte", dict(_SHAPE)),
+    # deberta-v3's layout (shared keys, LayerNorm'd relative embeddings, no absolute positions); 32 log buckets
+    "deberta-v2": ("DebertaV2", dict(_SHAPE, relative_attention=True, pos_att_type="p2c|c2p", share_att_key=True,
+                                     position_buckets=32, max_relative_positions=POSITIONS, norm_rel_ebd="layer_norm",
+                                     position_biased_input=False, layer_norm_eps=1e-7)),
 }
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

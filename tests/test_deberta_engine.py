@@ -1,0 +1,227 @@
+"""DeBERTa-v2/v3 on the engine's backends against transformers and the oracle's ops.
+
+The native ops on every ISA tier: the per-token position terms (`_C.position_scores`, a row's terms the same bits
+whatever the batch) and the varlen attention adding c2p + p2c per (query, key) from them, against the reference ops
+(fp32, bf16; both terms, one term; positions offset as columns are); their input checks. The encoder on the cpu
+backend (every tier) and on triton (interpreter) against transformers' DebertaV2Model on ragged batches with a
+1-token row and rows past the bucket horizon: v2 and v3 styles, one-term configs, 256 buckets with a 300-token
+row, left padding and holes; bf16 within twice transformers' own bf16 error; batch invariance (every family on
+every tier and dtype, int8 included: test_tiers.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+from bertfast import Encoder, disentangled, reference
+from bertfast.accuracy import TABLE, within
+from bertfast.backends import DisentangledBias, available_backends
+from bertfast.config import ModelConfig
+from conftest import rel_err
+from helpers.deberta import batch, build
+
+CPU_REASON = available_backends("cpu").get("cpu")
+needs_cpu = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")
+TRITON_REASON = available_backends("cpu").get("triton")
+needs_triton = pytest.mark.skipif(TRITON_REASON is not None, reason=f"backend 'triton' unavailable: {TRITON_REASON}")
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _hf(model, ids, mask, types=None, dtype=torch.float32):
+    kwargs = {} if types is None else dict(token_type_ids=types)
+    with torch.no_grad():
+        return copy.deepcopy(model).to(dtype)(ids, attention_mask=mask, **kwargs).last_hidden_state.float()
+
+
+def _ours(model, ids, mask, types=None, **kw):
+    kwargs = {} if types is None else dict(token_type_ids=types)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bf16 slower than fp32 on some tiers
+        enc = Encoder.from_hf(model, **kw)
+    return enc(ids, attention_mask=mask, **kwargs).last_hidden_state.float()
+
+
+def _terms(lengths, heads, d, rows, seed, dtype):
+    """Random q, k (views of one fused (T, 3, heads, d) output), position projections (rows, heads * d), cu_seqlens
+    and positions (each row's columns start at an offset, as after left padding)."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(sum(lengths), 3, heads, d, generator=g).to(dtype)
+    pos = [torch.randn(rows, heads * d, generator=g).to(dtype) for _ in range(2)]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    positions = torch.cat([torch.arange(n) + i % 4 for i, n in enumerate(lengths)]).to(torch.int32)
+    return qkv, pos, cu, positions
+
+
+# --- the native ops on every tier ----------------------------------------------------------------------------------
+
+@needs_cpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_native_position_scores(isa, dtype):
+    from bertfast import _C
+
+    heads, d, rows = 3, 40, 37  # rows not a multiple of the 16 lanes; an odd head dim
+    qkv, (pos, _), _, _ = _terms([300, 1, 77], heads, d, rows, 0, dtype)
+    q = qkv[:, 0]
+    ours = _C.position_scores(q, pos, 0.125)
+    expected, _ = disentangled.tables(q.double(), q.double(), pos.double(), None, 0.125)
+    assert ours.dtype == torch.float32 and ours.shape == (q.shape[0], heads, rows)
+    assert rel_err(ours, expected) <= (TABLE[torch.float32])
+    for lo, hi in ((300, 301), (0, 1), (150, 250)):  # a token's terms alone equal its terms inside the batch
+        assert torch.equal(_C.position_scores(q[lo:hi], pos, 0.125), ours[lo:hi])
+
+
+ATTN_CASES = [([1], 32, ("c2p", "p2c")), ([129, 1, 70], 32, ("c2p", "p2c")), ([65, 17], 64, ("c2p",)),
+              ([40, 3], 80, ("p2c",)), ([33, 8], 20, ("c2p", "p2c"))]
+
+
+@needs_cpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("lengths, d, terms", ATTN_CASES,
+                         ids=[f"L{'-'.join(map(str, c[0]))}-D{c[1]}-{'+'.join(c[2])}" for c in ATTN_CASES])
+def test_native_attention_disentangled(isa, dtype, lengths, d, terms):
+    from bertfast import _C
+
+    heads, width = 3, max(lengths) + 4
+    cfg = ModelConfig.from_dict(dict(model_type="deberta-v2", hidden_size=heads * d, num_attention_heads=heads,
+                                     num_hidden_layers=1, intermediate_size=8, vocab_size=8, relative_attention=True,
+                                     pos_att_type=list(terms), position_buckets=16, max_relative_positions=64))
+    index = disentangled.distance_index(cfg, width)
+    rows = index.hi - index.lo
+    qkv, (pk, pq), cu, positions = _terms(lengths, heads, d, rows, len(lengths) * d, dtype)
+    q, k, v = (qkv[:, i] for i in range(3))
+    scale = cfg.attention_scale
+    c2p, p2c = disentangled.tables(q, k, pk if "c2p" in terms else None, pq if "p2c" in terms else None, scale)
+    bias = DisentangledBias(c2p, p2c, index.index, positions)
+    ours = _C.attention(q, k, v, cu, max(lengths), scale, c2p=c2p, p2c=p2c, rel_index=index.index,
+                        bias_positions=positions)
+    wide = [t.double() for t in (q, k, v)]
+    bias64 = DisentangledBias(*(None if t is None else t.double() for t in (c2p, p2c)), index.index, positions)
+    expected = reference.attention(*wide, cu, max(lengths), scale, bias64)
+    assert rel_err(reference.attention_loop(*wide, cu, scale, bias64), expected) <= 1e-12
+    err = rel_err(ours, expected)
+    if dtype == torch.float32:
+        assert err <= TABLE[dtype]
+    else:
+        low = reference.attention(q, k, v, cu, max(lengths), scale, bias)
+        assert within(err, rel_err(low, expected), dtype, floor=0.0, cap=False)
+
+
+@needs_cpu
+def test_native_disentangled_errors():
+    from bertfast import _C
+
+    q = torch.randn(5, 2, 16)
+    cu = torch.tensor([0, 4, 5], dtype=torch.int32)
+    pos = torch.arange(5, dtype=torch.int32)
+    c2p, index = torch.randn(5, 2, 6), torch.tensor([0, 1, 2, 3, 4, 5, 5], dtype=torch.int32)
+    call = lambda **kw: _C.attention(q, q, q, cu, 4, 0.25, **kw)  # noqa: E731
+    with pytest.raises(ValueError, match="need rel_index, bias_positions"):
+        call(c2p=c2p, bias_positions=pos)
+    with pytest.raises(ValueError, match="exclude each other"):
+        call(c2p=c2p, rel_index=index, bias_positions=pos, bias_table=torch.randn(2, 9))
+    with pytest.raises(ValueError, match=r"c2p must be \(T = 5, heads = 2"):
+        call(c2p=c2p[:, :1], rel_index=index, bias_positions=pos)
+    with pytest.raises(ValueError, match="one number of columns"):
+        call(c2p=c2p, p2c=torch.randn(5, 2, 7), rel_index=index, bias_positions=pos)
+    with pytest.raises(ValueError, match=r"rel_index values must lie in \[0, 6\)"):
+        call(c2p=c2p, rel_index=index + 1, bias_positions=pos)
+    with pytest.raises(ValueError, match="sequence 0 span 6"):
+        call(c2p=c2p, rel_index=index, bias_positions=torch.tensor([0, 1, 2, 6, 0], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"pos must be \(rows > 0, heads \* head_dim = 32\)"):
+        _C.position_scores(q, torch.randn(4, 31), 0.5)
+    with pytest.raises(ValueError, match="pos has dtype"):
+        _C.position_scores(q, torch.randn(4, 32, dtype=torch.bfloat16), 0.5)
+
+
+# --- the encoder on the cpu backend ---------------------------------------------------------------------------------
+
+@needs_cpu
+@pytest.mark.parametrize("style", ["v2", "v3", "c2p", "p2c"])
+def test_cpu_fp32_matches_transformers(isa, style):
+    model = build(style)
+    types = model.config.type_vocab_size or None
+    ids, mask, tt = batch(type_vocab=types or 0)
+    tt = tt if types else None
+    assert rel_err(_ours(model, ids, mask, tt, backend="cpu", dtype=torch.float32), _hf(model, ids, mask, tt),
+                   mask) <= 1e-5
+
+
+@needs_cpu
+def test_cpu_past_256_buckets():
+    model = build("v3-256", num_hidden_layers=1)
+    ids, mask, _ = batch([300, 1, 140, 9])
+    assert rel_err(_ours(model, ids, mask, backend="cpu", dtype=torch.float32), _hf(model, ids, mask), mask) <= 1e-5
+
+
+@needs_cpu
+@pytest.mark.parametrize("layout", ["left", "holes"])
+def test_cpu_masks_match_transformers(layout):
+    model = build("v3")
+    ids, mask, _ = batch(layout=layout)
+    assert rel_err(_ours(model, ids, mask, backend="cpu", dtype=torch.float32), _hf(model, ids, mask), mask) <= 1e-5
+
+
+@needs_cpu
+@pytest.mark.parametrize("style", ["v2", "v3"])
+def test_cpu_bf16_within_twice_hf_bf16(isa, style):
+    model = build(style)
+    ids, mask, tt = batch(type_vocab=model.config.type_vocab_size)
+    tt = tt if model.config.type_vocab_size else None
+    ref = _hf(model, ids, mask, tt)
+    ours = rel_err(_ours(model, ids, mask, tt, backend="cpu", dtype=torch.bfloat16), ref, mask)
+    theirs = rel_err(_hf(model, ids, mask, tt, torch.bfloat16), ref, mask)
+    assert within(ours, theirs, torch.bfloat16, floor=0.0, cap=False), f"bf16 {ours:.3g} vs HF bf16 {theirs:.3g}"
+
+
+@needs_cpu
+def test_cpu_int8_close_to_fp32():
+    """int8 GEMMs (the attention and its position terms fp32): every real token's cosine to transformers' fp32
+    above 0.99, the int8 model check of test_quant.py."""
+    model = build("v3")
+    ids, mask, _ = batch()
+    real = mask.bool()
+    ours, ref = _ours(model, ids, mask, backend="cpu", dtype="int8"), _hf(model, ids, mask)
+    assert float(torch.nn.functional.cosine_similarity(ours[real], ref[real], dim=-1).min()) > 0.99
+
+
+# --- the triton backend under the interpreter (tiny shapes: it interprets every program instance) ----------------
+
+@needs_triton
+@pytest.mark.parametrize("style", ["v2", "v3", "c2p", "p2c"])
+def test_triton_fp32_matches_transformers(style):
+    model = build(style, num_hidden_layers=1)
+    types = model.config.type_vocab_size or None
+    ids, mask, tt = batch([20, 1, 13], type_vocab=types or 0)
+    tt = tt if types else None
+    assert rel_err(_ours(model, ids, mask, tt, backend="triton", dtype=torch.float32), _hf(model, ids, mask, tt),
+                   mask) <= 1e-5
+
+
+@needs_triton
+def test_triton_attention_terms_op_and_errors():
+    from bertfast.kernels.triton.attention import attention_varlen
+
+    heads, d, lengths = 2, 16, [9, 1, 5]
+    cfg = ModelConfig.from_dict(dict(model_type="deberta-v2", hidden_size=heads * d, num_attention_heads=heads,
+                                     num_hidden_layers=1, intermediate_size=8, vocab_size=8, relative_attention=True,
+                                     pos_att_type=["c2p", "p2c"], position_buckets=4, max_relative_positions=16))
+    index = disentangled.distance_index(cfg, 12)
+    qkv, (pk, pq), cu, positions = _terms(lengths, heads, d, index.hi - index.lo, 3, torch.float32)
+    q, k, v = (qkv[:, i] for i in range(3))
+    for c2p_on, p2c_on in ((True, True), (True, False), (False, True)):
+        c2p, p2c = disentangled.tables(q, k, pk if c2p_on else None, pq if p2c_on else None, 0.2)
+        bias = DisentangledBias(c2p, p2c, index.index, positions)
+        ours = attention_varlen(q, k, v, cu, max(lengths), 0.2, bias=bias)
+        assert rel_err(ours, reference.attention(q, k, v, cu, max(lengths), 0.2, bias)) <= TABLE[torch.float32]
+    c2p, _ = disentangled.tables(q, k, pk, None, 0.2)
+    with pytest.raises(ValueError, match="need c2p or p2c"):
+        attention_varlen(q, k, v, cu, max(lengths), 0.2, bias=DisentangledBias(None, None, index.index, positions))
+    with pytest.raises(ValueError, match="one cols for both"):
+        attention_varlen(q, k, v, cu, max(lengths), 0.2, bias=DisentangledBias(c2p, c2p[..., :-1].contiguous(),
+                                                                                 index.index, positions))
+    with pytest.raises(ValueError, match="width odd"):
+        attention_varlen(q, k, v, cu, max(lengths), 0.2, bias=DisentangledBias(c2p, None, index.index[:-1], positions))
