@@ -6,12 +6,12 @@
 
 Stages: the pipeline's (`read`, `tokenize`, `pooling`, `write`, ... through `stage(name)`, a no-op without a running
 profile), the engine's ops (the backend's op methods wrapped for the profile's duration: `embeddings`, `gemm qkv`,
-`attention`, `gemm attn-out`, `layernorm`, `gemm ffn-in`, `gemm ffn-out`, `gemm pooler`, `gemm other`), and inside
-the native layer (`_C.Layer`, one call per layer on the cpu backend) the same op names from its own timers
-(csrc/cpu/profile.h), plus `quantize rows` (int8). `forward: rest` is what the forward spends outside its ops (unpad,
-pad, Python), `rest` what the run spends outside every stage. GEMM rows carry their rate (GFLOP/s). Off, nothing is
-wrapped and the native timers read one flag per stage. On a GPU every op is followed by a device sync, so the
-stages add up but the whole runs slower than unprofiled.
+`position scores` (DeBERTa), `attention`, `gemm attn-out`, `layernorm`, `gemm ffn-in`, `gemm ffn-out`, `gemm pooler`,
+`gemm other`), and inside the native layer (`_C.Layer`, one call per layer on the cpu backend) the same op names from
+its own timers (csrc/cpu/profile.h), plus `quantize rows` (int8). `forward: rest` is what the forward spends outside
+its ops (unpad, pad, Python), `rest` what the run spends outside every stage. GEMM rows carry their rate (GFLOP/s).
+Off, nothing is wrapped and the native timers read one flag per stage. On a GPU every op is followed by a device
+sync, so the stages add up but the whole runs slower than unprofiled.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from contextlib import contextmanager
 
 import torch
 
-OPS = ("embeddings", "gemm qkv", "attention", "gemm attn-out", "layernorm", "gemm ffn-in", "gemm ffn-out",
-       "quantize rows", "gemm pooler", "gemm other")
+OPS = ("embeddings", "gemm qkv", "position scores", "attention", "gemm attn-out", "layernorm", "gemm ffn-in",
+       "gemm ffn-out", "quantize rows", "gemm pooler", "gemm other")
 _NATIVE_LAYER = "layer (native)"  # one `_C.Layer` call: split by its own timers into OPS
 _active: "Profile | None" = None
 
@@ -169,6 +169,7 @@ def _wrap_backend(backend, prof: Profile, sync) -> list[str]:
            "attention": timed("attention", backend.attention),
            "linear": timed("gemm", backend.linear, linear_flops, linear_name),
            "layernorm": timed("layernorm", backend.layernorm),
+           "disentangled": timed("position scores", backend.disentangled),  # DeBERTa's c2p / p2c tables
            "whole_layer": whole_layer}
     for name, fn in ops.items():
         setattr(backend, name, fn)
