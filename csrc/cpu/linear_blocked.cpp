@@ -328,7 +328,7 @@ BF_TARGET_AVX512 void linear_blocked_bf16(const bf16* x, int64_t ldx, const bf16
         const float* xs = xt.data() + t * kc * kMaxRows;
         tile_blocked_rows<true>(mr, xs, wt.data(), kc, ct, first, pf + (kc * kPanel * 2 * t / tiles) / 64 * 64,
                                 TileOut{last ? tile : ct, nullptr, 0, 0, 0});
-        if (last) store_tile<bf16>(tile, mr, r0 + m0, n0, nvalid, ep);
+        if (last) store_tile<bf16, true>(tile, mr, r0 + m0, n0, nvalid, ep);
       }
     }
   }

@@ -38,8 +38,9 @@ struct Epilogue {
   int64_t ldo;
 };
 
-// Writes rows [m0, m0 + mr) x columns [n0, n0 + nvalid) of the output from an fp32 tile [mr][kPanel].
-template <typename T>
+// Writes rows [m0, m0 + mr) x columns [n0, n0 + nvalid) of the output from an fp32 tile [mr][kPanel]. kAvx512: the
+// caller is AVX-512 code (activate512's 16-lane GELU).
+template <typename T, bool kAvx512 = false>
 BF_INLINE void store_tile(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid, const Epilogue& ep) {
   const T* bias = static_cast<const T*>(ep.bias);
   const T* res = static_cast<const T*>(ep.residual);
@@ -51,7 +52,14 @@ BF_INLINE void store_tile(const float* tile, int mr, int64_t m0, int64_t n0, int
     float tmp[kPanel];
 #pragma omp simd
     for (int64_t j = 0; j < nvalid; ++j) tmp[j] = c[j] + (bias != nullptr ? to_float(bias[n0 + j]) : 0.f);
+#if BF_X86
+    if constexpr (kAvx512)
+      activate512(tmp, nvalid, ep.act);
+    else
+      activate(tmp, nvalid, ep.act);
+#else
     activate(tmp, nvalid, ep.act);
+#endif
     if (rr != nullptr) {
 #pragma omp simd
       for (int64_t j = 0; j < nvalid; ++j) o[j] = from_float<T>(tmp[j] + to_float(rr[j]));

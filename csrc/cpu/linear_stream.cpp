@@ -193,7 +193,7 @@ BF_TARGET_AVX512BF16 void Avx512Pass<T>::store(const float* tile, int mr, int64_
       return;
     }
   }
-  store_tile<T>(tile, mr, m0, n0, nvalid, ep);
+  store_tile<T, true>(tile, mr, m0, n0, nvalid, ep);
 }
 
 }  // namespace

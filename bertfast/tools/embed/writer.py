@@ -45,6 +45,11 @@ def _write_tmp(path: str, write) -> str:
     return tmp
 
 
+# Snappy on float vectors saves <1% of the bytes at 2.4x the write time (10k x 384 fp32: 0.16 vs 0.07 s); ids and
+# texts keep it.
+COMPRESSION = {"id": "snappy", "embedding": "none", "text": "snappy"}
+
+
 def _atomic_write(path: str, write) -> None:
     """write(tmp_path) then rename over `path`: readers see the old file or the whole new one."""
     os.replace(_write_tmp(path, write), path)
@@ -127,7 +132,8 @@ class ShardWriter:
         table = pa.table(columns)
         name = _shard_name(index)
         with commit():  # a SIGINT/SIGTERM waits until the shard is in place and recorded
-            _atomic_write(os.path.join(self.directory, name), lambda tmp: pq.write_table(table, tmp))
+            _atomic_write(os.path.join(self.directory, name),
+                          lambda tmp: pq.write_table(table, tmp, compression=COMPRESSION))
             shards = {**self.shards, index: {"file": name, "rows": n}}
             self._save(shards)
             self.shards = shards  # what the manifest on disk records, also when saving it failed
