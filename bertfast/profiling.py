@@ -11,7 +11,8 @@ profile), the engine's ops (the backend's op methods wrapped for the profile's d
 its own timers (csrc/cpu/profile.h), plus `quantize rows` (int8). `forward: rest` is what the forward spends outside
 its ops (unpad, pad, Python), `rest` what the run spends outside every stage. GEMM rows carry their rate (GFLOP/s).
 Off, nothing is wrapped and the native timers read one flag per stage. On a GPU every op is followed by a device
-sync, so the stages add up but the whole runs slower than unprofiled.
+sync, so the stages add up but the whole runs slower than unprofiled; a forward replayed from a CUDA graph runs no
+op from Python, so its time is all `forward: rest` (`benchmarks/gpu_overhead.py` profiles those).
 """
 
 from __future__ import annotations
