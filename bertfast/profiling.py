@@ -138,11 +138,19 @@ def _linear_stage(x, out, act, residual) -> str:
 
 def _wrap_backend(backend, prof: Profile, sync) -> list[str]:
     """Time `backend`'s op methods into `prof` (instance attributes shadowing the class's); returns their names."""
+    depth = [0]  # an op that calls another (the cpu backend's qkv calls its linear) is timed once, as itself
+
     def timed(name, fn, flops=lambda args, kwargs, out: 0, name_of=None):
         def op(*args, **kwargs):
+            if depth[0]:
+                return fn(*args, **kwargs)
+            depth[0] += 1
             start = time.perf_counter()
-            out = fn(*args, **kwargs)
-            sync()
+            try:
+                out = fn(*args, **kwargs)
+                sync()
+            finally:
+                depth[0] -= 1
             stage_name = name if name_of is None else name_of(args, kwargs, out)
             prof.add(stage_name, time.perf_counter() - start, flops(args, kwargs, out))
             return out
