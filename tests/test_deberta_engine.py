@@ -7,6 +7,7 @@ backend (every tier) and on triton (interpreter) against transformers' DebertaV2
 1-token row and rows past the bucket horizon: v2 and v3 styles, one-term configs, 256 buckets with a 300-token
 row, left padding and holes; bf16 within twice transformers' own bf16 error; batch invariance (every family on
 every tier and dtype, int8 included: test_tiers.py; on triton, the position-terms kernel and the encoder here).
+`bertfast validate --model` on saved checkpoints: fp32 and bf16 stage by stage (cpu, torch), the int8 report (cpu).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from bertfast.accuracy import TABLE, within
 from bertfast.backends import DisentangledBias, available_backends
 from bertfast.config import ModelConfig
 from conftest import rel_err
-from helpers.deberta import batch, build
+from helpers.deberta import batch, build, save_tokenizer
 
 CPU_REASON = available_backends("cpu").get("cpu")
 needs_cpu = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")
@@ -269,3 +270,42 @@ def test_triton_batch_invariance(style, lengths):
         alone = enc(ids[i:i + 1, :n], attention_mask=mask[i:i + 1, :n],
                     **{k: v[i:i + 1, :n] for k, v in kwargs.items()}).last_hidden_state
         assert torch.equal(alone[0], together[i, :n]), f"row {i} ({n} tokens) changes with its batch"
+
+
+# --- bertfast validate --model on saved checkpoints (the accuracy rule stage by stage; the int8 report) -----------
+
+def _saved(path, style):
+    """A saved random checkpoint of `style` with a DebertaV2Tokenizer covering validate's texts."""
+    from bertfast.tools.validate import model_check, sentences
+
+    vocab = save_tokenizer(path, list(model_check.SENTENCES) + sentences.sentences())
+    build(style, vocab_size=vocab).save_pretrained(path)
+    return str(path)
+
+
+def _stage_rows(out, layers):
+    stages = ["embeddings"] + [f"layer{i + 1}" for i in range(layers)]
+    return [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0] in stages]
+
+
+@pytest.mark.parametrize("backend", ["torch"] + (["cpu"] if CPU_REASON is None else []))
+@pytest.mark.parametrize("style", ["v2", "v3"])
+def test_validate_model(tmp_path, capsys, backend, style):
+    from bertfast.tools.cli import main
+
+    code = main(["validate", "--backend", backend, "--model", _saved(tmp_path, style), "--dtype", "fp32,bf16"])
+    out = capsys.readouterr().out
+    rows = _stage_rows(out, 2)
+    assert code == 0 and len(rows) == 2 * 3 and all(r[-1] == "PASS" for r in rows), out
+    assert "sentences-B6" in out  # the checkpoint's own tokenizer, not random ids
+
+
+@needs_cpu
+def test_validate_int8_report(tmp_path, capsys):
+    from bertfast.tools.cli import main
+
+    code = main(["validate", "--backend", "cpu", "--model", _saved(tmp_path, "v3"), "--dtype", "int8"])
+    out = capsys.readouterr().out
+    rows = _stage_rows(out, 2)
+    assert code == 0 and len(rows) == 3 and all(r[2] == "int8" and "PASS" in r for r in rows), out
+    assert "sentence embeddings (202 sentences" in out and out.rstrip().endswith("PASS"), out

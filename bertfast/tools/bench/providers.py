@@ -123,7 +123,8 @@ def _torch_compile_factory(mode: str | None = None):
             return compiled(**b.inputs()).last_hidden_state
 
         return Provider(name, dtype, fn, build, {"mode": mode or "default", "freezing": bool(inductor_config.freezing),
-                                                 "attn_implementation": attn, "note": "compiles on first call per shape"})
+                                                 "attn_implementation": attn,
+                                                 "note": "compiles on first call per shape"})
 
     return factory
 
