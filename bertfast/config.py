@@ -244,7 +244,8 @@ def _rotary_fields(family: str, d: dict, hidden: int, heads: int) -> dict:
                               "(unscaled) RoPE is supported")
         for key in ("partial_rotary_factor",):
             if entry.get(key, 1.0) != 1.0:
-                raise ConfigError(f"config field '{where}.{key}' = {entry[key]!r} is not supported (full-dim RoPE only)")
+                raise ConfigError(f"config field '{where}.{key}' = {entry[key]!r} is not supported "
+                                  "(full-dim RoPE only)")
         value = entry.get("rope_theta", fallback)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ConfigError(f"config field '{where}.rope_theta' must be a positive number, got {value!r}")
@@ -272,7 +273,8 @@ def _rotary_fields(family: str, d: dict, hidden: int, heads: int) -> dict:
             raise ConfigError(f"config field {flag!r} must be true or false, got {d[flag]!r}")
     full, sliding = params.get("full_attention") or {}, params.get("sliding_attention") or {}
     return dict(
-        rope_theta=theta(full, d.get("global_rope_theta", DEFAULT_ROPE_THETA[family]), "rope_parameters.full_attention"),
+        rope_theta=theta(full, d.get("global_rope_theta", DEFAULT_ROPE_THETA[family]),
+                         "rope_parameters.full_attention"),
         local_rope_theta=theta(sliding, d.get("local_rope_theta", DEFAULT_LOCAL_ROPE_THETA),
                                "rope_parameters.sliding_attention"),
         layer_windows=tuple(local // 2 if t == "sliding_attention" else 0 for t in types),

@@ -6,7 +6,7 @@ the content-to-position term q_i . pos_key[c] and the position-to-content term k
 q.k is. pos_key and pos_query are the layer's key / query projections of the (LayerNorm'd) relative embeddings:
 functions of the weights alone, so `position_projections` computes them once, at load (as Q, K and V are fused).
 Per forward, `distance_index` maps each distance to its column c once; per layer, each token's rows of both terms
-are a (T, heads, R) table (linear in T; `tables`, from backends/disentangled.py, is the op's math), gathered per
+are a (T, heads, R) table (linear in T; `tables` is the op's math, the backends' kernels its mirrors), gathered per
 (query, key) inside the attention kernels (`backends.DisentangledBias`): no (S, S) tensor per head outside them.
 """
 
@@ -19,7 +19,22 @@ import torch
 import torch.nn.functional as F
 
 from .backends.contract import DisentangledBias
-from .backends.disentangled import tables  # noqa: F401  (the op's math, shared with the triton backend)
+
+
+def tables(q, k, pos_key, pos_query, scale: float):
+    """The reference `disentangled` op (the oracle's and the torch backend's; `_C.position_scores` and the Triton
+    `position_scores` on the cpu and triton backends): c2p[t, h, r] = scale * q[t, h] . pos_key[r, h], p2c[t, h, r]
+    = scale * k[t, h] . pos_query[r, h]. q, k: (T, heads, d); pos_key, pos_query: (R, heads * d) or None. Returns
+    (c2p, p2c), each (T, heads, R) in float32 (float64 for float64 inputs) or None."""
+    heads, d = q.shape[1], q.shape[2]
+    dtype = torch.promote_types(q.dtype, torch.float32)
+
+    def table(x, pos):
+        if pos is None:
+            return None
+        return (torch.einsum("thd,rhd->thr", x.to(dtype), pos.to(dtype).view(-1, heads, d)) * scale).contiguous()
+
+    return table(q, pos_key), table(k, pos_query)
 
 
 def log_bucket(relative: torch.Tensor, buckets: int, max_position: int) -> torch.Tensor:

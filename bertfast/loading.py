@@ -50,9 +50,9 @@ LAYER_NAMES = {
 # q | k | v) or not ("query", "key", "value"), and the FFN input ("ffn_in", with the row order of its two halves:
 # "gate_up" = the activated half first) or not ("gate", "up"). The hub layouts are what the models' own repos and
 # transformers' save_pretrained write; the transformers layouts are its module names (in-memory models).
-_LAYER_TF = dict(query="self_attn.q_proj", key="self_attn.k_proj", value="self_attn.v_proj", attn_out="self_attn.o_proj",
-                 attn_ln="post_attention_layernorm", gate="mlp.gate_proj", up="mlp.up_proj", ffn_out="mlp.down_proj",
-                 ffn_ln="post_mlp_layernorm")
+_LAYER_TF = dict(query="self_attn.q_proj", key="self_attn.k_proj", value="self_attn.v_proj",
+                 attn_out="self_attn.o_proj", attn_ln="post_attention_layernorm", gate="mlp.gate_proj",
+                 up="mlp.up_proj", ffn_out="mlp.down_proj", ffn_ln="post_mlp_layernorm")
 _BERT_EMBED = dict(word="embeddings.word_embeddings", token_type="embeddings.token_type_embeddings",
                    embed_ln="embeddings.LayerNorm")
 ROTARY_LAYOUTS = {
@@ -368,8 +368,8 @@ def _assemble_rotary(src, config: ModelConfig) -> ModelWeights:
     prefix, names = _rotary_layout(src, config)
     get = _getter(src, prefix)
 
-    def linear(module, out_features, in_features):
-        return get(module + ".weight", (out_features, in_features)), get(module + ".bias", (out_features,), optional=True)
+    def linear(module, rows, cols):  # (rows, cols) weight, (rows,) bias or None
+        return get(module + ".weight", (rows, cols)), get(module + ".bias", (rows,), optional=True)
 
     def norm(module, optional=False):
         w = get(module + ".weight", (H,), optional)

@@ -2,10 +2,10 @@
 
 This module is the oracle (the torch backend wraps its ops; it imports nothing of the engine it checks: its
 position ids are its own). Its op functions (`embed`, `qkv`, `attention`, `linear`, `linear_glu`, `linear_gelu`,
-`linear_residual`, `layernorm`, `pooler`) define what every backend's op must compute (the engine composes them into a layer once,
-`engine.compose_layer`), and `forward` runs the whole padded model the way `transformers` does (additive
-key-padding mask, position ids ``0..S-1`` or from the ids; MPNet's relative position bias; DeBERTa-v2's disentangled
-attention). Tests check `forward` against `transformers` itself; kernels and backends
+`linear_residual`, `layernorm`, `pooler`, `disentangled`) define what every backend's op must compute (the engine
+composes them into a layer once, `engine.compose_layer`), and `forward` runs the whole padded model the way
+`transformers` does (additive key-padding mask, position ids ``0..S-1`` or from the ids; MPNet's relative position
+bias; DeBERTa-v2's disentangled attention). Tests check `forward` against `transformers` itself; kernels and backends
 are checked against the op functions. Nothing here is tuned for speed.
 """
 

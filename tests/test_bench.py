@@ -444,3 +444,24 @@ def test_several_configs_one_table_and_json_each(tmp_path, monkeypatch, capsys):
     assert not workloads.make_batch(2, 8, vocab_size=50, type_vocab_size=0).inputs().get("token_type_ids")
     assert main(["bench", "--config", "tiny,nope"]) == 2
     assert "unknown config 'nope'" in capsys.readouterr().err
+
+
+def test_a_model_without_sdpa_is_timed_against_hf_eager(tmp_path, monkeypatch, capsys):
+    # DeBERTa-v2 (deberta-v3-base's layout, small): transformers runs it eager only, so hf-sdpa is a skipped row
+    # that says so and every speedup is relative to hf-eager, in the table, the JSON and torch-compile's model.
+    cfg = {**workloads.CONFIGS["deberta-v3-base"], "hidden_size": 64, "num_attention_heads": 4,
+           "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 1000, "position_buckets": 16}
+    monkeypatch.setitem(workloads.CONFIGS, "tiny-deberta", cfg)
+    assert workloads.model_config("deberta-v3-base").family == "deberta-v2"
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--config", "tiny-deberta", "--threads", "1", "--repeats", "2", "--budget", "3",
+                 "--isolation", "none", "--settle-ms", "0", "--workloads", "b2xs40-ragged", "--dtypes", "fp32",
+                 "--providers", "bertfast-torch,hf-eager,hf-sdpa", "--json", str(out)]) == 0
+    assert "'vs sdpa' = hf-eager median" in capsys.readouterr().out
+    report, rows = _rows(out)
+    assert report["settings"]["baseline"] == "hf-eager"
+    sdpa, eager, ours = (rows[("b2xs40-ragged", "fp32", p)] for p in ("hf-sdpa", "hf-eager", "bertfast-torch"))
+    assert sdpa["status"] == "skipped" and "DebertaV2Model with eager attention only" in sdpa["reason"]
+    assert eager["speedup_vs_hf_sdpa"] == pytest.approx(1.0)
+    assert ours["status"] == "ok" and ours["max_abs_err"] <= ours["tolerance"]
+    assert ours["speedup_vs_hf_sdpa"] == pytest.approx(eager["ms_median"] / ours["ms_median"])

@@ -6,7 +6,8 @@ whatever the batch) and the varlen attention adding c2p + p2c per (query, key) f
 backend (every tier) and on triton (interpreter) against transformers' DebertaV2Model on ragged batches with a
 1-token row and rows past the bucket horizon: v2 and v3 styles, one-term configs, 256 buckets with a 300-token
 row, left padding and holes; bf16 within twice transformers' own bf16 error; batch invariance (every family on
-every tier and dtype, int8 included: test_tiers.py).
+every tier and dtype, int8 included: test_tiers.py; on triton, the position-terms kernel and the encoder here).
+`bertfast validate --model` on saved checkpoints: fp32 and bf16 stage by stage (cpu, torch), the int8 report (cpu).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from bertfast.accuracy import TABLE, within
 from bertfast.backends import DisentangledBias, available_backends
 from bertfast.config import ModelConfig
 from conftest import rel_err
-from helpers.deberta import batch, build
+from helpers.deberta import batch, build, save_tokenizer
 
 CPU_REASON = available_backends("cpu").get("cpu")
 needs_cpu = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")
@@ -225,3 +226,86 @@ def test_triton_attention_terms_op_and_errors():
                                                                                  index.index, positions))
     with pytest.raises(ValueError, match="width odd"):
         attention_varlen(q, k, v, cu, max(lengths), 0.2, bias=DisentangledBias(c2p, None, index.index[:-1], positions))
+
+
+@needs_triton
+def test_triton_position_scores_op():
+    """The Triton `position_scores` against the fp64 reference, on q as the QKV kernel leaves it (a strided view)
+    and an odd head dim; a token's entries the same bits alone, inside the batch, and with the projection rows in
+    other columns (a wider batch reads more rows: [lo, hi) moves); its input checks."""
+    from bertfast.kernels.triton.disentangled import BLOCK_M, BLOCK_N, position_scores
+
+    heads, d, rows = 3, 20, BLOCK_N + 13  # rows past one column tile, tokens past two row tiles
+    qkv, (pos, _), _, _ = _terms([2 * BLOCK_M + 11, 1, 7], heads, d, rows, 5, torch.float32)
+    q = qkv[:, 0]
+    ours = position_scores(q, pos, 0.125)
+    expected, _ = disentangled.tables(q.double(), q.double(), pos.double(), None, 0.125)
+    assert ours.dtype == torch.float32 and ours.shape == (q.shape[0], heads, rows) and ours.is_contiguous()
+    assert rel_err(ours, expected) <= TABLE[torch.float32]
+    for lo, hi in ((2 * BLOCK_M + 11, 2 * BLOCK_M + 12), (0, 1), (BLOCK_M - 3, BLOCK_M + 40)):
+        assert torch.equal(position_scores(q[lo:hi], pos, 0.125), ours[lo:hi])
+    assert torch.equal(position_scores(q, pos[9:70], 0.125), ours[..., 9:70])
+    with pytest.raises(ValueError, match=r"pos must be \(rows > 0, heads \* d = 60\)"):
+        position_scores(q, pos[:, 1:], 0.5)
+    with pytest.raises(ValueError, match="pos has dtype"):
+        position_scores(q, pos.half(), 0.5)
+
+
+@needs_triton
+@pytest.mark.parametrize("style, lengths", [("v3-256", [150, 1, 70, 9]), ("v2", [60, 1, 33])],
+                         ids=["v3-256-L150-1-70-9", "v2-L60-1-33"])
+def test_triton_batch_invariance(style, lengths):
+    """Each row alone equals itself inside a ragged batch, bit for bit, under the interpreter: 230 tokens (past twice
+    the position kernel's and the attention's 64-row tiles), 299 position rows (v3-256: past the kernel's 64-row
+    column tile), and a narrower batch alone (fewer rows, each at another column)."""
+    model = build(style, num_hidden_layers=1)
+    types = model.config.type_vocab_size
+    ids, mask, tt = batch(lengths, type_vocab=types)
+    kwargs = dict(token_type_ids=tt) if types else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        enc = Encoder.from_hf(model, backend="triton", dtype=torch.float32)
+    together = enc(ids, attention_mask=mask, **kwargs).last_hidden_state
+    for i, n in enumerate(lengths):
+        alone = enc(ids[i:i + 1, :n], attention_mask=mask[i:i + 1, :n],
+                    **{k: v[i:i + 1, :n] for k, v in kwargs.items()}).last_hidden_state
+        assert torch.equal(alone[0], together[i, :n]), f"row {i} ({n} tokens) changes with its batch"
+
+
+# --- bertfast validate --model on saved checkpoints (the accuracy rule stage by stage; the int8 report) -----------
+
+def _saved(path, style):
+    """A saved random checkpoint of `style` with a DebertaV2Tokenizer covering validate's texts."""
+    from bertfast.tools.validate import model_check, sentences
+
+    vocab = save_tokenizer(path, list(model_check.SENTENCES) + sentences.sentences())
+    build(style, vocab_size=vocab).save_pretrained(path)
+    return str(path)
+
+
+def _stage_rows(out, layers):
+    stages = ["embeddings"] + [f"layer{i + 1}" for i in range(layers)]
+    return [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0] in stages]
+
+
+@pytest.mark.parametrize("backend", ["torch"] + (["cpu"] if CPU_REASON is None else []))
+@pytest.mark.parametrize("style", ["v2", "v3"])
+def test_validate_model(tmp_path, capsys, backend, style):
+    from bertfast.tools.cli import main
+
+    code = main(["validate", "--backend", backend, "--model", _saved(tmp_path, style), "--dtype", "fp32,bf16"])
+    out = capsys.readouterr().out
+    rows = _stage_rows(out, 2)
+    assert code == 0 and len(rows) == 2 * 3 and all(r[-1] == "PASS" for r in rows), out
+    assert "sentences-B6" in out  # the checkpoint's own tokenizer, not random ids
+
+
+@needs_cpu
+def test_validate_int8_report(tmp_path, capsys):
+    from bertfast.tools.cli import main
+
+    code = main(["validate", "--backend", "cpu", "--model", _saved(tmp_path, "v3"), "--dtype", "int8"])
+    out = capsys.readouterr().out
+    rows = _stage_rows(out, 2)
+    assert code == 0 and len(rows) == 3 and all(r[2] == "int8" and "PASS" in r for r in rows), out
+    assert "sentence embeddings (202 sentences" in out and out.rstrip().endswith("PASS"), out

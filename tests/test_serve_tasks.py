@@ -27,11 +27,10 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 from conftest import corpus, rel_err  # noqa: E402
-from helpers.serve import Server, join, start_threads  # noqa: E402
+from helpers.serve import TOL, Reference, Server, check_predictions, join, ok, post, start_threads  # noqa: E402
 
 LIMIT = 64  # max_position_embeddings of the test checkpoints: the served input limit
 MAX_INPUTS = 6  # --max-client-batch-size
-TOL = 1e-5  # fp32
 TEXTS = ["hello world", "A man is eating food.", "x", "The quick brown fox jumps over the lazy dog",
          "Ünïcödé テキスト and emoji 🙂", "Paris is the capital of France."]
 PAIRS = [("what is the capital of france?", "Paris is the capital of France."),
@@ -60,24 +59,6 @@ def checkpoint(path, minilm_path, num_labels: int, seed: int, **config) -> str:
     return str(path)
 
 
-class Reference:
-    """transformers' model and tokenizer on the same directory: fp32 logits of texts and pairs."""
-
-    def __init__(self, path):
-        self.model = transformers.BertForSequenceClassification.from_pretrained(path).eval()
-        self.tok = transformers.AutoTokenizer.from_pretrained(path)
-
-    def logits(self, inputs, side: str = "right") -> torch.Tensor:
-        self.tok.truncation_side = side
-        rows = []
-        for item in inputs:  # one at a time: no padding in the reference either
-            a, b = (item, None) if isinstance(item, str) else item
-            enc = self.tok(a, b, truncation=True, max_length=LIMIT, return_tensors="pt")
-            with torch.no_grad():
-                rows.append(self.model(**enc).logits[0])
-        return torch.stack(rows)
-
-
 def serve(path, budget: int = 48):
     """A small token budget splits requests across batches; a large one merges many clients' rows."""
     return Server("--model", path, "--max-client-batch-size", str(MAX_INPUTS), "--max-batch-tokens", str(budget))
@@ -88,7 +69,7 @@ def classifier(tmp_path_factory, minilm_path):
     path = checkpoint(tmp_path_factory.mktemp("classifier"), minilm_path, 3, seed=0)
     srv = serve(path)
     try:
-        yield srv, Reference(path)
+        yield srv, Reference(path, LIMIT)
     finally:
         srv.stop()
 
@@ -98,27 +79,9 @@ def reranker(tmp_path_factory, minilm_path):
     path = checkpoint(tmp_path_factory.mktemp("reranker"), minilm_path, 1, seed=1)
     srv = serve(path, budget=2048)
     try:
-        yield srv, Reference(path)
+        yield srv, Reference(path, LIMIT)
     finally:
         srv.stop()
-
-
-def post(server, route, body) -> httpx.Response:
-    return httpx.post(server.url + route, json=body, timeout=60)
-
-
-def ok(r: httpx.Response):
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def check_predictions(got, expect: torch.Tensor, labels) -> None:
-    """One input's predictions: every label once, sorted by score descending, scores within TOL."""
-    assert [p["score"] for p in got] == sorted((p["score"] for p in got), reverse=True)
-    assert sorted(p["label"] for p in got) == sorted(labels)
-    by_label = {p["label"]: p["score"] for p in got}
-    ours = torch.tensor([by_label[label] for label in labels], dtype=torch.float64)
-    assert (ours - expect.double()).abs().max() <= TOL, (ours, expect)
 
 
 def test_info_reports_the_model_kind(classifier, reranker):
@@ -165,7 +128,7 @@ def test_predict_truncation(classifier):
 
 def test_multi_label_scores_are_sigmoids(tmp_path, minilm_path):
     path = checkpoint(tmp_path, minilm_path, 4, seed=2, problem_type="multi_label_classification")
-    ref = Reference(path)
+    ref = Reference(path, LIMIT)
     srv = serve(path)
     try:
         got = ok(post(srv, "/predict", {"inputs": [[TEXTS[1]], list(PAIRS[0])]}))

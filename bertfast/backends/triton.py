@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from . import disentangled, gemm_choice
+from . import gemm_choice
 from .contract import Backend, Precision
 
 
@@ -89,8 +89,11 @@ class TritonBackend(Backend):
         return self._ops.qkv.qkv(x, weight, bias, num_heads, rotary=rotary)
 
     def disentangled(self, q, k, pos_key, pos_query, scale):
-        """DeBERTa-v2's c2p / p2c tables: torch's batched products on the device (`disentangled.tables`)."""
-        return disentangled.tables(q, k, pos_key, pos_query, scale)
+        """DeBERTa-v2's c2p / p2c tables, one fixed-tile kernel each: a token's entries the same bits in any batch."""
+        def table(x, pos):
+            return None if pos is None else self._ops.disentangled.position_scores(x, pos, scale)
+
+        return table(q, pos_key), table(k, pos_query)
 
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None, window=0):
         # bias: MPNet's AttentionBias (per-distance table, per-token positions) or DeBERTa-v2's DisentangledBias

@@ -41,10 +41,10 @@ def variants(dtype: str = "fp16"):
     """All (name, jit_fn, {argument: representative value}, configs) the ops declare for BERT-base."""
     import torch
 
-    from bertfast.kernels.triton import attention, embedding, layernorm, linear, qkv
+    from bertfast.kernels.triton import attention, disentangled, embedding, layernorm, linear, qkv
 
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-    for module in (embedding, qkv, attention, linear, layernorm):
+    for module in (embedding, qkv, disentangled, attention, linear, layernorm):
         yield from module.aot_variants(torch_dtype)
 
 

@@ -28,7 +28,7 @@ CONFIGS: dict[str, dict] = {
     "tiny": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
                  intermediate_size=128, vocab_size=1000),
     # Other families at their base checkpoints' shapes (all-mpnet-base-v2, ModernBERT-base,
-    # nomic-embed-text-v1.5, gte-base-en-v1.5): random transformers models of their own classes.
+    # nomic-embed-text-v1.5, gte-base-en-v1.5, deberta-v3-base): random transformers models of their own classes.
     "mpnet-base": dict(model_type="mpnet", hidden_size=768, num_attention_heads=12, num_hidden_layers=12,
                        intermediate_size=3072, vocab_size=30527, max_position_embeddings=514, pad_token_id=1,
                        layer_norm_eps=1e-5),
@@ -40,6 +40,12 @@ CONFIGS: dict[str, dict] = {
     "gte-base": dict(model_type="gte", hidden_size=768, num_attention_heads=12, num_hidden_layers=12,
                      intermediate_size=3072, vocab_size=30528, max_position_embeddings=8192, type_vocab_size=0,
                      pad_token_id=0),
+    # deberta-v3-base: disentangled attention over 256 log buckets, shared keys, no absolute positions.
+    "deberta-v3-base": dict(model_type="deberta-v2", hidden_size=768, num_attention_heads=12, num_hidden_layers=12,
+                            intermediate_size=3072, vocab_size=128100, max_position_embeddings=512, type_vocab_size=0,
+                            pad_token_id=0, hidden_act="gelu", layer_norm_eps=1e-7, relative_attention=True,
+                            position_buckets=256, max_relative_positions=-1, norm_rel_ebd="layer_norm",
+                            share_att_key=True, pos_att_type="p2c|c2p", position_biased_input=False),
 }
 _COMMON = dict(model_type="bert", hidden_act="gelu", layer_norm_eps=1e-12, max_position_embeddings=512,
                type_vocab_size=2, pad_token_id=0, position_embedding_type="absolute")

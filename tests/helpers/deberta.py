@@ -5,9 +5,13 @@ token types), "v3" (deberta-v3 / mDeBERTa: shared attention keys, log buckets, L
 absolute positions, no token types), "v3-256" (v3 with deberta-v3's 256 buckets: rows past 256 reach the log
 buckets), "c2p" and "p2c" (one term each). The builders move every norm and bias off its init and draw the
 relative embeddings at unit scale (the init leaves the position terms small enough to hide mistakes).
+`save_tokenizer` writes a deberta-v3-style tokenizer (transformers' own DebertaV2Tokenizer: Unigram pieces after a
+Metaspace, [CLS] a [SEP] b [SEP] with type ids 0 / 1) for checkpoints the tests save.
 """
 
 from __future__ import annotations
+
+import string
 
 import pytest
 import torch
@@ -58,3 +62,15 @@ def batch(lengths=LENGTHS, seed=1, vocab=97, type_vocab=0, layout="right"):
     ids = torch.randint(1, vocab, (len(lengths), S), generator=g) * mask
     types = torch.randint(0, max(type_vocab, 1), (len(lengths), S), generator=g) * mask
     return ids, mask, types
+
+
+def save_tokenizer(path, texts) -> int:
+    """A DebertaV2Tokenizer into directory `path` (tokenizer.json, tokenizer_config.json): deberta-v3's special ids
+    ([PAD] 0, [CLS] 1, [SEP] 2, [UNK] 3), a piece per word of `texts` (lower and as written), ASCII characters for
+    the rest, [UNK] beyond. Returns the vocabulary size."""
+    words = sorted({w for t in texts for word in t.split() for w in (word, word.lower())})
+    vocab = [(t, 0.0) for t in ("[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]")]
+    vocab += [("\u2581", -3.0)] + [(c, -6.0) for c in string.ascii_letters + string.digits + string.punctuation]
+    vocab += [("\u2581" + w, -1.0) for w in words]
+    transformers.DebertaV2Tokenizer(vocab=vocab, unk_token="[UNK]").save_pretrained(path)
+    return len(vocab)

@@ -1,5 +1,6 @@
-"""`bertfast serve` in a child process on a free loopback port, and the client threads the serve tests run
-against it. Every wait is bounded; the caller stops the server in `finally`.
+"""`bertfast serve` in a child process on a free loopback port, the client threads the serve tests run against it,
+and what the task routes' tests compare with (transformers' logits on the same directory). Every wait is bounded; the
+caller stops the server in `finally`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TEXTS = ["hello world", "A man is eating food.", "x", "The quick brown fox jumps over the lazy dog " * 3,
          "Ünïcödé テキスト and emoji 🙂", "a much longer sentence about cats, dogs and other animals that live in houses",
          "short", "Paris is the capital of France."]
+TOL = 1e-5  # /predict and /rerank scores against transformers' fp32 logits
 
 
 def free_port() -> int:
@@ -88,3 +90,48 @@ def join(threads, timeout: float = 120) -> None:
 def as_f32(vectors) -> np.ndarray:
     """JSON floats as float32 (through float64: the values the server wrote)."""
     return np.asarray(vectors, dtype=np.float64).astype(np.float32)
+
+
+def post(server, route, body) -> httpx.Response:
+    return httpx.post(server.url + route, json=body, timeout=60)
+
+
+def ok(r: httpx.Response):
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+class Reference:
+    """transformers' sequence classifier (its Auto class: any family) and tokenizer on the same directory: fp32
+    logits of texts and pairs, each truncated to `limit` tokens as the server truncates it."""
+
+    def __init__(self, path, limit: int):
+        import transformers
+
+        self.model = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
+        self.tok = transformers.AutoTokenizer.from_pretrained(path)
+        self.limit = limit
+
+    def logits(self, inputs, side: str = "right"):
+        import torch
+
+        self.tok.truncation_side = side
+        rows = []
+        for item in inputs:  # one at a time: no padding in the reference either
+            a, b = (item, None) if isinstance(item, str) else item
+            enc = self.tok(a, b, truncation=True, max_length=self.limit, return_tensors="pt")
+            with torch.no_grad():
+                rows.append(self.model(**enc).logits[0])
+        return torch.stack(rows)
+
+
+def check_predictions(got, expect, labels) -> None:
+    """One input's predictions: every label once, sorted by score descending, scores within TOL of `expect`
+    (a tensor of the labels' scores, in `labels`' order)."""
+    import torch
+
+    assert [p["score"] for p in got] == sorted((p["score"] for p in got), reverse=True)
+    assert sorted(p["label"] for p in got) == sorted(labels)
+    by_label = {p["label"]: p["score"] for p in got}
+    ours = torch.tensor([by_label[label] for label in labels], dtype=torch.float64)
+    assert (ours - expect.double()).abs().max() <= TOL, (ours, expect)

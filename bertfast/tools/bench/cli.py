@@ -19,8 +19,8 @@ from bertfast.backends import get_backend
 from bertfast.backends.cpu import isa
 from bertfast.tools.bench import plot, report, tiers
 from bertfast.tools.bench.measure import cpu_ticks, steal_fraction
-from bertfast.tools.bench.providers import (BASELINE, CUDA_PROVIDERS, DTYPES, FIXED_PROVIDERS, default_providers,
-                                            factory_of)
+from bertfast.tools.bench.providers import (CUDA_PROVIDERS, DTYPES, FIXED_PROVIDERS, baseline_of,
+                                            default_providers, factory_of)
 from bertfast.tools.bench.runner import ISOLATIONS, SETTLE_S, run_bench
 from bertfast.tools.bench.source import load_source
 from bertfast.tools.workloads import CONFIGS, DEFAULT_WORKLOADS, QUICK_WORKLOADS, Workload
@@ -194,7 +194,8 @@ def _run_one(args, source, device, workloads, dtypes, providers, preskipped, rep
     env = report.environment(device)
     if device == "cpu":
         print(isa.describe(env["machine"]["cpu_info"]))
-    print("\n" + report.caption(source.label, env, args.settle_ms, args.isolation))
+    baseline = baseline_of(source)
+    print("\n" + report.caption(source.label, env, args.settle_ms, args.isolation, baseline))
     print(report.format_table(rows))
     for note in report.notes(load_before, env, steal):
         print(note)
@@ -209,12 +210,12 @@ def _run_one(args, source, device, workloads, dtypes, providers, preskipped, rep
         settings = {"workloads": [w.name for w in workloads], "dtypes": dtypes, "providers": providers,
                     "repeats": repeats, "budget_s": budget, "settle_ms": args.settle_ms,
                     "isolation": args.isolation, "seed": args.seed}
-        report.write_json(json_path, env=env, source=source, settings=settings, elapsed_s=elapsed,
-                          load_before=load_before, steal=steal, rows=rows)
+        report.write_json(json_path, env=env, source=source, settings={**settings, "baseline": baseline},
+                          elapsed_s=elapsed, load_before=load_before, steal=steal, rows=rows)
         print(f"wrote {json_path}", file=sys.stderr)
     if plot_path:
         try:
-            plot.plot(rows, plot_path, f"bertfast bench: {source.label}, speedup vs {BASELINE}")
+            plot.plot(rows, plot_path, f"bertfast bench: {source.label}, speedup vs {baseline}", baseline)
         except Exception as e:
             print(f"bertfast bench: could not write the plot {plot_path}: {type(e).__name__}: {e}",
                   file=sys.stderr)

@@ -29,18 +29,18 @@ def require():
     return plt
 
 
-def plot(rows: list[Row], path: str, title: str) -> None:
+def plot(rows: list[Row], path: str, title: str, baseline: str = BASELINE) -> None:
     """Write the speedup chart of `rows` to `path` (PNG). Raises PlotUnavailable without matplotlib and
-    ValueError when no row has a speedup to show."""
+    ValueError when no row has a speedup to show. baseline: the row the speedups are relative to."""
     dtypes = list(dict.fromkeys(r.dtype for r in rows))
     wls = list(dict.fromkeys(r.workload for r in rows))
     val = {(r.dtype, r.workload, r.provider): r.speedup_vs_hf_sdpa for r in rows if r.status == "ok"
            and r.speedup_vs_hf_sdpa is not None}
     # Providers with no timed row (skipped or failed everywhere) get no bar and no legend entry.
     provs = [p for p in dict.fromkeys(r.provider for r in rows)
-             if p != BASELINE and any(k[2] == p for k in val)]
+             if p != baseline and any(k[2] == p for k in val)]
     if not val:
-        raise ValueError(f"nothing to plot: no row has a speedup vs {BASELINE} (is {BASELINE} among the providers?)")
+        raise ValueError(f"nothing to plot: no row has a speedup vs {baseline} (is {baseline} among the providers?)")
     plt = require()
     fig, axes = plt.subplots(len(dtypes), 1, figsize=(max(8, 1.6 * len(wls)), 3.6 * len(dtypes)), squeeze=False)
     width = 0.8 / max(1, len(provs))
@@ -55,7 +55,7 @@ def plot(rows: list[Row], path: str, title: str) -> None:
                                 ha="center", va="bottom", fontsize=7)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(wls)), wls)
-        ax.set_ylabel(f"speedup vs {BASELINE} ({d})")
+        ax.set_ylabel(f"speedup vs {baseline} ({d})")
         ax.legend(fontsize=8)
     axes[0, 0].set_title(title)
     fig.tight_layout()

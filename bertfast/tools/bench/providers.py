@@ -38,6 +38,17 @@ CUDA_PROVIDERS = ("bertfast-triton", "bertfast-triton-eager", "hf-sdpa", "hf-fa2
                   "torch-compile-max", "onnxruntime")
 CUDA_ONLY = ("hf-fa2",)
 BASELINE = "hf-sdpa"  # the row every speedup is relative to (same dtype)
+EAGER_BASELINE = "hf-eager"  # the baseline of a model transformers runs eager only (DeBERTa-v2, MPNet: no SDPA)
+
+
+def has_sdpa(source: Source) -> bool:
+    """Whether transformers has an SDPA attention for the source's model class."""
+    return bool(getattr(source.reference, "_supports_sdpa", True))
+
+
+def baseline_of(source: Source) -> str:
+    """The row speedups are relative to: hf-sdpa, or hf-eager where transformers has no SDPA for the model."""
+    return BASELINE if has_sdpa(source) else EAGER_BASELINE
 
 
 def _bertfast_factory(backend: str, quantize: str | None = None, graphs: bool | None = None):
@@ -91,7 +102,8 @@ def _torch_compile_factory(mode: str | None = None):
         import torch._inductor.config as inductor_config
 
         t0 = time.perf_counter()
-        model = source.hf_copy("sdpa", dtype)
+        attn = "sdpa" if has_sdpa(source) else "eager"  # what transformers can run: compiled as it is
+        model = source.hf_copy(attn, dtype)
         if source.device == "cpu":
             # Freezing folds the weights into the graph as constants (and lets oneDNN prepack them).
             inductor_config.freezing = True
@@ -111,6 +123,7 @@ def _torch_compile_factory(mode: str | None = None):
             return compiled(**b.inputs()).last_hidden_state
 
         return Provider(name, dtype, fn, build, {"mode": mode or "default", "freezing": bool(inductor_config.freezing),
+                                                 "attn_implementation": attn,
                                                  "note": "compiles on first call per shape"})
 
     return factory
@@ -158,6 +171,9 @@ def check_runnable(provider: str, source: Source, dtype: torch.dtype) -> None:
         raise ProviderSkipped("an int8 row of the CPU (no CUDA path is wired in this bench)")
     if provider in CUDA_ONLY and not cuda:
         raise ProviderSkipped("needs a CUDA device (--device cuda)")
+    if provider in ("hf-sdpa", "hf-fa2") and not has_sdpa(source):
+        raise ProviderSkipped(f"transformers runs {type(source.reference).__name__} with eager attention only "
+                              f"(hf-eager, the baseline of this model)")
     if provider == "ctranslate2-int8" and source.config.family != "bert":
         raise ProviderSkipped(f"wired for BERT checkpoints only here (this is {source.config.family})")
     if provider == "onnxruntime":

@@ -49,13 +49,13 @@ def environment(device: str) -> dict:
     return {"machine": machine, "versions": versions}
 
 
-def caption(label: str, env: dict, settle_ms: float, isolation: str) -> str:
+def caption(label: str, env: dict, settle_ms: float, isolation: str, baseline: str = BASELINE) -> str:
     """The line above the table: what was run where, and how to read the columns."""
     where = "each provider in its own process" if isolation == "process" else "all providers in one process"
     return (f"{label} on {env['machine']['cpu'] or env['machine']['device']}, {env['machine']['torch_threads']} "
             f"threads, torch {env['versions']['torch']}; median/p90 of interleaved rounds; tokens/s counts real "
             f"tokens; {settle_ms:g} ms idle and an untimed call before each timed one; {where}; "
-            f"'vs sdpa' = {BASELINE} median / row median (same dtype); max err = max abs difference from the "
+            f"'vs sdpa' = {baseline} median / row median (same dtype); max err = max abs difference from the "
             f"fp32 HF model on real positions")
 
 
@@ -116,7 +116,7 @@ def write_json(path: str, *, env: dict, source, settings: dict, elapsed_s: float
     """The machine-readable report: environment, model, settings, timing conditions and every row."""
     report = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **env,
               "model": {"label": source.label, "dir": source.model_dir, "config": asdict(source.config)},
-              "settings": {**settings, "baseline": BASELINE,
+              "settings": {"baseline": BASELINE, **settings,
                            "tolerance_atol": {str(k).replace("torch.", ""): v for k, v in ATOL.items()}},
               "elapsed_s": elapsed_s, "load_average_1m_at_start": load_before, "steal_fraction": steal,
               "rows": [asdict(r) for r in rows]}

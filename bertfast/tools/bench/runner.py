@@ -19,7 +19,7 @@ import torch
 
 from bertfast.tools.bench.measure import interleaved, quantile
 from bertfast.tools.bench.process import Local, Worker
-from bertfast.tools.bench.providers import BASELINE, DTYPES, ProviderSkipped, check_runnable, setup
+from bertfast.tools.bench.providers import DTYPES, ProviderSkipped, baseline_of, check_runnable, setup
 from bertfast.tools.bench.source import Source, reference_output
 from bertfast import accuracy
 from bertfast.tools.workloads import Batch
@@ -254,15 +254,15 @@ def run_bench(source: Source, workloads, dtypes, providers, *, repeats: int = 10
                 handle.close()
         del built, lowp_models
         gc.collect()
-    return _in_order(rows, workloads, dtypes, providers)
+    return _in_order(rows, workloads, dtypes, providers, baseline_of(source))
 
 
-def _in_order(rows: dict, workloads, dtypes, providers) -> list[Row]:
-    """The rows ordered workload, dtype, provider, each timed one with its speedup vs BASELINE."""
+def _in_order(rows: dict, workloads, dtypes, providers, baseline: str) -> list[Row]:
+    """The rows ordered workload, dtype, provider, each timed one with its speedup vs `baseline`."""
     out = []
     for wl in workloads:
         for dtype_name in dtypes:
-            base = rows.get((wl.name, dtype_name, BASELINE))
+            base = rows.get((wl.name, dtype_name, baseline))
             for name in providers:
                 row = rows.get((wl.name, dtype_name, name))
                 if row is None:
