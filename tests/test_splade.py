@@ -130,7 +130,8 @@ def test_max_active_dims_and_output_forms(tmp_path, minilm_path, splade_model, t
     assert single.shape == (30522,) and torch.equal(single.to_dense(), dense[2])
     # a checkpoint's own max_active_dims applies by default, as in sentence-transformers
     path = save_splade(tmp_path / "k", minilm_path, max_active_dims=5)
-    check_parity(bertfast.SparseEncoder.from_pretrained(path, backend="cpu").encode(texts), st_model(path).encode(texts))
+    ours_k = bertfast.SparseEncoder.from_pretrained(path, backend="cpu")
+    check_parity(ours_k.encode(texts), st_model(path).encode(texts))
     with pytest.raises(ValueError, match="max_active_dims must be a positive integer"):
         ours.encode(texts, max_active_dims=0)
 
@@ -141,6 +142,15 @@ def test_in_memory_model_and_prompts(splade_model, texts):
     check_parity(ours.encode(texts), model.encode(texts))
     check_parity(ours.encode_query(texts), model.encode_query(texts))
     check_parity(ours.encode(texts, prompt="passage: "), model.encode(texts, prompt="passage: "))
+
+
+def test_optimize_sparse_encoder(splade_model, texts):
+    """bertfast.optimize(SparseEncoder): the encoder on the engine (its MLM head and pooling stay torch's)."""
+    model = st_model(splade_model)
+    theirs = model.encode(texts)
+    assert bertfast.optimize(model, strict=True) is model
+    assert type(model[0].auto_model.base_model).__mro__[1].__name__ == "_EngineForward"
+    check_parity(model.encode(texts), theirs)
 
 
 def test_batch_invariant_encode(splade_model, texts):
