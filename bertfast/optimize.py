@@ -135,10 +135,11 @@ def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False):
     ALBERT, DistilBERT, MPNet, ModernBERT, NomicBERT, GTE). dtype: the engine's dtype (None: the model's;
     "auto": the backend's fastest within the fidelity rule, see `Encoder.from_pretrained`); outputs are cast
     back to the model's dtype for its head. strict: raise EngineUnsupported instead of falling back.
-    A sentence-transformers SentenceTransformer has its Transformer module's model optimized.
+    A sentence-transformers SentenceTransformer (or SparseEncoder: its MLM head and pooling then run in torch; the
+    fused path is `bertfast.SparseEncoder`) has its Transformer module's model optimized.
     """
     st = sys.modules.get("sentence_transformers")  # imported whenever `model` can be one
-    if st is not None and isinstance(model, st.SentenceTransformer):
+    if st is not None and isinstance(model, (st.SentenceTransformer, getattr(st, "SparseEncoder", ()))):
         return _optimize_sentence_transformer(model, backend, dtype, strict)
     base = getattr(model, "base_model", None)
     if base is None or not hasattr(base, "config"):

@@ -2,11 +2,11 @@
 
 This module is the oracle (the torch backend wraps its ops; it imports nothing of the engine it checks: its
 position ids are its own). Its op functions (`embed`, `qkv`, `attention`, `linear`, `linear_glu`, `linear_gelu`,
-`linear_residual`, `layernorm`, `pooler`, `disentangled`) define what every backend's op must compute (the engine
-composes them into a layer once, `engine.compose_layer`), and `forward` runs the whole padded model the way
-`transformers` does (additive key-padding mask, position ids ``0..S-1`` or from the ids; MPNet's relative position
-bias; DeBERTa-v2's disentangled attention). Tests check `forward` against `transformers` itself; kernels and backends
-are checked against the op functions. Nothing here is tuned for speed.
+`linear_residual`, `layernorm`, `pooler`, `disentangled`, `sparse_pool`) define what every backend's op must compute
+(the engine composes them into a layer once, `engine.compose_layer`), and `forward` runs the whole padded model the
+way `transformers` does (additive key-padding mask, position ids ``0..S-1`` or from the ids; MPNet's relative
+position bias; DeBERTa-v2's disentangled attention). Tests check `forward` against `transformers` itself; kernels and
+backends are checked against the op functions. Nothing here is tuned for speed.
 """
 
 from __future__ import annotations
@@ -188,6 +188,29 @@ def layernorm(x, weight, bias, eps: float, residual=None) -> torch.Tensor:
 def pooler(cls_hidden, weight, bias) -> torch.Tensor:
     """tanh(cls_hidden @ weight.T + bias); cls_hidden: (B, H)."""
     return torch.tanh(F.linear(cls_hidden, weight, bias))
+
+
+SPARSE_POOLINGS = ("max", "sum")
+SPARSE_ACTIVATIONS = ("relu", "log1p_relu")
+
+
+def sparse_pool(x, weight, bias, cu_seqlens, pooling: str = "max", activation: str = "relu") -> torch.Tensor:
+    """SPLADE's pooling (sentence-transformers' SpladePooling) of the MLM logits: for each sequence b, reduce (max or
+    sum) over its tokens of log1p(relu(x @ weight.T + bias)) (activation "log1p_relu": log1p once more). x: (T, K);
+    weight: (V, K); bias: (V,) or None; cu_seqlens: (B+1,) int32. Returns (B, V) in x's dtype; a sequence without
+    tokens gives zeros."""
+    if pooling not in SPARSE_POOLINGS or activation not in SPARSE_ACTIVATIONS:
+        raise ValueError(f"pooling must be one of {SPARSE_POOLINGS} and activation one of {SPARSE_ACTIVATIONS}, "
+                         f"got {pooling!r} and {activation!r}")
+    bounds = cu_seqlens.tolist()
+    out = x.new_zeros(len(bounds) - 1, weight.shape[0])
+    for b, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if end > start:
+            y = F.linear(x[start:end], weight, bias).relu().log1p()
+            if activation == "log1p_relu":
+                y = y.log1p()
+            out[b] = y.amax(0) if pooling == "max" else y.sum(0)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 // Ops and their kernels (csrc/cpu/): embed (embed.cpp), layernorm (layernorm.cpp), attention (attention*.cpp),
 // rotary_ (rotary.cpp), glu (glu.cpp),
 // pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
-// pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows),
+// pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows), sparse_pool (sparse_pool.cpp),
 // isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni / set_avx_vnni
 // (isa.cpp), num_threads (parallel.h).
 //
@@ -108,6 +108,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // int8 dynamic quantization (bertfast/backends/cpu/quant.py)
   m.def("quantize_rows", &quantize_rows, "per-token asymmetric int8 quantization: x (M, K) fp32 -> (q int8, scale, zero_point)",
         py::arg("x"));
+  m.def("sparse_pool", &sparse_pool,
+        "SPLADE pooling fused into the vocabulary GEMM: x (T, K) float32, a (vocab, K) weight packed by pack_linear, "
+        "bias (vocab,) or None, cu_seqlens (batch+1,) int32 -> (batch, vocab) float32, per sequence the max or sum "
+        "over its tokens of log1p(relu(x w^T + bias)) (activation 'log1p_relu': log1p applied twice)",
+        py::arg("x"), py::arg("packed"), py::arg("vocab"), py::arg("bias"), py::arg("cu_seqlens"),
+        py::arg("pooling") = "max", py::arg("activation") = "relu");
   m.def("pack_int8", &pack_int8, "pack an int8 (N, K) weight for quant_linear", py::arg("weight"));
   m.def("quant_linear", &quant_linear,
         "quantize_rows, then the int8 GEMM on pack_int8 weights with the dequantization epilogue fused (AMX-int8 / "

@@ -147,3 +147,12 @@ def corpus(n: int, seed: int = 0) -> list[str]:
              "search model token café naïve 42 3.14 well-known e-mail, (brackets) question? yes!").split()
     rng = random.Random(seed)
     return [" ".join(rng.choice(words) for _ in range(rng.randint(1, 60))) for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def splade_model(tmp_path_factory, minilm_path):
+    """A random SPLADE checkpoint (BertForMaskedLM, hidden 64, BERT's 30522-token vocabulary; max pooling, relu)
+    saved by sentence-transformers' SparseEncoder, with the default model's tokenizer."""
+    from helpers.splade import save_splade
+
+    return save_splade(tmp_path_factory.mktemp("splade") / "model", minilm_path)

@@ -18,6 +18,10 @@ from .cpu import isa
 from .weights import LayerWeights, ModelWeights
 
 
+# Tokens of logits the default `sparse_pool` holds at once (memory: SPARSE_BLOCK x vocab).
+SPARSE_BLOCK = 128
+
+
 class BackendUnavailable(RuntimeError):
     """A backend's module cannot be imported here (missing dependency or extension)."""
 
@@ -170,6 +174,31 @@ class Backend:
         c2p[t, h, r] = scale * q[t, h] . pos_key[r, h] and p2c[t, h, r] = scale * k[t, h] . pos_query[r, h]. A
         table entry must not depend on T (batch invariance)."""
         raise NotImplementedError
+
+    def pack(self, weight):
+        """A (N, K) weight in the form this backend's `linear` and `sparse_pool` take it, packed once (a head's
+        weights; the layers' are packed by `prepare`). Default: as is."""
+        return weight
+
+    def sparse_pool(self, x, weight, bias, cu_seqlens, pooling: str = "max", activation: str = "relu"):
+        """SPLADE's pooling of the MLM logits (`reference.sparse_pool`): x (T, K); weight (V, K) or `pack`'s form;
+        bias (V,) or None; cu_seqlens (B+1,) int32 -> (B, V) float32, per sequence the max or sum over its tokens
+        of log1p(relu(x @ weight.T + bias)) (log1p twice for "log1p_relu"), never holding the (T, V) logits.
+        Default (the torch and triton backends): torch ops in fp32 on SPARSE_BLOCK tokens of logits at a time."""
+        if pooling not in ("max", "sum") or activation not in ("relu", "log1p_relu"):
+            raise ValueError(f"pooling must be 'max' or 'sum' and activation 'relu' or 'log1p_relu', "
+                             f"got {pooling!r} and {activation!r}")
+        x, weight = x.float(), weight.float()
+        bias = None if bias is None else bias.float()
+        bounds = cu_seqlens.tolist()
+        out = x.new_zeros(len(bounds) - 1, weight.shape[0])
+        for b, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+            for t0 in range(start, end, SPARSE_BLOCK):
+                y = torch.nn.functional.linear(x[t0:min(end, t0 + SPARSE_BLOCK)], weight, bias).relu_().log1p_()
+                if activation == "log1p_relu":
+                    y = y.log1p_()
+                out[b] = torch.maximum(out[b], y.amax(0)) if pooling == "max" else out[b] + y.sum(0)
+        return out
 
     def whole_layer(self, x, layer: LayerWeights):
         """A callable (x, cu_seqlens, max_seqlen, scale, bias) -> x running `layer` on `x` in one piece (bias:

@@ -231,6 +231,31 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   return out;
 }
 
+at::Tensor sparse_pool(const at::Tensor& x, const at::Tensor& packed, int64_t vocab,
+                       const c10::optional<at::Tensor>& bias, const at::Tensor& cu_seqlens, const std::string& pooling,
+                       const std::string& activation) {
+  check_tensor(x, "x");
+  BF_CHECK(x.scalar_type() == at::kFloat, "x must be float32, got ", x.scalar_type());
+  BF_CHECK(x.dim() == 2, "x must be (tokens, hidden), got ", x.sizes());
+  BF_CHECK(x.stride(1) == 1 || x.size(1) <= 1, "x must be contiguous along hidden, got strides ", x.strides());
+  const int64_t T = x.size(0), K = x.size(1), V = vocab;
+  BF_CHECK(V > 0 && K > 0, "vocab and hidden must be positive, got ", V, " and ", K);
+  check_packed(packed, x, V, K, "packed weight");
+  const at::Tensor b = optional_operand(bias, x, {V}, Layout::Contiguous, "bias");
+  const int64_t B = check_cu_seqlens(cu_seqlens, T, T, "x");
+  BF_CHECK(pooling == "max" || pooling == "sum", "pooling must be 'max' or 'sum', got '", pooling, "'");
+  BF_CHECK(activation == "relu" || activation == "log1p_relu", "activation must be 'relu' or 'log1p_relu', got '",
+           activation, "'");
+  at::Tensor out = at::empty({B, V}, x.options());
+  {
+    py::gil_scoped_release nogil;
+    bc::sparse_pool(ptr<float>(x), T > 1 ? x.stride(0) : K, cu_seqlens.data_ptr<int32_t>(), B, ptr<float>(packed),
+                    ptr<float>(b), V, K, pooling == "max" ? bc::SparsePooling::Max : bc::SparsePooling::Sum,
+                    activation == "log1p_relu", ptr<float>(out));
+  }
+  return out;
+}
+
 void profile_enable(bool on) {
   if (on) bc::profile::reset();
   bc::profile::g_enabled.store(on, std::memory_order_relaxed);

@@ -48,6 +48,9 @@ at::Tensor pack_linear(const at::Tensor& weight);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                   const c10::optional<at::Tensor>& bias, const std::string& act,
                   const c10::optional<at::Tensor>& residual);
+at::Tensor sparse_pool(const at::Tensor& x, const at::Tensor& packed, int64_t vocab,
+                       const c10::optional<at::Tensor>& bias, const at::Tensor& cu_seqlens, const std::string& pooling,
+                       const std::string& activation);
 // The native layer's stage timers (cpu/profile.h): on (counters zeroed) or off, and their totals.
 void profile_enable(bool on);
 py::dict profile_counters();

@@ -95,6 +95,15 @@ template <typename T>
 void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
                    int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo);
 
+// ---- sparse_pool.cpp: SPLADE's pooling in the vocabulary GEMM's epilogue ----
+
+// out (batch, V) fp32 = reduce over the tokens t of each sequence (cu_seqlens) of f(x[t] . w[v] + bias[v]),
+// f = log1p(relu(.)), applied twice when `twice` (log1p_relu); x (T, K) rows ldx apart; w packed by pack_linear
+// (fp32); bias (V,) or null. The (T, V) logits are never stored; a row's result does not depend on the batch.
+enum class SparsePooling : int { Max = 0, Sum = 1 };
+void sparse_pool(const float* x, int64_t ldx, const int32_t* cu_seqlens, int64_t batch, const float* packed,
+                 const float* bias, int64_t V, int64_t K, SparsePooling pooling, bool twice, float* out);
+
 // ---- int8 dynamic quantization (quantize_rows.cpp; used by bertfast/backends/cpu/quant.py) ----
 
 // Per-token asymmetric int8 quantization of x (M, K) fp32 with row stride ldx: q (M, K) int8 contiguous,

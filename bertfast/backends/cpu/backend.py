@@ -2,7 +2,8 @@
 
 Embedding + LayerNorm, varlen attention (reading q/k/v in place from the fused QKV output; sliding window,
 DeBERTa-v2's c2p / p2c terms from per-token tables, `_C.position_scores`,
-relative position bias), RoPE on q and k (in place, right after the QKV GEMM), the GLU gate and LayerNorm
+relative position bias), SPLADE's pooling in the vocabulary GEMM (`_C.sparse_pool`), RoPE on q and k (in place,
+right after the QKV GEMM), the GLU gate and LayerNorm
 run in C++ (code per ISA tier, `isa`). GEMMs run on the extension's kernel at every token count, on weights
 packed once in `prepare` (`linear.PackedLinear`, or `quant.QuantLinear` under int8). A plain BERT layer runs
 whole in C++ (`_C.Layer`, csrc/cpu/layer.cpp): the same kernels in the same order, without the Python between
@@ -99,6 +100,17 @@ class CpuBackend(Backend):
         if isinstance(weight, quant.QuantLinear):
             return quant.linear(x, weight, bias, act, residual)
         return linear.linear(x, weight, bias, act, residual)
+
+    def pack(self, weight):
+        return linear.PackedLinear(weight.contiguous())
+
+    def sparse_pool(self, x, weight, bias, cu_seqlens, pooling: str = "max", activation: str = "relu"):
+        """The native kernel (`_C.sparse_pool`, csrc/cpu/sparse_pool.cpp): the pooling in the vocabulary GEMM's
+        epilogue, batch-invariant bit for bit; fp32 (x, weight and bias)."""
+        w = linear.packed(weight)
+        if x.dtype != torch.float32 or w.dtype != torch.float32:
+            raise ValueError(f"the cpu backend's sparse_pool runs in float32, got x {x.dtype}, weight {w.dtype}")
+        return _C.sparse_pool(x, w.packed, w.out_features, bias, cu_seqlens, pooling, activation)
 
     def embed(self, input_ids, position_ids, token_type_ids, emb, eps):
         if emb.token_type is None:

@@ -1,5 +1,5 @@
-"""The server's routes: TEI-compatible (/embed, /predict, /rerank, /tokenize, /info, /health, /metrics) and
-OpenAI-compatible (/v1/embeddings).
+"""The server's routes: TEI-compatible (/embed, /embed_sparse, /predict, /rerank, /tokenize, /info, /health,
+/metrics) and OpenAI-compatible (/v1/embeddings).
 
 A route validates (schemas, then limits: 4xx JSON naming the field and the limit), is admitted or
 refused at once (429 when `max_concurrent_requests` are in flight, 503 at shutdown), tokenizes (short
@@ -33,17 +33,20 @@ from bertfast.precision import quantize_embeddings
 from .batcher import Batcher, Busy, Closed, Job
 from .gate import Gate
 from .metrics import Metrics
-from .model import LOGITS, ROUTES, SCORES, ServedModel
-from .schemas import (ApiError, EmbedRequest, ErrorBody, Info, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse,
-                      Prediction, PredictRequest, Rank, RerankRequest, Token, TokenizeRequest)
+from .model import LOGITS, ROUTES, SCORES, SPLADE, ServedModel
+from .schemas import (ApiError, EmbedRequest, EmbedSparseRequest, ErrorBody, Info, OpenAIEmbeddingRequest,
+                      OpenAIEmbeddingResponse, Prediction, PredictRequest, Rank, RerankRequest, SparseValue, Token,
+                      TokenizeRequest)
 
-SCHEMAS = {"/embed": EmbedRequest, "/tokenize": TokenizeRequest, "/v1/embeddings": OpenAIEmbeddingRequest,
+SCHEMAS = {"/embed": EmbedRequest, "/embed_sparse": EmbedSparseRequest, "/tokenize": TokenizeRequest,
+           "/v1/embeddings": OpenAIEmbeddingRequest,
            "/predict": PredictRequest, "/rerank": RerankRequest}
 ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 405, 413, 422, 424, 429, 503)}
 # What a model route needs, for the 424 a model of another kind answers.
 NEEDS = {"/embed": "an embedding model", "/v1/embeddings": "an embedding model",
          "/predict": "a sequence classifier or a reranker (architecture *ForSequenceClassification)",
-         "/rerank": "a reranker: a cross-encoder, i.e. a sequence classifier with one label"}
+         "/rerank": "a reranker: a cross-encoder, i.e. a sequence classifier with one label",
+         "/embed_sparse": "a SPLADE model (a sentence-transformers SparseEncoder: a masked-LM head and SpladePooling)"}
 # Requests whose texts hold at most this many characters are tokenized on the event loop (tens of
 # microseconds); a worker thread's round trip costs more than that.
 INLINE_TOKENIZE_CHARS = 1024
@@ -212,6 +215,16 @@ def create_app(model: ServedModel, limits: Limits = Limits(), api_key: str | Non
         return json_response({"object": "list", "model": req.model or model.model_id,
                              "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(data)],
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    @app.post("/embed_sparse", response_model=list[list[SparseValue]], summary="TEI: SPLADE sparse embeddings")
+    async def embed_sparse(req: EmbedSparseRequest):
+        serves("/embed_sparse")
+        texts = texts_of(req.inputs, "inputs")
+        async with admitted():
+            rows, _ = await text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
+                                      prompt_name=req.prompt_name)
+            vectors = await run_rows(rows, SPLADE)
+        return json_response([[{"index": int(i), "value": float(v[i])} for i in np.flatnonzero(v)] for v in vectors])
 
     app.post("/embed", response_model=Union[list[list[float]], list[list[int]]],
              summary="TEI: sentence embeddings")(embed)

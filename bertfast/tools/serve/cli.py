@@ -10,7 +10,8 @@ import sys
 def add_arguments(p):
     p.add_argument("--model", default=None,
                    help="model directory (default: the embedded all-MiniLM-L6-v2); a *ForSequenceClassification "
-                        "checkpoint is served as a classifier (/predict), with one label as a reranker (/rerank)")
+                        "checkpoint is served as a classifier (/predict), with one label as a reranker (/rerank); a "
+                        "sentence-transformers SparseEncoder (SPLADE) as a sparse model (/embed_sparse)")
     p.add_argument("--model-id", default=None, help="the name /info and /v1/embeddings report (default: the directory's)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)

@@ -1,11 +1,13 @@
 """The served model: loading and warm-up on the engine thread, tokenization and checks on request
 threads, and the batch call, all through the public API: `Encoder` (`tokenize`'s tokenizer,
 `embed_tokens`, `sentence_config`) for embedding models, `bertfast.load`'s `TaskModel` (logits,
-`labels`, `scores`) for sequence classifiers and cross-encoders.
+`labels`, `scores`) for sequence classifiers and cross-encoders, `bertfast.SparseEncoder` (`embed_tokens`) for
+SPLADE models.
 
 What the model is (`kind`) is decided once, at load, from config.json as TEI decides it: an
-architecture `*ForSequenceClassification` is a classifier, a reranker when it has one label; any other
-architecture is an embedding model. A row's result depends on that row alone (the engine and the
+architecture `*ForSequenceClassification` is a classifier, a reranker when it has one label; a
+sentence-transformers SparseEncoder with SpladePooling (modules.json) is a sparse model; any other architecture is
+an embedding model. A row's result depends on that row alone (the engine and the
 sequence heads are batch-invariant), so rows of different requests share a batch and still equal
 `Encoder.encode` / the TaskModel on the row alone.
 """
@@ -20,12 +22,15 @@ import numpy as np
 from .schemas import ApiError
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
-EMBEDDING, CLASSIFIER, RERANKER = "embedding", "classifier", "reranker"
+EMBEDDING, CLASSIFIER, RERANKER, SPARSE = "embedding", "classifier", "reranker", "sparse"
 # The model routes each kind answers (/tokenize, /info, /health, /metrics: every kind).
-ROUTES = {EMBEDDING: ("/embed", "/v1/embeddings"), CLASSIFIER: ("/predict",), RERANKER: ("/rerank", "/predict")}
+ROUTES = {EMBEDDING: ("/embed", "/v1/embeddings"), CLASSIFIER: ("/predict",), RERANKER: ("/rerank", "/predict"),
+          SPARSE: ("/embed_sparse",)}
 # Batch keys of classifier rows: probabilities (the TaskModel's softmax/sigmoid) or the raw logits. Both
 # are computed on the engine thread: torch ops on another thread would start a second OpenMP team.
 SCORES, LOGITS = ("scores",), ("logits",)
+# Batch key of SPLADE rows: (N, vocab) dense vectors, the checkpoint's max_active_dims applied.
+SPLADE = ("splade",)
 
 
 class ServedModel:
@@ -35,7 +40,7 @@ class ServedModel:
         self.path, self.backend_name, self.dtype_arg = path, backend, dtype
         self.pooling = pooling
         self.model_id = model_id or os.path.basename(os.path.normpath(path))
-        self.encoder = self.task = self.kind = self.architecture = self.labels = None
+        self.encoder = self.task = self.sparse = self.kind = self.architecture = self.labels = None
         self.dimension = self.normalizes = None
 
     # --- engine thread ---
@@ -44,6 +49,7 @@ class ServedModel:
         import bertfast
         from bertfast.config import read_config_json
         from bertfast.sentence import pooling_modes
+        from bertfast.splade import is_sparse_checkpoint
         from bertfast.tokenization import unpadded
 
         archs = read_config_json(self.path).get("architectures") or []
@@ -58,6 +64,11 @@ class ServedModel:
                     self.architecture)
                 self.pooling = None
             enc = self.task.encoder
+        elif is_sparse_checkpoint(self.path):
+            self.sparse = bertfast.SparseEncoder.from_pretrained(self.path, backend=self.backend_name,
+                                                                 dtype=self.dtype_arg)
+            self.kind, self.pooling, enc = SPARSE, None, self.sparse.encoder
+            self.dimension = self.sparse.vocab_size
         else:
             enc = bertfast.Encoder.from_pretrained(self.path, backend=self.backend_name, dtype=self.dtype_arg)
             self.kind = EMBEDDING
@@ -69,7 +80,7 @@ class ServedModel:
         self.limit = tok.truncation["max_length"]
         self.pad_id = tok.padding["pad_id"] if tok.padding else 0
         self.encoder = enc
-        key = SCORES if self.task is not None else self.key()
+        key = SCORES if self.task is not None else SPLADE if self.sparse is not None else self.key()
         for rows in ([self.tokenizers["right"].encode("warm up").ids], [[self.pad_id + 1] * self.limit]):
             self.run(key, rows, [None] * len(rows))
         return self.run
@@ -93,6 +104,10 @@ class ServedModel:
             typed = token_types if self.encoder.config.type_vocab_size else None  # families without token types
             logits = self.task(ids, mask, typed).logits
             return (self.task.scores(logits) if key == SCORES else logits.float()).cpu().numpy()
+        if key == SPLADE:
+            from bertfast.splade import top_k
+
+            return top_k(self.sparse.embed_tokens(ids, mask, token_types), self.sparse.splade.max_active_dims).numpy()
         normalize, truncate_dim, prompt_length = key
         out = self.encoder.embed_tokens(ids, mask, token_types, pooling=self.pooling, normalize=normalize,
                                         truncate_dim=truncate_dim, prompt_length=prompt_length)
@@ -108,7 +123,8 @@ class ServedModel:
         from bertfast.tokenization import prompt_length
 
         try:
-            text = self.encoder.sentence_config.resolve_prompt(None, prompt_name)
+            prompts = self.sparse.splade if self.sparse is not None else self.encoder.sentence_config
+            text = prompts.resolve_prompt(None, prompt_name)
         except ValueError as e:
             raise ApiError(422, str(e), field="prompt_name") from None
         return (text, prompt_length(self.encoder.tokenizer, text)) if text else (None, None)
@@ -134,6 +150,8 @@ class ServedModel:
             return f"a classifier ({arch}, {len(self.labels)} labels)"
         if self.kind == RERANKER:
             return f"a reranker ({arch} with one label: a cross-encoder)"
+        if self.kind == SPARSE:
+            return f"a sparse (SPLADE) model ({arch} with SpladePooling)"
         return f"an embedding model ({arch})"
 
     def check_ids(self, rows: list[list[int]], field: str = "input") -> list[list[int]]:
@@ -157,6 +175,8 @@ class ServedModel:
 
         enc, cpu = self.encoder, bertfast.cpu_info()
         pooling = None if self.kind != EMBEDDING else list(self.pooling or enc.sentence_config.pooling)
+        if self.kind == SPARSE:
+            pooling = [f"splade_{self.sparse.splade.pooling}"]
         return dict(model_id=self.model_id, model_dir=self.path, model_type=self.kind, architecture=self.architecture,
                     routes=list(ROUTES[self.kind]), labels=self.labels, dimension=self.dimension,
                     max_input_length=self.limit, pooling=pooling, normalizes=self.normalizes,

@@ -38,6 +38,20 @@ class EmbedRequest(Request):
     precision: Precision = Field("float32", description=PRECISION)
 
 
+class EmbedSparseRequest(Request):
+    """TEI's /embed_sparse (SPLADE models)."""
+
+    inputs: Texts = Field(description=TEXTS)
+    truncate: bool = Field(False, description="a boolean")
+    truncation_direction: Direction = Field("right", description=DIRECTION)
+    prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
+
+
+class SparseValue(BaseModel):
+    index: int
+    value: float
+
+
 class PredictRequest(Request):
     """TEI's /predict (sequence classifiers and rerankers): one input or a batch. A list of two strings is
     one pair, as TEI reads it; a batch is a list of lists of one or two strings."""
@@ -116,11 +130,11 @@ class OpenAIEmbeddingResponse(BaseModel):
 class Info(BaseModel):
     model_id: str
     model_dir: str
-    model_type: Literal["embedding", "classifier", "reranker"]
+    model_type: Literal["embedding", "classifier", "reranker", "sparse"]
     architecture: str | None
     routes: list[str]  # the model routes this model answers (every model answers /tokenize and the rest)
     labels: list[str] | None  # classifier and reranker: label names in logit order
-    dimension: int | None  # embedding models only
+    dimension: int | None  # embedding models; sparse models: the vocabulary size
     max_input_length: int
     pooling: list[str] | None
     normalizes: bool | None

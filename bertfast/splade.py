@@ -1,0 +1,276 @@
+"""SPLADE sparse embeddings: `SparseEncoder`, sentence-transformers' `SparseEncoder` on the bertfast engine.
+
+A SparseEncoder checkpoint is a masked-LM model (`*ForMaskedLM`) followed by `SpladePooling`: modules.json lists
+a Transformer with transformer_task "fill-mask" (or the legacy MLMTransformer), then SpladePooling. Here the
+encoder runs on the engine, the MLM head's transform (dense, activation, LayerNorm) on the backend's ops, and the
+vocabulary GEMM on the backend's `sparse_pool`, which reduces each sequence's log1p(relu(logits)) (max or sum over
+its tokens) as it goes: the (tokens x vocab) logits are never held (cpu backend: in the GEMM's epilogue,
+csrc/cpu/sparse_pool.cpp). A row's vector does not depend on its batch (cpu backend: bit for bit). The vocabulary
+GEMM runs in fp32 whatever the encoder's dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .config import ConfigError, read_config_json
+from .heads import load as load_task
+from .kernels.activation import apply as activation
+from .padding import unpad
+from .tasks import TOKENS
+
+POOLINGS = ("max", "sum")
+ACTIVATIONS = ("relu", "log1p_relu")
+
+
+@dataclass
+class SpladeConfig:
+    """What SpladePooling and config_sentence_transformers.json say: pooling strategy, activation, the default
+    max_active_dims and the prompts (sentence-transformers' defaults where the checkpoint says nothing)."""
+
+    pooling: str = "max"
+    activation: str = "relu"
+    max_active_dims: int | None = None
+    prompts: dict = field(default_factory=lambda: {"query": "", "document": ""})
+    default_prompt_name: str | None = None
+
+    def __post_init__(self):
+        if self.pooling not in POOLINGS:
+            raise ConfigError(f"SpladePooling: pooling_strategy {self.pooling!r} is not one of {POOLINGS}")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"SpladePooling: activation_function {self.activation!r} is not one of {ACTIVATIONS}")
+        check_max_active_dims(self.max_active_dims, ConfigError)
+
+    def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
+        """An explicit prompt wins, then prompt_name, then the configured default (as sentence-transformers)."""
+        if prompt is not None:
+            return prompt
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                raise ValueError(f"prompt name {prompt_name!r} is not one of the configured prompts "
+                                 f"{sorted(self.prompts)}")
+            return self.prompts[prompt_name]
+        return None if self.default_prompt_name is None else self.prompts.get(self.default_prompt_name)
+
+
+def check_max_active_dims(value, error=ValueError) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise error(f"max_active_dims must be a positive integer or None, got {value!r}")
+
+
+def _json(path: str, required: bool = True) -> dict | list:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"{path} is missing") from None
+        return {}
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} is not valid JSON ({e})") from None
+
+
+def _modules(directory: str) -> list[dict]:
+    path = os.path.join(directory, "modules.json")
+    if not os.path.isfile(path):
+        return []
+    modules = _json(path)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) and "type" in m for m in modules):
+        raise ConfigError("modules.json must be a list of {idx, name, path, type} objects")
+    return sorted(modules, key=lambda m: m.get("idx", 0))
+
+
+def is_sparse_checkpoint(directory: str) -> bool:
+    """Whether `directory` is a sentence-transformers SparseEncoder with SPLADE pooling (its modules.json)."""
+    return any(str(m["type"]).endswith("SpladePooling") for m in _modules(directory))
+
+
+def read_splade_config(directory: str, vocab_size: int) -> SpladeConfig:
+    """The SPLADE configuration of a SparseEncoder directory; ConfigError names a module stack it cannot run."""
+    modules = _modules(directory)
+    kinds = [str(m["type"]).rpartition(".")[2] for m in modules]
+    if (len(kinds) != 2 or kinds[0] not in ("Transformer", "MLMTransformer") or kinds[1] != "SpladePooling"
+            or os.path.normpath(modules[0].get("path") or ".") != "."):
+        raise ConfigError(f"modules.json: bertfast's SparseEncoder runs a Transformer (fill-mask) in the model's own "
+                          f"directory followed by SpladePooling; found {[m['type'] for m in modules]}")
+    if kinds[0] == "Transformer":
+        task = _json(os.path.join(directory, "sentence_bert_config.json"), False).get("transformer_task")
+        if task != "fill-mask":
+            raise ConfigError(f"sentence_bert_config.json: transformer_task is {task!r}; SPLADE needs 'fill-mask' "
+                              "(the masked-LM logits)")
+    pooling = _json(os.path.join(directory, modules[1].get("path") or "", "config.json"))
+    dim = pooling.get("embedding_dimension", pooling.get("word_embedding_dimension"))
+    if dim is not None and dim != vocab_size:
+        raise ConfigError(f"SpladePooling: embedding_dimension {dim} is not the vocabulary size {vocab_size}")
+    st = _json(os.path.join(directory, "config_sentence_transformers.json"), False)
+    prompts = st.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ConfigError(f"config_sentence_transformers.json: 'prompts' must map names to strings, got {prompts!r}")
+    return SpladeConfig(pooling.get("pooling_strategy", "max"), pooling.get("activation_function", "relu"),
+                        st.get("max_active_dims"), {"query": "", "document": "", **prompts},
+                        st.get("default_prompt_name"))
+
+
+def top_k(dense: torch.Tensor, k: int | None) -> torch.Tensor:
+    """The k largest values of each row kept, the rest zeroed (sentence-transformers' select_max_active_dims:
+    top k by absolute value; SPLADE's values are >= 0). dense: (N, V)."""
+    if k is None or k >= dense.shape[-1]:
+        return dense
+    values, indices = torch.topk(dense.abs(), k, dim=-1)
+    return torch.zeros_like(dense).scatter_(-1, indices, dense.gather(-1, indices))
+
+
+class SparseEncoder(nn.Module):
+    """SPLADE on bertfast: `encode(texts)` -> (N, vocab) sparse vectors, as sentence-transformers'
+    `SparseEncoder.encode` returns them. Build it with `from_pretrained(dir)` or `from_sentence_transformers(model)`.
+    """
+
+    def __init__(self, task_model, config: SpladeConfig):
+        super().__init__()
+        self.encoder, self.splade = task_model.encoder, config
+        self.backend = self.encoder.engine.backend
+        source, steps = task_model.head.branches["logits"]
+        V = self.encoder.config.vocab_size
+        if source != TOKENS or steps[-1][0] != "linear" or steps[-1][1].shape[0] != V:
+            raise ConfigError(f"{task_model.architecture}: its head does not end in a vocabulary projection")
+        self.eps = task_model.head.eps
+        self.transform = []  # ("linear", packed weight, bias, act) | ("layernorm", weight, bias) | ("act", id)
+        for i, step in enumerate(steps[:-1]):
+            if step[0] == "linear":
+                fused = i + 1 < len(steps) - 1 and steps[i + 1][0] == "act"
+                act = (steps[i + 1][1] or "none") if fused else "none"
+                self.transform.append(("linear", self.backend.pack(step[1]), step[2], act))
+            elif step[0] == "layernorm":
+                bias = step[2] if step[2] is not None else torch.zeros_like(step[1])
+                self.transform.append(("layernorm", step[1], bias))
+            elif step[0] == "act" and (i == 0 or steps[i - 1][0] != "linear"):
+                self.transform.append(("act", step[1] or "none"))
+        weight, bias = steps[-1][1], steps[-1][2]
+        self.decoder = self.backend.pack(weight.float().contiguous())
+        self.decoder_bias = None if bias is None else bias.float().contiguous()
+
+    @classmethod
+    def from_pretrained(cls, path, *, backend: str = "auto", dtype=None):
+        """A SparseEncoder directory as sentence-transformers saves it (modules.json, the *ForMaskedLM checkpoint,
+        SpladePooling's config). dtype as `Encoder.from_pretrained` (None, "auto", torch.bfloat16, "int8"): the
+        encoder's; the vocabulary GEMM is fp32."""
+        path = os.fspath(path)
+        d = read_config_json(path)
+        arch = (d.get("architectures") or [None])[0]
+        if not (arch or "").endswith("ForMaskedLM"):
+            raise ConfigError(f"{path}: config.json's architecture is {arch!r}; SPLADE needs a *ForMaskedLM model")
+        config = read_splade_config(path, d["vocab_size"])
+        return cls(load_task(path, backend=backend, dtype=dtype, architecture=arch), config)
+
+    @classmethod
+    def from_sentence_transformers(cls, model, *, backend: str = "auto", dtype=None):
+        """An in-memory `sentence_transformers.SparseEncoder` (Transformer over a *ForMaskedLM model, then
+        SpladePooling): its weights, tokenizer (with its max_seq_length), prompts and max_active_dims."""
+        from tokenizers import Tokenizer
+
+        kinds = [type(m).__name__ for m in model]
+        hf = getattr(model[0], "auto_model", None) if len(kinds) == 2 else None
+        if hf is None or kinds[1] != "SpladePooling" or not type(hf).__name__.endswith("ForMaskedLM"):
+            raise ConfigError(f"bertfast's SparseEncoder runs a Transformer over a *ForMaskedLM model followed by "
+                              f"SpladePooling; this model has {kinds}")
+        pool = model[1]
+        config = SpladeConfig(pool.pooling_strategy, pool.activation_function, model.max_active_dims,
+                              dict(model.prompts), model.default_prompt_name)
+        out = cls(load_task(hf, backend=backend, dtype=dtype), config)
+        tok = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
+        tok.enable_truncation(max_length=model.max_seq_length)
+        tok.enable_padding(pad_id=model.tokenizer.pad_token_id or 0, pad_token=model.tokenizer.pad_token or "[PAD]")
+        out.encoder._tokenizer = tok
+        return out
+
+    @property
+    def vocab_size(self) -> int:
+        return self.encoder.config.vocab_size
+
+    def extra_repr(self):
+        return (f"pooling={self.splade.pooling!r}, activation={self.splade.activation!r}, "
+                f"max_active_dims={self.splade.max_active_dims}, backend={self.encoder.backend!r}")
+
+    @torch.inference_mode()
+    def embed_tokens(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        """Texts already tokenized -> (N, vocab) fp32 dense SPLADE vectors (no top-k). input_ids, attention_mask,
+        token_type_ids: (N, S) integer (token_type_ids None: zeros). A row's vector depends on that row alone."""
+        types = token_type_ids if self.encoder.config.type_vocab_size else None
+        last = self.encoder._run(input_ids, attention_mask, types, None, False, pool=False)[0]
+        x, _, cu_seqlens, _ = unpad(last, attention_mask.to(last.device))
+        for step in self.transform:
+            if step[0] == "linear":
+                x = self.backend.linear(x, step[1], step[2], step[3])
+            elif step[0] == "layernorm":
+                x = self.backend.layernorm(x, step[1], step[2], self.eps)
+            else:
+                x = activation(x, step[1])
+        return self.backend.sparse_pool(x.float().contiguous(), self.decoder, self.decoder_bias, cu_seqlens,
+                                        self.splade.pooling, self.splade.activation)
+
+    def encode(self, texts, *, prompt_name: str | None = None, prompt: str | None = None, batch_size: int = 32,
+               max_active_dims: int | None = None, convert_to_tensor: bool = True,
+               convert_to_sparse_tensor: bool = True, show_progress_bar: bool | None = None):
+        """Sparse embeddings as sentence-transformers' `SparseEncoder.encode` makes them: texts (a string or a list)
+        -> a (N, vocab) torch sparse COO tensor (one string: (vocab,)); convert_to_sparse_tensor=False: dense;
+        convert_to_tensor=False: a list of 1-D tensors. max_active_dims keeps each vector's largest values (None:
+        the checkpoint's max_active_dims, if any). prompt / prompt_name prepend a prompt, as sentence-transformers.
+        Batches of batch_size texts, longest first; a vector does not depend on its batch."""
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_max_active_dims(max_active_dims)
+        k = max_active_dims if max_active_dims is not None else self.splade.max_active_dims
+        prefix = self.splade.resolve_prompt(prompt, prompt_name)
+        if prefix:
+            texts = [prefix + t for t in texts]
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        batches = range(0, len(texts), batch_size)
+        if show_progress_bar:
+            from tqdm.auto import tqdm
+
+            batches = tqdm(batches, desc="Batches", unit="batch")
+        rows, cols, values, dense = [], [], [], []
+        for start in batches:
+            group = order[start:start + batch_size]
+            vectors = top_k(self.embed_tokens(*self.encoder.tokenize([texts[i] for i in group])), k)
+            if convert_to_sparse_tensor:
+                r, c = vectors.nonzero(as_tuple=True)
+                rows.append(torch.tensor(group, device=r.device)[r])
+                cols.append(c)
+                values.append(vectors[r, c])
+            else:
+                dense.append((group, vectors))
+        if convert_to_sparse_tensor:
+            cat = (lambda parts, dtype: torch.cat(parts) if parts else torch.zeros(0, dtype=dtype))
+            out = torch.sparse_coo_tensor(torch.stack([cat(rows, torch.int64), cat(cols, torch.int64)]),
+                                          cat(values, torch.float32), (len(texts), self.vocab_size),
+                                          check_invariants=False).coalesce()
+        else:
+            out = torch.zeros(len(texts), self.vocab_size)
+            for group, vectors in dense:
+                out[torch.tensor(group)] = vectors.to(out.device)
+        if single:
+            return out[0]
+        return out if convert_to_tensor else list(out.unbind(0))
+
+    def encode_query(self, texts, **kwargs):
+        """`encode` with the "query" prompt unless a prompt is given (sentence-transformers' encode_query)."""
+        if kwargs.get("prompt") is None and kwargs.get("prompt_name") is None and "query" in self.splade.prompts:
+            kwargs["prompt_name"] = "query"
+        return self.encode(texts, **kwargs)
+
+    def encode_document(self, texts, **kwargs):
+        """`encode` with the "document" prompt unless a prompt is given (sentence-transformers' encode_document)."""
+        if kwargs.get("prompt") is None and kwargs.get("prompt_name") is None and "document" in self.splade.prompts:
+            kwargs["prompt_name"] = "document"
+        return self.encode(texts, **kwargs)
+
+
+__all__ = ["SparseEncoder", "SpladeConfig", "is_sparse_checkpoint", "read_splade_config", "top_k"]

@@ -1,0 +1,179 @@
+"""SPLADE: the fused pooling op (`_C.sparse_pool` against `reference.sparse_pool` in fp64, batch invariance on every
+tier) and `bertfast.SparseEncoder` against sentence-transformers' `SparseEncoder.encode` on random checkpoints saved
+as sentence-transformers saves them."""
+
+import os
+import warnings
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download; set before the hub libraries load
+
+import pytest
+import torch
+
+import bertfast
+from bertfast import ConfigError, reference
+from bertfast.accuracy import rel_error, within
+from bertfast.backends import get_backend
+from helpers.sentences import sentences
+from helpers.splade import save_splade
+
+st = pytest.importorskip("sentence_transformers")
+
+def cu(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def op_inputs(lengths, V, K, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(lengths), K, generator=g, dtype=torch.float64)
+    w = torch.randn(V, K, generator=g, dtype=torch.float64) / K ** 0.5
+    b = torch.randn(V, generator=g, dtype=torch.float64) * 0.1 if bias else None
+    return x, w, b, cu(lengths)
+
+
+OP_CASES = [  # (lengths, vocab, hidden): lengths 0 and 1, tiles of 8 crossed, vocab not a multiple of 48, odd K
+    pytest.param([1], 48, 16, id="B1-S1-V48-K16"),
+    pytest.param([3, 0, 9, 8, 17], 97, 37, id="B5-ragged-empty-V97-K37"),
+    pytest.param([127, 129, 1], 1001, 64, id="B3-S129-V1001-K64"),
+]
+
+
+@pytest.mark.parametrize("lengths,V,K", OP_CASES)
+@pytest.mark.parametrize("pooling", ["max", "sum"])
+@pytest.mark.parametrize("activation", ["relu", "log1p_relu"])
+def test_sparse_pool_op(isa, lengths, V, K, pooling, activation):
+    x, w, b, cu_seqlens = op_inputs(lengths, V, K)
+    oracle = reference.sparse_pool(x, w, b, cu_seqlens, pooling, activation)
+    ref32 = reference.sparse_pool(x.float(), w.float(), b.float(), cu_seqlens, pooling, activation)
+    cpu = get_backend("cpu", "cpu")
+    ours = cpu.sparse_pool(x.float(), cpu.pack(w.float()), b.float(), cu_seqlens, pooling, activation)
+    assert ours.shape == (len(lengths), V) and ours.dtype == torch.float32
+    assert rel_error(ours, oracle) <= max(2 * rel_error(ref32, oracle), 1e-6) + 1e-6
+    assert torch.equal(ours > 0, oracle > 0)  # the same nonzero entries
+    empty = [i for i, n in enumerate(lengths) if n == 0]
+    assert not ours[empty].any()  # a sequence without tokens pools to zeros
+
+
+def test_sparse_pool_op_without_bias_and_errors():
+    x, w, b, cu_seqlens = op_inputs([5, 2], 50, 8, bias=False)
+    cpu = get_backend("cpu", "cpu")
+    ours = cpu.sparse_pool(x.float(), w.float(), None, cu_seqlens)
+    assert rel_error(ours, reference.sparse_pool(x, w, None, cu_seqlens)) <= 1e-6
+    with pytest.raises(ValueError, match="pooling must be 'max' or 'sum'"):
+        cpu.sparse_pool(x.float(), w.float(), None, cu_seqlens, "mean")
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        cpu.sparse_pool(x.float(), w.float(), None, cu([5, 1]))
+    with pytest.raises(ValueError, match="float32"):
+        cpu.sparse_pool(x.bfloat16(), w.bfloat16(), None, cu_seqlens)
+
+
+@pytest.mark.parametrize("pooling", ["max", "sum"])
+def test_sparse_pool_batch_invariant(isa, pooling):
+    """A sequence alone equals the same sequence inside a batch of 40, bit for bit (tiles of 8 tokens crossed)."""
+    lengths = [(7 * i) % 45 + 1 for i in range(40)]
+    x, w, b, cu_seqlens = (t.float() if t.is_floating_point() else t for t in op_inputs(lengths, 200, 40))
+    cpu = get_backend("cpu", "cpu")
+    packed = cpu.pack(w)
+    batch = cpu.sparse_pool(x, packed, b, cu_seqlens, pooling)
+    for i in (0, 5, 39):
+        alone = cpu.sparse_pool(x[cu_seqlens[i]:cu_seqlens[i + 1]], packed, b, cu([lengths[i]]), pooling)
+        assert torch.equal(alone[0], batch[i])
+
+
+@pytest.fixture(scope="module")
+def texts():
+    return sentences(40, seed=3)
+
+
+def st_model(path, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return st.SparseEncoder(path, device="cpu", **kwargs)
+
+
+def check_parity(ours, theirs, tol=1e-5):
+    """Values within tol (max error over max value) and the same nonzero indices, except where a logit's max is
+    0 within fp32 rounding: relu keeps a 1e-8 on one side and zeroes it on the other (about one entry in a million
+    on these random weights; sentence-transformers differs from itself that way across batch sizes)."""
+    ours, theirs = ours.to_dense(), theirs.to_dense()
+    assert ours.shape == theirs.shape
+    assert rel_error(ours, theirs.double()) <= tol
+    differ = (ours != 0) != (theirs != 0)
+    assert int(differ.sum()) <= max(1, ours.numel() // 10 ** 6)
+    assert float(torch.where(differ, torch.maximum(ours, theirs), 0).max()) <= 1e-6 * float(theirs.max())
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_encode_matches_sentence_transformers(splade_model, texts, backend):
+    theirs = st_model(splade_model).encode(texts)
+    ours = bertfast.SparseEncoder.from_pretrained(splade_model, backend=backend).encode(texts, batch_size=7)
+    assert ours.is_sparse and ours.shape == (len(texts), 30522)
+    check_parity(ours, theirs)
+
+
+@pytest.mark.parametrize("pooling,activation", [("sum", "relu"), ("max", "log1p_relu"), ("sum", "log1p_relu")])
+def test_pooling_options(tmp_path, minilm_path, texts, pooling, activation):
+    path = save_splade(tmp_path / "m", minilm_path, pooling=pooling, activation=activation, seed=1)
+    check_parity(bertfast.SparseEncoder.from_pretrained(path, backend="cpu").encode(texts),
+                 st_model(path).encode(texts))
+
+
+def test_max_active_dims_and_output_forms(tmp_path, minilm_path, splade_model, texts):
+    model, ours = st_model(splade_model), bertfast.SparseEncoder.from_pretrained(splade_model, backend="cpu")
+    check_parity(ours.encode(texts, max_active_dims=16), model.encode(texts, max_active_dims=16))
+    assert int((ours.encode(texts, max_active_dims=16).to_dense() != 0).sum(1).max()) == 16
+    dense = ours.encode(texts, convert_to_sparse_tensor=False)
+    assert not dense.is_sparse and torch.equal(dense, ours.encode(texts).to_dense())
+    listed = ours.encode(texts[:3], convert_to_tensor=False)
+    assert len(listed) == 3 and torch.equal(listed[1].to_dense(), dense[1])
+    single = ours.encode(texts[2])
+    assert single.shape == (30522,) and torch.equal(single.to_dense(), dense[2])
+    # a checkpoint's own max_active_dims applies by default, as in sentence-transformers
+    path = save_splade(tmp_path / "k", minilm_path, max_active_dims=5)
+    ours_k = bertfast.SparseEncoder.from_pretrained(path, backend="cpu")
+    check_parity(ours_k.encode(texts), st_model(path).encode(texts))
+    with pytest.raises(ValueError, match="max_active_dims must be a positive integer"):
+        ours.encode(texts, max_active_dims=0)
+
+
+def test_in_memory_model_and_prompts(splade_model, texts):
+    model = st_model(splade_model, prompts={"query": "query: "})
+    ours = bertfast.SparseEncoder.from_sentence_transformers(model, backend="cpu")
+    check_parity(ours.encode(texts), model.encode(texts))
+    check_parity(ours.encode_query(texts), model.encode_query(texts))
+    check_parity(ours.encode(texts, prompt="passage: "), model.encode(texts, prompt="passage: "))
+
+
+def test_optimize_sparse_encoder(splade_model, texts):
+    """bertfast.optimize(SparseEncoder): the encoder on the engine (its MLM head and pooling stay torch's)."""
+    model = st_model(splade_model)
+    theirs = model.encode(texts)
+    assert bertfast.optimize(model, strict=True) is model
+    assert type(model[0].auto_model.base_model).__mro__[1].__name__ == "_EngineForward"
+    check_parity(model.encode(texts), theirs)
+
+
+def test_batch_invariant_encode(splade_model, texts):
+    ours = bertfast.SparseEncoder.from_pretrained(splade_model, backend="cpu")
+    batch = ours.encode(texts, convert_to_sparse_tensor=False, batch_size=40)
+    for i in (0, 17):
+        assert torch.equal(ours.encode([texts[i]], convert_to_sparse_tensor=False)[0], batch[i])
+
+
+def test_low_precision(splade_model, texts):
+    """bf16 and int8 encoders (the vocabulary GEMM stays fp32), against fp32 sentence-transformers: bf16 within the
+    accuracy rule (2x sentence-transformers' own bf16 error plus the floor; measured 9.3e-3 against its 8.5e-3);
+    int8 within 2e-3 (measured 5.3e-4)."""
+    oracle = st_model(splade_model).encode(texts).to_dense().double()
+    st_bf16 = st_model(splade_model, model_kwargs={"dtype": torch.bfloat16}).encode(texts).to_dense().float()
+    bf16 = bertfast.SparseEncoder.from_pretrained(splade_model, backend="cpu", dtype=torch.bfloat16).encode(texts)
+    assert within(rel_error(bf16.to_dense(), oracle), rel_error(st_bf16, oracle), torch.bfloat16)
+    int8 = bertfast.SparseEncoder.from_pretrained(splade_model, backend="cpu", dtype="int8").encode(texts)
+    assert rel_error(int8.to_dense(), oracle) <= 2e-3
+
+
+def test_not_a_splade_checkpoint(tiny_text_model, tmp_path, splade_model):
+    with pytest.raises(ConfigError, match="ForMaskedLM"):
+        bertfast.SparseEncoder.from_pretrained(tiny_text_model)
+    with pytest.raises(ConfigError, match="SpladePooling"):
+        bertfast.SparseEncoder.from_sentence_transformers(st.SentenceTransformer(tiny_text_model, device="cpu"))
