@@ -109,6 +109,19 @@ class Dense:
         return out
 
 
+def resolve_prompt(prompts: dict, default_prompt_name: str | None, prompt: str | None,
+                   prompt_name: str | None) -> str | None:
+    """The prompt to prepend, as sentence-transformers picks it: an explicit prompt wins, then prompt_name (one of
+    `prompts`, else ValueError), then the configured default."""
+    if prompt is not None:
+        return prompt
+    if prompt_name is not None:
+        if prompt_name not in prompts:
+            raise ValueError(f"prompt name {prompt_name!r} is not one of the configured prompts {sorted(prompts)}")
+        return prompts[prompt_name]
+    return None if default_prompt_name is None else prompts.get(default_prompt_name)
+
+
 @dataclass
 class SentenceConfig:
     """How token states become one vector; defaults are a plain model's (mean pooling)."""
@@ -125,17 +138,7 @@ class SentenceConfig:
         return "normalize" in self.steps
 
     def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
-        """An explicit prompt wins, then prompt_name, then the configured default (as sentence-transformers)."""
-        if prompt is not None:
-            return prompt
-        if prompt_name is not None:
-            if prompt_name not in self.prompts:
-                raise ValueError(f"prompt name {prompt_name!r} is not one of the configured prompts "
-                                 f"{sorted(self.prompts)}")
-            return self.prompts[prompt_name]
-        if self.default_prompt_name is not None:
-            return self.prompts.get(self.default_prompt_name)
-        return None
+        return resolve_prompt(self.prompts, self.default_prompt_name, prompt, prompt_name)
 
     def embed(self, states, mask, *, pooling=None, normalize=None, truncate_dim=None, prompt_length=None):
         """(B, S, H) fp32 states, (B, S) mask -> (B, D) sentence embeddings.

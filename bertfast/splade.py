@@ -22,6 +22,7 @@ from .config import ConfigError, read_config_json
 from .heads import load as load_task
 from .kernels.activation import apply as activation
 from .padding import unpad
+from .sentence import resolve_prompt
 from .tasks import TOKENS
 
 POOLINGS = ("max", "sum")
@@ -47,15 +48,7 @@ class SpladeConfig:
         check_max_active_dims(self.max_active_dims, ConfigError)
 
     def resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
-        """An explicit prompt wins, then prompt_name, then the configured default (as sentence-transformers)."""
-        if prompt is not None:
-            return prompt
-        if prompt_name is not None:
-            if prompt_name not in self.prompts:
-                raise ValueError(f"prompt name {prompt_name!r} is not one of the configured prompts "
-                                 f"{sorted(self.prompts)}")
-            return self.prompts[prompt_name]
-        return None if self.default_prompt_name is None else self.prompts.get(self.default_prompt_name)
+        return resolve_prompt(self.prompts, self.default_prompt_name, prompt, prompt_name)
 
 
 def check_max_active_dims(value, error=ValueError) -> None:

@@ -24,6 +24,7 @@ from bertfast.backends import AttentionBias, available_backends
 from bertfast.loading import load_hf_model
 from bertfast.accuracy import TABLE, within
 from conftest import rel_err
+from helpers.tokens import layout_mask
 
 transformers = pytest.importorskip("transformers")
 
@@ -51,13 +52,8 @@ def batch(lengths=LENGTHS, seed=1, layout="right"):
     """ids, mask (B, S): pad id 1 at padded positions; layout "left" pads on the left, "holes" masks a few
     columns inside rows (the relative bias then spans the holes, as in transformers)."""
     g = torch.Generator().manual_seed(seed)
-    S = max(lengths) + (3 if layout == "holes" else 0)
-    mask = (torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]).long()
-    if layout == "left":
-        mask = mask.flip(1)
-    elif layout == "holes":
-        mask[:, 2:5] = 0
-        mask[0, :] = 1
+    mask = layout_mask(lengths, layout)
+    S = mask.shape[1]
     ids = torch.randint(2, 97, (len(lengths), S), generator=g)
     return torch.where(mask.bool(), ids, torch.ones_like(ids)), mask
 

@@ -16,6 +16,8 @@ import string
 import pytest
 import torch
 
+from helpers.tokens import layout_mask
+
 transformers = pytest.importorskip("transformers")
 
 BASE = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
@@ -52,13 +54,8 @@ def batch(lengths=LENGTHS, seed=1, vocab=97, type_vocab=0, layout="right"):
     """ids, mask, types (B, S): pad id 0 at padded positions; layout "left" pads on the left, "holes" masks a few
     columns inside the rows (relative positions then count columns, as in transformers)."""
     g = torch.Generator().manual_seed(seed)
-    S = max(lengths) + (3 if layout == "holes" else 0)
-    mask = (torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]).long()
-    if layout == "left":
-        mask = mask.flip(1)
-    elif layout == "holes":
-        mask[:, 2:5] = 0
-        mask[0, :] = 1
+    mask = layout_mask(lengths, layout)
+    S = mask.shape[1]
     ids = torch.randint(1, vocab, (len(lengths), S), generator=g) * mask
     types = torch.randint(0, max(type_vocab, 1), (len(lengths), S), generator=g) * mask
     return ids, mask, types
