@@ -313,8 +313,8 @@ class Encoder(nn.Module):
             # encode_batch_fast (tokenizers >= 0.20) skips the character offsets, which nothing here reads; NumPy
             # builds the (N, longest) arrays from the id lists ~9x faster than torch.tensor does.
             enc = getattr(tok, "encode_batch_fast", tok.encode_batch)(list(texts))
-            arrays = [np.array([getattr(e, f) for e in enc], dtype=np.int64).reshape(len(enc), -1)
-                      for f in ("ids", "attention_mask", "type_ids")]
+            arrays = [np.array([getattr(e, f) for e in enc], dtype=np.int64).reshape(len(enc), -1) if enc
+                      else np.zeros((0, 0), dtype=np.int64) for f in ("ids", "attention_mask", "type_ids")]
             ids, mask, types = (torch.from_numpy(a).to(self.device) for a in arrays)
         return ids, mask, types
 

@@ -195,6 +195,16 @@ def test_encode_mean_and_cls_pooling(minilm_path):
         enc.encode(["a"], pooling="median")
 
 
+def test_tokenize_matches_the_tokenizer_and_pads_right(tiny_text_model):
+    enc = Encoder.from_pretrained(tiny_text_model, backend="cpu")
+    texts = ["a b", "hello there world, again"]
+    ids, mask, types = enc.tokenize(texts)
+    for i, e in enumerate(enc.tokenizer.encode_batch(texts)):
+        assert ids[i].tolist() == e.ids and mask[i].tolist() == e.attention_mask and types[i].tolist() == e.type_ids
+    assert ids.dtype == mask.dtype == types.dtype == torch.int64 and mask[0, -1] == 0 and mask[1].all()
+    assert [tuple(t.shape) for t in enc.tokenize([])] == [(0, 0)] * 3
+
+
 def test_encode_without_tokenizer_raises():
     with pytest.raises(ValueError, match="no tokenizer"):
         Encoder.from_hf(hf_bert(seed=35), backend="torch").encode(["hello"])
