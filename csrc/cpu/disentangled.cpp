@@ -6,7 +6,9 @@
 // pos is widened once per call to fp32 and transposed per head to [d][rows rounded up to 16] (zero columns), so a
 // token's row is d broadcast multiply-adds over whole vectors: each entry is one dot product over e in order, with no
 // tail loop whose rounding could differ, the same for every token count (batch invariance by construction). Threads
-// split the tokens.
+// claim (head, 192-token chunk) items. On AVX-512 a register block of 6 tokens x 64 rows (24 accumulators) runs
+// over e per head and 64-row chunk, so the chunk's table slice (16 KiB) is read once per 6 tokens from L1, not once
+// per token; a token or row tail takes the same fma chain in smaller blocks: every entry bit-identical whatever T.
 #include <omp.h>
 
 #include <algorithm>
@@ -28,43 +30,77 @@ struct ScoreArgs {
   float* out;          // [tokens][heads][rows]
 };
 
+// Head h's rows of tokens [lo, hi).
 template <typename T>
-BF_INLINE void score_rows(const T* x, const ScoreArgs& a, int64_t lo, int64_t hi) {
+BF_INLINE void score_rows(const T* x, const ScoreArgs& a, int64_t h, int64_t lo, int64_t hi) {
   std::vector<float> acc(a.rows_pad);
   float* ac = acc.data();
+  const float* pt = a.pos_t + h * a.d * a.rows_pad;
   for (int64_t t = lo; t < hi; ++t) {
-    for (int64_t h = 0; h < a.heads; ++h) {
-      const T* xr = x + t * a.ld_row + h * a.ld_head;
-      const float* pt = a.pos_t + h * a.d * a.rows_pad;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t e = 0; e < a.d; ++e) {
-        const float xe = to_float(xr[e]);
-        const float* col = pt + e * a.rows_pad;
+    const T* xr = x + t * a.ld_row + h * a.ld_head;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t e = 0; e < a.d; ++e) {
+      const float xe = to_float(xr[e]);
+      const float* col = pt + e * a.rows_pad;
 #pragma omp simd
-        for (int64_t r = 0; r < a.rows_pad; ++r) ac[r] += xe * col[r];
-      }
-      float* o = a.out + (t * a.heads + h) * a.rows;
-#pragma omp simd
-      for (int64_t r = 0; r < a.rows; ++r) o[r] = ac[r] * a.scale;
+      for (int64_t r = 0; r < a.rows_pad; ++r) ac[r] += xe * col[r];
     }
+    float* o = a.out + (t * a.heads + h) * a.rows;
+#pragma omp simd
+    for (int64_t r = 0; r < a.rows; ++r) o[r] = ac[r] * a.scale;
   }
 }
 
 #if BF_X86
 template <typename T>
-BF_TARGET_AVX2 void score_avx2(const T* x, const ScoreArgs& a, int64_t lo, int64_t hi) {
-  score_rows(x, a, lo, hi);
+BF_TARGET_AVX2 void score_avx2(const T* x, const ScoreArgs& a, int64_t h, int64_t lo, int64_t hi) {
+  score_rows(x, a, h, lo, hi);
+}
+
+// out[t0 + i, h, c + 16 j + lane] for i < TB, j < NV: fma over e in order from zero, then * scale.
+template <int TB, int NV, typename T>
+BF_TARGET_AVX512 BF_INLINE void score_block512(const T* x, const ScoreArgs& a, int64_t t0, int64_t h, int64_t c) {
+  const float* pt = a.pos_t + h * a.d * a.rows_pad + c;
+  const T* xr[TB];
+  for (int i = 0; i < TB; ++i) xr[i] = x + (t0 + i) * a.ld_row + h * a.ld_head;
+  __m512 acc[TB][NV];  // [tokens, 16 * NV rows]
+  for (int i = 0; i < TB; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t e = 0; e < a.d; ++e) {
+    __m512 col[NV];
+    for (int j = 0; j < NV; ++j) col[j] = _mm512_loadu_ps(pt + e * a.rows_pad + 16 * j);
+    for (int i = 0; i < TB; ++i) {
+      const __m512 xe = _mm512_set1_ps(to_float(xr[i][e]));
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(xe, col[j], acc[i][j]);
+    }
+  }
+  const __m512 s = _mm512_set1_ps(a.scale);
+  for (int i = 0; i < TB; ++i) {
+    float* o = a.out + ((t0 + i) * a.heads + h) * a.rows + c;
+    for (int j = 0; j < NV; ++j) store16(o + 16 * j, _mm512_mul_ps(acc[i][j], s), tail_mask(a.rows - c - 16 * j));
+  }
+}
+
+template <int NV, typename T>
+BF_TARGET_AVX512 BF_INLINE void score_chunk512(const T* x, const ScoreArgs& a, int64_t lo, int64_t hi, int64_t h,
+                                               int64_t c) {
+  constexpr int kTokens = 6;
+  int64_t t = lo;
+  for (; t + kTokens <= hi; t += kTokens) score_block512<kTokens, NV>(x, a, t, h, c);
+  for (; t < hi; ++t) score_block512<1, NV>(x, a, t, h, c);
 }
 
 template <typename T>
-BF_TARGET_AVX512 void score_avx512(const T* x, const ScoreArgs& a, int64_t lo, int64_t hi) {
-  score_rows(x, a, lo, hi);
+BF_TARGET_AVX512 void score_avx512(const T* x, const ScoreArgs& a, int64_t h, int64_t lo, int64_t hi) {
+  int64_t c = 0;
+  for (; c + 64 <= a.rows_pad; c += 64) score_chunk512<4>(x, a, lo, hi, h, c);
+  for (; c < a.rows_pad; c += 16) score_chunk512<1>(x, a, lo, hi, h, c);
 }
 #endif
 
 template <typename T>
-void score_generic(const T* x, const ScoreArgs& a, int64_t lo, int64_t hi) {
-  score_rows(x, a, lo, hi);
+void score_generic(const T* x, const ScoreArgs& a, int64_t h, int64_t lo, int64_t hi) {
+  score_rows(x, a, h, lo, hi);
 }
 
 }  // namespace
@@ -74,16 +110,22 @@ void position_scores(const T* x, int64_t ld_row, int64_t ld_head, int64_t tokens
                      const T* pos, int64_t rows, float scale, float* out) {
   const int64_t rows_pad = (rows + 15) / 16 * 16;
   std::vector<float> pos_t(heads * head_dim * rows_pad, 0.f);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t h = 0; h < heads; ++h)
+  // Transposed 16 rows at a time (whole cache lines written), heads split over threads: the row-at-a-time scatter
+  // with a rows_pad stride took 0.55 ms per call at T = 1, 12 x 64 x 256 (now 0.08 ms, Zen 5, one thread).
+  const int nh = threads_for(heads * head_dim * rows_pad);
+  parallel_for(nh, heads, [&](int64_t h) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 16)
       for (int64_t e = 0; e < head_dim; ++e)
-        pos_t[(h * head_dim + e) * rows_pad + r] = to_float(pos[r * heads * head_dim + h * head_dim + e]);
+        for (int64_t r = r0; r < std::min(rows, r0 + 16); ++r)
+          pos_t[(h * head_dim + e) * rows_pad + r] = to_float(pos[r * heads * head_dim + h * head_dim + e]);
+  });
   const ScoreArgs a{ld_row, ld_head, heads, head_dim, rows, rows_pad, scale, pos_t.data(), out};
-  const int nt = threads_for(tokens * heads * head_dim * rows_pad);
-  parallel_for(nt, nt, [&](int64_t part) {
-    int64_t lo, hi;
-    split_range(tokens, int(part), nt, &lo, &hi);
-    BF_DISPATCH(score, x, a, lo, hi);
+  // Items (head, 192-token chunk) claimed dynamically: each reads one head's table, a late thread takes fewer.
+  constexpr int64_t kChunk = 192;
+  const int64_t chunks = (tokens + kChunk - 1) / kChunk;
+  parallel_for(threads_for(tokens * heads * head_dim * rows_pad), heads * chunks, [&](int64_t item) {
+    const int64_t h = item / chunks, lo = item % chunks * kChunk, hi = std::min(tokens, lo + kChunk);
+    BF_DISPATCH(score, x, a, h, lo, hi);
   });
 }
 
