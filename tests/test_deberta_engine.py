@@ -59,19 +59,26 @@ def _terms(lengths, heads, d, rows, seed, dtype):
 
 # --- the native ops on every tier ----------------------------------------------------------------------------------
 
+# (lengths, head dim, table rows, slices run alone): rows not a multiple of the 16 lanes with an odd head dim; then
+# the AVX-512 kernel's blocks crossed: 6-token register blocks, 192-token work chunks, 64-column chunks (130 rows).
+POSITION_SCORE_CASES = [([300, 1, 77], 40, 37, ((300, 301), (0, 1), (150, 250))),
+                        ([200, 3, 190], 64, 130, ((0, 1), (5, 11), (185, 200), (191, 193), (192, 390), (392, 393)))]
+
+
 @needs_cpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-def test_native_position_scores(isa, dtype):
+@pytest.mark.parametrize("lengths,d,rows,alone", POSITION_SCORE_CASES, ids=["small", "blocks"])
+def test_native_position_scores(isa, dtype, lengths, d, rows, alone):
     from bertfast import _C
 
-    heads, d, rows = 3, 40, 37  # rows not a multiple of the 16 lanes; an odd head dim
-    qkv, (pos, _), _, _ = _terms([300, 1, 77], heads, d, rows, 0, dtype)
+    heads = 3
+    qkv, (pos, _), _, _ = _terms(lengths, heads, d, rows, 0, dtype)
     q = qkv[:, 0]
     ours = _C.position_scores(q, pos, 0.125)
     expected, _ = disentangled.tables(q.double(), q.double(), pos.double(), None, 0.125)
     assert ours.dtype == torch.float32 and ours.shape == (q.shape[0], heads, rows)
     assert rel_err(ours, expected) <= (TABLE[torch.float32])
-    for lo, hi in ((300, 301), (0, 1), (150, 250)):  # a token's terms alone equal its terms inside the batch
+    for lo, hi in alone:  # a token's terms alone equal its terms inside the batch
         assert torch.equal(_C.position_scores(q[lo:hi], pos, 0.125), ours[lo:hi])
 
 
