@@ -168,7 +168,9 @@ class SentenceConfig:
         return dim if cap is None else min(dim, cap)
 
 
-def _read(path: str, what: str, required: bool = True):
+def read_json(path: str, what: str, required: bool = True):
+    """A sentence-transformers module file's JSON; ConfigError naming `what` and the path when it is missing
+    (required) or malformed; {} for a missing optional file."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -196,7 +198,7 @@ def _pooling(config: dict, where: str, hidden: int) -> tuple[tuple[str, ...], bo
 
 
 def _dense(directory: str, where: str) -> Dense:
-    config = _read(os.path.join(directory, "config.json"), where)
+    config = read_json(os.path.join(directory, "config.json"), where)
     for key in ("module_input_name", "module_output_name"):
         if config.get(key) not in (None, _SENTENCE):
             raise ConfigError(f"{where}: {key}={config[key]!r} is not supported (only {_SENTENCE!r})")
@@ -232,7 +234,7 @@ def _dense(directory: str, where: str) -> Dense:
 def read_sentence_config(directory: str, hidden: int) -> SentenceConfig:
     """The sentence-transformers configuration in `directory` (defaults when it has none)."""
     cfg = SentenceConfig()
-    st = _read(os.path.join(directory, "config_sentence_transformers.json"),
+    st = read_json(os.path.join(directory, "config_sentence_transformers.json"),
                "config_sentence_transformers.json", required=False)
     prompts = st.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
@@ -248,7 +250,7 @@ def read_sentence_config(directory: str, hidden: int) -> SentenceConfig:
     modules_path = os.path.join(directory, "modules.json")
     if not os.path.isfile(modules_path):
         return cfg
-    modules = _read(modules_path, "modules.json")
+    modules = read_json(modules_path, "modules.json")
     if not isinstance(modules, list) or not all(isinstance(m, dict) and "type" in m for m in modules):
         raise ConfigError("modules.json must be a list of {idx, name, path, type} objects")
     modules = sorted(modules, key=lambda m: m.get("idx", 0))
@@ -270,11 +272,11 @@ def read_sentence_config(directory: str, hidden: int) -> SentenceConfig:
         where = f"modules.json module {i} ({m['type']}, path {m.get('path')!r})"
         if kind == "Pooling" and i == 1:
             cfg.pooling, cfg.include_prompt = _pooling(
-                _read(os.path.join(sub, "config.json"), where), where, hidden)
+                read_json(os.path.join(sub, "config.json"), where), where, hidden)
         elif kind == "Dense":
             steps.append(_dense(sub, where))
         elif kind == "Normalize":
-            conf = _read(os.path.join(sub, "config.json"), where, required=False)
+            conf = read_json(os.path.join(sub, "config.json"), where, required=False)
             if conf.get("module_input_name", _SENTENCE) != _SENTENCE:
                 raise ConfigError(f"{where}: normalizing {conf['module_input_name']!r} is not supported")
             steps.append("normalize")

@@ -11,7 +11,6 @@ GEMM runs in fp32 whatever the encoder's dtype.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
@@ -22,7 +21,7 @@ from .config import ConfigError, read_config_json
 from .heads import load as load_task
 from .kernels.activation import apply as activation
 from .padding import unpad
-from .sentence import resolve_prompt
+from .sentence import read_json, resolve_prompt
 from .tasks import TOKENS
 
 POOLINGS = ("max", "sum")
@@ -56,23 +55,11 @@ def check_max_active_dims(value, error=ValueError) -> None:
         raise error(f"max_active_dims must be a positive integer or None, got {value!r}")
 
 
-def _json(path: str, required: bool = True) -> dict | list:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        if required:
-            raise ConfigError(f"{path} is missing") from None
-        return {}
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path} is not valid JSON ({e})") from None
-
-
 def _modules(directory: str) -> list[dict]:
     path = os.path.join(directory, "modules.json")
     if not os.path.isfile(path):
         return []
-    modules = _json(path)
+    modules = read_json(path, "SparseEncoder")
     if not isinstance(modules, list) or not all(isinstance(m, dict) and "type" in m for m in modules):
         raise ConfigError("modules.json must be a list of {idx, name, path, type} objects")
     return sorted(modules, key=lambda m: m.get("idx", 0))
@@ -92,15 +79,16 @@ def read_splade_config(directory: str, vocab_size: int) -> SpladeConfig:
         raise ConfigError(f"modules.json: bertfast's SparseEncoder runs a Transformer (fill-mask) in the model's own "
                           f"directory followed by SpladePooling; found {[m['type'] for m in modules]}")
     if kinds[0] == "Transformer":
-        task = _json(os.path.join(directory, "sentence_bert_config.json"), False).get("transformer_task")
+        bert_config = read_json(os.path.join(directory, "sentence_bert_config.json"), "SparseEncoder", False)
+        task = bert_config.get("transformer_task")
         if task != "fill-mask":
             raise ConfigError(f"sentence_bert_config.json: transformer_task is {task!r}; SPLADE needs 'fill-mask' "
                               "(the masked-LM logits)")
-    pooling = _json(os.path.join(directory, modules[1].get("path") or "", "config.json"))
+    pooling = read_json(os.path.join(directory, modules[1].get("path") or "", "config.json"), "SparseEncoder")
     dim = pooling.get("embedding_dimension", pooling.get("word_embedding_dimension"))
     if dim is not None and dim != vocab_size:
         raise ConfigError(f"SpladePooling: embedding_dimension {dim} is not the vocabulary size {vocab_size}")
-    st = _json(os.path.join(directory, "config_sentence_transformers.json"), False)
+    st = read_json(os.path.join(directory, "config_sentence_transformers.json"), "SparseEncoder", False)
     prompts = st.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
         raise ConfigError(f"config_sentence_transformers.json: 'prompts' must map names to strings, got {prompts!r}")
