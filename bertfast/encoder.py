@@ -282,9 +282,11 @@ class Encoder(nn.Module):
                                        self.engine.weights.pooler_weight is not None))
         return out if return_dict else out.to_tuple()
 
-    def _run(self, input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states: bool, pool: bool):
+    def _run(self, input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states: bool, pool: bool,
+             stream: bool = False):
         """check_inputs -> Engine.forward: (last, pooled or None, hidden states or None); pool=False skips the pooler
-        (and its check that position 0 is real), which sentence embeddings never read."""
+        (and its check that position 0 is real), which sentence embeddings never read; stream=True returns the
+        states in the residual stream's dtype (fp32 under bf16 on the cpu backend), which they pool."""
         # On a GPU the inputs are checked and packed on the host (`Engine.forward` moves the packed tokens in one
         # transfer): every check on the device would be a kernel launch and every read a wait for the device.
         where = self.device
@@ -294,7 +296,7 @@ class Encoder(nn.Module):
                 input_ids, attention_mask, token_type_ids, position_ids)
         ids, mask, types, positions = check_inputs(self.config, input_ids, attention_mask, token_type_ids,
                                                    position_ids, pool, where)
-        return self.engine.forward(ids, mask, types, positions, output_hidden_states, pool=pool)
+        return self.engine.forward(ids, mask, types, positions, output_hidden_states, pool=pool, stream=stream)
 
     @property
     def tokenizer(self):
@@ -425,7 +427,7 @@ class Encoder(nn.Module):
         """
         modes = None if pooling is None else pooling_modes(pooling)
         types = token_type_ids if self.config.type_vocab_size else None
-        last = self._run(input_ids, attention_mask, types, None, False, pool=False)[0].float()
+        last = self._run(input_ids, attention_mask, types, None, False, pool=False, stream=True)[0].float()
         with stage("pooling"):
             return self.sentence_config.embed(last, attention_mask.to(last.device), pooling=modes,
                                               normalize=normalize, truncate_dim=truncate_dim,

@@ -144,13 +144,15 @@ class Engine:
 
     def encode(self, tokens: Tokens, output_hidden_states: bool = False) -> tuple[torch.Tensor, ...]:
         """The layer stack on packed tokens: (x,) (T, H) after the last layer (and the final norm), or with
-        output_hidden_states every hidden state, the embeddings first and x last. Reads only `tokens` and the
+        output_hidden_states every hidden state, the embeddings first and x last; in the residual stream's dtype
+        (`Backend.stream_dtype`). Reads only `tokens` and the
         weights, and its launches depend on the packed sizes alone (what CUDA-graph capture needs)."""
         cfg, ops, w = self.config, self.backend, self.weights
         cu_seqlens, max_seqlen = tokens.cu_seqlens, tokens.max_seqlen
         x = ops.embed(tokens.ids, tokens.positions, tokens.types, w.embeddings, cfg.layer_norm_eps)
         if w.embeddings.projection_weight is not None:  # factorised embeddings (ELECTRA, ALBERT)
             x = ops.linear(x, w.embeddings.projection_weight, w.embeddings.projection_bias)
+        x = x.to(ops.stream_dtype(w.dtype))  # the residual stream (fp32 under bf16 on the cpu backend)
         hidden = [x] if output_hidden_states else None
         heads, eps, act = cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation
         scale = cfg.attention_scale
@@ -179,11 +181,12 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, input_ids, attention_mask, token_type_ids=None, position_ids=None,
-                output_hidden_states: bool = False, pool: bool = True):
+                output_hidden_states: bool = False, pool: bool = True, stream: bool = False):
         """input_ids, attention_mask, token_type_ids, position_ids: (B, S) int64 (mask 0/1).
 
         Returns (last_hidden_state (B, S, H), pooler_output (B, H) or None (no pooler, or pool=False),
-        hidden_states or None); padded positions hold 0.
+        hidden_states or None); padded positions hold 0. The states have the weights' dtype, or with stream=True
+        the residual stream's (fp32 under bf16 on the cpu backend: what sentence embeddings pool).
         """
         w = self.weights
         B, S = input_ids.shape
@@ -191,6 +194,8 @@ class Engine:
         if tokens.ids.device != w.device:  # packed on the host (`Encoder.forward` on a GPU)
             tokens, indices = to_device(tokens, indices, w.device)
         states = self.run(tokens, output_hidden_states)
+        if not stream:
+            states = tuple(h.to(w.dtype) for h in states)
         last = pad(states[-1], indices, B, S)
         pooled = None
         if pool and w.pooler_weight is not None:  # tanh(W h[CLS] + b)

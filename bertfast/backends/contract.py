@@ -126,6 +126,12 @@ class Backend:
             return Precision(torch.bfloat16)
         return Precision(torch.float32, slower=(torch.bfloat16,))
 
+    def stream_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The residual stream's dtype in a forward on weights of `dtype`: the layers' inputs and outputs, the sums
+        of residual adds and the LayerNorms. Default: `dtype` itself; the cpu backend keeps it fp32 under bf16, its
+        GEMMs' operands bf16 (`linear` then takes fp32 x and residuals)."""
+        return dtype
+
     def graph_unavailable_reason(self, device: torch.device) -> str | None:
         """None when a forward's launches on `device` can be captured in a CUDA graph (no host syncs, no
         host-side shape logic past the packed sizes), else why not. The engine then replays a graph per

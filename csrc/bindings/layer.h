@@ -18,9 +18,10 @@ namespace bertfast {
 namespace bindings __attribute__((visibility("hidden"))) {
 
 // The tensors of one encoder layer (Python: `_C.LayerWeights(qkv=..., ...)`, keyword arguments): the four
-// GEMM weights packed by pack_linear (the dtype of the rest), or by pack_int8 with their per-channel scales
-// and column sums (int8_scales, int8_colsums: one per GEMM, in the order qkv, attn_out, ffn_in, ffn_out; an
-// fp32 layer), their biases and the two LayerNorms.
+// GEMM weights packed by pack_linear (the dtype of their biases: the layer's dtype), or by pack_int8 with their
+// per-channel scales and column sums (int8_scales, int8_colsums: one per GEMM, in the order qkv, attn_out, ffn_in,
+// ffn_out; an fp32 layer), their biases and the two LayerNorms (fp32 in every dtype: they run on the fp32
+// residual stream, layer.cpp).
 struct LayerTensors {
   at::Tensor qkv, qkv_bias, attn_out, attn_out_bias, attn_ln_weight, attn_ln_bias;
   at::Tensor ffn_in, ffn_in_bias, ffn_out, ffn_out_bias, ffn_ln_weight, ffn_ln_bias;
@@ -60,19 +61,22 @@ class Layer {
     }
     check_vector(w.qkv_bias, ref, 3 * hidden, "qkv bias");
     check_vector(w.attn_out_bias, ref, hidden, "attention output bias");
-    check_vector(w.attn_ln_weight, ref, hidden, "attention LayerNorm weight");
-    check_vector(w.attn_ln_bias, ref, hidden, "attention LayerNorm bias");
+    const at::Tensor stream = at::empty({0}, ref.options().dtype(at::kFloat));
+    check_vector(w.attn_ln_weight, stream, hidden, "attention LayerNorm weight");
+    check_vector(w.attn_ln_bias, stream, hidden, "attention LayerNorm bias");
     check_vector(w.ffn_in_bias, ref, intermediate, "ffn input bias");
     check_vector(w.ffn_out_bias, ref, hidden, "ffn output bias");
-    check_vector(w.ffn_ln_weight, ref, hidden, "ffn LayerNorm weight");
-    check_vector(w.ffn_ln_bias, ref, hidden, "ffn LayerNorm bias");
+    check_vector(w.ffn_ln_weight, stream, hidden, "ffn LayerNorm weight");
+    check_vector(w.ffn_ln_bias, stream, hidden, "ffn LayerNorm bias");
   }
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale,
                      const c10::optional<at::Tensor>& bias_table,
                      const c10::optional<at::Tensor>& bias_positions) const {
     const int64_t H = config_.hidden, I = config_.intermediate;
-    check_like(x, w_.qkv_bias, "x");
+    check_tensor(x, "x");
+    BF_CHECK(x.scalar_type() == at::kFloat, "x (the residual stream) must be float32 in every dtype, got ",
+             x.scalar_type());
     BF_CHECK(x.dim() == 2 && x.size(1) == H, "x must be (tokens, ", H, "), got ", x.sizes());
     check_contig(x, "x");
     const int64_t T = x.size(0);
@@ -89,7 +93,7 @@ class Layer {
     const bc::Int8Scratch q8{ptr<int8_t>(q), ptr<float>(q_scale), ptr<int32_t>(q_zp)};
     {
       py::gil_scoped_release nogil;
-      dispatch(x.scalar_type(), [&](auto tag) {
+      dispatch(w_.qkv_bias.scalar_type(), [&](auto tag) {
         using T_ = decltype(tag);
         const auto g = [&](int i) {
           const Gemm gm = gemm(i);
@@ -100,12 +104,12 @@ class Layer {
                                      g(1),
                                      g(2),
                                      g(3),
-                                     ptr<T_>(w_.attn_ln_weight),
-                                     ptr<T_>(w_.attn_ln_bias),
-                                     ptr<T_>(w_.ffn_ln_weight),
-                                     ptr<T_>(w_.ffn_ln_bias)};
-        bc::encoder_layer<T_>(ptr<T_>(x), T, cu_seqlens.data_ptr<int32_t>(), B, float(scale), w, config_,
-                              ptr<T_>(work), q8, ptr<T_>(out), bias.table ? &bias : nullptr);
+                                     ptr<float>(w_.attn_ln_weight),
+                                     ptr<float>(w_.attn_ln_bias),
+                                     ptr<float>(w_.ffn_ln_weight),
+                                     ptr<float>(w_.ffn_ln_bias)};
+        bc::encoder_layer<T_>(ptr<float>(x), T, cu_seqlens.data_ptr<int32_t>(), B, float(scale), w, config_,
+                              ptr<float>(work), q8, ptr<float>(out), bias.table ? &bias : nullptr);
       });
     }
     return out;

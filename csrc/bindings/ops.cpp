@@ -205,28 +205,48 @@ at::Tensor pack_linear(const at::Tensor& weight) {
   return packed;
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
                   const c10::optional<at::Tensor>& bias, const std::string& act,
                   const c10::optional<at::Tensor>& residual) {
-  check_float(x, "x");
-  BF_CHECK(x.dim() == 2, "x must be (rows, in_features), got ", x.sizes());
-  BF_CHECK(x.stride(1) == 1 || x.size(1) <= 1, "x must be contiguous along in_features, got strides ",
-           x.strides());
-  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  check_float(x_in, "x");
+  check_float(packed, "packed weight");
+  BF_CHECK(x_in.dim() == 2, "x must be (rows, in_features), got ", x_in.sizes());
+  BF_CHECK(x_in.stride(1) == 1 || x_in.size(1) <= 1, "x must be contiguous along in_features, got strides ",
+           x_in.strides());
+  const int64_t M = x_in.size(0), K = x_in.size(1), N = out_features;
   BF_CHECK(N > 0 && K > 0, "in_features and out_features must be positive, got ", K, " and ", N);
+  // bf16 weights take fp32 x (the residual stream of a bf16 forward), rounded to bf16 once here (to_bf16), and
+  // an fp32 residual, which makes the output fp32 (linear_packed_wide).
+  const bool widen_x = packed.scalar_type() == at::kBFloat16 && x_in.scalar_type() == at::kFloat;
+  at::Tensor x = x_in;
+  if (widen_x) {
+    x = at::empty({M, K}, packed.options());
+    const int64_t ld = M > 1 ? x_in.stride(0) : K;
+    py::gil_scoped_release nogil;
+    bc::to_bf16(ptr<float>(x_in), ld, M, K, ptr<bc::bf16>(x));
+  }
   check_packed(packed, x, N, K, "packed weight");
   const bc::Activation a = activation(act);
   const at::Tensor b = optional_operand(bias, x, {N}, Layout::Contiguous, "bias");
-  const at::Tensor r = optional_operand(residual, x, {M, N}, Layout::Rows, "residual");
-  at::Tensor out = at::empty({M, N}, x.options());
+  const bool wide = x.scalar_type() == at::kBFloat16 && residual.has_value() &&
+                    residual->scalar_type() == at::kFloat;
+  const at::Tensor r = optional_operand(residual, wide ? *residual : x,
+                                        {M, N}, Layout::Rows, "residual");
+  at::Tensor out = at::empty({M, N}, wide ? x.options().dtype(at::kFloat) : x.options());
   const int64_t ldx = M > 1 ? x.stride(0) : K;
+  const int64_t ldr = r.defined() ? r.stride(0) : 0;
   {
     py::gil_scoped_release nogil;
-    dispatch(x.scalar_type(), [&](auto tag) {
-      using T_ = decltype(tag);
-      bc::linear_packed<T_>(ptr<T_>(x), ldx, ptr<T_>(packed), ptr<T_>(b), ptr<T_>(r), r.defined() ? r.stride(0) : 0,
-                             M, N, K, a, ptr<T_>(out), N);
-    });
+    if (wide) {
+      bc::linear_packed_wide(ptr<bc::bf16>(x), ldx, ptr<bc::bf16>(packed), ptr<bc::bf16>(b), ptr<float>(r), ldr, M,
+                             N, K, a, ptr<float>(out), N);
+    } else {
+      dispatch(x.scalar_type(), [&](auto tag) {
+        using T_ = decltype(tag);
+        bc::linear_packed<T_>(ptr<T_>(x), ldx, ptr<T_>(packed), ptr<T_>(b), ptr<T_>(r), ldr, M, N, K, a,
+                               ptr<T_>(out), N);
+      });
+    }
   }
   return out;
 }

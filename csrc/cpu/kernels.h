@@ -94,6 +94,16 @@ void pack_linear(const T* w, int64_t n, int64_t k, T* packed);
 template <typename T>
 void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
                    int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo);
+// The same on bf16 operands (x, packed, bias) with residual and out in fp32: a bf16 forward's residual stream
+// (layer.cpp). Every row's value is linear_packed<bf16>'s before its final rounding.
+void linear_packed_wide(const bf16* x, int64_t ldx, const bf16* packed, const bf16* bias, const float* residual,
+                        int64_t ldr, int64_t m, int64_t n, int64_t k, Activation act, float* out, int64_t ldo);
+
+// ---- convert.cpp: fp32 rows to bf16 (round to nearest even, as torch's .to(torch.bfloat16)) ----
+
+// out (M, K) contiguous = x (M, K) with rows ldx apart, rounded to bf16: the operands of a bf16 GEMM from an fp32
+// residual stream.
+void to_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, bf16* out);
 
 // ---- sparse_pool.cpp: SPLADE's pooling in the vocabulary GEMM's epilogue ----
 
@@ -132,11 +142,11 @@ struct LayerGemm {
   const float* w_scale;
   const float* colsum;
 };
-// A layer's weights.
+// A layer's weights: the GEMMs' of type T, the LayerNorms' fp32 (they run on the fp32 residual stream).
 template <typename T>
 struct LayerWeights {
   LayerGemm<T> qkv, attn_out, ffn_in, ffn_out;
-  const T *attn_ln_weight, *attn_ln_bias, *ffn_ln_weight, *ffn_ln_bias;
+  const float *attn_ln_weight, *attn_ln_bias, *ffn_ln_weight, *ffn_ln_bias;
 };
 // A layer's sizes and options.
 struct LayerConfig {
@@ -145,7 +155,7 @@ struct LayerConfig {
   Activation act;
   bool int8;  // int8 GEMMs with x quantized per token (T = float), attention's products in bf16
 };
-// Scratch: work, layer_work_numel(T, H, I) elements of T; under int8 also x quantized for one GEMM
+// Scratch: work, layer_work_numel(T, H, I) floats; under int8 also x quantized for one GEMM
 // (T * max(H, I) int8) with its per-token scale and zero point (T each).
 constexpr int64_t layer_work_numel(int64_t tokens, int64_t hidden, int64_t intermediate) {
   return tokens * (5 * hidden + intermediate);
@@ -155,10 +165,11 @@ struct Int8Scratch {
   float* scale;
   int32_t* zp;
 };
-// out (T, H) = the layer applied to x (T, H), sequences delimited by cu_seqlens.
+// out (T, H) = the layer applied to x (T, H), sequences delimited by cu_seqlens; x and out fp32 (the residual
+// stream) whatever T, the GEMMs' operand type.
 template <typename T>
-void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
-                   const LayerWeights<T>& w, const LayerConfig& c, T* work, const Int8Scratch& q8, T* out,
+void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
+                   const LayerWeights<T>& w, const LayerConfig& c, float* work, const Int8Scratch& q8, float* out,
                    const AttnBias* bias = nullptr);
 
 }  // namespace cpu

@@ -4,6 +4,12 @@
 // same kernels called in the same order on the same shapes, so the result is bit-identical to
 // calling them one by one from Python. What it saves is the Python between them (paired runs, b1 x s16:
 // BERT-base x0.93-0.95 the time in fp32, x0.92 bf16, x0.91 int8; MiniLM x0.84-0.90).
+//
+// The residual stream (x, the attention block's output, out) and the LayerNorms are fp32 in every dtype: in bf16
+// only the GEMMs' and attention's operands are bf16, rounded once from the stream (to_bf16) where a GEMM reads it.
+// Rounding the stream itself to bf16 after every residual add cost ~4x the error (BERT-base random weights, 12
+// layers, b8 x s128: max |bf16 - fp32| / max |fp32| 2.6e-2 with a bf16 stream, 6.3e-3 with an fp32 one;
+// docs/cpu-gemm.md#bf16-accuracy).
 #include "kernels.h"
 #include "profile.h"
 
@@ -11,17 +17,29 @@ namespace bertfast {
 namespace cpu {
 
 template <typename T>
-void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
-                   const LayerWeights<T>& w, const LayerConfig& c, T* work, const Int8Scratch& q8, T* out,
+void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
+                   const LayerWeights<T>& w, const LayerConfig& c, float* work, const Int8Scratch& q8, float* out,
                    const AttnBias* bias) {
   const int64_t T_ = tokens, H = c.hidden, I = c.intermediate, d = H / c.heads;
-  T* qkv = work;              // (T, 3H): q | k | v per token
-  T* ctx = qkv + T_ * 3 * H;  // (T, H)
-  T* mid = ctx + T_ * H;      // (T, H): after the attention block
-  T* inner = mid + T_ * H;    // (T, I)
-  // out (T, N) = act(in (T, K) . g^T + bias) + residual (T, N); what the backend's linear runs on the extension.
+  // work (layer_work_numel floats): the fp32 attention block output, then the operands in T.
+  float* mid = work;                         // (T, H) fp32: after the attention block
+  T* qkv = reinterpret_cast<T*>(mid + T_ * H);  // (T, 3H): q | k | v per token
+  T* ctx = qkv + T_ * 3 * H;                 // (T, H)
+  T* inner = ctx + T_ * H;                   // (T, I)
+  T* op = inner + T_ * I;                    // (T, H): bf16 only, the stream rounded for a GEMM
+  // The stream (T, H) as a GEMM operand: itself in fp32, rounded to bf16 into `op` in bf16.
+  const auto operand = [&](const float* s) -> const T* {
+    if constexpr (sizeof(T) == 2) {
+      to_bf16(s, H, T_, H, op);
+      return op;
+    } else {
+      return s;
+    }
+  };
+  // o (T, N) = act(in (T, K) . g^T + bias) + residual (T, N); o and residual fp32 where residual is given (the
+  // stream), of type T otherwise. What the backend's linear runs on the extension.
   const auto gemm = [&](profile::Stage stage, const LayerGemm<T>& g, const T* in, int64_t K, int64_t N,
-                        const T* residual, Activation act, T* o) {
+                        const float* residual, Activation act, void* o) {
     if constexpr (sizeof(T) == 4) {
       if (c.int8) {  // quant.linear's native call: quantize_rows, then the int8 GEMM with its epilogue
         {
@@ -30,18 +48,25 @@ void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_
         }
         profile::Scope timed(stage, 2 * T_ * K * N);
         int8_linear(q8.q, K, T_, K, q8.scale, q8.zp, static_cast<const int8_t*>(g.packed), N, g.w_scale, g.colsum,
-                    g.bias, act, residual, N, o);
+                    g.bias, act, residual, N, static_cast<float*>(o));
         return;
       }
     }
     profile::Scope timed(stage, 2 * T_ * K * N);
-    linear_packed<T>(in, K, static_cast<const T*>(g.packed), g.bias, residual, N, T_, N, K, act, o, N);
+    const T* packed = static_cast<const T*>(g.packed);
+    if constexpr (sizeof(T) == 2) {
+      if (residual != nullptr)
+        return linear_packed_wide(in, K, packed, g.bias, residual, N, T_, N, K, act, static_cast<float*>(o), N);
+      linear_packed<T>(in, K, packed, g.bias, nullptr, N, T_, N, K, act, static_cast<T*>(o), N);
+    } else {
+      linear_packed<T>(in, K, packed, g.bias, residual, N, T_, N, K, act, static_cast<T*>(o), N);
+    }
   };
-  const auto norm = [&](T* y, const T* gamma, const T* beta) {
+  const auto norm = [&](float* y, const float* gamma, const float* beta) {
     profile::Scope timed(profile::kLayerNorm);
-    layernorm<T>(y, nullptr, gamma, beta, c.eps, T_, H, y);
+    layernorm<float>(y, nullptr, gamma, beta, c.eps, T_, H, y);
   };
-  gemm(profile::kQkv, w.qkv, x, H, 3 * H, nullptr, Activation::None, qkv);
+  gemm(profile::kQkv, w.qkv, operand(x), H, 3 * H, nullptr, Activation::None, qkv);
   {
     profile::Scope timed(profile::kAttention);
     const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
@@ -49,17 +74,15 @@ void encoder_layer(const T* x, int64_t tokens, const int32_t* cu_seqlens, int64_
   }
   gemm(profile::kAttnOut, w.attn_out, ctx, H, H, x, Activation::None, mid);
   norm(mid, w.attn_ln_weight, w.attn_ln_bias);
-  gemm(profile::kFfnIn, w.ffn_in, mid, H, I, nullptr, c.act, inner);
+  gemm(profile::kFfnIn, w.ffn_in, operand(mid), H, I, nullptr, c.act, inner);
   gemm(profile::kFfnOut, w.ffn_out, inner, I, H, mid, Activation::None, out);
   norm(out, w.ffn_ln_weight, w.ffn_ln_bias);
 }
 
 template void encoder_layer<float>(const float*, int64_t, const int32_t*, int64_t, float, const LayerWeights<float>&,
-                                   const LayerConfig&, float*, const Int8Scratch&, float*,
-                                   const AttnBias*);
-template void encoder_layer<bf16>(const bf16*, int64_t, const int32_t*, int64_t, float, const LayerWeights<bf16>&,
-                                  const LayerConfig&, bf16*, const Int8Scratch&, bf16*,
-                                  const AttnBias*);
+                                   const LayerConfig&, float*, const Int8Scratch&, float*, const AttnBias*);
+template void encoder_layer<bf16>(const float*, int64_t, const int32_t*, int64_t, float, const LayerWeights<bf16>&,
+                                  const LayerConfig&, float*, const Int8Scratch&, float*, const AttnBias*);
 
 }  // namespace cpu
 }  // namespace bertfast

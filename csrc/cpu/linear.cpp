@@ -41,11 +41,10 @@ struct BlockedItems {
 
 }  // namespace
 
+// The GEMM of linear_packed / linear_packed_wide: the regime, its threads and items; `ep` says where results go.
 template <typename T>
-void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
-                    int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo) {
+void run_linear(const T* x, int64_t ldx, const T* packed, int64_t m, int64_t n, int64_t k, const Epilogue& ep) {
   if (m == 0 || n == 0) return;
-  const Epilogue ep{bias, residual, ldr, act, out, ldo};
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int nt = int(std::min<int64_t>(panels, threads_for(m * n * k / 4)));
   const Isa isa = active_isa();
@@ -93,6 +92,17 @@ void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, cons
 #endif
     BF_DISPATCH(linear_stream, x, ldx, packed, m, n, k, ep, mine);
   });
+}
+
+template <typename T>
+void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
+                    int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo) {
+  run_linear<T>(x, ldx, packed, m, n, k, Epilogue{bias, residual, ldr, act, out, ldo});
+}
+
+void linear_packed_wide(const bf16* x, int64_t ldx, const bf16* packed, const bf16* bias, const float* residual,
+                        int64_t ldr, int64_t m, int64_t n, int64_t k, Activation act, float* out, int64_t ldo) {
+  run_linear<bf16>(x, ldx, packed, m, n, k, Epilogue{bias, residual, ldr, act, out, ldo, true});
 }
 
 template void linear_packed<float>(const float*, int64_t, const float*, const float*, const float*, int64_t,

@@ -29,6 +29,8 @@ constexpr int64_t kBlockRows = 128;
 constexpr int64_t kPackPasses = 4;
 constexpr int64_t kPortablePackPasses = 2;
 
+// bias has the operands' type; residual and out too, except `wide` (bf16 operands only): then both are fp32, the
+// residual stream of a bf16 forward (linear_packed_wide).
 struct Epilogue {
   const void* bias;
   const void* residual;
@@ -36,19 +38,30 @@ struct Epilogue {
   Activation act;
   void* out;
   int64_t ldo;
+  bool wide = false;
 };
+
+template <typename T, typename O, bool kAvx512>
+BF_INLINE void store_rows(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid, const Epilogue& ep);
 
 // Writes rows [m0, m0 + mr) x columns [n0, n0 + nvalid) of the output from an fp32 tile [mr][kPanel]. kAvx512: the
 // caller is AVX-512 code (activate512's 16-lane GELU).
 template <typename T, bool kAvx512 = false>
 BF_INLINE void store_tile(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid, const Epilogue& ep) {
+  if (sizeof(T) == 2 && ep.wide) return store_rows<T, float, kAvx512>(tile, mr, m0, n0, nvalid, ep);
+  store_rows<T, T, kAvx512>(tile, mr, m0, n0, nvalid, ep);
+}
+
+// store_tile's rows: bias of the operands' type T, residual and out of type O.
+template <typename T, typename O, bool kAvx512>
+BF_INLINE void store_rows(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid, const Epilogue& ep) {
   const T* bias = static_cast<const T*>(ep.bias);
-  const T* res = static_cast<const T*>(ep.residual);
-  T* out = static_cast<T*>(ep.out);
+  const O* res = static_cast<const O*>(ep.residual);
+  O* out = static_cast<O*>(ep.out);
   for (int r = 0; r < mr; ++r) {
     const float* c = tile + r * kPanel;
-    T* o = out + (m0 + r) * ep.ldo + n0;
-    const T* rr = res != nullptr ? res + (m0 + r) * ep.ldr + n0 : nullptr;
+    O* o = out + (m0 + r) * ep.ldo + n0;
+    const O* rr = res != nullptr ? res + (m0 + r) * ep.ldr + n0 : nullptr;
     float tmp[kPanel];
 #pragma omp simd
     for (int64_t j = 0; j < nvalid; ++j) tmp[j] = c[j] + (bias != nullptr ? to_float(bias[n0 + j]) : 0.f);
@@ -62,10 +75,10 @@ BF_INLINE void store_tile(const float* tile, int mr, int64_t m0, int64_t n0, int
 #endif
     if (rr != nullptr) {
 #pragma omp simd
-      for (int64_t j = 0; j < nvalid; ++j) o[j] = from_float<T>(tmp[j] + to_float(rr[j]));
+      for (int64_t j = 0; j < nvalid; ++j) o[j] = from_float<O>(tmp[j] + to_float(rr[j]));
     } else {
 #pragma omp simd
-      for (int64_t j = 0; j < nvalid; ++j) o[j] = from_float<T>(tmp[j]);
+      for (int64_t j = 0; j < nvalid; ++j) o[j] = from_float<O>(tmp[j]);
     }
   }
 }
