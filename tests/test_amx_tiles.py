@@ -243,3 +243,23 @@ def test_attention_runs_on_the_tiles(tiles, terms):
     finally:
         _C.set_isa(before)
     assert fp32_on_grid < 0.5 and fp32_masked, "the probe does not tell the tiles from the fp32-math tiers"
+
+
+def test_attention_window_skips_far_keys(tiles):
+    """The tiles skip what lies outside every row's window, not only mask it: with window 8, a NaN value at token
+    500 reaches the query blocks of 16 rows that multiply its 32-key half of its 64-key block (464..527) and no
+    others; a kernel skipping only whole key blocks would spread 0 * NaN to rows 432..463 too, one masking
+    afterwards to every row."""
+    T, window = 1000, 8
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (t.to(torch.bfloat16) for t in torch.randn(3, T, 1, 32, generator=gen).unbind(0))
+    v[500] = float("nan")
+    ours = _C.attention(q, k, v, torch.tensor([0, T], dtype=torch.int32), T, 0.25, window=window)
+    far = torch.cat([torch.arange(0, 464), torch.arange(528, T)])
+    assert torch.isfinite(ours[far]).all() and not torch.isfinite(ours[464:528]).all()
+    clean = v.clone()
+    clean[500] = 0.0
+    cu = torch.tensor([0, T], dtype=torch.int32)
+    ref_hi = reference.attention_loop(q.double(), k.double(), clean.double(), cu, 0.25, window=window)
+    ref_low = reference.attention(q, k, clean, cu, T, 0.25, window=window)
+    check(ours[far], ref_low[far], ref_hi[far], torch.bfloat16)
