@@ -9,14 +9,24 @@ as zero. On amx_emulated this checks the kernel and the emulation; on amx, that 
 every tile edge of the kernel: 16-row blocks and their tails, 48-column panels of three 16-column tiles and a short
 last panel, one to five K steps. The model-level tests (test_tiers.py, test_embed.py, ...) run both tiers through
 the `isa` fixture like every other.
+
+The attention (attention_amx.cpp's kernel) with ModernBERT's sliding window and MPNet's / DeBERTa-v2's position bias:
+against the eager reference at lengths and windows crossing the kernel's 16-row query blocks, 64-key blocks and
+16-key score tiles; a sequence alone equal to itself inside a batch, bit for bit; and the tiles, not the fp32-math
+tiers, running it: with V one-hot, each output is the probability P V read, and the kernel rounds P to bf16.
 """
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
+from bertfast import reference
+from bertfast.backends import AttentionBias, DisentangledBias
 from bertfast.backends.cpu import isa as isa_module
+from helpers.cpu_ops import check, qkv_views
 
 _C = pytest.importorskip("bertfast._C")
 
@@ -126,3 +136,130 @@ def test_tiles_are_not_the_avx512_kernel(tiles):
     finally:
         _C.set_isa(before)
     assert torch.equal(tiles, tdpbf16ps_model(x, w).to(torch.bfloat16)) and not torch.equal(tiles, streamed)
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention: query blocks of 16 rows, key blocks of 64 keys in four 16-key score tiles (attention_amx.cpp)
+
+ATTENTION_CASES = [  # (lengths, heads, head_dim, window)
+    pytest.param([1], 1, 32, 1, id="L1-D32-W1"),
+    pytest.param([1, 17, 15, 33], 2, 64, 5, id="L1.17.15.33-D64-W5"),  # window inside one 16-key tile
+    pytest.param([130, 1, 65], 2, 32, 20, id="L130.1.65-D32-W20"),
+    pytest.param([200, 64], 1, 64, 70, id="L200.64-D64-W70"),  # window past a 64-key block
+    pytest.param([129, 3], 2, 26, 100, id="L129.3-D26-W100"),  # the short row's window reaches every key
+    pytest.param([300], 1, 48, 16, id="L300-D48-W16"),
+]
+PRODUCTS = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float32, id="fp32-bf16-products")]
+
+
+def _mpnet_bias(lengths, heads, gen):
+    """MPNet's table (heads, 2 * width - 1) and positions starting anywhere in [0, 3] per sequence."""
+    width = max(lengths) + 3
+    positions = torch.cat([torch.arange(n) + i % 4 for i, n in enumerate(lengths)]).to(torch.int32)
+    return AttentionBias(torch.randn(heads, 2 * width - 1, generator=gen) * 2, positions)
+
+
+@pytest.mark.parametrize("dtype", PRODUCTS)
+@pytest.mark.parametrize("terms", ["window", "bias", "window+bias"])
+@pytest.mark.parametrize("lengths,heads,d,window", ATTENTION_CASES)
+def test_attention_window_and_bias(tiles, dtype, terms, lengths, heads, d, window):
+    """Ragged q, k, v (strided views of one fused buffer) vs reference.attention_loop in fp64; bf16 products on
+    bf16 inputs or on fp32 ones (the int8 path), within bf16 attention's error."""
+    gen = torch.Generator().manual_seed(sum(lengths) + d + window)
+    (q, k, v), low, cu = qkv_views(lengths, heads, d, torch.bfloat16, gen)
+    window = window if "window" in terms else 0
+    bias = _mpnet_bias(lengths, heads, gen) if "bias" in terms else None
+    scale = 1.0 / math.sqrt(d)
+    args = dict(window=window, bf16_products=dtype == torch.float32)
+    if bias is not None:
+        args.update(bias_table=bias.table, bias_positions=bias.positions)
+    ours = _C.attention(*(t.to(dtype) for t in low), cu, max(lengths), scale, **args)
+    assert ours.dtype == dtype and ours.shape == (sum(lengths), heads * d)
+    bias_hi = None if bias is None else AttentionBias(bias.table.double(), bias.positions)
+    ref_hi = reference.attention_loop(q, k, v, cu, scale, bias_hi, window)
+    ref_low = reference.attention(*low, cu, max(lengths), scale, bias, window)
+    check(ours, ref_low, ref_hi, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", PRODUCTS)
+@pytest.mark.parametrize("terms", ["window", "mpnet", "window+mpnet", "deberta"])
+def test_attention_row_alone_is_the_row_in_a_batch(tiles, dtype, terms):
+    """Each sequence alone gives the bits it gives inside a batch of 1, 30, 177 (past two 64-key blocks), 5 and 64
+    tokens: the kernel's blocking, window and bias depend on the sequence alone."""
+    lengths, heads, d, window = [1, 30, 177, 5, 64], 2, 32, 24 if "window" in terms else 0
+    gen = torch.Generator().manual_seed(12)
+    _, (q, k, v), cu = qkv_views(lengths, heads, d, dtype, gen)
+    T, bounds = sum(lengths), cu.tolist()
+    positions = torch.cat([torch.arange(n) + i % 4 for i, n in enumerate(lengths)]).to(torch.int32)
+    args = dict(window=window, bf16_products=dtype == torch.float32)
+    if "mpnet" in terms:
+        args.update(bias_table=torch.randn(heads, 2 * max(lengths) + 7, generator=gen), bias_positions=positions)
+    if "deberta" in terms:
+        cols = 2 * max(lengths) + 7
+        args.update(c2p=torch.randn(T, heads, cols, generator=gen), p2c=torch.randn(T, heads, cols, generator=gen),
+                    rel_index=torch.arange(cols, dtype=torch.int32), bias_positions=positions)
+    batch = _C.attention(q, k, v, cu, max(lengths), 0.2, **args)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        part = {name: t[a:b] if name in ("bias_positions", "c2p", "p2c") else t for name, t in args.items()}
+        alone = _C.attention(q[a:b], k[a:b], v[a:b], torch.tensor([0, b - a], dtype=torch.int32), b - a, 0.2, **part)
+        assert torch.equal(batch[a:b], alone), f"the {b - a}-token row differs alone"
+
+
+def _one_hot_probe(terms, seed=0):
+    """One 60-token sequence (one key block), head_dim 64, V the identity: output (i, j) is P[i, j] / l[i] with P
+    as the kernel multiplies it by V (fp32 inputs, bf16 products, so the fp32 output shows P's rounding). Returns
+    the share of row i's nonzero outputs whose ratio to the row's largest (P = 1) lies on the bf16 grid, and
+    whether every key outside a window got exactly 0."""
+    L, d, window = 60, 64, 7 if "window" in terms else 0
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, L, 1, d, generator=gen).unbind(0)
+    v = torch.eye(L, d).view(L, 1, d)
+    positions = torch.arange(L, dtype=torch.int32)
+    args = dict(window=window, bf16_products=True)
+    if "mpnet" in terms:
+        args.update(bias_table=torch.randn(1, 2 * L - 1, generator=gen), bias_positions=positions)
+    if "deberta" in terms:
+        args.update(c2p=torch.randn(L, 1, 2 * L - 1, generator=gen), p2c=torch.randn(L, 1, 2 * L - 1, generator=gen),
+                    rel_index=torch.arange(2 * L - 1, dtype=torch.int32), bias_positions=positions)
+    out = _C.attention(q, k, v, torch.tensor([0, L], dtype=torch.int32), L, 0.125, **args)[:, :L]
+    ratio = out / out.max(dim=1, keepdim=True).values
+    inside = ratio != 0
+    on_grid = (ratio - ratio.bfloat16().float()).abs() <= 2.0**-20 * ratio
+    distance = (torch.arange(L)[:, None] - torch.arange(L)[None, :]).abs()
+    far = distance > window if window else torch.zeros(L, L, dtype=torch.bool)
+    return on_grid[inside].float().mean().item(), bool((out[far] == 0).all())
+
+
+@pytest.mark.parametrize("terms", ["window", "mpnet", "window+mpnet", "deberta"])
+def test_attention_runs_on_the_tiles(tiles, terms):
+    """With a window or a position bias the tiles run the call, not the fp32-math tiers: every probability P V
+    read is a bf16 value (the kernel rounds P before the tile product), the fp32-math tiers' are fp32."""
+    on_grid, masked = _one_hot_probe(terms)
+    assert on_grid == 1.0 and masked
+    before = _C.isa()
+    assert _C.set_isa("avx512_vnni")
+    try:
+        fp32_on_grid, fp32_masked = _one_hot_probe(terms)
+    finally:
+        _C.set_isa(before)
+    assert fp32_on_grid < 0.5 and fp32_masked, "the probe does not tell the tiles from the fp32-math tiers"
+
+
+def test_attention_window_skips_far_keys(tiles):
+    """The tiles skip what lies outside every row's window, not only mask it: with window 8, a NaN value at token
+    500 reaches the query blocks of 16 rows that multiply its 32-key half of its 64-key block (464..527) and no
+    others; a kernel skipping only whole key blocks would spread 0 * NaN to rows 432..463 too, one masking
+    afterwards to every row."""
+    T, window = 1000, 8
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (t.to(torch.bfloat16) for t in torch.randn(3, T, 1, 32, generator=gen).unbind(0))
+    v[500] = float("nan")
+    ours = _C.attention(q, k, v, torch.tensor([0, T], dtype=torch.int32), T, 0.25, window=window)
+    far = torch.cat([torch.arange(0, 464), torch.arange(528, T)])
+    assert torch.isfinite(ours[far]).all() and not torch.isfinite(ours[464:528]).all()
+    clean = v.clone()
+    clean[500] = 0.0
+    cu = torch.tensor([0, T], dtype=torch.int32)
+    ref_hi = reference.attention_loop(q.double(), k.double(), clean.double(), cu, 0.25, window=window)
+    ref_low = reference.attention(q, k, clean, cu, T, 0.25, window=window)
+    check(ours[far], ref_low[far], ref_hi[far], torch.bfloat16)

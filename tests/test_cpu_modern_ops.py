@@ -162,11 +162,9 @@ def test_attention_window(isa, dtype, lengths, heads, d, window):
     ours = _C.attention(ql, kl, vl, cu, max(lengths), scale, window=window)
     assert ours.shape == (sum(lengths), heads * d) and ours.is_contiguous()
     check(ours, ref_low, ref_hi, dtype)
-    # A window reaching every key is global attention, bit for bit, where both run the same kernel: on the AMX
-    # tiers global bf16 attention runs on the tiles, windowed calls never do
-    # (test_window_reaching_every_key_is_batch_invariant).
-    tiles = isa in ("amx", "amx_emulated") and dtype == torch.bfloat16 and d <= 64
-    if window >= max(lengths) - 1 and not tiles:
+    # A window reaching every key is global attention, bit for bit, on every tier: the same kernel (the AMX tiles
+    # take windowed calls too) and the same tiles in the same order.
+    if window >= max(lengths) - 1:
         assert torch.equal(ours, _C.attention(ql, kl, vl, cu, max(lengths), scale))
 
 
@@ -224,7 +222,8 @@ def test_attention_window_batch_invariant(isa, dtype):
 def test_window_reaching_every_key_is_batch_invariant(isa, dtype):
     """A sequence the window covers whole (12 tokens, window 24) alone and beside a longer one (177 tokens): the
     same bits on every tier. On amx the kernel was once chosen after the window was dropped for reaching every key of
-    the call, so the short row alone ran on the tiles and in the batch did not (ModernBERT's local layers)."""
+    the call, so the short row alone ran on the tiles and in the batch did not (ModernBERT's local layers); now the
+    tiles take windowed calls and every sequence drops a window reaching its own keys by itself."""
     products = dtype == "bf16-products"
     gen = torch.Generator().manual_seed(9)
     _, (q, k, v), cu = qkv_views([12, 177], 2, 32, torch.float32 if products else dtype, gen)

@@ -4,18 +4,18 @@
 // fused [T, 3H] QKV output). A work item is one (sequence, head): its K (transposed, per key tile) and V
 // are widened to fp32 once and reused by all its query blocks; all math is fp32. bf16 with head_dim <= 64
 // on a CPU with AMX runs the two products on tiles instead (attention_amx: same tiling, bf16 operands,
-// fp32 accumulation and softmax). An optional relative position bias (MPNet, `AttnBias`) is added to each
-// score tile between the product and the softmax, read per distance from a (heads, width) table; calls
-// with one run the fp32-math tiers (AVX-512, AVX2, portable), not the AMX tiles.
+// fp32 accumulation and softmax). An optional relative position bias (MPNet's table, or DeBERTa-v2's c2p / p2c,
+// `AttnBias`) is added to each score tile between the product and the softmax, on every tier, the AMX tiles included.
 //
 // Sliding window (window > 0, ModernBERT's local layers): query t sees key u iff |t - u| <= window. A query
 // block visits only the key tiles that meet its rows' windows, its diagonal tile first (it holds every row's
 // own key, so each row's running max is finite from then on); in a boundary tile the scores outside the window
 // are set to -inf before the softmax and their probabilities to 0 after it. Work is linear in length then,
 // like the memory (K and V widened once per (sequence, head), nothing quadratic). A window reaching the whole
-// sequence (window >= len - 1) is no window: the same tiles in the same order as global attention. Windowed
-// calls also run the fp32-math tiers, not the AMX tiles (which are not built with the window), even where the
-// window reaches every key: which kernel runs depends on the layer, never on the lengths in the call.
+// sequence (window >= len - 1) is no window for that sequence: the same tiles in the same order as global
+// attention. The AMX tiles take windowed calls too (they skip the key blocks outside the windows as well), so which
+// kernel runs depends on the layer (dtype, head_dim), never on the lengths in the call: a row's bits do not
+// depend on its batch.
 //
 // The files: attention_impl.h (tiles, work items, scratch, the fp32-math driver attention_thread),
 // attention_portable.cpp, attention_avx2.cpp and attention_avx512.cpp (the fp32-math tiers' blocks),
@@ -35,17 +35,14 @@ template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
                int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products,
                const AttnBias* bias, int64_t window) {
-  // The AMX tiles take calls without a position bias or window, judged on the window the layer asks for: a window
-  // that reaches every key of this call's sequences (made 0 below) still runs the fp32-math tiers. Judged after,
-  // a sequence whose own length the window covers would run on the tiles alone but not beside a longer one.
-  const bool tiles = (sizeof(T) == 2 || bf16_products) && bias == nullptr && window == 0 && head_dim <= 64;
-  int64_t work = 0, longest = 0;  // work: score elements computed (about: boundary tiles are computed whole)
+  // Judged on the layer alone (dtype, head_dim), never on the call's lengths: a sequence runs on the same kernel
+  // alone and beside others.
+  const bool tiles = (sizeof(T) == 2 || bf16_products) && head_dim <= 64;
+  int64_t work = 0;  // score elements computed (about: boundary tiles are computed whole)
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
     work += len * (window > 0 ? std::min(len, 2 * window + 1) : len);
-    longest = std::max(longest, len);
   }
-  if (window >= longest - 1) window = 0;  // it reaches every key of every sequence: global attention, any tier
   if (work == 0) return;
   // Work items are whole (sequence, head) pairs: worth a second thread from a few of them on.
   const int nt = int(std::min<int64_t>(batch * heads, threads_for(work * heads * head_dim)));
@@ -55,8 +52,9 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
   const Isa isa = active_isa();
   if (tiles && amx_kernels(isa)) {
     parallel_for(nt, nt, [&](int64_t) {
-      isa == Isa::Amx ? attention_amx(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next)
-                      : attention_amx_emulated(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
+      isa == Isa::Amx
+          ? attention_amx(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window)
+          : attention_amx_emulated(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
     });
     return;
   }

@@ -1,6 +1,7 @@
 // The AMX tier of the attention (attention.cpp): bf16 Q K^T and P V on tiles, the online softmax on AVX-512,
-// for calls with bf16 products, no position bias, no window and head_dim <= 64. Compiled a second time, the tiles
-// emulated, by attention_amx_emulated.cpp (the amx_emulated tier: amx_tiles.h).
+// for calls with bf16 products and head_dim <= 64, with or without a position bias (MPNet's table, DeBERTa-v2's
+// c2p / p2c) and a sliding window (ModernBERT). Compiled a second time, the tiles emulated, by
+// attention_amx_emulated.cpp (the amx_emulated tier: amx_tiles.h).
 #include "amx_tiles.h"
 #include "attention_impl.h"
 
@@ -19,8 +20,16 @@ namespace {
 // the online softmax in fp32 (scale applied there), P rounded to bf16 (as torch's bf16 flash
 // attention on CPU does), P V into fresh tiles added to the fp32 accumulator. Head dims are zero-padded
 // to 32 or 64 in the packed copies, so any head_dim <= 64 works.
+//
+// A position bias is added to the fp32 score tile after the Q K^T product, the scores scaled first (add_bias of
+// attention_impl.h: the fp32-math tiers' code and order). A window is the fp32-math tiers' too: a query block
+// visits only the key blocks meeting its rows' windows, its diagonal block first (visited_tiles, tile_order), and
+// inside a block only the 16-key score tiles meeting them; keys outside a row's window leave its softmax (P = 0).
+// The blocking depends on the sequence alone (its length, the window), never on the other sequences of the call.
 constexpr int64_t kAmxQ = 16;     // query rows per block (tile rows)
 constexpr int64_t kAmxKeys = 64;  // keys per block (four 16-key score tiles)
+static_assert(kAmxKeys == kKBlock, "the window's tile walk and add_bias's row stride are attention_impl.h's");
+static_assert(kAmxKeys % kAmxQ == 0, "a query block lies inside one key block (its diagonal block)");
 
 struct AmxScratch {
   std::vector<uint32_t> kp;  // [key tiles of 16][dp / 32][16 dim pairs][16 keys]
@@ -105,17 +114,28 @@ BF_TARGET_TILES_BF16 BF_INLINE __m512 exp2_512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Online softmax of one block's scores (16 rows x kn keys, unscaled in sc.s) into bf16 probabilities
-// in sc.ps (zero past kn up to kAmxKeys); rescales the accumulator rows by the change of their max.
-// Works in base 2: scores times scale * log2(e), so m and the exponents are in log2 units.
-BF_TARGET_TILES_BF16 BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t kn, int64_t dp, float scale, bool first) {
-  const __m512 neg_inf = _mm512_set1_ps(-INFINITY), to_log2 = _mm512_set1_ps(scale * 1.44269504088896341f);
-  __mmask16 masks[4];
-  for (int c = 0; c < 4; ++c) {
-    const int64_t valid = std::min<int64_t>(16, std::max<int64_t>(0, kn - 16 * c));
-    masks[c] = valid == 16 ? __mmask16(0xffff) : __mmask16((1u << valid) - 1u);
-  }
-  for (int64_t i = 0; i < kAmxQ; ++i) {
+// Bits [lo, hi) of a 64-bit key mask, 0 <= lo <= hi <= 64.
+BF_INLINE uint64_t key_bits(int64_t lo, int64_t hi) {
+  const auto below = [](int64_t n) { return n >= 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1; };
+  return below(hi) & ~below(lo);
+}
+
+// Online softmax of one block's scores (rows [0, qn) x kn keys in sc.s, times `factor` for the scale) into bf16
+// probabilities in sc.ps (zero past kn up to kAmxKeys, and outside each row's window `win`, the fp32-math tiers'
+// mask_window); rescales the accumulator rows by the change of their max. Works in base 2: scores times
+// factor * log2(e), so m and the exponents are in log2 units. A row's first block (its diagonal one with a
+// window) holds its own key, so its max is finite from then on.
+BF_TARGET_TILES_BF16 BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t qn, int64_t kn, int64_t dp, float factor,
+                                               const TileWindow& win, bool first) {
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY), to_log2 = _mm512_set1_ps(factor * 1.44269504088896341f);
+  for (int64_t i = 0; i < qn; ++i) {
+    uint64_t keys = key_bits(0, kn);
+    if (win.window > 0) {
+      const int64_t lo = std::clamp<int64_t>(i - win.offset - win.window, 0, kn);
+      keys = key_bits(lo, std::clamp<int64_t>(i - win.offset + win.window + 1, lo, kn));
+    }
+    __mmask16 masks[4];
+    for (int c = 0; c < 4; ++c) masks[c] = __mmask16(keys >> (16 * c));
     const float* s = sc.s + i * kAmxKeys;
     __m512 sv[4];
     __m512 mx = _mm512_set1_ps(sc.m[i]);
@@ -145,7 +165,7 @@ BF_TARGET_TILES_BF16 BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t kn
 
 // Tile products with the tile numbers the instructions need as immediates: C tile g += A(4) x B(5).
 #define BF_AMX_QK(g)                                                      \
-  if (groups > g) {                                                       \
+  if (g >= g_lo && g < g_hi) {                                            \
     BF_TILE_LOADD(5, sc.kp.data() + ((kb / 16 + g) * chunks + c) * 256, 64); \
     BF_TILE_DPBF16PS(g, 4, 5);                                              \
   }
@@ -160,7 +180,8 @@ BF_TARGET_TILES_BF16 BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t kn
 template <typename T>  // bf16, or fp32 rounded to bf16 as it is packed
 BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const T* v, const AttnStrides& st,
                                                    const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
-                                                   float scale, T* out, std::atomic<int64_t>* next) {
+                                                   float scale, T* out, std::atomic<int64_t>* next,
+                                                   const AttnBias* bias, int64_t window) {
   DenormalGuard ftz;
   static thread_local AmxScratch sc;
   const int64_t H = heads * d;
@@ -170,11 +191,12 @@ BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const 
   WorkItems items{next, cu_seqlens, batch * heads, heads};
   int64_t h, start, len;
   while (items.claim(&h, &start, &len)) {
+    const int64_t w = window < len - 1 ? window : 0;  // a window reaching every key is no window
     const int64_t padded = (len + kAmxKeys - 1) / kAmxKeys * kAmxKeys;
     sc.kp.resize(padded / 16 * chunks * 256);
     sc.vp.resize(padded * dp);
     amx_pack_k(k + start * st.k_row + h * st.k_head, st.k_row, len, d, dp, sc.kp.data());
-    // Key tiles past len inside the last block are read by no product (groups stops at ceil(kn / 16)).
+    // Key tiles past len inside the last block are read by no product (g_hi stops at ceil(kn / 16)).
     amx_pack_v(v + start * st.v_row + h * st.v_head, st.v_row, len, padded, d, dp, sc.vp.data());
     for (int64_t q0 = 0; q0 < len; q0 += kAmxQ) {
       const int64_t qn = std::min<int64_t>(kAmxQ, len - q0);
@@ -188,9 +210,22 @@ BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const 
         sc.m[i] = -INFINITY;
         sc.l[i] = 0.f;
       }
-      for (int64_t kb = 0; kb < len; kb += kAmxKeys) {
+      // The softmax writes rows [0, qn) of P: the rows past them stay zero, so P V adds nothing to theirs.
+      std::memset(static_cast<void*>(sc.ps + qn * kAmxKeys), 0, (kAmxQ - qn) * kAmxKeys * sizeof(bf16));
+      int64_t t_lo, t_hi;
+      visited_tiles(q0, qn, len, w, &t_lo, &t_hi);
+      const int64_t t_diag = w == 0 ? 0 : q0 / kAmxKeys;
+      for (int64_t n = 0; n <= t_hi - t_lo; ++n) {
+        const int64_t kb = tile_order(n, t_lo, t_diag) * kAmxKeys;
         const int64_t kn = std::min<int64_t>(kAmxKeys, len - kb);
-        const int64_t groups = (kn + 15) / 16;
+        // The 16-key score tiles [g_lo, g_hi) meeting some row's window; those outside stay zero and are masked.
+        int64_t g_lo = 0, g_hi = (kn + 15) / 16;
+        TileWindow tw;
+        if (w > 0) {
+          g_lo = std::max<int64_t>(0, q0 - w - kb) / 16;
+          g_hi = std::min<int64_t>(kn - 1, q0 + qn - 1 + w - kb) / 16 + 1;
+          tw = {w, kb - q0};
+        }
         BF_TILE_ZERO(0);
         BF_TILE_ZERO(1);
         BF_TILE_ZERO(2);
@@ -203,12 +238,23 @@ BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const 
         BF_TILE_STORED(1, sc.s + 16, kAmxKeys * 4);
         BF_TILE_STORED(2, sc.s + 32, kAmxKeys * 4);
         BF_TILE_STORED(3, sc.s + 48, kAmxKeys * 4);
-        amx_softmax_block(sc, kn, dp, scale, kb == 0);
+        float factor = scale;
+        if (bias != nullptr) {  // the bias is on the scale of the scaled scores: scale first, then add it
+          for (int64_t i = 0; i < qn; ++i) {
+            float* si = sc.s + i * kAmxKeys;
+#pragma omp simd
+            for (int64_t j = 0; j < kn; ++j) si[j] *= scale;
+          }
+          add_bias(sc.s, tile_bias(*bias, heads, h, start, q0, kb), qn, kn);
+          factor = 1.f;
+        }
+        amx_softmax_block(sc, qn, kn, dp, factor, tw, n == 0);
         BF_TILE_ZERO(0);
         BF_TILE_ZERO(1);
         BF_TILE_ZERO(2);
         BF_TILE_ZERO(3);
-        for (int64_t kc = 0; kc * 32 < kn; ++kc) {
+        // Pairs of score tiles with no key in any row's window have P = 0: skipped.
+        for (int64_t kc = g_lo / 2; kc < (g_hi + 1) / 2; ++kc) {
           BF_TILE_LOADD(4, sc.ps + 32 * kc, kAmxKeys * 2);
           BF_AMX_PV(0) BF_AMX_PV(1) BF_AMX_PV(2) BF_AMX_PV(3)
         }
@@ -220,7 +266,7 @@ BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const 
         }
         for (int64_t i = 0; i < kAmxQ * dp; i += 16) {
           const __m512 pv = _mm512_load_ps(sc.pv + i);
-          _mm512_store_ps(sc.acc + i, kb == 0 ? pv : _mm512_add_ps(_mm512_load_ps(sc.acc + i), pv));
+          _mm512_store_ps(sc.acc + i, n == 0 ? pv : _mm512_add_ps(_mm512_load_ps(sc.acc + i), pv));
         }
       }
       for (int64_t i = 0; i < qn; ++i) {
@@ -242,10 +288,11 @@ BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const 
 template BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)<float>(const float*, const float*, const float*,
                                                                   const AttnStrides&, const int32_t*, int64_t,
                                                                   int64_t, int64_t, float, float*,
-                                                                  std::atomic<int64_t>*);
+                                                                  std::atomic<int64_t>*, const AttnBias*, int64_t);
 template BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)<bf16>(const bf16*, const bf16*, const bf16*,
                                                                  const AttnStrides&, const int32_t*, int64_t, int64_t,
-                                                                 int64_t, float, bf16*, std::atomic<int64_t>*);
+                                                                 int64_t, float, bf16*, std::atomic<int64_t>*,
+                                                                 const AttnBias*, int64_t);
 
 }  // namespace attention_detail
 }  // namespace cpu

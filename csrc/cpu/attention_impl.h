@@ -310,16 +310,17 @@ template <typename T>
 BF_TARGET_AVX512 void attention_avx512(const T* q, const T* k, const T* v, const AttnStrides& st, const int32_t* cu,
                                        int64_t batch, int64_t heads, int64_t d, float scale, T* out,
                                        std::atomic<int64_t>* next, const AttnBias* bias, int64_t window);
-// AMX tiles, bf16 products (attention_amx.cpp): no position bias, no window, head_dim <= 64.
+// AMX tiles, bf16 products (attention_amx.cpp): head_dim <= 64, with or without a position bias and a window.
 template <typename T>  // bf16, or fp32 rounded to bf16 as it is packed
 BF_TARGET_AMX void attention_amx(const T* q, const T* k, const T* v, const AttnStrides& st,
                                  const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d, float scale,
-                                 T* out, std::atomic<int64_t>* next);
+                                 T* out, std::atomic<int64_t>* next, const AttnBias* bias, int64_t window);
 // The same kernel with the tiles emulated (attention_amx_emulated.cpp, the amx_emulated tier).
 template <typename T>
 BF_TARGET_AVX512BF16 void attention_amx_emulated(const T* q, const T* k, const T* v, const AttnStrides& st,
                                                  const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
-                                                 float scale, T* out, std::atomic<int64_t>* next);
+                                                 float scale, T* out, std::atomic<int64_t>* next,
+                                                 const AttnBias* bias, int64_t window);
 #endif
 
 // Defines an fp32-math tier's entry point `name` (declared above), compiled for `TARGET` (empty: the build's

@@ -144,8 +144,8 @@ class CpuBackend(Backend):
         return qkv[:, 0], qkv[:, 1], qkv[:, 2]
 
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None, window: int = 0):
-        # Under int8 the products run on bf16 operands where AMX is present (docs/int8.md#what-stays-fp32); with a
-        # position bias (MPNet, DeBERTa-v2) or a window on the fp32-math tiers (csrc/cpu/attention.cpp).
+        # Under int8 the products run on bf16 operands where AMX is present (docs/int8.md#what-stays-fp32), with a
+        # position bias (MPNet, DeBERTa-v2) or a window too (csrc/cpu/attention.cpp).
         return _C.attention(q, k, v, cu_seqlens, int(max_seqlen), float(scale),
                             bf16_products=self.quantize == "int8", window=int(window), **_bias_args(bias))
 
