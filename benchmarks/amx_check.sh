@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The AMX tier where a CPU has it (a GPU lease's host has AMX: docs/gpu-check.md#the-amx-tier-on-the-device-host):
+# build the extension, the CPU suite on that tier, the GEMM ceilings and BERT-base against its peers on 2 pinned
+# cores, each with its own time limit; everything lands in $OUT/amx/ and one $OUT/amx.tgz (a device call returns at
+# most 8 files). Optional: wheels in .ovwhl/ (e.g. openvino for its bench rows) are installed to a private target.
+#   OUT=DIR bash benchmarks/amx_check.sh [tests,gemm,bench,accuracy]
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-amx-out}
+STAGES=${1:-tests,gemm,bench,accuracy}
+LOG=$OUT/amx
+mkdir -p "$LOG"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if compgen -G ".ovwhl/*.whl" > /dev/null; then
+    pip install -q --no-index --no-deps --target /tmp/amx-site .ovwhl/*.whl > "$LOG/wheels.log" 2>&1
+    export PYTHONPATH=$PYTHONPATH:/tmp/amx-site
+fi
+{ lscpu | grep -E "Model name|^CPU\(s\)"; grep -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' '; echo; } \
+    > "$LOG/cpu.txt"
+t0=$(date +%s)
+MAX_JOBS=${MAX_JOBS:-14} python3 setup.py build_ext --inplace -q > "$LOG/build.log" 2>&1 \
+    || { tail -30 "$LOG/build.log"; exit 1; }
+echo "build $(( $(date +%s) - t0 )) s, tier $(python3 -c 'from bertfast import _C; print(_C.isa())')" \
+    | tee -a "$LOG/cpu.txt"
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+if has tests; then  # -v: a failing test is named as it fails, where a cut-off run loses the summary
+    XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n ${JOBS:-14}"
+    timeout "${TESTS_S:-200}" python3 -m pytest -v -p no:cacheprovider $XD tests > "$LOG/tests.log" 2>&1
+    echo "tests rc=$? $(grep -c PASSED "$LOG/tests.log") passed $(grep -c FAILED "$LOG/tests.log") failed"
+fi
+pin="taskset -c 0,1"
+if has gemm && [[ -f benchmarks/bench_amx_gemm.py ]]; then
+    timeout "${GEMM_S:-70}" $pin python3 benchmarks/bench_amx_gemm.py --out "$LOG/gemm.json" > "$LOG/gemm.log" 2>&1
+    echo "gemm rc=$?"
+fi
+if has bench; then
+    timeout "${BENCH_S:-200}" $pin python3 -m bertfast bench --config bert-base --threads 2 --repeats 5 --budget 6 \
+        --workloads "${WORKLOADS:-b1xs16,b1xs128,b8xs128,b8xs128-ragged}" --dtypes fp32,bf16 \
+        --providers "${PROVIDERS:-bertfast-cpu,bertfast-int8,openvino,onnxruntime-int8,hf-sdpa}" \
+        --json "$LOG/bench.json" > "$LOG/bench.log" 2>&1
+    echo "bench rc=$?"
+fi
+if has accuracy; then
+    timeout "${ACCURACY_S:-60}" $pin python3 benchmarks/bf16_accuracy.py > "$LOG/accuracy.log" 2>&1
+    echo "accuracy rc=$?"
+fi
+tar czf "$OUT/amx.tgz" -C "$OUT" amx
