@@ -2,7 +2,7 @@
 `save_pretrained`, `colbert_linear.pt` and `sparse_linear.pt` state dicts, the tokenizer's `save_pretrained`), and
 FlagEmbedding's `BGEM3FlagModel` where it imports.
 
-No XLM-R tokenizer can be downloaded, so `save_bgem3` trains a small SentencePiece-style Unigram vocabulary on a few
+No XLM-R tokenizer can be downloaded, so `save_bgem3` builds a small SentencePiece-style Unigram vocabulary of a few
 words and saves it through transformers' `XLMRobertaTokenizer`: the same special tokens and ids (<s> 0, <pad> 1,
 </s> 2, <unk> 3, <mask> last), the same Metaspace pre-tokenizer and `<s> $A </s>` template as the real one.
 Characters it never saw (CJK, emoji) become <unk>, which BGE-M3's sparse weights drop.
@@ -25,22 +25,17 @@ TRAIN_WORDS = ("the a of cat dog model engine runs fast slow embedding vector se
                "norm quickly jumps over lazy river bank money interest rates").split()
 
 
-def xlmr_tokenizer(vocab_size: int = 400, model_max_length: int = 128):
-    """An `XLMRobertaTokenizer` over a Unigram vocabulary trained on TRAIN_WORDS (deterministic)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+def xlmr_tokenizer(model_max_length: int = 128):
+    """An `XLMRobertaTokenizer` over a small SentencePiece-style Unigram vocabulary: the special tokens, each of
+    TRAIN_WORDS as a piece ("▁word") and each of their characters alone and after "▁" (other words split into
+    characters, unseen characters are <unk>)."""
     from transformers import XLMRobertaTokenizer
 
-    specials = ["<s>", "<pad>", "</s>", "<unk>"]
-    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, unk_token="<unk>",
-                                      show_progress=False)
-    tok = Tokenizer(models.Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    corpus = [" ".join(TRAIN_WORDS[i:] + TRAIN_WORDS[:i]) for i in range(len(TRAIN_WORDS))]
-    tok.train_from_iterator(corpus, trainer)
-    import json
-
-    pieces = [tuple(p) for p in json.loads(tok.to_str())["model"]["vocab"]]
-    assert [p[0] for p in pieces[:4]] == specials
+    words = sorted(set(TRAIN_WORDS))
+    chars = sorted(set("".join(words)))
+    pieces = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -9.0)]
+    pieces += [("▁" + w, -6.0 - 0.01 * i) for i, w in enumerate(words)]
+    pieces += [(c, -10.0 - 0.01 * i) for i, c in enumerate(chars)] + [("▁" + c, -10.5) for c in chars]
     return XLMRobertaTokenizer(vocab=pieces + [("<mask>", 0.0)], model_max_length=model_max_length)
 
 
