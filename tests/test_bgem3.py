@@ -26,8 +26,10 @@ ALL = dict(return_dense=True, return_sparse=True, return_colbert_vecs=True)
 @pytest.fixture(scope="module")
 def texts():
     # long ones truncated at MAX_LENGTH; CJK and emoji are <unk> here (dropped from the lexical weights); a repeated
-    # word (max per token id); one character; an empty text (CLS and EOS only: no lexical weight, one ColBERT vector)
-    return sentences(40, seed=3) + ["東京 🙂 cat cat cat cat", "x", ""]
+    # word (max per token id); special tokens typed in a text, whitespace runs; one character; an empty text (CLS and
+    # EOS only: no lexical weight, one ColBERT vector)
+    return sentences(40, seed=3) + ["東京 🙂 cat cat cat cat", "CAT dog <s> </s> <pad> <mask> x",
+                                    "  cat\tdog\nriver  ", "x", ""]
 
 
 @pytest.fixture(scope="module")
