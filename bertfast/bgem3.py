@@ -145,12 +145,32 @@ class BGEM3(nn.Module):
         sparse, colbert = read_head(path, "sparse", hidden, rows=1), read_head(path, "colbert", hidden)
         return cls(encoder, sparse, colbert, special_token_ids(path, encoder.tokenizer), normalize_embeddings)
 
+    @classmethod
+    def from_flag_embedding(cls, model, *, backend: str = "auto", dtype=None):
+        """An in-memory FlagEmbedding `BGEM3FlagModel`: its XLM-R model, heads, tokenizer and normalize_embeddings
+        (the weights shared, not copied, where dtype is unchanged)."""
+        from tokenizers import Tokenizer
+
+        inner = getattr(model, "model", None)
+        if not all(hasattr(inner, name) for name in ("model", "sparse_linear", "colbert_linear")):
+            raise ValueError(f"{type(model).__name__} is not a BGEM3FlagModel: it needs .model with the XLM-R model, "
+                             "sparse_linear and colbert_linear")
+        encoder = Encoder.from_hf(inner.model, backend=backend, dtype=dtype, add_pooling_layer=False)
+        hf_tokenizer = model.tokenizer
+        tokenizer = Tokenizer.from_str(hf_tokenizer.backend_tokenizer.to_str())
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_length=encoder.config.max_sequence_length)
+        encoder._tokenizer = tokenizer
+        heads = [(m.weight.detach().float().cpu(), m.bias.detach().float().cpu())
+                 for m in (inner.sparse_linear, inner.colbert_linear)]
+        roles = [hf_tokenizer.special_tokens_map[r] for r in UNUSED_TOKENS if r in hf_tokenizer.special_tokens_map]
+        unused = [i for i in hf_tokenizer.convert_tokens_to_ids(roles) if i is not None]
+        return cls(encoder, heads[0], heads[1], unused, bool(getattr(inner, "normalize_embeddings", True)))
+
     @property
     def max_length(self) -> int:
-        """The most tokens a text may have: the position table's size less XLM-R's offset (pad id + 1)."""
-        c = self.encoder.config
-        offset = (c.pad_token_id or 0) + 1 if c.family in ("roberta", "xlm-roberta") else 0
-        return c.max_position_embeddings - offset
+        """The most tokens a text may have (the position table's size less XLM-R's offset)."""
+        return self.encoder.config.max_sequence_length
 
     def extra_repr(self):
         return (f"hidden={self.encoder.config.hidden_size}, colbert_dim={self.colbert_dim}, "

@@ -85,6 +85,20 @@ def test_encode_matches_flag_embedding(m3_path, texts, backend):
     check_parity(ours.encode(texts, batch_size=7, **ALL), theirs)
 
 
+def test_from_flag_embedding(m3_path, texts):
+    """An in-memory BGEM3FlagModel: its weights, heads and tokenizer give the outputs of its directory, bit for bit."""
+    flag = flag_model(m3_path)
+    ours = BGEM3.from_flag_embedding(flag, backend="cpu")
+    out = ours.encode(texts, **ALL)
+    check_parity(out, flag.encode(texts, max_length=MAX_LENGTH, **ALL))
+    loaded = BGEM3.from_pretrained(m3_path, backend="cpu").encode(texts, **ALL)
+    assert np.array_equal(out["dense_vecs"], loaded["dense_vecs"])
+    assert out["lexical_weights"] == loaded["lexical_weights"]
+    assert all(np.array_equal(a, b) for a, b in zip(out["colbert_vecs"], loaded["colbert_vecs"]))
+    with pytest.raises(ValueError, match="is not a BGEM3FlagModel"):
+        BGEM3.from_flag_embedding(ours.encoder)
+
+
 def test_reference_is_flag_embedding(m3_path, texts, reference):
     """The reproduction of FlagEmbedding's computation the other tests use is FlagEmbedding's."""
     theirs = flag_model(m3_path).encode(texts, max_length=MAX_LENGTH, **ALL)
