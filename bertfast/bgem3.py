@@ -23,7 +23,7 @@ from .loading import LoadError
 from .padding import unpad
 from .profiling import stage
 from .sentence import read_json
-from .tokenization import unpadded
+from .tokenization import token_budget_batches, unpadded
 
 HEAD_FILES = {"sparse": "sparse_linear.pt", "colbert": "colbert_linear.pt"}
 # The special tokens FlagEmbedding drops from the lexical weights (M3Embedder's _process_token_weights), with
@@ -213,13 +213,15 @@ class BGEM3(nn.Module):
             self._tokenizers[max_length] = tok
         return self._tokenizers[max_length]
 
-    def encode(self, sentences, *, batch_size: int = 256, max_length: int | None = None, return_dense: bool = True,
-               return_sparse: bool = True, return_colbert_vecs: bool = False, show_progress_bar: bool | None = None):
+    def encode(self, sentences, *, batch_size: int = 256, batch_tokens: int | None = None,
+               max_length: int | None = None, return_dense: bool = True, return_sparse: bool = True,
+               return_colbert_vecs: bool = False, show_progress_bar: bool | None = None):
         """FlagEmbedding's `BGEM3FlagModel.encode`: sentences (a string or a list) -> {'dense_vecs': (N, H) float32
         NumPy, 'lexical_weights': [{str(token id): np.float32 weight}], 'colbert_vecs': [(n_tokens - 1, D) float32
         NumPy]}, None for an output not asked for; one string gives one vector, dict and array. max_length: tokens
-        per text (None: 512, at most the model's limit). Batches of batch_size texts, longest first (in tokens); the
-        outputs do not depend on the batching. Unlike FlagEmbedding's default, sparse weights are on by default.
+        per text (None: 512, at most the model's limit). Batches of batch_size texts, longest first (in tokens), or
+        with batch_tokens as many as fit that many padded tokens (`tokenization.token_budget_batches`); the outputs
+        do not depend on the batching. Unlike FlagEmbedding's default, sparse weights are on by default.
         show_progress_bar: None shows a bar on a terminal for 8 batches or more."""
         if not (return_dense or return_sparse or return_colbert_vecs):
             raise ValueError("ask for at least one of return_dense, return_sparse, return_colbert_vecs")
@@ -234,17 +236,19 @@ class BGEM3(nn.Module):
         with stage("tokenize"):
             encodings = self._tokenizer(max_length).encode_batch(texts) if texts else []
         lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
-        order = np.argsort(-lengths, kind="stable")
         dense = np.zeros((len(texts), self.encoder.config.hidden_size), dtype=np.float32) if return_dense else None
         lexical = [None] * len(texts) if return_sparse else None
         colbert = [None] * len(texts) if return_colbert_vecs else None
-        batches = range(0, len(texts), batch_size)
+        if batch_tokens is None:
+            order = np.argsort(-lengths, kind="stable")
+            batches = [order[s:s + batch_size] for s in range(0, len(texts), batch_size)]
+        else:
+            batches = [np.array(rows) for rows in token_budget_batches(lengths.tolist(), batch_tokens)]
         if show_progress_bar or (show_progress_bar is None and len(batches) >= 8):
             from tqdm.auto import tqdm
 
             batches = tqdm(batches, desc="Batches", unit="batch", disable=None if show_progress_bar is None else False)
-        for start in batches:
-            rows = order[start:start + batch_size]
+        for rows in batches:
             width = int(lengths[rows[0]])
             ids = np.zeros((len(rows), width), dtype=np.int64)
             mask = np.zeros((len(rows), width), dtype=np.int64)

@@ -169,11 +169,15 @@ CASES = [pytest.param(None, id="fp32"), pytest.param(torch.bfloat16, id="bf16"),
 
 @pytest.mark.parametrize("dtype", CASES)
 def test_batch_invariant(isa, m3_path, texts, dtype):
-    """A text alone gives the bits it gets inside a batch of all the texts (cpu backend, on every tier), and the
-    sparse weights do not depend on whether ColBERT vectors are asked for."""
+    """A text alone gives the bits it gets inside a batch of all the texts and in batches under a token budget (cpu
+    backend, on every tier), and the sparse weights do not depend on whether ColBERT vectors are asked for."""
     ours = BGEM3.from_pretrained(m3_path, backend="cpu", dtype=dtype)
     batch = ours.encode(texts, batch_size=len(texts), **ALL)
     sparse_only = ours.encode(texts, batch_size=len(texts), return_dense=False)
+    budget = ours.encode(texts, batch_tokens=300, **ALL)  # batches under a token budget
+    assert np.array_equal(budget["dense_vecs"], batch["dense_vecs"])
+    assert budget["lexical_weights"] == batch["lexical_weights"]
+    assert all(np.array_equal(a, b) for a, b in zip(budget["colbert_vecs"], batch["colbert_vecs"]))
     for i in (0, 5, 17, len(texts) - 3, len(texts) - 1):
         alone = ours.encode([texts[i]], **ALL)
         assert np.array_equal(alone["dense_vecs"][0], batch["dense_vecs"][i])
@@ -213,3 +217,5 @@ def test_errors(tmp_path, m3_path, texts):
         ours.encode(texts, return_dense=False, return_sparse=False)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         ours.encode(texts, batch_size=0)
+    with pytest.raises(ValueError, match="batch_tokens must be >= 1"):
+        ours.encode(texts, batch_tokens=0)
