@@ -10,6 +10,7 @@ from .heads import TaskModel, TaskOutput, load, supported_architectures
 from .precision import quantization_ranges, quantize_embeddings
 from .profiling import Profile, profile
 from .splade import SparseEncoder
+from .bgem3 import BGEM3
 
 __version__ = "0.1.0"
 
@@ -30,5 +31,5 @@ __all__ = [
     "Encoder", "EncoderOutput", "optimize", "EngineUnsupported", "load", "TaskModel", "TaskOutput",
     "supported_architectures", "ModelConfig", "ModelWeights", "ConfigError", "LoadError",
     "load_pretrained", "load_hf_model", "get_backend", "available_backends", "default_model_path", "cpu_info",
-    "quantize_embeddings", "quantization_ranges", "profile", "Profile", "SparseEncoder",
+    "quantize_embeddings", "quantization_ranges", "profile", "Profile", "SparseEncoder", "BGEM3",
 ]
