@@ -185,7 +185,7 @@ class BGEM3(nn.Module):
         mask = attention_mask.to(self.encoder.device)
         if mask.shape[0] and int(mask.sum(1).min()) == 0:
             raise ValueError("every row needs at least one real token (its CLS)")
-        last = self.encoder._run(input_ids, attention_mask, None, None, False, pool=False)[0]
+        last = self.encoder._run(input_ids, attention_mask, None, None, False, pool=False, stream=True)[0]
         with stage("bgem3 heads"):
             x, _, cu_seqlens, _ = unpad(last, mask)
             x = x.float().contiguous()
