@@ -58,6 +58,9 @@ std::string isa();
 std::string detected_isa();
 bool set_isa(const std::string& name);
 bool isa_supported(const std::string& name);
+// The AMX GEMMs' kernel choice (cpu/amx_gemm.h): "auto", "stream" or "blocked".
+std::string amx_gemm();
+void set_amx_gemm(const std::string& name);
 // int8 dynamic quantization
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x);
 at::Tensor pack_int8(const at::Tensor& weight);
