@@ -34,11 +34,12 @@ def tiles(request):
     reason = isa_module.unsupported(request.param)
     if reason is not None:
         pytest.skip(reason)
-    before, mode = _C.isa(), _C.amx_gemm()
+    before, mode, blocking = _C.isa(), _C.amx_gemm(), _C.amx_blocking()
     assert _C.set_isa(request.param) and _C.isa() == request.param
     yield request.param
     _C.set_isa(before)
     _C.set_amx_gemm(mode)
+    _C.set_amx_blocking(*blocking)
 
 
 def both_kernels(run):
@@ -126,6 +127,30 @@ def test_a_row_alone_is_the_row_in_a_large_batch(tiles, dtype):
     # and a batch just under the threshold (streaming) against the same rows of the large one
     small = THRESHOLD - 1
     assert torch.equal(run(x[:small], res[:small]), batch[:small])
+
+
+@pytest.mark.parametrize("steps,rows", [(1, 32), (3, 64), (64, 256)], ids=lambda v: str(v))
+def test_any_blocking_gives_the_same_bits(tiles, steps, rows):
+    """The blocked kernel's geometry (set_amx_blocking, for measurement) moves no bit: K blocks of 1, 3 and 64 tile
+    steps, work items of 32, 64 and 256 rows, against the default's output."""
+    m, n, k = 161, 100, 640
+    x, w, bias, res = _inputs(m, n, k, torch.bfloat16, seed=5)
+    xq, wq, bq, rq = _inputs(m, n, k, torch.float32, seed=6)
+    packed, weight = _C.pack_linear(w), quant.QuantLinear.from_float(wq)
+    _C.set_amx_gemm("blocked")
+    run = lambda: (_C.linear(x, packed, n, bias, "gelu", res), quant.linear(xq, weight, bq, "gelu", rq))  # noqa: E731
+    default = run()
+    assert _C.set_amx_blocking(steps, rows) is None and _C.amx_blocking() == (steps, rows)
+    ours = run()
+    assert torch.equal(ours[0], default[0]) and torch.equal(ours[1], default[1])
+
+
+def test_set_amx_blocking_refuses_a_bad_geometry():
+    before = _C.amx_blocking()
+    for steps, rows in [(0, 128), (65, 128), (8, 48), (8, 288)]:
+        with pytest.raises(ValueError, match="AMX blocking"):
+            _C.set_amx_blocking(steps, rows)
+    assert _C.amx_blocking() == before
 
 
 def test_set_amx_gemm_refuses_an_unknown_kernel():

@@ -300,6 +300,13 @@ void set_amx_gemm(const std::string& name) {
   bc::set_amx_gemm(mode);
 }
 
+std::tuple<int64_t, int64_t> amx_blocking() { return {bc::amx_blocking().steps, bc::amx_blocking().rows}; }
+
+void set_amx_blocking(int64_t steps, int64_t rows) {
+  BF_CHECK(bc::set_amx_blocking(steps, rows), "AMX blocking: steps must be in [1, 64] and rows a multiple of ",
+           bc::kAmxPairRows, " in [", bc::kAmxPairRows, ", ", bc::kAmxMaxItemRows, "], got ", steps, ", ", rows);
+}
+
 // ---- int8 dynamic quantization (quantize_rows.cpp, int8_linear*.cpp; bertfast/backends/cpu/quant.py) ----
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {

@@ -47,25 +47,28 @@ static BF_TARGET_TILES BF_INLINE void configure_pair(int rows0, int rows1, int* 
 }
 
 // The next weight sub-panel (the next K block, or the next unit's first) pulled into L2 while this one is
-// computed, a few lines per tile step: `lines` lines over `calls` calls of step().
+// computed, a few lines per tile step: `lines` lines, in (step, group, tile row) order, over `calls` calls of step().
+// No divisions: a step is ~64 cycles of multiply-adds.
 template <typename Gemm>
 struct NextBlock {
   const Gemm& g;
-  int64_t u, s0, groups, lines, calls, done = 0, credit = 0, line = 0;
+  int64_t u, s, groups, lines, calls, credit = 0;
+  int j = 0, r = 0;
 
   BF_INLINE void step() {
-    credit += lines;
-    for (; credit >= calls; credit -= calls, ++line) {
-      const int64_t per_step = groups * 16;  // (group, tile row) lines of one step
-      const int64_t s = s0 + line / per_step, j = line % per_step / 16, r = line % 16;
-      _mm_prefetch(reinterpret_cast<const char*>(g.b_tile(u, int(j), s)) + r * g.b_ld(), _MM_HINT_T1);
+    for (credit += lines; credit >= calls; credit -= calls) {
+      _mm_prefetch(reinterpret_cast<const char*>(g.b_tile(u, j, s)) + r * g.b_ld(), _MM_HINT_T1);
+      if (++r == 16) {
+        r = 0;
+        if (++j == groups) j = 0, ++s;
+      }
     }
   }
 };
 
 }  // namespace amx_blocked_detail
 
-// Output rows [r0, r0 + rows) (rows <= kAmxItemRows) x units [u0, u1): for each unit, K block by K block, every
+// Output rows [r0, r0 + rows) (rows <= kAmxMaxItemRows) x units [u0, u1): for each unit, K block by K block, every
 // 32-row pair of the rows against the block's weights (in L1 after the first pair), its C tiles resumed from and
 // saved to `c`; after the last K block the epilogue per 16-row block.
 template <typename Gemm>
@@ -73,20 +76,21 @@ BF_AMX_BLOCKED_TARGET BF_INLINE void amx_blocked_item(const Gemm& g, int64_t r0,
                                                       int64_t u1) {
   using Acc = typename Gemm::Acc;
   constexpr int64_t ldc = 48 * sizeof(Acc);  // bytes between the scratch's rows
-  alignas(64) Acc c[kAmxItemRows * 48];
-  const int64_t steps = g.steps(), blocks = (steps + kAmxBlockSteps - 1) / kAmxBlockSteps;
+  alignas(64) Acc c[kAmxMaxItemRows * 48];
+  const int64_t steps = g.steps(), block_steps = amx_blocking().steps;
+  const int64_t blocks = (steps + block_steps - 1) / block_steps;
   const int64_t pairs = (rows + kAmxPairRows - 1) / kAmxPairRows;
   int configured = -1;
   for (int64_t u = u0; u < u1; ++u) {
     const int groups = g.groups(u);
     for (int64_t kb = 0; kb < blocks; ++kb) {
-      const int64_t s0 = kb * kAmxBlockSteps, s1 = std::min(steps, s0 + kAmxBlockSteps);
+      const int64_t s0 = kb * block_steps, s1 = std::min(steps, s0 + block_steps);
       // The next sub-panel: this unit's next K block, or the next unit's first; none after the run's last.
       const bool last = kb + 1 == blocks;
       const int64_t nu = last ? u + 1 : u, ns0 = last ? 0 : s1;
       const int64_t next_groups = nu < u1 ? g.groups(nu) : 0;
       amx_blocked_detail::NextBlock<Gemm> next{g, nu, ns0, next_groups,
-                                               next_groups * 16 * (std::min(steps, ns0 + kAmxBlockSteps) - ns0),
+                                               next_groups * 16 * (std::min(steps, ns0 + block_steps) - ns0),
                                                pairs * ((groups + 1) / 2) * (s1 - s0)};
       for (int64_t i = 0; i < rows; i += kAmxPairRows) {
         const int ra = int(std::min<int64_t>(16, rows - i)), rb = int(std::clamp<int64_t>(rows - i - 16, 0, 16));

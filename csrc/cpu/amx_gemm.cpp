@@ -30,7 +30,24 @@ std::atomic<int>& mode_state() {
   return state;
 }
 
+// steps and rows in one word, so a reader never sees half of a change.
+std::atomic<int64_t>& blocking_state() {
+  static std::atomic<int64_t> state{kAmxDefaultBlocking.steps << 32 | kAmxDefaultBlocking.rows};
+  return state;
+}
+
 }  // namespace
+
+AmxBlocking amx_blocking() {
+  const int64_t v = blocking_state().load(std::memory_order_relaxed);
+  return {v >> 32, v & 0xffffffff};
+}
+
+bool set_amx_blocking(int64_t steps, int64_t rows) {
+  if (steps < 1 || steps > 64 || rows < kAmxPairRows || rows > kAmxMaxItemRows || rows % kAmxPairRows) return false;
+  blocking_state().store(steps << 32 | rows);
+  return true;
+}
 
 AmxGemm amx_gemm() { return static_cast<AmxGemm>(mode_state().load(std::memory_order_relaxed)); }
 

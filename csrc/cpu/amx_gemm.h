@@ -3,7 +3,7 @@
 //
 //   stream:  per claimed 48-column unit of the weights, every 16-row block of x runs the whole K in three C tiles
 //            (1 A + 3 B tile loads per 3 multiply-adds). At small M bound by the weight stream, read once.
-//   blocked: per work item a block of rows x a run of units; K in blocks of kAmxBlockSteps tile steps whose
+//   blocked: per work item a block of rows x a run of units; K in blocks of a few tile steps whose
 //            weight sub-panel (24 KB) stays in L1 across the item's 32-row pairs, 2 x 2 tiles per step
 //            (2 A + 2 B loads per 4 multiply-adds), the C tiles saved to and reloaded from a scratch between K
 //            blocks. At large M the streaming kernel reloads a whole panel (72 KB at K = 768) from L2 for every
@@ -43,19 +43,29 @@ inline bool amx_blocked(int64_t m, bool int8) {
 }
 
 // The blocked kernel's geometry. A unit is 48 output columns (three 16-column tile groups): a bf16 panel, or
-// three int8 panels. A K block is kAmxBlockSteps tile steps (bf16: 32 elements, int8: 64 codes): its weight
-// sub-panel is 8 x 3 KB = 24 KB (half of Sapphire Rapids' 48 KB L1D), the A rows of a 32-row pair 16 KB.
-constexpr int64_t kAmxBlockSteps = 8;
-constexpr int64_t kAmxItemRows = 128;  // rows of one work item at most (a multiple of the 32-row pair)
+// three int8 panels. A K block is `steps` tile steps (bf16: 32 elements, int8: 64 codes): at 8 its weight
+// sub-panel is 8 x 3 KB = 24 KB (half of Sapphire Rapids' 48 KB L1D), the A rows of a 32-row pair 16 KB. A work
+// item has at most `rows` rows (a multiple of the 32-row pair): its x block (128 x 768 bf16: 192 KB) stays in L2
+// across its run of units. Provisional (not measured on AMX yet); set_amx_blocking changes them, for measurement
+// (benchmarks/bench_amx_gemm.py --blocking). Any geometry gives the same bits.
+struct AmxBlocking {
+  int64_t steps, rows;
+};
+constexpr AmxBlocking kAmxDefaultBlocking{8, 128};
 constexpr int64_t kAmxPairRows = 32;
+constexpr int64_t kAmxMaxItemRows = 256;  // the kernel's C scratch: 256 x 48 x 4 bytes = 48 KB of stack
+AmxBlocking amx_blocking();
+// false (nothing changed) unless 1 <= steps <= 64 and rows is a multiple of 32 in [32, kAmxMaxItemRows].
+bool set_amx_blocking(int64_t steps, int64_t rows);
 
 // The blocked kernel's work items over an M x `units` output: row blocks of equal size (a multiple of 32, at most
-// kAmxItemRows) times `runs` equal runs of units, one per thread (each item's x block stays in its core's L2 across
-// its run).
+// amx_blocking().rows) times `runs` equal runs of units, one per thread (each item's x block stays in its core's L2
+// across its run).
 struct AmxItems {
   int64_t rows_per, row_blocks, units, runs;
   AmxItems(int64_t M, int64_t units_, int nt) : units(units_), runs(std::min<int64_t>(units_, std::max(nt, 1))) {
-    row_blocks = (M + kAmxItemRows - 1) / kAmxItemRows;
+    const int64_t most = amx_blocking().rows;
+    row_blocks = (M + most - 1) / most;
     rows_per = ((M + row_blocks - 1) / row_blocks + kAmxPairRows - 1) / kAmxPairRows * kAmxPairRows;
     row_blocks = (M + rows_per - 1) / rows_per;
   }
