@@ -122,6 +122,9 @@ BF_AMX_BLOCKED_TARGET BF_INLINE void amx_blocked_item(const Gemm& g, int64_t r0,
           if (two_cols) BF_TILE_STORED(1, c0 + 16, ldc);
           if (two_rows) BF_TILE_STORED(2, c0 + 16 * 48, ldc);
           if (two_rows && two_cols) BF_TILE_STORED(3, c0 + 16 * 48 + 16, ldc);
+          // The tile intrinsics are asm without a memory clobber: tell the compiler `c` changed before the
+          // epilogue reads it.
+          asm volatile("" ::: "memory");
         }
       }
     }
