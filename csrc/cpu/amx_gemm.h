@@ -4,15 +4,15 @@
 //   stream:  per claimed 48-column unit of the weights, every 16-row block of x runs the whole K in three C tiles
 //            (1 A + 3 B tile loads per 3 multiply-adds). At small M bound by the weight stream, read once.
 //   blocked: per work item a block of rows x a run of units; K in blocks of a few tile steps whose
-//            weight sub-panel (24 KB) stays in L1 across the item's 32-row pairs, 2 x 2 tiles per step
-//            (2 A + 2 B loads per 4 multiply-adds), the C tiles saved to and reloaded from a scratch between K
-//            blocks. At large M the streaming kernel reloads a whole panel (72 KB at K = 768) from L2 for every
-//            16 rows, and x from L2/L3 for every panel.
+//            weight sub-panel (24 KB) stays in L1 across the item's 32-row pairs; per pair 2 x 2 tiles for a
+//            unit's columns 0-31 and 2 x 1 for 32-47 (7 tile loads per 6 multiply-adds, mostly from L1), the C
+//            tiles saved to and reloaded from a scratch between K blocks. At large M the streaming kernel reloads
+//            a whole panel (72 KB at K = 768) from L2 for every 16 rows, and x from L2/L3 for every panel.
 // Both give an output the same sequence of tile multiply-adds (k steps 0, 1, 2, ... into a C tile that starts
 // from zero; an fp32 or int32 tile saved and reloaded is exact; a row's sums never depend on the other rows of its
-// tile, nor on how many rows the tile is configured with) and the same epilogue call per 16-row block and unit
-// of 48 columns. So the kernels are bit-identical, and choosing by M keeps the engine batch-invariant
-// (tests/test_amx_gemm.py).
+// tile, nor on how many rows the tile is configured with) and the same epilogue on each row (bf16: the same
+// store_tile call per 16-row block and panel; int8: finish16 per row and panel). So the kernels are
+// bit-identical, and choosing by M keeps the engine batch-invariant (tests/test_amx_gemm.py).
 #pragma once
 
 #include <algorithm>
