@@ -1,5 +1,6 @@
 """Arithmetic ceilings of this CPU: the multiply-add rate of each instruction the native kernels' inner loops
-are built from (fp32 FMA, int8 VNNI, bf16 dot products, AVX2's int16 madd), on one core and on all of them.
+are built from (fp32 FMA, int8 VNNI, bf16 dot products, AVX2's int16 madd, AMX's tdpbf16ps and tdpbssd on full
+tiles), on one core and on all of them.
 
     python benchmarks/bench_peak.py [--seconds 0.5] [--json PATH]
 
@@ -7,7 +8,8 @@ Compiles benchmarks/cpu_peak.cpp with the system C++ compiler (`CXX`, default c+
 directory and runs it: 12 independent accumulators per loop, so each row is the core's issue rate for that
 instruction, the most any GEMM built on it can reach. Instructions this CPU lacks are listed as missing.
 What a kernel or a whole pipeline reaches is compared against these rows in benchmarks/README.md
-("CPU ceilings measured here") and in the closing notes.
+("CPU ceilings measured here") and in the closing notes (the AMX rows: the ceilings of the GEMMs that
+benchmarks/bench_amx_gemm.py times).
 """
 
 from __future__ import annotations

@@ -5,8 +5,16 @@
 // bound by issue rate alone; inline asm keeps them in registers (GCC's intrinsics for vpdpbusd copy the
 // accumulator on each step). Prints one line per (instruction, threads): name, threads, ops/s (a multiply-add
 // counts as 2 ops), instructions/ns per thread.
+//
+// AMX rows: the same 12 steps a loop, as tdpbf16ps / tdpbssd on full 16 x 64-byte tiles (16 x 16 x 32 bf16 or
+// 16 x 16 x 64 int8 multiply-adds each) into 6 accumulator tiles (tmm0-5, 6 x 16 cycles between dependent steps,
+// more than the instruction's latency) from an A and a B tile that stay put (tmm6, tmm7): the TMUL unit's rate with
+// no tile loads, the ceiling of the AMX GEMMs (csrc/cpu/amx_gemm.h). Listed as missing where the CPU lacks the
+// tiles or Linux does not grant this process their state.
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -70,6 +78,49 @@ BF_LOOP(vnni_zmm, "avx512f,avx512vnni", __m512i, _mm512_setzero_si512())
 BF_LOOP(bf16_zmm, "avx512f,avx512bf16", __m512, _mm512_setzero_ps())
 BF_LOOP(maddwd_ymm, "avx2", __m256i, _mm256_setzero_si256())
 
+// AMX: palette 1, tmm0-7 all 16 rows x 64 bytes, configured per thread (tile state is per thread) on each call.
+struct alignas(64) TileConfig {
+  unsigned char palette, start_row, reserved[14];
+  unsigned short colsb[16];
+  unsigned char rows[16];
+};
+
+#define BF_AMX_TWELVE(INSN)                                                                              \
+  asm volatile(INSN " %%tmm7, %%tmm6, %%tmm0\n\t" INSN " %%tmm7, %%tmm6, %%tmm1\n\t" INSN               \
+               " %%tmm7, %%tmm6, %%tmm2\n\t" INSN " %%tmm7, %%tmm6, %%tmm3\n\t" INSN                     \
+               " %%tmm7, %%tmm6, %%tmm4\n\t" INSN " %%tmm7, %%tmm6, %%tmm5\n\t" INSN                     \
+               " %%tmm7, %%tmm6, %%tmm0\n\t" INSN " %%tmm7, %%tmm6, %%tmm1\n\t" INSN                     \
+               " %%tmm7, %%tmm6, %%tmm2\n\t" INSN " %%tmm7, %%tmm6, %%tmm3\n\t" INSN                     \
+               " %%tmm7, %%tmm6, %%tmm4\n\t" INSN " %%tmm7, %%tmm6, %%tmm5" ::: "memory")
+
+#define BF_AMX_LOOP(NAME, INSN)                                                       \
+  __attribute__((noinline)) void NAME(long n) {                                       \
+    TileConfig cfg{};                                                                 \
+    cfg.palette = 1;                                                                  \
+    for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;                  \
+    asm volatile("ldtilecfg %0" ::"m"(cfg));                                          \
+    asm volatile(                                                                     \
+        "tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3\n\t" \
+        "tilezero %%tmm4\n\ttilezero %%tmm5\n\ttilezero %%tmm6\n\ttilezero %%tmm7" ::);     \
+    for (long i = 0; i < n; ++i) BF_AMX_TWELVE(INSN);                                 \
+    asm volatile("tilerelease" ::);                                                   \
+  }
+
+BF_AMX_LOOP(amx_bf16, "tdpbf16ps")
+BF_AMX_LOOP(amx_int8, "tdpbssd")
+
+// The CPU has the tiles (and the instruction) and Linux grants this process their state (ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA, once per process; without it the first tile instruction faults).
+bool amx_usable(bool feature) {
+  if (!feature || !__builtin_cpu_supports("amx-tile")) return false;
+#ifdef SYS_arch_prctl
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return granted;
+#else
+  return false;
+#endif
+}
+
 struct Kind {
   const char* name;  // instruction and what it multiplies
   bool supported;    // by this CPU
@@ -89,6 +140,8 @@ int main(int argc, char** argv) {
       {"int8 VNNI zmm (vpdpbusd)", __builtin_cpu_supports("avx512vnni") != 0, 64, vnni_zmm},
       {"bf16 dot zmm (vdpbf16ps)", __builtin_cpu_supports("avx512bf16") != 0, 32, bf16_zmm},
       {"int16 madd ymm (vpmaddwd+vpaddd)", __builtin_cpu_supports("avx2") != 0, 16, maddwd_ymm},
+      {"bf16 AMX tile (tdpbf16ps)", amx_usable(__builtin_cpu_supports("amx-bf16")), 16 * 16 * 32, amx_bf16},
+      {"int8 AMX tile (tdpbssd)", amx_usable(__builtin_cpu_supports("amx-int8")), 16 * 16 * 64, amx_int8},
   };
   for (const Kind& k : kinds) {
     if (!k.supported) {

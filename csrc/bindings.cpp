@@ -7,7 +7,8 @@
 // pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
 // pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows), sparse_pool (sparse_pool.cpp),
 // isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni / set_avx_vnni
-// (isa.cpp), num_threads (parallel.h).
+// (isa.cpp), amx_gemm / set_amx_gemm / amx_blocking / set_amx_blocking
+// (amx_gemm.cpp), num_threads (parallel.h).
 //
 // The files: bindings/checks.h (the input checks), bindings/ops.h and ops.cpp (the op wrappers), bindings/layer.h
 // (Layer), bindings/alloc.h and alloc.cpp (huge pages for packed weights); this one only binds. Only this file
@@ -93,6 +94,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "cap the kernels at an ISA tier (or choose amx_emulated); returns False if the CPU lacks it", py::arg("isa"));
   m.def("isa_supported", &isa_supported, "whether this CPU runs an ISA tier (amx_emulated: AVX-512 VNNI and BF16)",
         py::arg("isa"));
+  m.def("amx_gemm", &amx_gemm,
+        "the AMX GEMMs' kernel choice: 'auto' (by M), 'stream' or 'blocked', bit-identical (BERTFAST_AMX_GEMM at "
+        "load)");
+  m.def("set_amx_gemm", &set_amx_gemm, "choose the AMX GEMMs' kernel: 'auto', 'stream' or 'blocked'", py::arg("name"));
+  m.def("amx_blocking", &amx_blocking, "the blocked AMX kernel's (tile steps per K block, rows per work item at most)");
+  m.def("set_amx_blocking", &set_amx_blocking,
+        "set the blocked AMX kernel's geometry, for measurement (the bits do not change)", py::arg("steps"),
+        py::arg("rows"));
   m.def("has_avx512_bf16", &bc::has_avx512_bf16,
         "whether the kernels use AVX-512 BF16 dot products (the CPU has them, not hidden)");
   m.def("set_avx512_bf16", &bc::set_avx512_bf16,

@@ -7,6 +7,7 @@
 #include "bindings/alloc.h"
 #include "bindings/checks.h"
 #include "bindings/ops.h"
+#include "cpu/amx_gemm.h"
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
 #include "cpu/profile.h"
@@ -308,6 +309,22 @@ bool isa_supported(const std::string& name) {
   BF_CHECK(bc::parse_isa(name.c_str(), &tier), "unknown ISA tier '", name,
            "' (expected one of amx, amx_emulated, avx512_vnni, avx2, portable)");
   return bc::isa_supported(tier);
+}
+
+std::string amx_gemm() { return bc::amx_gemm_name(bc::amx_gemm()); }
+
+void set_amx_gemm(const std::string& name) {
+  bc::AmxGemm mode;
+  BF_CHECK(bc::parse_amx_gemm(name.c_str(), &mode), "unknown AMX GEMM kernel '", name,
+           "' (expected auto, stream or blocked)");
+  bc::set_amx_gemm(mode);
+}
+
+std::tuple<int64_t, int64_t> amx_blocking() { return {bc::amx_blocking().steps, bc::amx_blocking().rows}; }
+
+void set_amx_blocking(int64_t steps, int64_t rows) {
+  BF_CHECK(bc::set_amx_blocking(steps, rows), "AMX blocking: steps must be in [1, 64] and rows a multiple of ",
+           bc::kAmxPairRows, " in [", bc::kAmxPairRows, ", ", bc::kAmxMaxItemRows, "], got ", steps, ", ", rows);
 }
 
 // ---- int8 dynamic quantization (quantize_rows.cpp, int8_linear*.cpp; bertfast/backends/cpu/quant.py) ----

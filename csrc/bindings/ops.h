@@ -58,6 +58,12 @@ std::string isa();
 std::string detected_isa();
 bool set_isa(const std::string& name);
 bool isa_supported(const std::string& name);
+// The AMX GEMMs' kernel choice (cpu/amx_gemm.h): "auto", "stream" or "blocked".
+std::string amx_gemm();
+void set_amx_gemm(const std::string& name);
+// The blocked AMX kernel's geometry (tile steps per K block, rows per work item at most), for measurement.
+std::tuple<int64_t, int64_t> amx_blocking();
+void set_amx_blocking(int64_t steps, int64_t rows);
 // int8 dynamic quantization
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x);
 at::Tensor pack_int8(const at::Tensor& weight);

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "amx_gemm.h"
 #include "int8_linear_impl.h"
 
 namespace bertfast {
@@ -40,6 +41,7 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
 #if BF_X86
   // Threads split the output columns in groups of 4 panels (64 columns), so each streams its own weights.
   if (amx_kernels(isa) && K % 64 == 0) {
+    if (amx_blocked(M, true)) return int8_amx_blocked_gemm(a, nt, isa != Isa::Amx);
     parallel_for(nt, groups, [&](int64_t g) {
       const int64_t p0 = g * 4, p1 = std::min(panels, g * 4 + 4);
       isa == Isa::Amx ? panels_amx(a, p0, p1) : panels_amx_emulated(a, p0, p1);

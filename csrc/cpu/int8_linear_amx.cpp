@@ -1,11 +1,15 @@
-// The int8 GEMM on AMX-INT8 tiles (tdpbssd): the Amx tier with K a multiple of 64, any M. Compiled a second time,
-// the tiles emulated, by int8_linear_amx_emulated.cpp (the amx_emulated tier: amx_tiles.h).
+// The int8 GEMM on AMX-INT8 tiles (tdpbssd): the Amx tier with K a multiple of 64, any M; a streaming kernel and a
+// blocked one, with the same exact int32 sums and epilogue, chosen by M (amx_gemm.h). Compiled a second time, the
+// tiles emulated, by int8_linear_amx_emulated.cpp (the amx_emulated tier: amx_tiles.h).
 #include <omp.h>
 
 #include <algorithm>
 
 #include "amx_tiles.h"
 #include "int8_linear_impl.h"
+
+#define BF_AMX_BLOCKED_TARGET BF_TARGET_TILES_INT8
+#include "amx_blocked.h"
 
 namespace bertfast {
 namespace cpu {
@@ -65,6 +69,41 @@ BF_TARGET_TILES_INT8 void BF_TILES(panels_amx)(const Int8Args& a, int64_t p0, in
     }
   }
   if (configured >= 0) BF_TILE_RELEASE();
+}
+
+// ---- AMX-int8, blocked (amx_blocked.h): a unit is three panels of 16 columns, steps of 64 codes ----
+namespace {
+
+struct Int8Tiles {
+  using Acc = int32_t;
+  const Int8Args& a;
+  int64_t panels;
+
+  BF_INLINE int64_t steps() const { return a.K / 64; }
+  BF_INLINE int groups(int64_t u) const { return int(std::min<int64_t>(3, panels - 3 * u)); }
+  BF_INLINE const int8_t* a_tile(int64_t m, int64_t s) const { return a.x + m * a.ldx + s * 64; }
+  BF_INLINE int64_t a_ld() const { return a.ldx; }
+  BF_INLINE const int8_t* b_tile(int64_t u, int j, int64_t s) const {
+    return a.packed + ((3 * u + j) * (a.K / 4) + s * 16) * 64;
+  }
+  BF_INLINE int64_t b_ld() const { return 64; }
+  BF_TARGET_TILES_INT8 BF_INLINE void dp(bool two_rows, bool two_cols) const {
+    BF_TILE_DPBSSD(0, 4, 6);
+    if (two_cols) BF_TILE_DPBSSD(1, 4, 7);
+    if (two_rows) BF_TILE_DPBSSD(2, 5, 6);
+    if (two_rows && two_cols) BF_TILE_DPBSSD(3, 5, 7);
+  }
+  BF_TARGET_TILES_INT8 BF_INLINE void store(const int32_t* c, int mr, int64_t m0, int64_t u, int np) const {
+    amx_store(c, mr, np, m0, 3 * u * 16, a);
+  }
+};
+
+}  // namespace
+
+BF_TARGET_TILES_INT8 void BF_TILES(panels_amx_blocked)(const Int8Args& a, int64_t r0, int64_t rows, int64_t u0,
+                                                        int64_t u1) {
+  DenormalGuard ftz;
+  amx_blocked_item(Int8Tiles{a, (a.N + 15) / 16}, r0, rows, u0, u1);
 }
 #endif
 

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 
+#include "amx_gemm.h"
 #include "linear_impl.h"
 
 namespace bertfast {
@@ -50,6 +51,8 @@ void run_linear(const T* x, int64_t ldx, const T* packed, int64_t m, int64_t n, 
   const Isa isa = active_isa();
 #if BF_X86
   const bool amx = sizeof(T) == 2 && amx_kernels(isa) && k % kAmxK == 0;
+  if constexpr (sizeof(T) == 2)
+    if (amx && amx_blocked(m, false)) return linear_amx_blocked_gemm(x, ldx, packed, m, n, k, ep, nt, isa != Isa::Amx);
 #endif
   // Past kPackPasses passes (portable fp32: kPortablePackPasses), the blocked regime where the tier has one:
   // fp32 on AVX-512 and portable, bf16 on AVX-512 without AVX-512 BF16 (widened; with it, bf16 streams or runs on
