@@ -29,8 +29,10 @@ if has tests; then  # -v: a failing test is named as it fails, where a cut-off r
     echo "tests rc=$? $(grep -c PASSED "$LOG/tests.log") passed $(grep -c FAILED "$LOG/tests.log") failed"
 fi
 pin="taskset -c 0,1"
-if has gemm && [[ -f benchmarks/bench_amx_gemm.py ]]; then
-    timeout "${GEMM_S:-70}" $pin python3 benchmarks/bench_amx_gemm.py --out "$LOG/gemm.json" > "$LOG/gemm.log" 2>&1
+if has gemm; then  # the ceilings (bench_peak's AMX rows), then our AMX GEMMs against oneDNN's
+    timeout 30 $pin python3 benchmarks/bench_peak.py --seconds 0.2 > "$LOG/peak.log" 2>&1
+    timeout "${GEMM_S:-70}" $pin python3 benchmarks/bench_amx_gemm.py --threads 2 ${GEMM_ARGS:-} --out "$LOG/gemm.json" \
+        > "$LOG/gemm.log" 2>&1
     echo "gemm rc=$?"
 fi
 if has bench; then
