@@ -10,6 +10,8 @@ from .heads import TaskModel, TaskOutput, load, supported_architectures
 from .precision import quantization_ranges, quantize_embeddings
 from .profiling import Profile, profile
 from .splade import SparseEncoder
+from .colbert import ColBERT
+from .maxsim import colbert_scores, colbert_scores_pairwise
 
 __version__ = "0.1.0"
 
@@ -30,5 +32,6 @@ __all__ = [
     "Encoder", "EncoderOutput", "optimize", "EngineUnsupported", "load", "TaskModel", "TaskOutput",
     "supported_architectures", "ModelConfig", "ModelWeights", "ConfigError", "LoadError",
     "load_pretrained", "load_hf_model", "get_backend", "available_backends", "default_model_path", "cpu_info",
-    "quantize_embeddings", "quantization_ranges", "profile", "Profile", "SparseEncoder",
+    "quantize_embeddings", "quantization_ranges", "profile", "Profile", "SparseEncoder", "ColBERT",
+    "colbert_scores", "colbert_scores_pairwise",
 ]
