@@ -126,13 +126,14 @@ class ColBERT(nn.Module):
                                   "with a new, untrained embedding")
         self.query_prefix_id, self.document_prefix_id = ids["query_prefix"], ids["document_prefix"]
         directory = encoder.model_dir
-        # PyLate pads with [MASK] (query expansion), else </s>, else the pad token
-        pad = next((base.token_to_id(t) for t in (_special_token(directory, n) for n in
-                                                       ("mask_token", "eos_token", "pad_token"))
-                    if t is not None and base.token_to_id(t) is not None), None)
-        if pad is None:
+        self.pad_id = None
+        for name in ("mask_token", "eos_token", "pad_token"):  # PyLate pads with [MASK], else </s>, else the pad
+            token = _special_token(directory, name)
+            self.pad_id = None if token is None else base.token_to_id(token)
+            if self.pad_id is not None:
+                break
+        if self.pad_id is None:
             raise ConfigError("ColBERT: the tokenizer has no mask, eos or pad token to pad queries with")
-        self.pad_id = pad
         unk = _special_token(directory, "unk_token")
         unk_id = None if unk is None else base.token_to_id(unk)
         # as transformers' convert_tokens_to_ids: a word outside the vocabulary stands for the unknown token
