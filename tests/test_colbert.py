@@ -69,6 +69,7 @@ def test_matches_pylate(pylate_model, backend, is_query):
     pytest.param(dict(query_length=12, document_length=20, skiplist_words=["the", "notaword", ","]),
                  id="short-custom-skiplist"),
     pytest.param(dict(query_prefix="[unused0]", document_prefix="[unused1]"), id="stanford-prefixes"),
+    pytest.param(dict(family="modernbert"), id="modernbert"),
 ])
 def test_pylate_options(tmp_path, minilm_path, options):
     path = save_with_pylate(tmp_path / "m", minilm_path, seed=1, **options)
@@ -83,6 +84,7 @@ def test_pylate_options(tmp_path, minilm_path, options):
     pytest.param(dict(do_query_expansion=False, document_prefix=""), id="no-expansion-no-document-prefix"),
     pytest.param(dict(query_length=9, document_length=15, skiplist_words=["the", "notaword"]),
                  id="short-custom-skiplist"),
+    pytest.param(dict(family="modernbert"), id="modernbert"),
 ])
 def test_format_rules(tmp_path, minilm_path, options):
     """Without PyLate: a checkpoint written here in its format against the rules applied one text at a time."""

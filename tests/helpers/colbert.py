@@ -8,6 +8,7 @@ to one text at a time with transformers' tokenizer and model: nothing is downloa
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -21,19 +22,28 @@ from helpers.splade import TOKENIZER_FILES
 
 BERT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
             max_position_embeddings=256, type_vocab_size=2, hidden_act="gelu")
+# ModernBERT with the BERT tokenizer's special ids; a local window (64: 32 each side) that holds a whole query, as
+# real checkpoints' 128 does (a [MASK] with no key inside its window is degenerate in transformers and here alike)
+MODERNBERT = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
+                  max_position_embeddings=256, local_attention=64, global_attn_every_n_layers=2, pad_token_id=0,
+                  cls_token_id=101, sep_token_id=102, bos_token_id=101, eos_token_id=102)
 DEFAULTS = dict(query_prefix="[Q] ", document_prefix="[D] ", query_length=32, document_length=180,
                 do_query_expansion=True, attend_to_expansion_tokens=False, skiplist_words=list(string.punctuation))
 
 
-def base_model(path, tokenizer_dir: str, seed: int = 0, vocab_size: int = 30522):
-    """A random BertModel (norms and biases moved off their init) saved at `path` with the default tokenizer."""
+def base_model(path, tokenizer_dir: str, seed: int = 0, vocab_size: int = 30522, family: str = "bert"):
+    """A random BertModel or ModernBertModel (norms and biases moved off their init) saved at `path` with the
+    default tokenizer."""
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.BertModel(transformers.BertConfig(vocab_size=vocab_size, **BERT), add_pooling_layer=False)
+    if family == "modernbert":
+        model = transformers.ModernBertModel(transformers.ModernBertConfig(vocab_size=vocab_size, **MODERNBERT))
+    else:
+        model = transformers.BertModel(transformers.BertConfig(vocab_size=vocab_size, **BERT), add_pooling_layer=False)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "LayerNorm" in name or name.endswith("bias"):
+            if "norm" in name.lower() or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
     model.eval().save_pretrained(path)
     for name in TOKENIZER_FILES:
@@ -57,13 +67,14 @@ def pylate_unavailable() -> str | None:
     return None
 
 
-def save_with_pylate(path, tokenizer_dir: str, *, seed: int = 0, embedding_size: int = 32, **colbert) -> str:
-    """PyLate's ColBERT over a random BertModel, saved by PyLate at `path` (colbert: its constructor's ColBERT
+def save_with_pylate(path, tokenizer_dir: str, *, seed: int = 0, embedding_size: int = 32, family: str = "bert",
+                     **colbert) -> str:
+    """PyLate's ColBERT over a random `base_model`, saved by PyLate at `path` (colbert: its constructor's ColBERT
     arguments, e.g. query_length, attend_to_expansion_tokens)."""
     from pylate import models
 
     path = os.fspath(path)
-    base_model(path + "-base", tokenizer_dir, seed)
+    base_model(path + "-base", tokenizer_dir, seed, family=family)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         models.ColBERT(path + "-base", device="cpu", embedding_size=embedding_size, **colbert).save(path)
@@ -72,7 +83,7 @@ def save_with_pylate(path, tokenizer_dir: str, *, seed: int = 0, embedding_size:
 
 
 def write_colbert(path, tokenizer_dir: str, *, seed: int = 0, embedding_size: int = 32, dense_bias: bool = False,
-                  **colbert) -> str:
+                  family: str = "bert", **colbert) -> str:
     """The files PyLate writes, written here: the prefix tokens added to the tokenizer (as PyLate's add_tokens),
     the word embeddings grown to the tokenizer, a Dense projection (bias optional), the ColBERT settings."""
     import transformers
@@ -87,7 +98,7 @@ def write_colbert(path, tokenizer_dir: str, *, seed: int = 0, embedding_size: in
     tok = transformers.AutoTokenizer.from_pretrained(path)
     tok.add_tokens([p for p in (settings["query_prefix"], settings["document_prefix"]) if p])
     tok.save_pretrained(path)
-    base_model(path, tokenizer_dir, seed, vocab_size=len(tok))
+    base_model(path, tokenizer_dir, seed, vocab_size=len(tok), family=family)
     tok.save_pretrained(path)  # base_model copied the original tokenizer files back
     g = torch.Generator().manual_seed(seed + 1)
     os.makedirs(os.path.join(path, "1_Dense"))
@@ -126,6 +137,7 @@ def oracle(path, texts, is_query: bool) -> list[np.ndarray]:
                                                                               c["document_prefix"])
     expand = is_query and c["do_query_expansion"]
     skip = set(tok.convert_tokens_to_ids(c["skiplist_words"]))
+    takes_types = "token_type_ids" in inspect.signature(model.forward).parameters
     out = []
     for text in texts:
         ids = tok(text.strip(), truncation=True, max_length=length - bool(prefix))["input_ids"]
@@ -136,8 +148,9 @@ def oracle(path, texts, is_query: bool) -> list[np.ndarray]:
             pad = length - len(ids)
             ids, mask = ids + [tok.mask_token_id] * pad, mask + [int(c["attend_to_expansion_tokens"])] * pad
         with torch.no_grad():
+            types = {"token_type_ids": torch.zeros(1, len(ids), dtype=torch.long)} if takes_types else {}
             states = model(input_ids=torch.tensor([ids]), attention_mask=torch.tensor([mask]),
-                           token_type_ids=torch.zeros(1, len(ids), dtype=torch.long)).last_hidden_state[0]
+                           **types).last_hidden_state[0]
         keep = [True] * len(ids) if is_query else [i not in skip for i in ids]
         x = torch.nn.functional.linear(states[torch.tensor(keep)], dense["linear.weight"], dense.get("linear.bias"))
         out.append(torch.nn.functional.normalize(x, p=2, dim=1).numpy())
