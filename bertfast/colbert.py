@@ -25,8 +25,10 @@ from torch import nn
 
 from .config import ConfigError
 from .encoder import Encoder
-from .sentence import read_dense, read_json, resolve_prompt
+from .sentence import Dense, read_dense, read_json, resolve_prompt
 
+# The tokenizer's special tokens the rules read: the query padding (the first present) and [UNK].
+SPECIAL_TOKENS = ("mask_token", "eos_token", "pad_token", "unk_token")
 # Dense activations (class names in a saved config) -> the backend's epilogue ids.
 _DENSE_ACTIVATIONS = {"Identity": "none", "Tanh": "tanh", "ReLU": "relu", "GELU": "gelu", "SiLU": "silu"}
 
@@ -76,10 +78,6 @@ def read_colbert_config(directory: str) -> tuple[ColBERTConfig, list]:
                           f"Dense projections; found {[m['type'] for m in modules]}")
     dense = [read_dense(os.path.join(directory, m.get("path") or ""), f"modules.json module {i} ({m['type']})")
              for i, m in enumerate(modules) if i]
-    for d in dense:
-        if d.activation not in _DENSE_ACTIVATIONS:
-            raise ConfigError(f"ColBERT: a Dense activation {d.activation!r} is not supported "
-                              f"({', '.join(_DENSE_ACTIVATIONS)})")
     st = read_json(os.path.join(directory, "config_sentence_transformers.json"), "ColBERT", False)
     keys = ("query_prefix", "document_prefix", "query_length", "document_length", "do_query_expansion",
             "attend_to_expansion_tokens", "skiplist_words", "default_prompt_name")
@@ -106,7 +104,9 @@ class ColBERT(nn.Module):
     """ColBERT on bertfast: `encode(texts, is_query=...)` -> per text a (tokens, dim) float32 array of L2-normalised
     token vectors, as PyLate's `models.ColBERT.encode`. Build it with `from_pretrained(dir)`."""
 
-    def __init__(self, encoder: Encoder, config: ColBERTConfig, dense: list):
+    def __init__(self, encoder: Encoder, config: ColBERTConfig, dense: list, special: dict):
+        """encoder: with its tokenizer; dense: `sentence.Dense` projections in order; special: the tokenizer's
+        "mask_token", "eos_token", "pad_token" and "unk_token" texts (None where it has none)."""
         super().__init__()
         from tokenizers import Tokenizer
 
@@ -125,16 +125,15 @@ class ColBERT(nn.Module):
                 raise ConfigError(f"ColBERT: the tokenizer has no token {prefix!r} ({name}); PyLate would add one "
                                   "with a new, untrained embedding")
         self.query_prefix_id, self.document_prefix_id = ids["query_prefix"], ids["document_prefix"]
-        directory = encoder.model_dir
         self.pad_id = None
         for name in ("mask_token", "eos_token", "pad_token"):  # PyLate pads with [MASK], else </s>, else the pad
-            token = _special_token(directory, name)
+            token = special.get(name)
             self.pad_id = None if token is None else base.token_to_id(token)
             if self.pad_id is not None:
                 break
         if self.pad_id is None:
             raise ConfigError("ColBERT: the tokenizer has no mask, eos or pad token to pad queries with")
-        unk = _special_token(directory, "unk_token")
+        unk = special.get("unk_token")
         unk_id = None if unk is None else base.token_to_id(unk)
         # as transformers' convert_tokens_to_ids: a word outside the vocabulary stands for the unknown token
         skip = (base.token_to_id(w) for w in config.skiplist_words)
@@ -148,6 +147,9 @@ class ColBERT(nn.Module):
             self._tokenizers[is_query] = tok
         self.dense = []  # (packed weight, bias, act, residual: None | "input" | packed projection)
         for d in dense:
+            if d.activation not in _DENSE_ACTIVATIONS:
+                raise ConfigError(f"ColBERT: a Dense activation {d.activation!r} is not supported "
+                                  f"({', '.join(_DENSE_ACTIVATIONS)})")
             residual = None
             if d.use_residual:
                 residual = "input" if d.residual is None else self.backend.pack(d.residual.float().contiguous())
@@ -163,7 +165,35 @@ class ColBERT(nn.Module):
         (None, "auto", torch.bfloat16, "int8"): the encoder's; the projection runs in fp32."""
         path = os.fspath(path)
         config, dense = read_colbert_config(path)
-        return cls(Encoder.from_pretrained(path, backend=backend, dtype=dtype, add_pooling_layer=False), config, dense)
+        special = {name: _special_token(path, name) for name in SPECIAL_TOKENS}
+        encoder = Encoder.from_pretrained(path, backend=backend, dtype=dtype, add_pooling_layer=False)
+        return cls(encoder, config, dense, special)
+
+    @classmethod
+    def from_pylate(cls, model, *, backend: str = "auto", dtype=None):
+        """An in-memory `pylate.models.ColBERT`: its encoder's weights, tokenizer, Dense modules and ColBERT
+        settings (backend and dtype as `from_pretrained`)."""
+        from tokenizers import Tokenizer
+
+        modules = list(model)
+        hf = getattr(modules[0], "auto_model", None) if modules else None
+        if hf is None or len(modules) < 2 or any(type(m).__name__ != "Dense" for m in modules[1:]):
+            raise ConfigError(f"a PyLate ColBERT is a Transformer followed by Dense projections; this model has "
+                              f"{[type(m).__name__ for m in modules]}")
+        config = ColBERTConfig(model.query_prefix, model.document_prefix, model.query_length, model.document_length,
+                               model.do_query_expansion, model.attend_to_expansion_tokens, list(model.skiplist_words),
+                               dict(model.prompts), model.default_prompt_name)
+        dense = []
+        for m in modules[1:]:
+            residual = getattr(m, "residual", None)
+            dense.append(Dense(m.linear.weight.detach().float(), None if m.linear.bias is None
+                               else m.linear.bias.detach().float(), type(m.activation_function).__name__,
+                               None if residual is None else residual.weight.detach().float(),
+                               bool(getattr(m, "use_residual", False))))
+        encoder = Encoder.from_hf(hf, backend=backend, dtype=dtype, add_pooling_layer=False)
+        encoder._tokenizer = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
+        special = {name: getattr(model.tokenizer, name, None) for name in SPECIAL_TOKENS}
+        return cls(encoder, config, dense, special)
 
     def extra_repr(self):
         c = self.colbert

@@ -44,14 +44,18 @@ def written_model(tmp_path_factory, minilm_path):
     return write_colbert(tmp_path_factory.mktemp("colbert") / "written", minilm_path)
 
 
-def pylate_encode(path, texts, is_query, batch_size=7):
+def pylate_model_of(path):
     import warnings
 
     from pylate import models
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return models.ColBERT(path, device="cpu").encode(texts, is_query=is_query, batch_size=batch_size)
+        return models.ColBERT(path, device="cpu")
+
+
+def pylate_encode(path, texts, is_query, batch_size=7):
+    return pylate_model_of(path).encode(texts, is_query=is_query, batch_size=batch_size)
 
 
 @needs_pylate
@@ -60,6 +64,21 @@ def pylate_encode(path, texts, is_query, batch_size=7):
 def test_matches_pylate(pylate_model, backend, is_query):
     ours = bertfast.ColBERT.from_pretrained(pylate_model, backend=backend)
     check(ours.encode(TEXTS, is_query=is_query, batch_size=5), pylate_encode(pylate_model, TEXTS, is_query))
+
+
+@needs_pylate
+def test_from_pylate_and_optimize(pylate_model):
+    """An in-memory PyLate model: `ColBERT.from_pylate` matches it; `bertfast.optimize` refuses it (the engine would
+    leave its unattended expansion tokens at 0) and leaves it running unchanged."""
+    model = pylate_model_of(pylate_model)
+    ours = bertfast.ColBERT.from_pylate(model, backend="cpu")
+    for is_query in (True, False):
+        check(ours.encode(TEXTS, is_query=is_query), model.encode(TEXTS, is_query=is_query))
+    with pytest.raises(bertfast.EngineUnsupported, match="from_pylate"):
+        bertfast.optimize(model, strict=True)
+    with pytest.warns(UserWarning, match="query expansion"):
+        assert bertfast.optimize(model) is model
+    check(model.encode(TEXTS[:4]), ours.encode(TEXTS[:4]))
 
 
 @needs_pylate
