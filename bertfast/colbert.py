@@ -180,6 +180,9 @@ class ColBERT(nn.Module):
         if hf is None or len(modules) < 2 or any(type(m).__name__ != "Dense" for m in modules[1:]):
             raise ConfigError(f"a PyLate ColBERT is a Transformer followed by Dense projections; this model has "
                               f"{[type(m).__name__ for m in modules]}")
+        if getattr(modules[0], "do_lower_case", False):  # sentence-transformers lowercases in Python, not the tokenizer
+            raise ConfigError("this PyLate model lowercases its texts (do_lower_case): save it and load the directory "
+                              "with ColBERT.from_pretrained, whose tokenizer does the same")
         config = ColBERTConfig(model.query_prefix, model.document_prefix, model.query_length, model.document_length,
                                model.do_query_expansion, model.attend_to_expansion_tokens, list(model.skiplist_words),
                                dict(model.prompts), model.default_prompt_name)
