@@ -11,6 +11,8 @@ from .precision import quantization_ranges, quantize_embeddings
 from .profiling import Profile, profile
 from .splade import SparseEncoder
 from .bgem3 import BGEM3
+from .colbert import ColBERT
+from .maxsim import colbert_scores, colbert_scores_pairwise
 
 __version__ = "0.1.0"
 
@@ -31,5 +33,6 @@ __all__ = [
     "Encoder", "EncoderOutput", "optimize", "EngineUnsupported", "load", "TaskModel", "TaskOutput",
     "supported_architectures", "ModelConfig", "ModelWeights", "ConfigError", "LoadError",
     "load_pretrained", "load_hf_model", "get_backend", "available_backends", "default_model_path", "cpu_info",
-    "quantize_embeddings", "quantization_ranges", "profile", "Profile", "SparseEncoder", "BGEM3",
+    "quantize_embeddings", "quantization_ranges", "profile", "Profile", "SparseEncoder", "BGEM3", "ColBERT",
+    "colbert_scores", "colbert_scores_pairwise",
 ]

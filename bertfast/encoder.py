@@ -283,10 +283,11 @@ class Encoder(nn.Module):
         return out if return_dict else out.to_tuple()
 
     def _run(self, input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states: bool, pool: bool,
-             stream: bool = False):
+             stream: bool = False, key_mask=None):
         """check_inputs -> Engine.forward: (last, pooled or None, hidden states or None); pool=False skips the pooler
         (and its check that position 0 is real), which sentence embeddings never read; stream=True returns the
-        states in the residual stream's dtype (fp32 under bf16 on the cpu backend), which they pool."""
+        states in the residual stream's dtype (fp32 under bf16 on the cpu backend), which they pool; key_mask as
+        Engine.forward."""
         # On a GPU the inputs are checked and packed on the host (`Engine.forward` moves the packed tokens in one
         # transfer): every check on the device would be a kernel launch and every read a wait for the device.
         where = self.device
@@ -296,7 +297,8 @@ class Encoder(nn.Module):
                 input_ids, attention_mask, token_type_ids, position_ids)
         ids, mask, types, positions = check_inputs(self.config, input_ids, attention_mask, token_type_ids,
                                                    position_ids, pool, where)
-        return self.engine.forward(ids, mask, types, positions, output_hidden_states, pool=pool, stream=stream)
+        return self.engine.forward(ids, mask, types, positions, output_hidden_states, pool=pool, stream=stream,
+                                   key_mask=key_mask)
 
     @property
     def tokenizer(self):

@@ -9,8 +9,9 @@ varlen attention -> linear + residual -> layernorm -> linear + activation -> lin
 pre-LayerNorm as in ModernBERT (layernorm -> qkv -> attention -> linear + residual -> layernorm -> linear -> linear
 + residual); rotary models rotate q and k in `qkv`, gated FFNs (GeGLU, SwiGLU) gate in the first FFN linear,
 ModernBERT's local layers pass their window to attention. A plain BERT layer runs whole where the backend offers it
-(`Backend.whole_layer`: the same kernels in the same order). Inputs are assumed validated (`encoder.check_inputs`);
-padded positions of the outputs hold 0.
+(`Backend.whole_layer`: the same kernels in the same order). A key mask (`key_bias`) leaves tokens out of every
+softmax while still computing them (ColBERT's query expansion). Inputs are assumed validated
+(`encoder.check_inputs`); padded positions of the outputs hold 0.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from . import disentangled as dis, relative, rotary as rope
-from .backends import AttentionBias, Backend, Rotary, Tokens
+from .backends import AttentionBias, Backend, DisentangledBias, Rotary, Tokens
 from .backends.graphs import GraphRunner
 from .backends.weights import LayerWeights, ModelWeights
 from .config import ConfigError
@@ -38,6 +39,20 @@ def default_position_ids(config, input_ids: torch.Tensor) -> torch.Tensor:
         real = input_ids.ne(pad).long()
         return torch.cumsum(real, dim=1) * real + pad
     return torch.arange(S, device=input_ids.device).expand(B, S)
+
+
+# The score a masked key gets: its exp underflows to exactly 0 beside any real score (transformers' additive mask).
+MASKED_KEY = -1e30
+
+
+def key_bias(keys: torch.Tensor, heads: int, width: int, columns: torch.Tensor) -> DisentangledBias:
+    """Tokens no token attends to, as attention terms every backend takes: p2c[u, h, 0] is 0 for a key u and
+    MASKED_KEY for the others, which still attend to the keys (ColBERT's [MASK] query expansion when the model does
+    not attend to it). keys: (T,) bool; columns: (T,) int32, each token's column in the padded batch of `width`."""
+    p2c = torch.where(keys, 0.0, MASKED_KEY).to(torch.float32)
+    p2c = p2c[:, None, None].expand(-1, heads, 1).contiguous()
+    index = torch.zeros(2 * width - 1, dtype=torch.int32, device=keys.device)
+    return DisentangledBias(None, p2c, index, columns)
 
 
 def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int, heads: int,
@@ -75,7 +90,7 @@ def run_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int,
               eps: float, act: str, bias: AttentionBias | None = None, **modern) -> torch.Tensor:
     """The layer whole where the backend offers it for these tokens (plain BERT layers: no `modern` keyword of
     `compose_layer` set), else `compose_layer`."""
-    whole = None if any(modern.values()) else ops.whole_layer(x, layer)
+    whole = None if any(modern.values()) or isinstance(bias, DisentangledBias) else ops.whole_layer(x, layer)
     if whole is not None:
         return whole(x, cu_seqlens, int(max_seqlen), float(scale), bias)
     return compose_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias, **modern)
@@ -142,11 +157,12 @@ class Engine:
         columns = (indices % S).to(torch.int32) if relative else None
         return Tokens(ids, positions, types, columns, cu_seqlens, max_seqlen, S), indices
 
-    def encode(self, tokens: Tokens, output_hidden_states: bool = False) -> tuple[torch.Tensor, ...]:
+    def encode(self, tokens: Tokens, output_hidden_states: bool = False,
+               keys: DisentangledBias | None = None) -> tuple[torch.Tensor, ...]:
         """The layer stack on packed tokens: (x,) (T, H) after the last layer (and the final norm), or with
         output_hidden_states every hidden state, the embeddings first and x last; in the residual stream's dtype
-        (`Backend.stream_dtype`). Reads only `tokens` and the
-        weights, and its launches depend on the packed sizes alone (what CUDA-graph capture needs)."""
+        (`Backend.stream_dtype`). Reads only `tokens` and the weights (and `keys`, a `key_bias`), and its launches
+        depend on the packed sizes alone (what CUDA-graph capture needs)."""
         cfg, ops, w = self.config, self.backend, self.weights
         cu_seqlens, max_seqlen = tokens.cu_seqlens, tokens.max_seqlen
         x = ops.embed(tokens.ids, tokens.positions, tokens.types, w.embeddings, cfg.layer_norm_eps)
@@ -159,6 +175,11 @@ class Engine:
         bias, common = None, {}
         if w.embeddings.relative_bias is not None:  # MPNet: once per forward, shared by every layer
             bias = relative.attention_bias(w.embeddings.relative_bias, tokens.columns, tokens.width)
+        if keys is not None:
+            if bias is not None or cfg.disentangled:
+                raise ConfigError(f"{cfg.family}: a key mask (query expansion that is not attended to) needs an "
+                                  "attention without a relative position bias (not MPNet or DeBERTa-v2)")
+            bias = keys
         tables = {}
         if cfg.rotary:  # once per forward and base: ModernBERT's local layers have their own
             tables = {theta: rope.tables(tokens.positions, theta, cfg.head_dim)
@@ -181,8 +202,9 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, input_ids, attention_mask, token_type_ids=None, position_ids=None,
-                output_hidden_states: bool = False, pool: bool = True, stream: bool = False):
-        """input_ids, attention_mask, token_type_ids, position_ids: (B, S) int64 (mask 0/1).
+                output_hidden_states: bool = False, pool: bool = True, stream: bool = False, key_mask=None):
+        """input_ids, attention_mask, token_type_ids, position_ids: (B, S) int64 (mask 0/1). key_mask: (B, S) 0/1 or
+        None: the tokens attended to, where fewer than the attention mask's (`key_bias`; each row keeps a key).
 
         Returns (last_hidden_state (B, S, H), pooler_output (B, H) or None (no pooler, or pool=False),
         hidden_states or None); padded positions hold 0. The states have the weights' dtype, or with stream=True
@@ -193,7 +215,17 @@ class Engine:
         tokens, indices = self.pack(input_ids, attention_mask, token_type_ids, position_ids)
         if tokens.ids.device != w.device:  # packed on the host (`Encoder.forward` on a GPU)
             tokens, indices = to_device(tokens, indices, w.device)
-        states = self.run(tokens, output_hidden_states)
+        if key_mask is None:
+            states = self.run(tokens, output_hidden_states)
+        else:  # eagerly: the CUDA graphs of `encode` take no key mask
+            key_mask = key_mask.to(attention_mask.device).bool()
+            if key_mask.shape != attention_mask.shape or bool((key_mask & ~attention_mask.bool()).any()):
+                raise ValueError(f"key_mask {tuple(key_mask.shape)} must mark a subset of attention_mask's tokens")
+            if not bool(key_mask[attention_mask.bool().any(1)].any(1).all()):
+                raise ValueError("key_mask leaves a sequence without a token to attend to")
+            keys = key_mask.to(indices.device).reshape(-1)[indices]
+            bias = key_bias(keys, self.config.num_attention_heads, S, (indices % S).to(torch.int32))
+            states = self.encode(tokens, output_hidden_states, keys=bias)
         if not stream:
             states = tuple(h.to(w.dtype) for h in states)
         last = pad(states[-1], indices, B, S)

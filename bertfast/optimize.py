@@ -169,6 +169,9 @@ def _optimize_sentence_transformer(model, backend, dtype, strict):
     hf = getattr(first, "auto_model", None)
     if hf is None or not hasattr(hf, "base_model"):
         reason = f"its first module is {type(first).__name__}, not a Transformer over a transformers model"
+    elif getattr(model, "do_query_expansion", False) and getattr(model, "attend_to_expansion_tokens", None) is False:
+        reason = ("a PyLate ColBERT reads the outputs of its query expansion, tokens no token attends to (attention "
+                  "mask 0), and the engine computes no masked position: use bertfast.ColBERT.from_pylate(model)")
     else:
         try:
             optimize(hf, backend=backend, dtype=dtype, strict=strict)

@@ -197,7 +197,8 @@ def _pooling(config: dict, where: str, hidden: int) -> tuple[tuple[str, ...], bo
     return modes, bool(config.get("include_prompt", True))
 
 
-def _dense(directory: str, where: str) -> Dense:
+def read_dense(directory: str, where: str) -> Dense:
+    """A Dense module's directory (config.json, its weights) -> Dense; ConfigError naming `where` otherwise."""
     config = read_json(os.path.join(directory, "config.json"), where)
     for key in ("module_input_name", "module_output_name"):
         if config.get(key) not in (None, _SENTENCE):
@@ -274,7 +275,7 @@ def read_sentence_config(directory: str, hidden: int) -> SentenceConfig:
             cfg.pooling, cfg.include_prompt = _pooling(
                 read_json(os.path.join(sub, "config.json"), where), where, hidden)
         elif kind == "Dense":
-            steps.append(_dense(sub, where))
+            steps.append(read_dense(sub, where))
         elif kind == "Normalize":
             conf = read_json(os.path.join(sub, "config.json"), where, required=False)
             if conf.get("module_input_name", _SENTENCE) != _SENTENCE:
@@ -288,4 +289,4 @@ def read_sentence_config(directory: str, hidden: int) -> SentenceConfig:
     return cfg
 
 
-__all__ = ["POOLING_MODES", "SentenceConfig", "Dense", "pool", "pooling_modes", "read_sentence_config"]
+__all__ = ["POOLING_MODES", "SentenceConfig", "Dense", "pool", "pooling_modes", "read_dense", "read_sentence_config"]

@@ -188,6 +188,23 @@ def test_each_family_matches_transformers(family):
     assert rel <= 1e-5, rel
 
 
+def test_key_mask_matches_transformers():
+    """ColBERT's query expansion: every token computed, the masked ones attended to by none (`engine.key_bias`: the
+    p2c term of the attention), against transformers with an attention mask of 0 there, its outputs at every
+    position; rows of 1, 13 and 20 keys."""
+    pytest.importorskip("transformers")
+    from conftest import hf_bert
+
+    model = hf_bert(max_position_embeddings=24)
+    ids = torch.randint(3, 97, (3, 20), generator=torch.Generator().manual_seed(3))
+    key_mask = (torch.arange(20)[None, :] < torch.tensor([1, 13, 20])[:, None]).long()
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=key_mask).last_hidden_state
+    enc = Encoder.from_hf(model, backend="triton", add_pooling_layer=False)
+    out = enc._run(ids, torch.ones_like(key_mask), None, None, False, pool=False, key_mask=key_mask)[0]
+    assert rel_error(out, ref) <= 1e-5
+
+
 # ---- the ops rotary, gated and sliding-window models use (issue 19), through the backend's signatures ----
 
 
