@@ -64,10 +64,11 @@ def test_health_info_openapi(client, server):
     assert info["dtype"] == "float32" and info["isa"] == bertfast.cpu_info()["active"]
     assert info["max_client_batch_size"] == 8 and info["max_batch_tokens"] == 96
     assert info["model_id"] == "sentence-transformers/all-MiniLM-L6-v2" and info["normalizes"] is True
-    assert info["model_type"] == "embedding" and info["routes"] == ["/embed", "/v1/embeddings"]
+    assert info["model_type"] == "embedding" and info["routes"] == ["/embed", "/embed_all", "/v1/embeddings"]
     assert info["labels"] is None and info["architecture"] == "BertModel"
     paths = client.get("/openapi.json").json()["paths"]
-    assert {"/embed", "/v1/embeddings", "/predict", "/rerank", "/tokenize", "/health", "/info", "/metrics"} <= set(paths)
+    assert {"/embed", "/embed_all", "/v1/embeddings", "/v1/models", "/predict", "/rerank", "/tokenize", "/health",
+            "/info", "/metrics"} <= set(paths)
 
 
 def test_embed_equals_encode(client, encoder):
