@@ -71,6 +71,16 @@ def test_health_info_openapi(client, server):
             "/info", "/metrics"} <= set(paths)
 
 
+def test_models_of_a_one_model_server(client):
+    """/v1/models lists the one model; its id may hold a '/'; an unknown id is OpenAI's 404 there, while requests
+    naming any model are answered by the one model (test_openai_embeddings)."""
+    listed = client.get("/v1/models").json()
+    assert [m["id"] for m in listed["data"]] == ["sentence-transformers/all-MiniLM-L6-v2"]
+    assert client.get("/v1/models/sentence-transformers/all-MiniLM-L6-v2").json() == listed["data"][0]
+    missing = client.get("/v1/models/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
 def test_embed_equals_encode(client, encoder):
     got = client.post("/embed", json={"inputs": TEXTS})
     assert got.status_code == 200, got.text

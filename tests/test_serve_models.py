@@ -88,7 +88,8 @@ def server(models):
     try:
         yield srv
     finally:
-        srv.stop()
+        log = srv.stop()
+    assert "Exception in ASGI application" not in log, log[-3000:]  # nothing raised, after a response either
 
 
 def in_flight(url: str) -> float:
@@ -108,8 +109,9 @@ def test_models_listed_and_described(server):
     beta = ok(httpx.get(server.url + "/info", params={"model": "beta"}, timeout=10))
     assert beta["model_id"] == "beta" and beta["dimension"] == 32
     metrics = httpx.get(server.url + "/metrics", timeout=10).text
-    for name in ('bertfast_model_requests_in_flight{model="alpha"}', 'bertfast_model_queue_depth{model="beta"}'):
-        assert name in metrics
+    for name in ('bertfast_model_requests_in_flight{model="alpha"}', 'bertfast_model_queue_depth{model="beta"}',
+                 'route="/v1/models"', 'route="/v1/models/{model:path}"', 'route="/info"'):  # routes named by template
+        assert name in metrics, name
 
 
 def test_two_models_no_cross_talk(server, models):
