@@ -64,10 +64,21 @@ def test_health_info_openapi(client, server):
     assert info["dtype"] == "float32" and info["isa"] == bertfast.cpu_info()["active"]
     assert info["max_client_batch_size"] == 8 and info["max_batch_tokens"] == 96
     assert info["model_id"] == "sentence-transformers/all-MiniLM-L6-v2" and info["normalizes"] is True
-    assert info["model_type"] == "embedding" and info["routes"] == ["/embed", "/v1/embeddings"]
+    assert info["model_type"] == "embedding" and info["routes"] == ["/embed", "/embed_all", "/v1/embeddings"]
     assert info["labels"] is None and info["architecture"] == "BertModel"
     paths = client.get("/openapi.json").json()["paths"]
-    assert {"/embed", "/v1/embeddings", "/predict", "/rerank", "/tokenize", "/health", "/info", "/metrics"} <= set(paths)
+    assert {"/embed", "/embed_all", "/v1/embeddings", "/v1/models", "/predict", "/rerank", "/tokenize", "/health",
+            "/info", "/metrics"} <= set(paths)
+
+
+def test_models_of_a_one_model_server(client):
+    """/v1/models lists the one model; its id may hold a '/'; an unknown id is OpenAI's 404 there, while requests
+    naming any model are answered by the one model (test_openai_embeddings)."""
+    listed = client.get("/v1/models").json()
+    assert [m["id"] for m in listed["data"]] == ["sentence-transformers/all-MiniLM-L6-v2"]
+    assert client.get("/v1/models/sentence-transformers/all-MiniLM-L6-v2").json() == listed["data"][0]
+    missing = client.get("/v1/models/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
 
 
 def test_embed_equals_encode(client, encoder):

@@ -89,7 +89,9 @@ def test_embed_sparse_truncate_and_info(sparse_server):
     ("/embed_sparse", {"inputs": 3}, 422, "inputs"),
     ("/embed", {"inputs": "a"}, 424, None),
     ("/v1/embeddings", {"input": "a"}, 424, None),
-], ids=["empty", "empty-string", "too-many", "prompt-name", "wrong-type", "embed-on-sparse", "openai-on-sparse"])
+    ("/embed_all", {"inputs": "a"}, 424, None),
+], ids=["empty", "empty-string", "too-many", "prompt-name", "wrong-type", "embed-on-sparse", "openai-on-sparse",
+        "embed-all-on-sparse"])
 def test_sparse_server_errors(sparse_server, route, body, status, field):
     r = post(sparse_server, route, body)
     assert r.status_code == status, r.text

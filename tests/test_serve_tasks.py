@@ -221,6 +221,7 @@ BAD = [  # (id, server, route, body, status, field, limit)
     ("rerank-on-classifier", "classifier", "/rerank", {"query": "a", "texts": ["b"]}, 424, None, None),
     ("embed-on-classifier", "classifier", "/embed", {"inputs": "a"}, 424, None, None),
     ("openai-on-classifier", "classifier", "/v1/embeddings", {"input": "a"}, 424, None, None),
+    ("embed-all-on-classifier", "classifier", "/embed_all", {"inputs": "a"}, 424, None, None),
     ("no-query", "reranker", "/rerank", {"texts": ["a"]}, 422, "query", None),
     ("empty-query", "reranker", "/rerank", {"query": "", "texts": ["a"]}, 422, "query", None),
     ("no-texts", "reranker", "/rerank", {"query": "a", "texts": []}, 422, "texts", None),
@@ -233,6 +234,7 @@ BAD = [  # (id, server, route, body, status, field, limit)
      MAX_INPUTS),
     ("rerank-too-long", "reranker", "/rerank", {"query": "a", "texts": ["b", LONG]}, 413, "texts[1]", LIMIT),
     ("embed-on-reranker", "reranker", "/embed", {"inputs": "a"}, 424, None, None),
+    ("embed-all-on-reranker", "reranker", "/embed_all", {"inputs": "a"}, 424, None, None),
 ]
 
 

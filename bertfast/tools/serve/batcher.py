@@ -42,15 +42,15 @@ class Job:
     future: Future = field(default_factory=Future)
     taken: int = 0  # rows handed to the engine
     done: int = 0  # rows written to out
-    out: np.ndarray | None = None  # (len(rows), D) once the first batch returns
+    out: np.ndarray | list | None = None  # (len(rows), D), or a list of per-row arrays, once the first batch returns
 
     @property
     def tokens(self) -> int:
         return sum(len(r) for r in self.rows)
 
 
-# run(key, rows, types) -> (len(rows), D) float32 array, types[i] None for all-0 token types; called on the
-# engine thread only.
+# run(key, rows, types) -> (len(rows), D) float32 array, or a list of len(rows) arrays (per-token results: one
+# (len(row), H) array per row); types[i] None for all-0 token types; called on the engine thread only.
 RunBatch = Callable[[tuple, list[list[int]], list[list[int] | None]], np.ndarray]
 # on_batch(rows, tokens, seconds): statistics hook, called on the engine thread after each batch.
 OnBatch = Callable[[int, int, float], None]
@@ -92,12 +92,13 @@ class Batcher:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._run is not None
 
-    def close(self, timeout: float | None = None) -> None:
-        """Refuse new requests, finish every admitted one, stop the engine thread."""
+    def close(self, timeout: float | None = None, wait: bool = True) -> None:
+        """Refuse new requests, finish every admitted one, stop the engine thread (wait=False: return at once, the
+        thread finishes on its own; call again to wait)."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        if self._thread is not None:
+        if wait and self._thread is not None:
             self._thread.join(timeout)
 
     # --- request side ---
@@ -118,7 +119,8 @@ class Batcher:
                 self._cond.notify_all()
 
     def submit(self, job: Job) -> Future:
-        """Queue a job (of an admitted request); its future gets the (rows, D) float32 result."""
+        """Queue a job (of an admitted request); its future gets the (rows, D) float32 result (or the list of per-row
+        results)."""
         if not job.rows:
             job.future.set_result(np.zeros((0, 0), np.float32))
             return job.future
@@ -183,7 +185,8 @@ class Batcher:
                 if job.future.done():  # failed in an earlier batch
                     continue
                 if job.out is None:
-                    job.out = np.empty((len(job.rows), out.shape[1]), dtype=out.dtype)
+                    job.out = (np.empty((len(job.rows), out.shape[1]), dtype=out.dtype) if isinstance(out, np.ndarray)
+                               else [None] * len(job.rows))
                 job.out[i] = vec
                 job.done += 1
                 if job.done == len(job.rows):

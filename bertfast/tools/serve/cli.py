@@ -8,11 +8,16 @@ import sys
 
 
 def add_arguments(p):
-    p.add_argument("--model", default=None,
-                   help="model directory (default: the embedded all-MiniLM-L6-v2); a *ForSequenceClassification "
+    p.add_argument("--model", action="append", default=None, metavar="[NAME=]DIR",
+                   help="a model directory, optionally named NAME (default name: the directory's); repeat it to serve "
+                        "several, each on its own engine thread with its own --max-batch-tokens and "
+                        "--max-concurrent-requests: a request picks one by its `model` field, the first is the "
+                        "default (no --model: the embedded all-MiniLM-L6-v2). A *ForSequenceClassification "
                         "checkpoint is served as a classifier (/predict), with one label as a reranker (/rerank); a "
                         "sentence-transformers SparseEncoder (SPLADE) as a sparse model (/embed_sparse)")
-    p.add_argument("--model-id", default=None, help="the name /info and /v1/embeddings report (default: the directory's)")
+    p.add_argument("--model-id", default=None,
+                   help="the first model's name when --model gives it none (the name /info, /v1/models and "
+                        "/v1/embeddings report)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--backend", default="auto", help="auto, cpu, torch, triton")
@@ -20,9 +25,10 @@ def add_arguments(p):
     p.add_argument("--pooling", default=None,
                    help="override an embedding model's pooling: a mode (mean, cls, max, ...) or several joined by "
                         "commas (ignored, with a warning, for classifiers and rerankers)")
-    p.add_argument("--max-batch-tokens", type=int, default=16384, help="real tokens per model call (merging budget)")
+    p.add_argument("--max-batch-tokens", type=int, default=16384,
+                   help="real tokens per model call (merging budget), each model")
     p.add_argument("--max-concurrent-requests", type=int, default=512,
-                   help="requests accepted at once; more are answered 429 immediately")
+                   help="requests accepted at once, each model; more are answered 429 immediately")
     p.add_argument("--max-client-batch-size", type=int, default=32, help="texts per request")
     p.add_argument("--max-body-bytes", type=int, default=2_000_000, help="request body limit (413 above)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all routes but /health)")
@@ -48,12 +54,9 @@ def run(args) -> int:
             print(f"bertfast serve: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
     try:
-        path = args.model or bertfast.default_model_path()
-    except RuntimeError as e:
+        named = model_args(args.model, args.model_id, bertfast.default_model_path)
+    except (RuntimeError, ValueError) as e:
         print(f"bertfast serve: {e}", file=sys.stderr)
-        return 2
-    if not os.path.isdir(path):
-        print(f"bertfast serve: --model {path} is not a directory", file=sys.stderr)
         return 2
     ranges = None
     if args.ranges is not None:
@@ -65,8 +68,8 @@ def run(args) -> int:
             print(f"bertfast serve: --ranges {e}", file=sys.stderr)
             return 2
     pooling = tuple(args.pooling.split(",")) if args.pooling else None
-    model = ServedModel(path, backend=args.backend, dtype=args.dtype, pooling=pooling,
-                        model_id=args.model_id or (None if args.model else DEFAULT_MODEL_ID))
+    models = [ServedModel(path, backend=args.backend, dtype=args.dtype, pooling=pooling,
+                          model_id=name or (None if args.model else DEFAULT_MODEL_ID)) for name, path in named]
     limits = Limits(args.max_batch_tokens, args.max_concurrent_requests, args.max_client_batch_size,
                     args.max_body_bytes)
     handler = logging.StreamHandler(sys.stderr)
@@ -75,8 +78,32 @@ def run(args) -> int:
     access.addHandler(handler)
     access.setLevel(logging.INFO)
     access.propagate = False
-    config = uvicorn.Config(create_app(model, limits, args.api_key, ranges), host=args.host, port=args.port,
-                            log_level=args.log_level, access_log=False, lifespan="on")
+    try:
+        app = create_app(models, limits, args.api_key, ranges)
+    except ValueError as e:  # two models of one name
+        print(f"bertfast serve: {e}", file=sys.stderr)
+        return 2
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                            lifespan="on")
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else 1
+
+
+def model_args(given: list[str] | None, model_id: str | None, default_path) -> list[tuple[str | None, str]]:
+    """--model values -> [(name or None: the directory's, directory)]; ValueError naming a value that is not a
+    directory. A value that is a directory is one, '=' and all; else NAME=DIR names it. default_path() gives the
+    embedded model's directory when no --model is given."""
+    if not given:
+        return [(model_id, default_path())]
+    out = []
+    for i, value in enumerate(given):
+        name, sep, path = value.partition("=")
+        if os.path.isdir(value) or not sep:
+            name, path = None, value
+        elif not name:
+            raise ValueError(f"--model {value}: the name before '=' is empty (NAME=DIR)")
+        if not os.path.isdir(path):
+            raise ValueError(f"--model {path} is not a directory")
+        out.append((name or (model_id if i == 0 else None), path))
+    return out

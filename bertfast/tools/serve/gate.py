@@ -30,7 +30,7 @@ OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redir
 class Gate:
     def __init__(self, app, *, max_body: int, api_key: str | None, metrics, routes, direct=None):
         self.app, self.max_body, self.api_key, self.metrics = app, max_body, api_key, metrics
-        self.routes = routes  # the FastAPI app's routes, to name a path by its template
+        self.routes = routes  # the app's routes (each with its `path` template), to name a path by its template
         # path -> async answer(body) -> a Response, or None to leave the request to the app (POST only)
         self.direct = direct or {}
         self.names: dict[str, str] = {}  # path -> template, for paths that matched one (bounded: see below)

@@ -1,6 +1,6 @@
 """The served model: loading and warm-up on the engine thread, tokenization and checks on request
 threads, and the batch call, all through the public API: `Encoder` (`tokenize`'s tokenizer,
-`embed_tokens`, `sentence_config`) for embedding models, `bertfast.load`'s `TaskModel` (logits,
+`embed_tokens`, `sentence_config`; its forward's `last_hidden_state` for /embed_all) for embedding models, `bertfast.load`'s `TaskModel` (logits,
 `labels`, `scores`) for sequence classifiers and cross-encoders, `bertfast.SparseEncoder` (`embed_tokens`) for
 SPLADE models.
 
@@ -24,13 +24,15 @@ from .schemas import ApiError
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDING, CLASSIFIER, RERANKER, SPARSE = "embedding", "classifier", "reranker", "sparse"
 # The model routes each kind answers (/tokenize, /info, /health, /metrics: every kind).
-ROUTES = {EMBEDDING: ("/embed", "/v1/embeddings"), CLASSIFIER: ("/predict",), RERANKER: ("/rerank", "/predict"),
-          SPARSE: ("/embed_sparse",)}
+ROUTES = {EMBEDDING: ("/embed", "/embed_all", "/v1/embeddings"), CLASSIFIER: ("/predict",),
+          RERANKER: ("/rerank", "/predict"), SPARSE: ("/embed_sparse",)}
 # Batch keys of classifier rows: probabilities (the TaskModel's softmax/sigmoid) or the raw logits. Both
 # are computed on the engine thread: torch ops on another thread would start a second OpenMP team.
 SCORES, LOGITS = ("scores",), ("logits",)
 # Batch key of SPLADE rows: (N, vocab) dense vectors, the checkpoint's max_active_dims applied.
 SPLADE = ("splade",)
+# Batch key of /embed_all rows: each row's (len(row), hidden) final hidden states (Encoder's last_hidden_state).
+TOKENS = ("tokens",)
 
 
 class ServedModel:
@@ -85,9 +87,10 @@ class ServedModel:
             self.run(key, rows, [None] * len(rows))
         return self.run
 
-    def run(self, key: tuple, rows: list[list[int]], types: list[list[int] | None]) -> np.ndarray:
+    def run(self, key: tuple, rows: list[list[int]], types: list[list[int] | None]):
         """Rows of token ids (and token type ids, None: all 0) -> (len(rows), D) float32 embeddings, or
-        (len(rows), labels) float32 scores (key SCORES) or logits (LOGITS); right padded into one batch."""
+        (len(rows), labels) float32 scores (key SCORES) or logits (LOGITS), or (key TOKENS) a list of each row's
+        (len(row), hidden) float32 final hidden states; right padded into one batch."""
         import torch
 
         longest = max(len(r) for r in rows)
@@ -104,6 +107,10 @@ class ServedModel:
             typed = token_types if self.encoder.config.type_vocab_size else None  # families without token types
             logits = self.task(ids, mask, typed).logits
             return (self.task.scores(logits) if key == SCORES else logits.float()).cpu().numpy()
+        if key == TOKENS:
+            with torch.inference_mode():
+                states = self.encoder(ids, mask).last_hidden_state.float().cpu().numpy()
+            return [states[i, :len(r)] for i, r in enumerate(rows)]
         if key == SPLADE:
             from bertfast.splade import top_k
 

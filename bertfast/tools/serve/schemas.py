@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Literal, Union
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 Texts = Union[str, list[str]]
 TEXTS = "a string or a list of strings"
@@ -19,6 +20,7 @@ PREDICT_INPUTS = ("a string, a pair of strings [text_a, text_b], or a batch of t
                   "[[text], [text_a, text_b], ...]")
 Direction = Literal["right", "left", "Right", "Left"]
 Precision = Literal["float32", "int8", "uint8", "binary", "ubinary"]
+MODEL = "the name of a served model (GET /v1/models; default: the first)"
 PRECISION = ("'float32', or quantized as sentence-transformers' quantize_embeddings: 'binary', 'ubinary' (packed sign "
              "bits), 'int8', 'uint8' (these two with the server's --ranges)")
 
@@ -36,6 +38,17 @@ class EmbedRequest(Request):
     truncation_direction: Direction = Field("right", description=DIRECTION)
     prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
     precision: Precision = Field("float32", description=PRECISION)
+    model: str | None = Field(None, description=MODEL)
+
+
+class EmbedAllRequest(Request):
+    """TEI's /embed_all: every token's final hidden state, special and prompt tokens included."""
+
+    inputs: Texts = Field(description=TEXTS)
+    truncate: bool = Field(False, description="a boolean")
+    truncation_direction: Direction = Field("right", description=DIRECTION)
+    prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
+    model: str | None = Field(None, description=MODEL)
 
 
 class EmbedSparseRequest(Request):
@@ -45,6 +58,7 @@ class EmbedSparseRequest(Request):
     truncate: bool = Field(False, description="a boolean")
     truncation_direction: Direction = Field("right", description=DIRECTION)
     prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
+    model: str | None = Field(None, description=MODEL)
 
 
 class SparseValue(BaseModel):
@@ -60,6 +74,7 @@ class PredictRequest(Request):
     raw_scores: bool = Field(False, description="a boolean (true: the logits, no softmax/sigmoid)")
     truncate: bool = Field(False, description="a boolean")
     truncation_direction: Direction = Field("right", description=DIRECTION)
+    model: str | None = Field(None, description=MODEL)
 
 
 class Prediction(BaseModel):
@@ -76,6 +91,7 @@ class RerankRequest(Request):
     return_text: bool = Field(False, description="a boolean")
     truncate: bool = Field(False, description="a boolean")
     truncation_direction: Direction = Field("right", description=DIRECTION)
+    model: str | None = Field(None, description=MODEL)
 
 
 class Rank(BaseModel):
@@ -87,6 +103,7 @@ class Rank(BaseModel):
 class TokenizeRequest(Request):
     inputs: Texts = Field(description=TEXTS)
     add_special_tokens: bool = Field(True, description="a boolean")
+    model: str | None = Field(None, description=MODEL)
 
 
 class Token(BaseModel):
@@ -102,7 +119,7 @@ class OpenAIEmbeddingRequest(Request):
 
     input: Union[str, list[str], list[int], list[list[int]]] = Field(
         description="a string, a list of strings, a list of token ids or a list of lists of token ids")
-    model: str | None = Field(None, description="a string (any value: the server runs one model)")
+    model: str | None = Field(None, description="a string: " + MODEL + "; any value when one model is served")
     encoding_format: Literal["float", "base64"] = Field("float", description="'float' or 'base64'")
     dimensions: int | None = Field(None, description="a positive integer, at most the model's dimension")
     user: str | None = Field(None, description="a string")
@@ -125,6 +142,20 @@ class OpenAIEmbeddingResponse(BaseModel):
     data: list[EmbeddingData]
     model: str
     usage: Usage
+
+
+class ModelCard(BaseModel):
+    """OpenAI's model object."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
 
 
 class Info(BaseModel):
@@ -170,3 +201,19 @@ class ApiError(Exception):
     def response(self, headers=None) -> JSONResponse:
         """The error as the server sends it: its body as JSON, with its status."""
         return JSONResponse(self.body(), self.status, headers=headers)
+
+
+class OpenAIError(ApiError):
+    """An error in OpenAI's shape, {"error": {"message", "type", "param", "code"}}: the /v1 routes' unknown model."""
+
+    def __init__(self, status: int, message: str, kind: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(status, message, kind, field=param)
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.field, "code": self.code}}
+
+
+def json_response(content) -> Response:
+    """A JSON response by orjson; numpy arrays inside are written as lists (float64: pass them widened)."""
+    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")

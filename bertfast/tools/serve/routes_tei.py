@@ -1,0 +1,67 @@
+"""TEI's embedding routes: /embed (sentence embeddings, `precision`), /embed_all (every token's final hidden state),
+/embed_sparse (SPLADE) and /tokenize.
+
+Each route picks its model by the request's `model` field (the default model without one), checks the model's kind
+(424 naming what it is otherwise) and the inputs, then queues rows on that model's engine thread; see `service`.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import numpy as np
+from fastapi import APIRouter, Depends
+
+from .model import SPLADE, TOKENS
+from .schemas import (EmbedAllRequest, EmbedRequest, EmbedSparseRequest, SparseValue, Token, TokenizeRequest,
+                      json_response)
+from .service import Service, off_loop, service_of
+
+router = APIRouter(tags=["TEI"])
+
+
+@router.post("/embed", response_model=Union[list[list[float]], list[list[int]]], summary="TEI: sentence embeddings")
+async def embed(req: EmbedRequest, service: Service = Depends(service_of)):
+    engine = service.engine(req.model)
+    engine.serves("/embed")
+    texts = engine.texts_of(req.inputs, "inputs")
+    async with engine.admitted():
+        rows, prompt_len = await engine.text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
+                                                  prompt_name=req.prompt_name)
+        vectors = await engine.run_rows(rows, engine.model.key(req.normalize, None, prompt_len))
+    return json_response(engine.quantized(vectors, req.precision))
+
+
+@router.post("/embed_all", response_model=list[list[list[float]]],
+             summary="TEI: every token's final hidden state (special and prompt tokens included)")
+async def embed_all(req: EmbedAllRequest, service: Service = Depends(service_of)):
+    engine = service.engine(req.model)
+    engine.serves("/embed_all")
+    texts = engine.texts_of(req.inputs, "inputs")
+    async with engine.admitted():
+        rows, _ = await engine.text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
+                                         prompt_name=req.prompt_name)
+        states = await engine.run_rows(rows, TOKENS)
+    return json_response([s.astype(np.float64) for s in states])
+
+
+@router.post("/embed_sparse", response_model=list[list[SparseValue]], summary="TEI: SPLADE sparse embeddings")
+async def embed_sparse(req: EmbedSparseRequest, service: Service = Depends(service_of)):
+    engine = service.engine(req.model)
+    engine.serves("/embed_sparse")
+    texts = engine.texts_of(req.inputs, "inputs")
+    async with engine.admitted():
+        rows, _ = await engine.text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
+                                         prompt_name=req.prompt_name)
+        vectors = await engine.run_rows(rows, SPLADE)
+    return json_response([[{"index": int(i), "value": float(v[i])} for i in np.flatnonzero(v)] for v in vectors])
+
+
+@router.post("/tokenize", response_model=list[list[Token]], summary="TEI: the tokens the model sees")
+async def tokenize(req: TokenizeRequest, service: Service = Depends(service_of)):
+    engine = service.engine(req.model)
+    texts = engine.texts_of(req.inputs, "inputs")
+    encodings = await off_loop(engine.model.tokenize, texts, truncate=True, add_special_tokens=req.add_special_tokens)
+    return json_response([[{"id": i, "text": t, "special": bool(s), "start": None if s else a, "stop": None if s else b}
+                          for i, t, s, (a, b) in zip(e.ids, e.tokens, e.special_tokens_mask, e.offsets)]
+                         for e in encodings])

@@ -1,0 +1,213 @@
+"""The service behind the routes: the served models by name, each an `Engine` (the `ServedModel`, its `Batcher` on
+an engine thread of its own, its limits), and what every model route does with one: check the model's kind, count
+the inputs, admit the request or refuse it at once (429 when its places are taken, 503 at shutdown), tokenize (short
+texts on the event loop: a thread hop costs more than tokenizing them; longer ones on a worker thread), queue the
+rows and await the engine thread's result. The event loop never runs a model; an error raised at any step leaves
+nothing queued or held (admission is a context manager, rows are queued only once every input is checked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+
+from bertfast.precision import quantize_embeddings
+
+from .batcher import Batcher, Busy, Closed, Job
+from .metrics import Metrics
+from .model import LOGITS, ROUTES, SCORES, ServedModel
+from .schemas import ApiError, Info, OpenAIError
+
+# What a model route needs, for the 424 a model of another kind answers.
+NEEDS = {"/embed": "an embedding model", "/v1/embeddings": "an embedding model",
+         "/embed_all": "an embedding model (per-token states: not a SPLADE model or a classifier)",
+         "/predict": "a sequence classifier or a reranker (architecture *ForSequenceClassification)",
+         "/rerank": "a reranker: a cross-encoder, i.e. a sequence classifier with one label",
+         "/embed_sparse": "a SPLADE model (a sentence-transformers SparseEncoder: a masked-LM head and SpladePooling)"}
+# Requests whose texts hold at most this many characters are tokenized on the event loop (tens of
+# microseconds); a worker thread's round trip costs more than that.
+INLINE_TOKENIZE_CHARS = 1024
+
+
+@dataclass
+class Limits:
+    max_batch_tokens: int = 16384
+    max_concurrent_requests: int = 512
+    max_client_batch_size: int = 32
+    max_body_bytes: int = 2_000_000
+
+
+async def off_loop(tokenize, texts: list, **kwargs):
+    """tokenize(texts, **kwargs), on a worker thread unless the texts are short."""
+    chars = sum(len(t) if isinstance(t, str) else sum(map(len, t)) for t in texts)
+    if chars <= INLINE_TOKENIZE_CHARS:
+        return tokenize(texts, **kwargs)
+    return await run_in_threadpool(tokenize, texts, **kwargs)
+
+
+class Engine:
+    """One served model: its engine thread (a Batcher with the model's own token budget and request places) and the
+    steps of a request to it."""
+
+    def __init__(self, model: ServedModel, limits: Limits, metrics: Metrics, ranges=None):
+        self.model, self.limits, self.ranges = model, limits, ranges
+        self.batcher = Batcher(limits.max_batch_tokens, limits.max_concurrent_requests)
+        metrics.add_model(model.model_id, self.batcher)
+        self.info: dict | None = None  # /info's body, once loaded
+
+    @property
+    def name(self) -> str:
+        return self.model.model_id
+
+    async def start(self) -> None:
+        await asyncio.wrap_future(self.batcher.start(self.model.load))  # a load error stops the server
+        self.info = Info(**self.model.info(), **vars(self.limits)).model_dump()
+
+    def serves(self, route: str) -> None:
+        """424 unless this model's kind answers `route`."""
+        model = self.model
+        if route not in ROUTES[model.kind]:
+            raise ApiError(424, f"this model is {model.description()}: {route} needs {NEEDS[route]}; "
+                           f"this server answers {', '.join(ROUTES[model.kind])}", "model_type")
+
+    def texts_of(self, inputs, field: str) -> list[str]:
+        """`inputs` (a string or a list of them) as a list: not empty, within --max-client-batch-size, no empty
+        string (4xx naming the field)."""
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        if not texts:
+            raise ApiError(422, f"{field} is empty: send at least one text", field=field)
+        self.check_count(len(texts), field)
+        for i, t in enumerate(texts):
+            if not t:
+                raise ApiError(422, f"{field}[{i}] is an empty string", field=f"{field}[{i}]")
+        return texts
+
+    def check_count(self, n: int, field: str) -> None:
+        limit = self.limits.max_client_batch_size
+        if n > limit:
+            raise ApiError(413, f"{field} has {n} items, more than the limit of {limit} (--max-client-batch-size)",
+                           field=field, limit=limit)
+
+    @asynccontextmanager
+    async def admitted(self):
+        """Hold one of the model's request places for the block (429 at once when none is free)."""
+        try:
+            with self.batcher.admit():
+                yield
+        except Busy as e:
+            raise ApiError(429, f"{e}: retry later", "overloaded",
+                           limit=self.limits.max_concurrent_requests) from None
+        except Closed as e:
+            raise ApiError(503, str(e), "unavailable") from None
+
+    async def run_rows(self, rows: list[list[int]], key: tuple, types: list[list[int]] | None = None):
+        """Rows of token ids -> the engine thread's result for them (see `ServedModel.run`)."""
+        try:
+            return await asyncio.wrap_future(self.batcher.submit(Job(rows, key, types)))
+        except Closed as e:
+            raise ApiError(503, str(e), "unavailable") from None
+
+    async def text_rows(self, texts, *, truncate=False, direction="right", prompt_name=None, field="inputs"):
+        """Texts -> (token id rows, the prompt's token count or None), the model's prompt prepended."""
+        prompt, prompt_len = self.model.prompt(prompt_name)
+        if prompt:
+            texts = [prompt + t for t in texts]
+        encodings = await off_loop(self.model.tokenize, texts, truncate=truncate, direction=direction, field=field)
+        return [e.ids for e in encodings], prompt_len
+
+    async def scores_of(self, inputs: list, *, raw: bool, truncate: bool, direction: str, field: str) -> np.ndarray:
+        """Texts and pairs -> (len(inputs), labels) probabilities, or logits when raw, from the engine thread."""
+        encodings = await off_loop(self.model.tokenize, inputs, truncate=truncate, direction=direction, field=field)
+        return await self.run_rows([e.ids for e in encodings], LOGITS if raw else SCORES,
+                                   [e.type_ids for e in encodings])
+
+    def quantized(self, vectors: np.ndarray, precision: str) -> np.ndarray:
+        """The vectors in `precision`: float64-widened float32, or the quantized codes (each row on its own: no
+        range is taken from the request's other texts)."""
+        ranges = self.ranges
+        if precision == "float32":
+            return vectors.astype(np.float64)
+        if precision in ("int8", "uint8"):
+            if ranges is None:
+                raise ApiError(422, f"precision {precision} needs the server started with --ranges FILE.npy (the "
+                               "corpus's per-dimension minimum and maximum, as bertfast.quantization_ranges "
+                               "computes them): a range taken from one request would make a text's codes depend "
+                               "on the others", field="precision")
+            if ranges.shape[1] != vectors.shape[1]:
+                raise ApiError(422, f"precision {precision}: the server's --ranges are for {ranges.shape[1]} "
+                               f"dimensions, these vectors have {vectors.shape[1]}", field="precision")
+        return quantize_embeddings(vectors, precision, ranges)
+
+
+class Service:
+    """The served models, by name (`ServedModel.model_id`); the first is the default. A request names its model in
+    its `model` field: with one model served the field is not checked (OpenAI clients send names of their own, as
+    TEI ignores it); with several an unknown name is a 404 listing the served ones."""
+
+    def __init__(self, models: list[ServedModel], limits: Limits | list[Limits] = Limits(), ranges=None):
+        if not models:
+            raise ValueError("a server needs at least one model")
+        per_model = list(limits) if isinstance(limits, (list, tuple)) else [limits] * len(models)
+        if len(per_model) != len(models):
+            raise ValueError(f"{len(models)} models and {len(per_model)} Limits: give one, or one per model")
+        names = [m.model_id for m in models]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"two models are named {twice[0]!r}: give each a name of its own (--model NAME=DIR)")
+        self.limits = per_model[0]  # the server-wide ones (body size) come from the first model's
+        self.metrics = Metrics(self)
+        self.engines = {m.model_id: Engine(m, lim, self.metrics, ranges) for m, lim in zip(models, per_model)}
+        self.default = self.engines[names[0]]
+        self.created = int(time.time())
+
+    def engine(self, name: str | None, *, openai: bool = False) -> Engine:
+        """The engine serving `name` (None: the default); 404 for an unknown name, in OpenAI's error shape on the
+        /v1 routes (`openai`), in the server's own elsewhere."""
+        if name is None or len(self.engines) == 1:
+            return self.default
+        engine = self.engines.get(name)
+        if engine is None:
+            raise self.unknown(name, openai)
+        return engine
+
+    def unknown(self, name: str, openai: bool = False) -> ApiError:
+        """The 404 of a model not served here."""
+        served = ", ".join(self.engines)
+        message = f"the model {name!r} is not served here: this server serves {served} (GET /v1/models)"
+        if openai:
+            return OpenAIError(404, message, "invalid_request_error", param="model", code="model_not_found")
+        return ApiError(404, message, "model_not_found", field="model")
+
+    async def start(self) -> None:
+        """Load every model, each on its engine thread, at once."""
+        await asyncio.gather(*(e.start() for e in self.engines.values()))
+
+    def close(self) -> None:
+        """Refuse new requests, answer every admitted one, stop every engine thread (blocking)."""
+        for engine in self.engines.values():
+            engine.batcher.close(wait=False)  # every model stops admitting first
+        for engine in self.engines.values():
+            engine.batcher.close()
+
+    @property
+    def alive(self) -> bool:
+        return all(e.batcher.alive for e in self.engines.values())
+
+    @property
+    def depth(self) -> int:
+        return sum(e.batcher.depth for e in self.engines.values())
+
+    @property
+    def accepted(self) -> int:
+        return sum(e.batcher.accepted for e in self.engines.values())
+
+
+def service_of(request: Request) -> Service:
+    """The app's Service (a FastAPI dependency of every route)."""
+    return request.app.state.service
