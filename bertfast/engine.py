@@ -165,7 +165,7 @@ class Engine:
         depend on the packed sizes alone (what CUDA-graph capture needs)."""
         cfg, ops, w = self.config, self.backend, self.weights
         cu_seqlens, max_seqlen = tokens.cu_seqlens, tokens.max_seqlen
-        x = ops.embed(tokens.ids, tokens.positions, tokens.types, w.embeddings, cfg.layer_norm_eps)
+        x = ops.embeddings(tokens.ids, tokens.positions, tokens.types, w.embeddings, cfg.layer_norm_eps)
         if w.embeddings.projection_weight is not None:  # factorised embeddings (ELECTRA, ALBERT)
             x = ops.linear(x, w.embeddings.projection_weight, w.embeddings.projection_bias)
         x = x.to(ops.stream_dtype(w.dtype))  # the residual stream (fp32 under bf16 on the cpu backend)

@@ -173,7 +173,7 @@ def _wrap_backend(backend, prof: Profile, sync) -> list[str]:
         run = type(backend).whole_layer(backend, x, layer)
         return None if run is None else timed(_NATIVE_LAYER, run)
 
-    ops = {"embed": timed("embeddings", backend.embed),
+    ops = {"embeddings": timed("embeddings", backend.embeddings),
            "qkv": timed("gemm qkv", backend.qkv, qkv_flops),
            "attention": timed("attention", backend.attention),
            "linear": timed("gemm", backend.linear, linear_flops, linear_name),

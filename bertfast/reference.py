@@ -1,7 +1,7 @@
 """Eager reference: the exact math of Hugging Face's `BertModel`, in plain torch, in any dtype.
 
 This module is the oracle (the torch backend wraps its ops; it imports nothing of the engine it checks: its
-position ids are its own). Its op functions (`embed`, `qkv`, `attention`, `linear`, `linear_glu`, `linear_gelu`,
+position ids are its own). Its op functions (`embeddings`, `qkv`, `attention`, `linear`, `linear_glu`, `linear_gelu`,
 `linear_residual`, `layernorm`, `pooler`, `disentangled`, `sparse_pool`) define what every backend's op must compute
 (the engine composes them into a layer once, `engine.compose_layer`), and `forward` runs the whole padded model the
 way `transformers` does (additive key-padding mask, position ids ``0..S-1`` or from the ids; MPNet's relative
@@ -30,7 +30,7 @@ def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
 # Ops on the packed token layout: x is [T, H] (T tokens of any number of sequences).
 
 
-def embed(input_ids, position_ids, token_type_ids, emb: EmbeddingWeights, eps: float) -> torch.Tensor:
+def embeddings(input_ids, position_ids, token_type_ids, emb: EmbeddingWeights, eps: float) -> torch.Tensor:
     """LayerNorm(word[ids] + token_type[tt] + position[pos]) (the embedding projection is separate).
 
     input_ids, position_ids, token_type_ids: (T,) int64 (token_type_ids may be None when the model
@@ -293,8 +293,8 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
         position_ids = _position_ids(cfg, input_ids)
     mask = attention_mask.bool()
     emb = weights.embeddings
-    x = embed(input_ids, position_ids, token_type_ids if emb.token_type is not None else None, emb,
-              cfg.layer_norm_eps)
+    x = embeddings(input_ids, position_ids, token_type_ids if emb.token_type is not None else None, emb,
+                   cfg.layer_norm_eps)
     if emb.projection_weight is not None:
         x = linear(x, emb.projection_weight, emb.projection_bias)
     hidden = [x]

@@ -2,7 +2,7 @@
 // (device, dtype, shape, strides, index ranges) and raises ValueError with a message before any kernel
 // runs, then calls the kernels in csrc/cpu/ on raw pointers with the GIL released.
 //
-// Ops and their kernels (csrc/cpu/): embed (embed.cpp), layernorm (layernorm.cpp), attention (attention*.cpp),
+// Ops and their kernels (csrc/cpu/): embeddings (embeddings.cpp), layernorm (layernorm.cpp), attention (attention*.cpp),
 // rotary_ (rotary.cpp), glu (glu.cpp),
 // pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
 // pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows), sparse_pool (sparse_pool.cpp),
@@ -27,7 +27,7 @@ using namespace bertfast::bindings;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "bertfast native CPU kernels (fp32 and bf16, packed [T, H] token layout)";
-  m.def("embed", &embed,
+  m.def("embeddings", &embeddings,
         "LayerNorm(word[ids] + type[types] + position[positions]) -> (T, H); no token types or no position table "
         "(rotary models): those terms left out",
         py::arg("input_ids"), py::arg("position_ids"), py::arg("token_type_ids"), py::arg("word"),

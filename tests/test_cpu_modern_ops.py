@@ -119,7 +119,7 @@ def test_backend_qkv_rotary(isa, dtype, bias):
                                       window=-1), "window", id="attention-negative-window"),
     pytest.param(lambda: _C.glu(torch.randn(3, 7), "silu"), "2 \\* features", id="glu-odd-width"),
     pytest.param(lambda: _C.glu(torch.randn(3, 8), "swish"), "unknown activation", id="glu-act"),
-    pytest.param(lambda: _C.embed(torch.tensor([0, 1]), None, None, torch.randn(50, 8), torch.randn(4, 8), None,
+    pytest.param(lambda: _C.embeddings(torch.tensor([0, 1]), None, None, torch.randn(50, 8), torch.randn(4, 8), None,
                                   torch.ones(8), torch.zeros(8), 1e-12), "position_ids", id="embed-positions-missing"),
 ])
 def test_errors_raise_value_error(call, message):
@@ -376,10 +376,10 @@ def test_embed_without_positions(isa, dtype, tokens, hidden, types):
     ids = torch.randint(0, 50, (tokens,), generator=g)
     tt = torch.randint(0, types, (tokens,), generator=g) if types else None
     pos = torch.arange(tokens)  # ignored without a table
-    ours = CpuBackend().embed(ids, pos, tt, emb_low, 1e-5)
-    assert torch.equal(ours, _C.embed(ids, None, tt, emb_low.word, None, emb_low.token_type, emb_low.ln_weight,
+    ours = CpuBackend().embeddings(ids, pos, tt, emb_low, 1e-5)
+    assert torch.equal(ours, _C.embeddings(ids, None, tt, emb_low.word, None, emb_low.token_type, emb_low.ln_weight,
                                       emb_low.ln_bias, 1e-5))
-    check(ours, reference.embed(ids, pos, tt, emb_low, 1e-5), reference.embed(ids, pos, tt, emb_hi, 1e-5), dtype)
+    check(ours, reference.embeddings(ids, pos, tt, emb_low, 1e-5), reference.embeddings(ids, pos, tt, emb_hi, 1e-5), dtype)
 
 
 @pytest.mark.parametrize("quantize", [None, "int8"])

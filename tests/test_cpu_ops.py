@@ -56,10 +56,10 @@ def test_embed(isa, dtype, tokens, hidden, types):
     ids = torch.randint(0, vocab, (tokens,), generator=g)
     pos = torch.randint(0, max_pos, (tokens,), generator=g)
     tt = torch.randint(0, types, (tokens,), generator=g) if types else None
-    ours = _C.embed(ids, pos, tt, emb_low.word, emb_low.position, emb_low.token_type,
+    ours = _C.embeddings(ids, pos, tt, emb_low.word, emb_low.position, emb_low.token_type,
                     emb_low.ln_weight, emb_low.ln_bias, 1e-12)
     assert ours.dtype == dtype
-    check(ours, reference.embed(ids, pos, tt, emb_low, 1e-12), reference.embed(ids, pos, tt, emb_hi, 1e-12), dtype)
+    check(ours, reference.embeddings(ids, pos, tt, emb_low, 1e-12), reference.embeddings(ids, pos, tt, emb_hi, 1e-12), dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -384,22 +384,22 @@ ERROR_CASES = [
     pytest.param(lambda: _C.linear(torch.randn(3, 8).bfloat16(), _C.pack_linear(torch.randn(5, 8)), 5), "dtype",
                  id="linear-dtype-mismatch"),
     pytest.param(lambda: _C.pack_linear(torch.randn(5)), "out_features", id="pack-1d"),
-    pytest.param(lambda: _C.embed(torch.tensor([0, 50]), torch.tensor([0, 1]), None, torch.randn(50, 8),
+    pytest.param(lambda: _C.embeddings(torch.tensor([0, 50]), torch.tensor([0, 1]), None, torch.randn(50, 8),
                                   torch.randn(4, 8), None, torch.ones(8), torch.zeros(8), 1e-12),
                  "out of range", id="embed-id-range"),
-    pytest.param(lambda: _C.embed(torch.tensor([0, -1]), torch.tensor([0, 1]), None, torch.randn(50, 8),
+    pytest.param(lambda: _C.embeddings(torch.tensor([0, -1]), torch.tensor([0, 1]), None, torch.randn(50, 8),
                                   torch.randn(4, 8), None, torch.ones(8), torch.zeros(8), 1e-12),
                  "out of range", id="embed-id-negative"),
-    pytest.param(lambda: _C.embed(torch.tensor([0, 1]), torch.tensor([0, 4]), None, torch.randn(50, 8),
+    pytest.param(lambda: _C.embeddings(torch.tensor([0, 1]), torch.tensor([0, 4]), None, torch.randn(50, 8),
                                   torch.randn(4, 8), None, torch.ones(8), torch.zeros(8), 1e-12),
                  "position_ids", id="embed-position-range"),
-    pytest.param(lambda: _C.embed(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1]), None,
+    pytest.param(lambda: _C.embeddings(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1]), None,
                                   torch.randn(50, 8), torch.randn(4, 8), None, torch.ones(8), torch.zeros(8), 1e-12),
                  "int64", id="embed-ids-int32"),
-    pytest.param(lambda: _C.embed(torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([0, 0]),
+    pytest.param(lambda: _C.embeddings(torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([0, 0]),
                                   torch.randn(50, 8), torch.randn(4, 8), None, torch.ones(8), torch.zeros(8), 1e-12),
                  "together", id="embed-types-without-table"),
-    pytest.param(lambda: _C.embed(torch.tensor([0, 1]), torch.tensor([0, 1]), None, torch.randn(50, 8),
+    pytest.param(lambda: _C.embeddings(torch.tensor([0, 1]), torch.tensor([0, 1]), None, torch.randn(50, 8),
                                   torch.randn(4, 9), None, torch.ones(8), torch.zeros(8), 1e-12),
                  "position must be", id="embed-position-width"),
     pytest.param(lambda: _C.set_isa("sse9"), "unknown ISA tier", id="isa-unknown"),

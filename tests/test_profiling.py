@@ -90,7 +90,7 @@ def test_off_leaves_nothing_behind(tiny_text_model):
         with pytest.raises(RuntimeError, match="already running"):
             with bertfast.profile(enc):
                 pass
-    ops = {"embed", "qkv", "attention", "linear", "layernorm", "whole_layer", "disentangled"}
+    ops = {"embeddings", "qkv", "attention", "linear", "layernorm", "whole_layer", "disentangled"}
     assert not ops & set(vars(backend))
     assert "forward" not in vars(enc.engine) and bertfast.profiling._active is None
     before = _native().profile_counters()

@@ -144,7 +144,7 @@ class Backend:
         return weights
 
     # --- ops (shapes and the exact math: the same-named functions of bertfast.reference) ---
-    def embed(self, input_ids, position_ids, token_type_ids, emb, eps):
+    def embeddings(self, input_ids, position_ids, token_type_ids, emb, eps):
         """LayerNorm(word[ids] + token_type[types] + position[positions]); ids (T,) int64 -> (T, E). The token
         type table (emb.token_type) and the position table (emb.position: None for rotary models) may be absent;
         emb.ln_bias is always a tensor (zeros where the checkpoint's norm has no bias)."""

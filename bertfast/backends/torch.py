@@ -16,7 +16,7 @@ class TorchBackend(Backend):
     def unavailable_reason(cls, device):
         return None
 
-    embed = staticmethod(reference.embed)
+    embeddings = staticmethod(reference.embeddings)
     qkv = staticmethod(reference.qkv)
     attention = staticmethod(reference.attention)
     layernorm = staticmethod(reference.layernorm)

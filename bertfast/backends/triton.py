@@ -79,8 +79,8 @@ class TritonBackend(Backend):
 
     # The engine hands over cu_seqlens from `padding.unpad` and ids that `encoder.check_inputs`
     # validated, so the launchers skip their device-to-host value checks (validate/check_ids=False).
-    def embed(self, input_ids, position_ids, token_type_ids, emb, eps):
-        return self._ops.embedding.embed(input_ids, position_ids, token_type_ids, emb, eps, check_ids=False)
+    def embeddings(self, input_ids, position_ids, token_type_ids, emb, eps):
+        return self._ops.embedding.embeddings(input_ids, position_ids, token_type_ids, emb, eps, check_ids=False)
 
     def qkv(self, x, weight, bias, num_heads, rotary=None):
         # RoPE is the QKV GEMM's epilogue (q and k rotated before they are stored).

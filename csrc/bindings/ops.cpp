@@ -15,7 +15,7 @@
 namespace bertfast {
 namespace bindings {
 
-at::Tensor embed(const at::Tensor& ids, const c10::optional<at::Tensor>& positions,
+at::Tensor embeddings(const at::Tensor& ids, const c10::optional<at::Tensor>& positions,
                  const c10::optional<at::Tensor>& types, const at::Tensor& word,
                  const c10::optional<at::Tensor>& position_table, const c10::optional<at::Tensor>& type_table,
                  const at::Tensor& gamma, const at::Tensor& beta, double eps) {
@@ -55,7 +55,7 @@ at::Tensor embed(const at::Tensor& ids, const c10::optional<at::Tensor>& positio
     py::gil_scoped_release nogil;
     dispatch(word.scalar_type(), [&](auto tag) {
       using T_ = decltype(tag);
-      bc::embed<T_>(ids.data_ptr<int64_t>(), pos.defined() ? pos.data_ptr<int64_t>() : nullptr,
+      bc::embeddings<T_>(ids.data_ptr<int64_t>(), pos.defined() ? pos.data_ptr<int64_t>() : nullptr,
                     ty.defined() ? ty.data_ptr<int64_t>() : nullptr, ptr<T_>(word), ptr<T_>(pt), ptr<T_>(tt),
                     ptr<T_>(gamma), ptr<T_>(beta), float(eps), T, H, ptr<T_>(out));
     });

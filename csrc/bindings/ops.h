@@ -30,7 +30,7 @@ void dispatch(at::ScalarType dt, F&& f) {
     f(bc::bf16{});
 }
 
-at::Tensor embed(const at::Tensor& ids, const c10::optional<at::Tensor>& positions,
+at::Tensor embeddings(const at::Tensor& ids, const c10::optional<at::Tensor>& positions,
                  const c10::optional<at::Tensor>& types, const at::Tensor& word,
                  const c10::optional<at::Tensor>& position_table, const c10::optional<at::Tensor>& type_table,
                  const at::Tensor& gamma, const at::Tensor& beta, double eps);

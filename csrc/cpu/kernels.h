@@ -1,4 +1,4 @@
-// The kernels' entry points, one per op: embed, layernorm, attention, GEMMs, int8 quantization, the layer.
+// The kernels' entry points, one per op: embeddings, layernorm, attention, GEMMs, int8 quantization, the layer.
 //
 // Raw pointers: shapes, strides and indices are validated once, at the boundary (csrc/bindings/checks.h).
 #pragma once
@@ -11,13 +11,13 @@
 namespace bertfast {
 namespace cpu {
 
-// ---- embed.cpp ----
+// ---- embeddings.cpp ----
 
 // out[t, :] = LayerNorm(word[ids[t]] + type[types[t]] + pos[positions[t]]); types/type and positions/pos may be
 // null (no token types; no position table: rotary models).
 template <typename T>
-void embed(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word, const T* pos,
-           const T* type, const T* gamma, const T* beta, float eps, int64_t tokens, int64_t hidden, T* out);
+void embeddings(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word, const T* pos,
+                const T* type, const T* gamma, const T* beta, float eps, int64_t tokens, int64_t hidden, T* out);
 
 // ---- layernorm.cpp ----
 

@@ -8,7 +8,7 @@ import torch
 from bertfast import reference as ref
 from bertfast.backends.weights import EmbeddingWeights
 from bertfast.kernels.triton import embedding as embedding_mod
-from bertfast.kernels.triton.embedding import embed
+from bertfast.kernels.triton.embedding import embeddings
 
 from .conftest import DTYPES, NoLaunch, assert_matches_reference, rand
 
@@ -42,20 +42,20 @@ def emb64(emb):
 def test_embed_matches_reference(T, H, dtype):
     emb = tables(H, dtype)
     i, p, t = ids(T)
-    assert_matches_reference(embed(i, p, t, emb, 1e-12), ref.embed(i, p, t, emb, 1e-12),
-                             ref.embed(i, p, t, emb64(emb), 1e-12), dtype, "embed")
+    assert_matches_reference(embeddings(i, p, t, emb, 1e-12), ref.embeddings(i, p, t, emb, 1e-12),
+                             ref.embeddings(i, p, t, emb64(emb), 1e-12), dtype, "embed")
 
 
 def test_no_token_type_table_and_int32_ids():
     emb = tables(48, torch.float32, with_types=False)
     i, p, _ = ids(9, dtype=torch.int32)
-    assert_matches_reference(embed(i, p, None, emb, 1e-5), ref.embed(i.long(), p.long(), None, emb, 1e-5),
-                             ref.embed(i.long(), p.long(), None, emb64(emb), 1e-5), torch.float32, "no types")
+    assert_matches_reference(embeddings(i, p, None, emb, 1e-5), ref.embeddings(i.long(), p.long(), None, emb, 1e-5),
+                             ref.embeddings(i.long(), p.long(), None, emb64(emb), 1e-5), torch.float32, "no types")
 
 
 def test_empty():
     i, p, t = ids(0)
-    assert embed(i, p, t, tables(32, torch.float32), 1e-12).shape == (0, 32)
+    assert embeddings(i, p, t, tables(32, torch.float32), 1e-12).shape == (0, 32)
 
 
 @pytest.mark.parametrize("case", ["id-out-of-range", "negative-position", "ids-2d", "ids-float", "length-mismatch",
@@ -81,8 +81,8 @@ def test_bad_input_raises_before_launch(case, monkeypatch):
         args.update(emb=emb64(emb))
     elif case == "eps":
         args.update(eps=-1.0)
-    with pytest.raises(ValueError, match="embed: "):
-        embed(**args)
+    with pytest.raises(ValueError, match="embeddings: "):
+        embeddings(**args)
 
 
 def rotary_tables(H, dtype, with_types):
@@ -98,16 +98,16 @@ def test_no_position_table(T, H, with_types, dtype):
     emb = rotary_tables(H, dtype, with_types)
     i, p, t = ids(T, seed=3)
     t = t if with_types else None
-    ours = embed(i, p, t, emb, 1e-5)
-    assert_matches_reference(ours, ref.embed(i, p, t, emb, 1e-5), ref.embed(i, p, t, emb64(emb), 1e-5), dtype,
+    ours = embeddings(i, p, t, emb, 1e-5)
+    assert_matches_reference(ours, ref.embeddings(i, p, t, emb, 1e-5), ref.embeddings(i, p, t, emb64(emb), 1e-5), dtype,
                              "no positions")
     # Without a table the position ids are not read: any values, or none at all.
-    assert torch.equal(embed(i, None, t, emb, 1e-5), ours)
-    assert torch.equal(embed(i, p + 10 ** 6, t, emb, 1e-5), ours)
+    assert torch.equal(embeddings(i, None, t, emb, 1e-5), ours)
+    assert torch.equal(embeddings(i, p + 10 ** 6, t, emb, 1e-5), ours)
 
 
 def test_position_ids_required_with_a_table(monkeypatch):
     monkeypatch.setattr(embedding_mod, "_embedding_kernel", NoLaunch())
     i, _, t = ids(5)
-    with pytest.raises(ValueError, match="embed: .*position_ids is required"):
-        embed(i, None, t, tables(16, torch.float32), 1e-12)
+    with pytest.raises(ValueError, match="embeddings: .*position_ids is required"):
+        embeddings(i, None, t, tables(16, torch.float32), 1e-12)

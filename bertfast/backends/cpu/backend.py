@@ -121,14 +121,14 @@ class CpuBackend(Backend):
             raise ValueError(f"the cpu backend's sparse_pool runs in float32, got x {x.dtype}, weight {w.dtype}")
         return _C.sparse_pool(x, w.packed, w.out_features, bias, cu_seqlens, pooling, activation)
 
-    def embed(self, input_ids, position_ids, token_type_ids, emb, eps):
+    def embeddings(self, input_ids, position_ids, token_type_ids, emb, eps):
         if emb.token_type is None:
             token_type_ids = None
         elif token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         table = emb.token_type if token_type_ids is not None else None
         positions = position_ids if emb.position is not None else None  # rotary models: no position table
-        return _C.embed(input_ids, positions, token_type_ids, emb.word, emb.position, table,
+        return _C.embeddings(input_ids, positions, token_type_ids, emb.word, emb.position, table,
                         emb.ln_weight, emb.ln_bias, eps)
 
     def qkv(self, x, weight, bias, num_heads, rotary: Rotary | None = None):

@@ -48,7 +48,7 @@ def _check_ids(op, name, ids, T, table_rows, check_values):
         if lo < 0 or hi >= table_rows:
             raise ValueError(f"{op}: {name} holds values in [{lo}, {hi}], the table has {table_rows} rows")
 
-def embed(input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+def embeddings(input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
           emb, eps: float, check_ids: bool = True) -> torch.Tensor:
     """LayerNorm(word[input_ids] + token_type[token_type_ids] + position[position_ids]).
 
@@ -59,7 +59,7 @@ def embed(input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: t
     check_ids=False skips the range checks of the ids (a device-to-host copy) for callers that
     validated them already. Returns (T, H) in the tables' dtype.
     """
-    op = "embed"
+    op = "embeddings"
     word = emb.word
     check_float(op, "word embeddings", word, 2)
     V, H = word.shape

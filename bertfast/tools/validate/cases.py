@@ -16,7 +16,7 @@ import torch
 
 from bertfast.engine import run_layer
 
-OP_NAMES = ("embed", "qkv", "attention", "linear_gelu", "linear_residual", "layernorm", "pooler", "layer")
+OP_NAMES = ("embeddings", "qkv", "attention", "linear_gelu", "linear_residual", "layernorm", "pooler", "layer")
 
 
 def tiny_config(hidden, heads, intermediate=None, vocab=50, max_pos=64, act="gelu", eps=1e-12):
@@ -99,10 +99,10 @@ def _embed_case(lengths, hidden, quick=False):
         return dict(ids=ids.to(dev), pos=pos.to(dev), tt=tt.to(dev))
 
     def call(ops, w, inp):
-        return ops.embed(inp["ids"], inp["pos"], inp["tt"], w.embeddings, cfg.layer_norm_eps)
+        return ops.embeddings(inp["ids"], inp["pos"], inp["tt"], w.embeddings, cfg.layer_norm_eps)
 
     label = f"lens{'-'.join(map(str, lengths))}-H{hidden}"
-    return OpCase("embed", label, cfg, make, call, quick=quick)
+    return OpCase("embeddings", label, cfg, make, call, quick=quick)
 
 
 def _x(gen, cast, T, K, noncontig, std=1.0, mean=0.0):

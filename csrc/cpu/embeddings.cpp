@@ -99,18 +99,18 @@ void embed_generic(const int64_t* ids, const int64_t* positions, const int64_t* 
 }  // namespace
 
 template <typename T>
-void embed(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word, const T* pos,
-           const T* type, const T* gamma, const T* beta, float eps, int64_t tokens, int64_t hidden, T* out) {
+void embeddings(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word, const T* pos,
+                const T* type, const T* gamma, const T* beta, float eps, int64_t tokens, int64_t hidden, T* out) {
   const int nt = threads_for(tokens * hidden);
   parallel_for(nt, nt, [&](int64_t part) {
     BF_DISPATCH(embed, ids, positions, types, word, pos, type, gamma, beta, eps, tokens, hidden, out, int(part), nt);
   });
 }
 
-template void embed<float>(const int64_t*, const int64_t*, const int64_t*, const float*, const float*,
-                           const float*, const float*, const float*, float, int64_t, int64_t, float*);
-template void embed<bf16>(const int64_t*, const int64_t*, const int64_t*, const bf16*, const bf16*, const bf16*,
-                          const bf16*, const bf16*, float, int64_t, int64_t, bf16*);
+template void embeddings<float>(const int64_t*, const int64_t*, const int64_t*, const float*, const float*,
+                                const float*, const float*, const float*, float, int64_t, int64_t, float*);
+template void embeddings<bf16>(const int64_t*, const int64_t*, const int64_t*, const bf16*, const bf16*,
+                               const bf16*, const bf16*, const bf16*, float, int64_t, int64_t, bf16*);
 
 }  // namespace cpu
 }  // namespace bertfast
