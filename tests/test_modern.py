@@ -5,7 +5,7 @@ Config parsing (RoPE bases, per-layer windows, gating, norm placement) and its e
 families, on ragged batches with a 1-token row and rows at, one past and far past ModernBERT's sliding window,
 right and left padding; a ModernBERT row of 3000 tokens; bf16 within twice transformers' own bf16 error; saved
 directories and their length limit; checkpoint errors naming the tensor. Task heads, `optimize` and
-sentence-transformers for these families run in test_modern_heads.py; the native ops in test_cpu_modern_ops.py.
+sentence-transformers for these families run in test_modern_heads.py; the native ops in tests/ops/cpu/test_modern_ops.py.
 """
 
 from __future__ import annotations
