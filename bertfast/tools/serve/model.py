@@ -118,10 +118,11 @@ class ServedModel:
         if self.colbert is not None:
             long = "warm up " * self.colbert.colbert.document_length
             return [((MULTI, q), self.colbert.token_ids(["warm up", long], q)[0]) for q in (True, False)]
-        key = (SCORES if self.task is not None else SPLADE if self.sparse is not None else (MULTI, None)
-               if self.m3 is not None else self.key())
-        return [(key, rows) for rows in ([self.tokenizers["right"].encode("warm up").ids],
-                                         [[self.pad_id + 1] * self.limit])]
+        short, long = [self.tokenizers["right"].encode("warm up").ids], [[self.pad_id + 1] * self.limit]
+        if self.m3 is not None:  # its three head paths: both heads, the sparse head alone, none
+            return [((MULTI, None), short), ((MULTI, None), long), (LEXICAL, short), (self.key(), short)]
+        key = SCORES if self.task is not None else SPLADE if self.sparse is not None else self.key()
+        return [(key, short), (key, long)]
 
     def run(self, key: tuple, rows: list[list[int]], types: list[list[int] | None]):
         """Rows of token ids (and token type ids, None: all 0) -> (len(rows), D) float32 embeddings, or
