@@ -41,6 +41,11 @@ def check_heads(directory: str) -> None:
                         "saves them")
 
 
+def is_bgem3_checkpoint(directory: str) -> bool:
+    """Whether `directory` holds BGE-M3's two head files (`check_heads`' rule) beside its model."""
+    return all(os.path.isfile(os.path.join(directory, f)) for f in HEAD_FILES.values())
+
+
 def read_head(directory: str, name: str, hidden: int, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A head's (weight (N, hidden), bias (N,)) fp32 from FlagEmbedding's torch.save'd nn.Linear state dict."""
     check_heads(directory)
@@ -177,11 +182,13 @@ class BGEM3(nn.Module):
                 f"dtype={self.encoder.dtype}, backend={self.encoder.backend!r}")
 
     @torch.inference_mode()
-    def embed_tokens(self, input_ids, attention_mask, *, sparse: bool = True, colbert: bool = True):
+    def embed_tokens(self, input_ids, attention_mask, *, sparse: bool = True, colbert: bool = True,
+                     normalize: bool | None = None):
         """Texts already tokenized (right padded, each row starting with CLS) -> (dense (N, H) fp32, token weights
         (T,) fp32 or None, ColBERT vectors (T - N, D) fp32 or None, cu_seqlens (N+1,) int32). T counts the real
         tokens (row-major, as `padding.unpad` packs them); ColBERT vectors leave each row's first token out. Dense
-        and ColBERT vectors normalized unless normalize_embeddings=False. A row's outputs depend on it alone."""
+        and ColBERT vectors normalized when normalize (None: the model's normalize_embeddings). A row's outputs
+        depend on it alone."""
         mask = attention_mask.to(self.encoder.device)
         if mask.shape[0] and int(mask.sum(1).min()) == 0:
             raise ValueError("every row needs at least one real token (its CLS)")
@@ -201,7 +208,7 @@ class BGEM3(nn.Module):
                 weights = torch.relu(out[:, self.colbert_dim]) if sparse else None
             elif sparse:
                 weights = torch.relu(backend.linear(x, self.sparse, self.sparse_bias)[:, 0])
-            if self.normalize_embeddings:
+            if self.normalize_embeddings if normalize is None else normalize:
                 dense = F.normalize(dense, dim=-1)
                 vectors = None if vectors is None else F.normalize(vectors, dim=-1)
         return dense, weights, vectors, cu_seqlens
@@ -255,28 +262,39 @@ class BGEM3(nn.Module):
             for r, i in enumerate(rows):
                 ids[r, :lengths[i]] = encodings[i].ids
                 mask[r, :lengths[i]] = 1
-            d, w, v, cu = self.embed_tokens(torch.from_numpy(ids), torch.from_numpy(mask), sparse=return_sparse,
-                                            colbert=return_colbert_vecs)
-            cu = cu.cpu().numpy()
+            out = self.encode_tokens(torch.from_numpy(ids), torch.from_numpy(mask), return_dense=return_dense,
+                                     return_sparse=return_sparse, return_colbert_vecs=return_colbert_vecs)
             if return_dense:
-                dense[rows] = d.cpu().numpy()
-            if return_sparse:
-                packed_ids = ids[mask.astype(bool)]
-                for i, lw in zip(rows, lexical_weights(packed_ids, w.cpu().numpy(), cu, self.unused_ids)):
-                    lexical[i] = lw
-            if return_colbert_vecs:
-                parts = np.split(v.cpu().numpy(), (cu[1:-1] - np.arange(1, len(rows))))
-                for i, part in zip(rows, parts):
-                    colbert[i] = part
+                dense[rows] = out["dense_vecs"]
+            for name, results in (("lexical_weights", lexical), ("colbert_vecs", colbert)):
+                for i, value in zip(rows, out[name] or ()):
+                    results[i] = value
         if single:
             return {"dense_vecs": None if dense is None else dense[0],
                     "lexical_weights": None if lexical is None else lexical[0],
                     "colbert_vecs": None if colbert is None else colbert[0]}
         return {"dense_vecs": dense, "lexical_weights": lexical, "colbert_vecs": colbert}
 
+    def encode_tokens(self, input_ids, attention_mask, *, return_dense: bool = True, return_sparse: bool = True,
+                      return_colbert_vecs: bool = False, normalize: bool | None = None) -> dict:
+        """One batch already tokenized ((N, S) int64, right padded, each row starting with CLS) -> `encode`'s dict for
+        these rows: 'dense_vecs' (N, H) float32 NumPy, 'lexical_weights' [N dicts], 'colbert_vecs' [N (n_tokens - 1,
+        D) float32 NumPy], None for an output not asked for. normalize as `embed_tokens`."""
+        d, w, v, cu = self.embed_tokens(input_ids, attention_mask, sparse=return_sparse, colbert=return_colbert_vecs,
+                                        normalize=normalize)
+        cu = cu.cpu().numpy()
+        lexical = colbert = None
+        if return_sparse:
+            packed_ids = input_ids.cpu().numpy()[attention_mask.cpu().numpy().astype(bool)]
+            lexical = lexical_weights(packed_ids, w.cpu().numpy(), cu, self.unused_ids)
+        if return_colbert_vecs:
+            colbert = np.split(v.cpu().numpy(), cu[1:-1] - np.arange(1, len(cu) - 1))
+        return {"dense_vecs": d.cpu().numpy() if return_dense else None, "lexical_weights": lexical,
+                "colbert_vecs": colbert}
+
     compute_lexical_matching_score = staticmethod(compute_lexical_matching_score)
     colbert_score = staticmethod(colbert_score)
 
 
-__all__ = ["BGEM3", "check_heads", "colbert_score", "compute_lexical_matching_score", "lexical_weights", "read_head",
-           "special_token_ids"]
+__all__ = ["BGEM3", "check_heads", "colbert_score", "compute_lexical_matching_score", "is_bgem3_checkpoint",
+           "lexical_weights", "read_head", "special_token_ids"]

@@ -64,6 +64,25 @@ class ColBERTConfig:
         self.attend_to_expansion_tokens = bool(self.attend_to_expansion_tokens) and self.do_query_expansion
 
 
+def _is_pylate_stack(modules: list) -> bool:
+    """Whether sorted modules.json entries are PyLate's stack: a Transformer in the directory itself, then Dense
+    projections only (a sentence-transformers embedding model has a Pooling module; PyLate's never does)."""
+    kinds = [str(m["type"]).rpartition(".")[2] for m in modules]
+    return (len(kinds) >= 2 and kinds[0] == "Transformer" and all(k == "Dense" for k in kinds[1:])
+            and os.path.normpath(modules[0].get("path") or ".") == ".")
+
+
+def is_colbert_checkpoint(directory: str) -> bool:
+    """Whether `directory` is a PyLate ColBERT: its modules.json lists PyLate's stack (`read_colbert_config`'s rule)."""
+    path = os.path.join(directory, "modules.json")
+    if not os.path.isfile(path):
+        return False
+    modules = read_json(path, "ColBERT")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) and "type" in m for m in modules):
+        return False
+    return _is_pylate_stack(sorted(modules, key=lambda m: m.get("idx", 0)))
+
+
 def read_colbert_config(directory: str) -> tuple[ColBERTConfig, list]:
     """The ColBERT settings and the Dense projections (`sentence.Dense`, in order) of a PyLate directory; ConfigError
     names a module stack PyLate would not load as it is (no Dense: PyLate adds a random one)."""
@@ -71,9 +90,7 @@ def read_colbert_config(directory: str) -> tuple[ColBERTConfig, list]:
     if not isinstance(modules, list) or not all(isinstance(m, dict) and "type" in m for m in modules):
         raise ConfigError("modules.json must be a list of {idx, name, path, type} objects")
     modules = sorted(modules, key=lambda m: m.get("idx", 0))
-    kinds = [str(m["type"]).rpartition(".")[2] for m in modules]
-    if (len(kinds) < 2 or kinds[0] != "Transformer" or any(k != "Dense" for k in kinds[1:])
-            or os.path.normpath(modules[0].get("path") or ".") != "."):
+    if not _is_pylate_stack(modules):
         raise ConfigError(f"modules.json: a PyLate ColBERT is a Transformer in the model's own directory followed by "
                           f"Dense projections; found {[m['type'] for m in modules]}")
     dense = [read_dense(os.path.join(directory, m.get("path") or ""), f"modules.json module {i} ({m['type']})")
@@ -204,30 +221,40 @@ class ColBERT(nn.Module):
                 f"expansion={c.do_query_expansion}, attend_to_expansion={c.attend_to_expansion_tokens}, "
                 f"backend={self.encoder.backend!r}")
 
-    def tokenize(self, texts: list[str], is_query: bool = True):
-        """texts -> (input_ids, attention_mask, token_type_ids), each (N, width) int64, as PyLate's tokenize: each
-        text stripped, truncated, the prefix token after the first; queries with expansion padded to query_length
-        with the pad token (attention mask 0 there, or 1 when the model attends to the expansion)."""
-        c = self.colbert
+    def token_ids(self, texts: list[str], is_query: bool = True) -> tuple[list[list[int]], list[bool]]:
+        """texts -> (each text's token ids before padding, whether it was truncated), as PyLate's tokenize: each text
+        stripped, truncated to query_length / document_length, the prefix token after the first."""
         prefix = self.query_prefix_id if is_query else self.document_prefix_id
-        expand = is_query and c.do_query_expansion
         tok = self._tokenizers[bool(is_query)]  # encode_batch_fast (tokenizers >= 0.20): no character offsets
         encodings = getattr(tok, "encode_batch_fast", tok.encode_batch)([str(t).strip() for t in texts])
         rows = []
         for e in encodings:
-            ids, types = list(e.ids), list(e.type_ids)
+            ids = list(e.ids)
             if prefix is not None:
-                ids[1:1], types[1:1] = [prefix], [0]
-            rows.append((ids, types))
-        width = c.query_length if expand else max((len(r[0]) for r in rows), default=0)
+                ids[1:1] = [prefix]
+            rows.append(ids)
+        return rows, [bool(e.overflowing) for e in encodings]
+
+    def pad(self, rows: list[list[int]], is_query: bool = True):
+        """`token_ids`' rows -> (input_ids, attention_mask, token_type_ids), each (N, width) int64 on the model's
+        device: right padded with the pad token; queries with expansion to query_length (attention mask 0 there, or 1
+        when the model attends to the expansion). Token types are 0 (one text per row)."""
+        c = self.colbert
+        expand = is_query and c.do_query_expansion
+        width = c.query_length if expand else max((len(r) for r in rows), default=0)
         ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
         mask, types = np.zeros_like(ids), np.zeros_like(ids)
-        for i, (row_ids, row_types) in enumerate(rows):
-            ids[i, :len(row_ids)], types[i, :len(row_ids)], mask[i, :len(row_ids)] = row_ids, row_types, 1
+        for i, row in enumerate(rows):
+            ids[i, :len(row)], mask[i, :len(row)] = row, 1
         if expand and c.attend_to_expansion_tokens:
             mask[:] = 1
         device = self.encoder.device
         return tuple(torch.from_numpy(a).to(device) for a in (ids, mask, types))
+
+    def tokenize(self, texts: list[str], is_query: bool = True):
+        """texts -> (input_ids, attention_mask, token_type_ids), each (N, width) int64, as PyLate's tokenize:
+        `pad(token_ids(texts, is_query)[0], is_query)`."""
+        return self.pad(self.token_ids(texts, is_query)[0], is_query)
 
     @torch.inference_mode()
     def embed_tokens(self, input_ids, attention_mask, token_type_ids=None, is_query: bool = True,
@@ -290,4 +317,4 @@ class ColBERT(nn.Module):
         return out[0] if single else out
 
 
-__all__ = ["ColBERT", "ColBERTConfig", "read_colbert_config"]
+__all__ = ["ColBERT", "ColBERTConfig", "is_colbert_checkpoint", "read_colbert_config"]

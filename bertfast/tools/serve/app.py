@@ -1,11 +1,11 @@
 """The server's ASGI app: the Gate in front of a FastAPI app whose routes are routers over one `Service`.
 
-Routers: TEI's embedding routes (`routes_tei`: /embed, /embed_all, /embed_sparse, /tokenize), its classifier and
-reranker routes (`routes_tasks`: /predict, /rerank), OpenAI's (`routes_openai`: /v1/embeddings, /v1/models) and the
-server's own (`routes_ops`: /health, /info, /metrics). The Service holds the served models by name, each with its
-engine thread and limits (`service`). Responses are serialized by orjson (the float32 results widened to float64
-first: the same numbers `tolist()` gives, an order of magnitude faster than `json.dumps`). Every error is one
-`ApiError` response, whichever layer raises it.
+Routers: TEI's embedding routes (`routes_tei`: /embed, /embed_all, /embed_sparse, /tokenize; bertfast's
+/embed_multi), its classifier and reranker routes (`routes_tasks`: /predict, /rerank), OpenAI's (`routes_openai`:
+/v1/embeddings, /v1/models) and the server's own (`routes_ops`: /health, /info, /metrics). The Service holds the
+served models by name, each with its engine thread and limits (`service`). Responses are serialized by orjson (the
+float32 results widened to float64 first: the same numbers `tolist()` gives, an order of magnitude faster than
+`json.dumps`). Every error is one `ApiError` response, whichever layer raises it.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from starlette.exceptions import HTTPException
 from . import routes_ops, routes_openai, routes_tasks, routes_tei
 from .gate import Gate
 from .model import ServedModel
-from .schemas import (ApiError, EmbedAllRequest, EmbedRequest, EmbedSparseRequest, ErrorBody, OpenAIEmbeddingRequest,
-                      PredictRequest, RerankRequest, TokenizeRequest)
+from .schemas import (ApiError, EmbedAllRequest, EmbedMultiRequest, EmbedRequest, EmbedSparseRequest, ErrorBody,
+                      OpenAIEmbeddingRequest, PredictRequest, RerankRequest, TokenizeRequest)
 from .service import Limits, Service
 
 __all__ = ["Limits", "Service", "create_app"]
 
 SCHEMAS = {"/embed": EmbedRequest, "/embed_all": EmbedAllRequest, "/embed_sparse": EmbedSparseRequest,
+           "/embed_multi": EmbedMultiRequest,
            "/tokenize": TokenizeRequest, "/v1/embeddings": OpenAIEmbeddingRequest,
            "/predict": PredictRequest, "/rerank": RerankRequest}
 ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 405, 413, 422, 424, 429, 503)}

@@ -34,11 +34,13 @@ class Closed(Exception):
 @dataclass
 class Job:
     """rows: token id lists; key: parameters shared by every row of one model call; types: each row's
-    token type ids (text pairs), or None (all 0)."""
+    token type ids (text pairs), or None (all 0); min_tokens: the tokens a row costs the budget at least (a ColBERT
+    query runs expanded to its query_length)."""
 
     rows: list[list[int]]
     key: tuple
     types: list[list[int]] | None = None
+    min_tokens: int = 0
     future: Future = field(default_factory=Future)
     taken: int = 0  # rows handed to the engine
     done: int = 0  # rows written to out
@@ -46,7 +48,11 @@ class Job:
 
     @property
     def tokens(self) -> int:
-        return sum(len(r) for r in self.rows)
+        return sum(self.cost(r) for r in self.rows)
+
+    def cost(self, row: list[int]) -> int:
+        """The tokens `row` takes of a batch's budget."""
+        return max(len(row), self.min_tokens)
 
 
 # run(key, rows, types) -> (len(rows), D) float32 array, or a list of len(rows) arrays (per-token results: one
@@ -151,7 +157,7 @@ class Batcher:
             if job.key != key:
                 continue
             while job.taken < len(job.rows):
-                n = len(job.rows[job.taken])
+                n = job.cost(job.rows[job.taken])
                 if picked and tokens + n > self.max_batch_tokens:
                     return key, picked
                 picked.append((job, job.taken))

@@ -14,7 +14,9 @@ def add_arguments(p):
                         "--max-concurrent-requests: a request picks one by its `model` field, the first is the "
                         "default (no --model: the embedded all-MiniLM-L6-v2). A *ForSequenceClassification "
                         "checkpoint is served as a classifier (/predict), with one label as a reranker (/rerank); a "
-                        "sentence-transformers SparseEncoder (SPLADE) as a sparse model (/embed_sparse)")
+                        "sentence-transformers SparseEncoder (SPLADE) as a sparse model (/embed_sparse); a PyLate "
+                        "ColBERT (/embed_multi) and a BGE-M3 directory (/embed, /embed_sparse, /embed_multi) as "
+                        "multi-vector models")
     p.add_argument("--model-id", default=None,
                    help="the first model's name when --model gives it none (the name /info, /v1/models and "
                         "/v1/embeddings report)")

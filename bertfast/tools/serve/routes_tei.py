@@ -1,5 +1,6 @@
-"""TEI's embedding routes: /embed (sentence embeddings, `precision`), /embed_all (every token's final hidden state),
-/embed_sparse (SPLADE) and /tokenize.
+"""TEI's embedding routes: /embed (sentence embeddings, `precision`; BGE-M3's dense vectors), /embed_all (every
+token's final hidden state), /embed_sparse (SPLADE; BGE-M3's lexical weights) and /tokenize, and bertfast's
+/embed_multi in their style (ColBERT and BGE-M3: every text's normalized token vectors).
 
 Each route picks its model by the request's `model` field (the default model without one), checks the model's kind
 (424 naming what it is otherwise) and the inputs, then queues rows on that model's engine thread; see `service`.
@@ -12,9 +13,9 @@ from typing import Union
 import numpy as np
 from fastapi import APIRouter, Depends
 
-from .model import SPLADE, TOKENS
-from .schemas import (EmbedAllRequest, EmbedRequest, EmbedSparseRequest, SparseValue, Token, TokenizeRequest,
-                      json_response)
+from .model import LEXICAL, SPLADE, TOKENS
+from .schemas import (EmbedAllRequest, EmbedMultiRequest, EmbedRequest, EmbedSparseRequest, SparseValue, Token,
+                      TokenizeRequest, json_response)
 from .service import Service, off_loop, service_of
 
 router = APIRouter(tags=["TEI"])
@@ -45,7 +46,16 @@ async def embed_all(req: EmbedAllRequest, service: Service = Depends(service_of)
     return json_response([s.astype(np.float64) for s in states])
 
 
-@router.post("/embed_sparse", response_model=list[list[SparseValue]], summary="TEI: SPLADE sparse embeddings")
+def sparse_entries(v) -> list[dict]:
+    """One row's nonzero entries in ascending index order: a SPLADE vector's (vocab,) array, or BGE-M3's lexical
+    weights {str(token id): weight}."""
+    if isinstance(v, dict):
+        return [{"index": i, "value": float(v[str(i)])} for i in sorted(map(int, v))]
+    return [{"index": int(i), "value": float(v[i])} for i in np.flatnonzero(v)]
+
+
+@router.post("/embed_sparse", response_model=list[list[SparseValue]],
+             summary="TEI: sparse embeddings (SPLADE vectors, BGE-M3's lexical weights)")
 async def embed_sparse(req: EmbedSparseRequest, service: Service = Depends(service_of)):
     engine = service.engine(req.model)
     engine.serves("/embed_sparse")
@@ -53,8 +63,20 @@ async def embed_sparse(req: EmbedSparseRequest, service: Service = Depends(servi
     async with engine.admitted():
         rows, _ = await engine.text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
                                          prompt_name=req.prompt_name)
-        vectors = await engine.run_rows(rows, SPLADE)
-    return json_response([[{"index": int(i), "value": float(v[i])} for i in np.flatnonzero(v)] for v in vectors])
+        vectors = await engine.run_rows(rows, LEXICAL if engine.model.m3 is not None else SPLADE)
+    return json_response([sparse_entries(v) for v in vectors])
+
+
+@router.post("/embed_multi", response_model=list[list[list[float]]],
+             summary="ColBERT and BGE-M3: every text's normalized token vectors (late interaction)")
+async def embed_multi(req: EmbedMultiRequest, service: Service = Depends(service_of)):
+    engine = service.engine(req.model)
+    engine.serves("/embed_multi")
+    texts = engine.texts_of(req.inputs, "inputs")
+    async with engine.admitted():
+        vectors = await engine.multi_vectors(texts, is_query=req.is_query, truncate=req.truncate,
+                                             prompt_name=req.prompt_name)
+    return json_response([v.astype(np.float64) for v in vectors])
 
 
 @router.post("/tokenize", response_model=list[list[Token]], summary="TEI: the tokens the model sees")

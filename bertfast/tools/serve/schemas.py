@@ -61,6 +61,17 @@ class EmbedSparseRequest(Request):
     model: str | None = Field(None, description=MODEL)
 
 
+class EmbedMultiRequest(Request):
+    """bertfast's /embed_multi (ColBERT and BGE-M3 models): every text's normalized token vectors."""
+
+    inputs: Texts = Field(description=TEXTS)
+    is_query: bool | None = Field(None, description="a boolean: true for queries, false for documents (ColBERT: "
+                                                    "required; BGE-M3 encodes both alike)")
+    truncate: bool = Field(False, description="a boolean")
+    prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
+    model: str | None = Field(None, description=MODEL)
+
+
 class SparseValue(BaseModel):
     index: int
     value: float
@@ -161,12 +172,14 @@ class ModelList(BaseModel):
 class Info(BaseModel):
     model_id: str
     model_dir: str
-    model_type: Literal["embedding", "classifier", "reranker", "sparse"]
+    model_type: Literal["embedding", "classifier", "reranker", "sparse", "colbert", "bge-m3"]
     architecture: str | None
     routes: list[str]  # the model routes this model answers (every model answers /tokenize and the rest)
     labels: list[str] | None  # classifier and reranker: label names in logit order
-    dimension: int | None  # embedding models; sparse models: the vocabulary size
-    max_input_length: int
+    dimension: int | None  # embedding models, BGE-M3 (dense); sparse: the vocabulary size; ColBERT: token vectors
+    max_input_length: int  # ColBERT: its document_length
+    max_query_length: int | None  # ColBERT: its query_length
+    token_dimension: int | None  # ColBERT and BGE-M3: the width of /embed_multi's token vectors
     pooling: list[str] | None
     normalizes: bool | None
     dtype: str

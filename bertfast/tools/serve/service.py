@@ -21,15 +21,18 @@ from bertfast.precision import quantize_embeddings
 
 from .batcher import Batcher, Busy, Closed, Job
 from .metrics import Metrics
-from .model import LOGITS, ROUTES, SCORES, ServedModel
+from .model import LOGITS, MULTI, ROUTES, SCORES, ServedModel
 from .schemas import ApiError, Info, OpenAIError
 
 # What a model route needs, for the 424 a model of another kind answers.
-NEEDS = {"/embed": "an embedding model", "/v1/embeddings": "an embedding model",
+NEEDS = {"/embed": "an embedding model or BGE-M3 (its dense vectors)", "/v1/embeddings": "an embedding model",
          "/embed_all": "an embedding model (per-token states: not a SPLADE model or a classifier)",
          "/predict": "a sequence classifier or a reranker (architecture *ForSequenceClassification)",
          "/rerank": "a reranker: a cross-encoder, i.e. a sequence classifier with one label",
-         "/embed_sparse": "a SPLADE model (a sentence-transformers SparseEncoder: a masked-LM head and SpladePooling)"}
+         "/embed_sparse": "a SPLADE model (a sentence-transformers SparseEncoder: a masked-LM head and SpladePooling) "
+                          "or BGE-M3 (its lexical weights)",
+         "/embed_multi": "a ColBERT model (PyLate: modules.json a Transformer then Dense projections) or BGE-M3 "
+                         "(sparse_linear.pt and colbert_linear.pt beside the model)"}
 # Requests whose texts hold at most this many characters are tokenized on the event loop (tens of
 # microseconds); a worker thread's round trip costs more than that.
 INLINE_TOKENIZE_CHARS = 1024
@@ -106,10 +109,12 @@ class Engine:
         except Closed as e:
             raise ApiError(503, str(e), "unavailable") from None
 
-    async def run_rows(self, rows: list[list[int]], key: tuple, types: list[list[int]] | None = None):
-        """Rows of token ids -> the engine thread's result for them (see `ServedModel.run`)."""
+    async def run_rows(self, rows: list[list[int]], key: tuple, types: list[list[int]] | None = None,
+                       min_tokens: int = 0):
+        """Rows of token ids -> the engine thread's result for them (see `ServedModel.run`); min_tokens: each row's
+        least cost in the batch budget (`Job`)."""
         try:
-            return await asyncio.wrap_future(self.batcher.submit(Job(rows, key, types)))
+            return await asyncio.wrap_future(self.batcher.submit(Job(rows, key, types, min_tokens=min_tokens)))
         except Closed as e:
             raise ApiError(503, str(e), "unavailable") from None
 
@@ -120,6 +125,22 @@ class Engine:
             texts = [prompt + t for t in texts]
         encodings = await off_loop(self.model.tokenize, texts, truncate=truncate, direction=direction, field=field)
         return [e.ids for e in encodings], prompt_len
+
+    async def multi_vectors(self, texts: list[str], *, is_query: bool | None, truncate: bool, prompt_name=None,
+                            field: str = "inputs") -> list[np.ndarray]:
+        """Texts -> each text's (tokens, dim) float32 token vectors from the engine thread (/embed_multi): the model's
+        prompt prepended, its own tokenization (`ServedModel.multi_rows`); 422 for a ColBERT model without
+        is_query."""
+        model = self.model
+        if model.colbert is not None and is_query is None:
+            raise ApiError(422, "is_query is required for a ColBERT model: true for queries (the query prefix, "
+                           "expanded to query_length), false for documents", field="is_query")
+        prompt, _ = model.prompt(prompt_name)
+        if prompt:
+            texts = [prompt + t for t in texts]
+        rows = await off_loop(model.multi_rows, texts, is_query=is_query, truncate=truncate, field=field)
+        is_query = None if model.colbert is None else is_query  # BGE-M3 encodes queries and documents alike
+        return await self.run_rows(rows, (MULTI, is_query), min_tokens=model.min_tokens(is_query))
 
     async def scores_of(self, inputs: list, *, raw: bool, truncate: bool, direction: str, field: str) -> np.ndarray:
         """Texts and pairs -> (len(inputs), labels) probabilities, or logits when raw, from the engine thread."""
