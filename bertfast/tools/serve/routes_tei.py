@@ -21,28 +21,30 @@ from .service import Service, off_loop, service_of
 router = APIRouter(tags=["TEI"])
 
 
-@router.post("/embed", response_model=Union[list[list[float]], list[list[int]]], summary="TEI: sentence embeddings")
-async def embed(req: EmbedRequest, service: Service = Depends(service_of)):
+async def run_text_rows(req, service: Service, route: str, key):
+    """What the text routes share: the request's model (its kind checked for `route`), its inputs tokenized
+    (truncation, prompt) and run as rows on the model's engine thread; key(engine, prompt_len) names what a row
+    returns. Returns (engine, one result per input)."""
     engine = service.engine(req.model)
-    engine.serves("/embed")
+    engine.serves(route)
     texts = engine.texts_of(req.inputs, "inputs")
     async with engine.admitted():
         rows, prompt_len = await engine.text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
                                                   prompt_name=req.prompt_name)
-        vectors = await engine.run_rows(rows, engine.model.key(req.normalize, None, prompt_len))
+        return engine, await engine.run_rows(rows, key(engine, prompt_len))
+
+
+@router.post("/embed", response_model=Union[list[list[float]], list[list[int]]], summary="TEI: sentence embeddings")
+async def embed(req: EmbedRequest, service: Service = Depends(service_of)):
+    engine, vectors = await run_text_rows(req, service, "/embed",
+                                          lambda engine, prompt_len: engine.model.key(req.normalize, None, prompt_len))
     return json_response(engine.quantized(vectors, req.precision))
 
 
 @router.post("/embed_all", response_model=list[list[list[float]]],
              summary="TEI: every token's final hidden state (special and prompt tokens included)")
 async def embed_all(req: EmbedAllRequest, service: Service = Depends(service_of)):
-    engine = service.engine(req.model)
-    engine.serves("/embed_all")
-    texts = engine.texts_of(req.inputs, "inputs")
-    async with engine.admitted():
-        rows, _ = await engine.text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
-                                         prompt_name=req.prompt_name)
-        states = await engine.run_rows(rows, TOKENS)
+    _, states = await run_text_rows(req, service, "/embed_all", lambda engine, prompt_len: TOKENS)
     return json_response([s.astype(np.float64) for s in states])
 
 
@@ -57,13 +59,8 @@ def sparse_entries(v) -> list[dict]:
 @router.post("/embed_sparse", response_model=list[list[SparseValue]],
              summary="TEI: sparse embeddings (SPLADE vectors, BGE-M3's lexical weights)")
 async def embed_sparse(req: EmbedSparseRequest, service: Service = Depends(service_of)):
-    engine = service.engine(req.model)
-    engine.serves("/embed_sparse")
-    texts = engine.texts_of(req.inputs, "inputs")
-    async with engine.admitted():
-        rows, _ = await engine.text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
-                                         prompt_name=req.prompt_name)
-        vectors = await engine.run_rows(rows, LEXICAL if engine.model.m3 is not None else SPLADE)
+    _, vectors = await run_text_rows(req, service, "/embed_sparse",
+                                     lambda engine, prompt_len: LEXICAL if engine.model.m3 is not None else SPLADE)
     return json_response([sparse_entries(v) for v in vectors])
 
 
