@@ -3,11 +3,12 @@
 # build the extension, the CPU suite on that tier, the GEMM ceilings and BERT-base against its peers on 2 pinned
 # cores, each with its own time limit; everything lands in $OUT/amx/ and one $OUT/amx.tgz (a device call returns at
 # most 8 files). Optional: wheels in .ovwhl/ (e.g. openvino for its bench rows) are installed to a private target.
-#   OUT=DIR bash benchmarks/amx_check.sh [tests,gemm,bench,accuracy]
+#   OUT=DIR bash benchmarks/amx_check.sh [gemm,bench,accuracy,tests]   (the order they run in; tests last: its
+#   output is the longest and the least new)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-amx-out}
-STAGES=${1:-tests,gemm,bench,accuracy}
+STAGES=${1:-gemm,bench,accuracy,tests}
 LOG=$OUT/amx
 mkdir -p "$LOG"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -23,11 +24,6 @@ MAX_JOBS=${MAX_JOBS:-14} python3 setup.py build_ext --inplace -q > "$LOG/build.l
 echo "build $(( $(date +%s) - t0 )) s, tier $(python3 -c 'from bertfast import _C; print(_C.isa())')" \
     | tee -a "$LOG/cpu.txt"
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
-if has tests; then  # -v: a failing test is named as it fails, where a cut-off run loses the summary
-    XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n ${JOBS:-14}"
-    timeout "${TESTS_S:-200}" python3 -m pytest -v -p no:cacheprovider $XD tests > "$LOG/tests.log" 2>&1
-    echo "tests rc=$? $(grep -c PASSED "$LOG/tests.log") passed $(grep -c FAILED "$LOG/tests.log") failed"
-fi
 pin="taskset -c 0,1"
 if has gemm; then  # the ceilings (bench_peak's AMX rows), then our AMX GEMMs against oneDNN's
     timeout 30 $pin python3 benchmarks/bench_peak.py --seconds 0.2 > "$LOG/peak.log" 2>&1
@@ -35,15 +31,23 @@ if has gemm; then  # the ceilings (bench_peak's AMX rows), then our AMX GEMMs ag
         > "$LOG/gemm.log" 2>&1
     echo "gemm rc=$?"
 fi
-if has bench; then
-    timeout "${BENCH_S:-200}" $pin python3 -m bertfast bench --config bert-base --threads 2 --repeats 5 --budget 6 \
-        --workloads "${WORKLOADS:-b1xs16,b1xs128,b8xs128,b8xs128-ragged}" --dtypes fp32,bf16 \
-        --providers "${PROVIDERS:-bertfast-cpu,bertfast-int8,openvino,onnxruntime-int8,hf-sdpa}" \
-        --json "$LOG/bench.json" > "$LOG/bench.log" 2>&1
-    echo "bench rc=$?"
+if has bench; then  # bf16 against OpenVINO, then int8 (the fp32 pass's rows) against ONNX Runtime: one JSON each
+    bench() {
+        timeout "$1" $pin python3 -m bertfast bench --config bert-base --threads 2 --repeats 5 --budget 6 \
+            --workloads "${WORKLOADS:-b1xs16,b1xs128,b8xs128,b8xs128-ragged}" --dtypes "$2" --providers "$3" \
+            --json "$LOG/bench-$4.json" > "$LOG/bench-$4.log" 2>&1
+        echo "bench $4 rc=$?"
+    }
+    bench "${BENCH_S:-120}" bf16 "${BF16_PROVIDERS:-bertfast-cpu,openvino}" bf16
+    bench "${BENCH_S:-120}" fp32 "${INT8_PROVIDERS:-bertfast-int8,onnxruntime-int8}" int8
 fi
 if has accuracy; then
     timeout "${ACCURACY_S:-60}" $pin python3 benchmarks/bf16_accuracy.py > "$LOG/accuracy.log" 2>&1
     echo "accuracy rc=$?"
+fi
+if has tests; then  # -v: a failing test is named as it fails, where a cut-off run loses the summary
+    XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n ${JOBS:-14}"
+    timeout "${TESTS_S:-200}" python3 -m pytest -v -p no:cacheprovider $XD tests > "$LOG/tests.log" 2>&1
+    echo "tests rc=$? $(grep -c PASSED "$LOG/tests.log") passed $(grep -c FAILED "$LOG/tests.log") failed"
 fi
 tar czf "$OUT/amx.tgz" -C "$OUT" amx
