@@ -27,6 +27,9 @@ import warnings
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # random_bert, beside this file
+
+from random_bert import save_random_bert  # noqa: E402
 
 WORDS = ("the a cat dog sat on mat quick brown fox jumps over lazy river mountain data engine vector search model "
          "token market bank rate bread recipe starter home kitchen city train station ticket weather forecast rain "
@@ -35,21 +38,9 @@ WORDS = ("the a cat dog sat on mat quick brown fox jumps over lazy river mountai
 
 def checkpoint(path: str, hidden: int, layers: int):
     """A random ColBERT built and saved by PyLate at `path`; returns the loaded PyLate model."""
-    import torch
-    import transformers
     from pylate import models
 
-    import bertfast
-
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,
-                                  num_attention_heads=max(1, hidden // 64), intermediate_size=4 * hidden)
-    base = path + "-base"
-    transformers.BertModel(cfg, add_pooling_layer=False).eval().save_pretrained(base)
-    tokenizer_dir = bertfast.default_model_path()
-    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
-        if os.path.isfile(os.path.join(tokenizer_dir, name)):
-            shutil.copy(os.path.join(tokenizer_dir, name), base)
+    base = save_random_bert(path + "-base", hidden, layers)
     models.ColBERT(base, device="cpu", embedding_size=128).save(path)
     return models.ColBERT(path, device="cpu")
 

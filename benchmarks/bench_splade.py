@@ -24,6 +24,9 @@ import warnings
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # random_bert, beside this file
+
+from random_bert import save_random_bert  # noqa: E402
 
 WORDS = ("the a cat dog sat on mat quick brown fox jumps over lazy river mountain data engine vector search model "
          "token market bank rate bread recipe starter home kitchen city train station ticket weather forecast rain "
@@ -32,23 +35,11 @@ WORDS = ("the a cat dog sat on mat quick brown fox jumps over lazy river mountai
 
 def checkpoint(path: str, hidden: int, layers: int) -> str:
     """A random SparseEncoder directory (Transformer fill-mask + SpladePooling) as sentence-transformers saves it."""
-    import torch
-    import transformers
     from sentence_transformers import SparseEncoder
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sparse_encoder.modules import SpladePooling
 
-    import bertfast
-
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,
-                                  num_attention_heads=max(1, hidden // 64), intermediate_size=4 * hidden)
-    mlm = path + "-mlm"
-    transformers.BertForMaskedLM(cfg).eval().save_pretrained(mlm)
-    tokenizer_dir = bertfast.default_model_path()
-    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
-        if os.path.isfile(os.path.join(tokenizer_dir, name)):
-            shutil.copy(os.path.join(tokenizer_dir, name), mlm)
+    mlm = save_random_bert(path + "-mlm", hidden, layers, head="mlm")
     SparseEncoder(modules=[Transformer(mlm, transformer_task="fill-mask"), SpladePooling("max")],
                   device="cpu").save(path)
     return path
