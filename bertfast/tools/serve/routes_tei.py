@@ -14,14 +14,14 @@ import numpy as np
 from fastapi import APIRouter, Depends
 
 from .model import LEXICAL, SPLADE, TOKENS
-from .schemas import (EmbedAllRequest, EmbedMultiRequest, EmbedRequest, EmbedSparseRequest, SparseValue, Token,
-                      TokenizeRequest, json_response)
+from .schemas import (EmbedAllRequest, EmbedMultiRequest, EmbedRequest, EmbedSparseRequest, SparseValue, TextsRequest,
+                      Token, TokenizeRequest, json_response)
 from .service import Service, off_loop, service_of
 
 router = APIRouter(tags=["TEI"])
 
 
-async def run_text_rows(req, service: Service, route: str, key):
+async def run_text_rows(req: TextsRequest, service: Service, route: str, key):
     """What the text routes share: the request's model (its kind checked for `route`), its inputs tokenized
     (truncation, prompt) and run as rows on the model's engine thread; key(engine, prompt_len) names what a row
     returns. Returns (engine, one result per input)."""

@@ -29,36 +29,30 @@ class Request(BaseModel):
     model_config = ConfigDict(strict=True)
 
 
-class EmbedRequest(Request):
+class TextsRequest(Request):
+    """The fields TEI's text routes share (what `routes_tei.run_text_rows` reads): the inputs, their truncation and
+    prompt, and the model."""
+
+    inputs: Texts = Field(description=TEXTS)
+    truncate: bool = Field(False, description="a boolean")
+    truncation_direction: Direction = Field("right", description=DIRECTION)
+    prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
+    model: str | None = Field(None, description=MODEL)
+
+
+class EmbedRequest(TextsRequest):
     """TEI's /embed. normalize None follows the checkpoint (its Normalize module), as Encoder.encode."""
 
-    inputs: Texts = Field(description=TEXTS)
     normalize: bool | None = Field(None, description="true, false or null (the model's own configuration)")
-    truncate: bool = Field(False, description="a boolean")
-    truncation_direction: Direction = Field("right", description=DIRECTION)
-    prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
     precision: Precision = Field("float32", description=PRECISION)
-    model: str | None = Field(None, description=MODEL)
 
 
-class EmbedAllRequest(Request):
+class EmbedAllRequest(TextsRequest):
     """TEI's /embed_all: every token's final hidden state, special and prompt tokens included."""
 
-    inputs: Texts = Field(description=TEXTS)
-    truncate: bool = Field(False, description="a boolean")
-    truncation_direction: Direction = Field("right", description=DIRECTION)
-    prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
-    model: str | None = Field(None, description=MODEL)
 
-
-class EmbedSparseRequest(Request):
-    """TEI's /embed_sparse (SPLADE models)."""
-
-    inputs: Texts = Field(description=TEXTS)
-    truncate: bool = Field(False, description="a boolean")
-    truncation_direction: Direction = Field("right", description=DIRECTION)
-    prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
-    model: str | None = Field(None, description=MODEL)
+class EmbedSparseRequest(TextsRequest):
+    """TEI's /embed_sparse (SPLADE models; BGE-M3's lexical weights)."""
 
 
 class EmbedMultiRequest(Request):
