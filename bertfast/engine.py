@@ -62,8 +62,8 @@ def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: 
     """One encoder layer on x (T, H) from the backend's ops; cu_seqlens (B+1,) int32; bias: the relative position
     bias (MPNet) or None; rotary: RoPE tables for q and k or None; window: 0 (global) or the sliding window;
     gated: a GLU FFN; norm_first: pre-LayerNorm (ModernBERT; attn_ln None = no norm before attention);
-    disentangled: DeBERTa-v2's (DistanceIndex, positions (T,) int32): the layer's c2p / p2c terms from its q and k
-    (`ops.disentangled`) become the attention's bias."""
+    disentangled: DeBERTa-v2's (DistanceIndex, positions (T,) int32, token_windows or None): the layer's c2p / p2c
+    terms from its q and k (`ops.disentangled`) become the attention's bias."""
     qkv_extra = {} if rotary is None else {"rotary": rotary}
     attn_extra = {"window": window} if window else {}
     ffn_extra = {"gated": True} if gated else {}
@@ -77,7 +77,8 @@ def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: 
         return ops.linear(h, layer.ffn_out_weight, layer.ffn_out_bias, "none", x)
     q, k, v = ops.qkv(x, layer.qkv_weight, layer.qkv_bias, heads, **qkv_extra)
     if disentangled is not None:
-        bias = dis.layer_bias(ops, q, k, layer.pos_key, layer.pos_query, *disentangled, scale)
+        index, positions, windows = disentangled
+        bias = dis.layer_bias(ops, q, k, layer.pos_key, layer.pos_query, index, positions, scale, windows)
     ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale, bias, **attn_extra)
     x = ops.layernorm(ops.linear(ctx, layer.attn_out_weight, layer.attn_out_bias, "none", x),
                       layer.attn_ln_weight, layer.attn_ln_bias, eps)
@@ -185,7 +186,9 @@ class Engine:
             tables = {theta: rope.tables(tokens.positions, theta, cfg.head_dim)
                       for theta in {cfg.rope_base(i) for i in range(len(w.layers))}}
         if cfg.disentangled:  # DeBERTa-v2: the distances' columns once per forward; the terms per layer
-            common = dict(disentangled=(dis.distance_index(cfg, tokens.width, str(x.device)), tokens.columns))
+            index = dis.distance_index(cfg, tokens.width, str(x.device))
+            windows = dis.token_windows(index, tokens.columns, cu_seqlens) if ops.reads_windows else None
+            common = dict(disentangled=(index, tokens.columns, windows))
         for i, layer in enumerate(w.layers):
             modern = dict(common)
             if cfg.rotary:

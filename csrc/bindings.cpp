@@ -47,8 +47,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("rel_index") = py::none());
   m.def("position_scores", &position_scores,
         "DeBERTa-v2's per-token position terms: x (T, heads, d) rows any stride apart, pos (rows, heads * d) "
-        "contiguous of x's dtype -> (T, heads, rows) float32, scale * x[t, h] . pos[r, h]",
-        py::arg("x"), py::arg("pos"), py::arg("scale"));
+        "contiguous of x's dtype -> (T, heads, rows) float32, scale * x[t, h] . pos[r, h]; windows: None or (T, 2) "
+        "int32, the columns [lo, hi) token t needs: only those are sure to be written",
+        py::arg("x"), py::arg("pos"), py::arg("scale"), py::arg("windows") = py::none());
   m.def("rotary_", &rotary_,
         "RoPE in place, half-split convention, exact fp32 math: x (T, heads, d) rows and heads any stride apart, "
         "cos and sin (T, d / 2) float32; returns x",

@@ -82,6 +82,72 @@ def test_native_position_scores(isa, dtype, lengths, d, rows, alone):
         assert torch.equal(_C.position_scores(q[lo:hi], pos, 0.125), ours[lo:hi])
 
 
+def _index_and_positions(lengths, width, buckets, max_relative, holes=False):
+    """A DistanceIndex over `width` columns (log buckets past buckets / 2), cu_seqlens and each row's columns:
+    consecutive from an offset (left padding), or with holes (every fifth column skipped)."""
+    cfg = ModelConfig.from_dict(dict(model_type="deberta-v2", hidden_size=8, num_attention_heads=1,
+                                     num_hidden_layers=1, intermediate_size=8, vocab_size=8, relative_attention=True,
+                                     pos_att_type=["c2p", "p2c"], position_buckets=buckets,
+                                     max_relative_positions=max_relative))
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    rows = []
+    for i, n in enumerate(lengths):
+        cols = torch.arange(width)
+        if holes:
+            cols = cols[cols % 5 != 3]
+        rows.append(cols[i % 3:i % 3 + n])
+    positions = torch.cat(rows).to(torch.int32)
+    assert int(positions.max()) < width
+    return disentangled.distance_index(cfg, width), cu, positions, cfg
+
+
+# (lengths, padded width, holes): full rows crossing the log-bucket horizon (distances past 8 share columns), left
+# padding offsets, a 1-token row, masks with holes.
+WINDOW_CASES = [([100, 1, 37, 64], 104, False), ([70, 2, 33], 90, True)]
+
+
+@needs_cpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("lengths,width,holes", WINDOW_CASES, ids=["offsets", "holes"])
+def test_native_position_scores_windows(isa, dtype, lengths, width, holes):
+    """With `token_windows`, each token's entries inside its windows are the full table's, bit for bit, and the
+    attention on the windowed tables (everything outside the windows NaN) is the attention on the full tables, bit
+    for bit: no read outside a window, and the 16-lane tiles (affine ones) add what the scalar loop adds."""
+    from bertfast import _C
+
+    heads, d = 2, 24
+    index, cu, positions, cfg = _index_and_positions(lengths, width, 16, 64, holes)
+    rows = index.hi - index.lo
+    qkv, (pk, pq), _, _ = _terms(lengths, heads, d, rows, 1, dtype)
+    q, k, v = (qkv[:, i] for i in range(3))
+    scale = cfg.attention_scale
+    windows = disentangled.token_windows(index, positions, cu)
+    full = [_C.position_scores(x, p, scale) for x, p in ((q, pk), (k, pq))]
+    gaps = []
+    for table, win, x, p in zip(full, windows, (q, k), (pk, pq)):
+        inside = torch.arange(rows)[None, :]
+        inside = (inside >= win[:, :1]) & (inside < win[:, 1:])  # (T, rows)
+        assert inside.sum(1).max() < rows  # the windows leave columns out
+        ours = _C.position_scores(x, p, scale, win)
+        assert torch.equal(ours.transpose(1, 2)[inside], table.transpose(1, 2)[inside])
+        gaps.append(table.masked_fill(~inside[:, None, :], float("nan")))
+    kw = dict(rel_index=index.index, bias_positions=positions)
+    expected = _C.attention(q, k, v, cu, max(lengths), scale, c2p=full[0], p2c=full[1], **kw)
+    ours = _C.attention(q, k, v, cu, max(lengths), scale, c2p=gaps[0], p2c=gaps[1], **kw)
+    assert not ours.isnan().any() and torch.equal(ours, expected)
+
+
+@needs_cpu
+def test_native_position_scores_window_errors():
+    from bertfast import _C
+
+    q, pos = torch.randn(3, 2, 16), torch.randn(6, 32)
+    with pytest.raises(ValueError, match=r"windows must be \(tokens = 3, 2\) int32"):
+        _C.position_scores(q, pos, 0.5, torch.zeros(3, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"windows\[1\] must be columns lo <= hi in \[0, rows = 6\]"):
+        _C.position_scores(q, pos, 0.5, torch.tensor([[0, 6], [2, 7], [0, 0]], dtype=torch.int32))
+
+
 ATTN_CASES = [([1], 32, ("c2p", "p2c")), ([129, 1, 70], 32, ("c2p", "p2c")), ([65, 17], 64, ("c2p",)),
               ([40, 3], 80, ("p2c",)), ([33, 8], 20, ("c2p", "p2c"))]
 

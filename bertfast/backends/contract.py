@@ -174,11 +174,16 @@ class Backend:
     def layernorm(self, x, weight, bias, eps):
         raise NotImplementedError
 
+    # Whether `disentangled` takes windows= (`disentangled.token_windows`): then only the entries a token's own
+    # sequence reads need be computed.
+    reads_windows = False
+
     def disentangled(self, q, k, pos_key, pos_query, scale):
         """DeBERTa-v2's per-token position terms (`reference.disentangled`): q, k (T, heads, d) views allowed;
         pos_key, pos_query (R, heads * d) or None -> (c2p, p2c), (T, heads, R) float32 contiguous or None, with
         c2p[t, h, r] = scale * q[t, h] . pos_key[r, h] and p2c[t, h, r] = scale * k[t, h] . pos_query[r, h]. A
-        table entry must not depend on T (batch invariance)."""
+        table entry must not depend on T (batch invariance). A backend with `reads_windows` also takes windows=
+        (c2p's, p2c's), and may leave the entries outside them unwritten."""
         raise NotImplementedError
 
     def pack(self, weight):

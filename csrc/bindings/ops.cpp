@@ -124,7 +124,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 // DeBERTa-v2's per-token position terms: scale * x[t, h] . pos[r, h] -> (T, heads, rows) float32.
-at::Tensor position_scores(const at::Tensor& x, const at::Tensor& pos, double scale) {
+at::Tensor position_scores(const at::Tensor& x, const at::Tensor& pos, double scale,
+                           const c10::optional<at::Tensor>& windows) {
   check_float(x, "x");
   BF_CHECK(x.dim() == 3 && x.size(1) > 0 && x.size(2) > 0, "x must be (tokens, heads, head_dim), got ", x.sizes());
   BF_CHECK(x.stride(2) == 1 || x.size(2) == 1, "x must be contiguous along head_dim, got strides ", x.strides());
@@ -133,6 +134,19 @@ at::Tensor position_scores(const at::Tensor& x, const at::Tensor& pos, double sc
   BF_CHECK(pos.dim() == 2 && pos.size(0) > 0 && pos.size(1) == heads * d, "pos must be (rows > 0, heads * head_dim = ",
            heads * d, "), got ", pos.sizes());
   check_contig(pos, "pos");
+  const int32_t* win = nullptr;
+  if (windows.has_value()) {
+    check_tensor(*windows, "windows");
+    BF_CHECK(windows->scalar_type() == at::kInt && windows->dim() == 2 && windows->size(0) == T &&
+                 windows->size(1) == 2,
+             "windows must be (tokens = ", T, ", 2) int32, got ", windows->scalar_type(), " ", windows->sizes());
+    check_contig(*windows, "windows");
+    win = windows->data_ptr<int32_t>();
+    for (int64_t t = 0; t < T; ++t)
+      BF_CHECK(0 <= win[2 * t] && win[2 * t] <= win[2 * t + 1] && win[2 * t + 1] <= pos.size(0), "windows[", t,
+               "] must be columns lo <= hi in [0, rows = ", pos.size(0), "], got [", win[2 * t], ", ",
+               win[2 * t + 1], ")");
+  }
   at::Tensor out = at::empty({T, heads, pos.size(0)}, x.options().dtype(at::kFloat));
   if (T == 0) return out;
   {
@@ -140,7 +154,7 @@ at::Tensor position_scores(const at::Tensor& x, const at::Tensor& pos, double sc
     dispatch(x.scalar_type(), [&](auto tag) {
       using T_ = decltype(tag);
       bc::position_scores<T_>(ptr<T_>(x), x.stride(0), x.stride(1), T, heads, d, ptr<T_>(pos), pos.size(0),
-                              float(scale), out.data_ptr<float>());
+                              float(scale), out.data_ptr<float>(), win);
     });
   }
   return out;

@@ -41,7 +41,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      const c10::optional<at::Tensor>& bias_table, const c10::optional<at::Tensor>& bias_positions,
                      int64_t window, const c10::optional<at::Tensor>& c2p, const c10::optional<at::Tensor>& p2c,
                      const c10::optional<at::Tensor>& rel_index);
-at::Tensor position_scores(const at::Tensor& x, const at::Tensor& pos, double scale);
+at::Tensor position_scores(const at::Tensor& x, const at::Tensor& pos, double scale,
+                           const c10::optional<at::Tensor>& windows);
 at::Tensor rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor glu(const at::Tensor& h, const std::string& act);
 at::Tensor pack_linear(const at::Tensor& weight);

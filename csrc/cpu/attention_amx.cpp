@@ -245,7 +245,7 @@ BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const 
 #pragma omp simd
             for (int64_t j = 0; j < kn; ++j) si[j] *= scale;
           }
-          add_bias(sc.s, tile_bias(*bias, heads, h, start, q0, kb), qn, kn);
+          add_bias512(sc.s, tile_bias(*bias, heads, h, start, q0, kb), qn, kn);
           factor = 1.f;
         }
         amx_softmax_block(sc, qn, kn, dp, factor, tw, n == 0);

@@ -67,7 +67,7 @@ struct Avx512Block {
       for (int r = 0; r < kR; ++r)
         for (int c = 0; c < kC; ++c) _mm512_storeu_ps(sc.s.data() + (i + r) * kKBlock + 16 * c, s[r][c]);
     }
-    add_bias(sc.s.data(), bias, qn, kn);
+    add_bias512(sc.s.data(), bias, qn, kn);
     mask_window(sc.s.data(), win, qn, kn, -INFINITY);
     // Online softmax per row; keys past kn are masked out.
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);

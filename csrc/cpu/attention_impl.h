@@ -195,6 +195,71 @@ BF_TARGET_AVX512 BF_INLINE void transpose16(__m512 r[16]) {
     r[12 + c] = _mm512_shuffle_f32x4(v1, w1, 0xDD);
   }
 }
+
+// DeBERTa-v2's terms on 16 lanes where the tile is affine: its queries' and keys' positions consecutive and the index
+// one column per distance over the distances between them, so c(i, j) = c0 + i - j. Then a query's c2p entries for
+// 16 keys are 16 consecutive floats (reversed) and 16 keys' p2c entries for 16 queries one 16 x 16 block (rows
+// read straight, transposed in registers): the scalar loop's gathers become loads. Only entries of pairs (i < qn,
+// j < kn) are read, as by add_disentangled (masked loads), and each score gets the same two additions in the same
+// order (term = c2p + p2c, then s += term): the same bits, so which tiles take this path does not matter.
+BF_TARGET_AVX512 BF_INLINE bool affine_tile(const TileBias& b, int64_t qn, int64_t kn, int32_t* c0) {
+  const int32_t q0 = b.qpos[0], k0 = b.kpos[0];
+  for (int64_t i = 1; i < qn; ++i)
+    if (b.qpos[i] != q0 + i) return false;
+  for (int64_t j = 1; j < kn; ++j)
+    if (b.kpos[j] != k0 + j) return false;
+  const int32_t* idx = b.index + (q0 - k0);  // the column of distance q0 - k0 + r at idx[r]
+  for (int64_t r = 1 - kn; r < qn - 1; ++r)
+    if (idx[r + 1] != idx[r] + 1) return false;
+  *c0 = idx[0];
+  return true;
+}
+
+template <bool kC2p, bool kP2c>
+BF_TARGET_AVX512 BF_INLINE void add_disentangled512(float* s, const TileBias& b, int64_t qn, int64_t kn, int32_t c0) {
+  const __m512i reverse = _mm512_set_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t i0 = 0; i0 < qn; i0 += 16) {
+    const int64_t nq = std::min<int64_t>(16, qn - i0);
+    for (int64_t j0 = 0; j0 < kn; j0 += 16) {
+      const int64_t nk = std::min<int64_t>(16, kn - j0);
+      const __mmask16 keys = tail_mask(nk);
+      __m512 p2c[16];  // p2c[m]: query i0 + m's p2c terms for keys j0 .. j0 + 15
+      if constexpr (kP2c) {
+        const __mmask16 queries = tail_mask(nq);
+        for (int l = 0; l < 16; ++l)  // row l: key j0 + l's terms for queries i0 .. i0 + 15
+          p2c[l] = l < nk ? _mm512_maskz_loadu_ps(queries, b.p2c + (j0 + l) * b.stride + c0 + i0 - (j0 + l))
+                          : _mm512_setzero_ps();
+        transpose16(p2c);
+      }
+      // Key j0 + l's c2p column for query i is c0 + i - j0 - l: memory element 15 - l of the 16 from c0 + i - j0 - 15.
+      const __mmask16 keys_reversed = __mmask16(uint32_t(keys) << (16 - nk));
+      for (int64_t m = 0; m < nq; ++m) {
+        const int64_t i = i0 + m;
+        __m512 term = _mm512_setzero_ps();
+        if constexpr (kC2p) {
+          const float* row = b.c2p + i * b.stride + c0 + i - j0 - 15;
+          term = _mm512_permutexvar_ps(reverse, _mm512_maskz_loadu_ps(keys_reversed, row));
+        }
+        if constexpr (kP2c) term = _mm512_add_ps(term, p2c[m]);
+        float* si = s + i * kKBlock + j0;
+        _mm512_mask_storeu_ps(si, keys, _mm512_add_ps(_mm512_maskz_loadu_ps(keys, si), term));
+      }
+    }
+  }
+}
+
+// add_bias for the AVX-512 tiers' blocks (AVX-512 and AMX): DeBERTa-v2's affine tiles on 16 lanes, the rest as
+// add_bias.
+BF_TARGET_AVX512 BF_INLINE void add_bias512(float* s, const TileBias& b, int64_t qn, int64_t kn) {
+  int32_t c0;
+  if (b.index != nullptr && qn > 0 && kn > 0 && affine_tile(b, qn, kn, &c0)) {
+    if (b.c2p != nullptr && b.p2c != nullptr) add_disentangled512<true, true>(s, b, qn, kn, c0);
+    else if (b.c2p != nullptr) add_disentangled512<true, false>(s, b, qn, kn, c0);
+    else if (b.p2c != nullptr) add_disentangled512<false, true>(s, b, qn, kn, c0);
+    return;
+  }
+  add_bias(s, b, qn, kn);
+}
 #endif
 
 // The key tiles [*t_lo, *t_hi] that query rows [q0, q0 + qn) of a sequence of len keys visit: all of them

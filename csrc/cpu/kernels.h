@@ -62,9 +62,12 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
 // DeBERTa-v2's per-token position terms: out[(t * heads + h) * rows + r] = scale * sum_e x[t, h, e] * pos[r, h, e],
 // x element (t, h, e) at x[t * ld_row + h * ld_head + e], pos: (rows, heads * head_dim) contiguous. Each entry is
 // one dot product over e in order, the same code for every token count (a row's terms do not depend on T).
+// windows: nullptr (every entry) or (tokens, 2) int32, token t's entries [windows[2t], windows[2t + 1]) the only
+// ones it needs (the columns its sequence's distances reach): those are written, possibly more (whole 16-column
+// groups), the rest are left as they were. An entry has the same bits either way.
 template <typename T>
 void position_scores(const T* x, int64_t ld_row, int64_t ld_head, int64_t tokens, int64_t heads, int64_t head_dim,
-                     const T* pos, int64_t rows, float scale, float* out);
+                     const T* pos, int64_t rows, float scale, float* out, const int32_t* windows = nullptr);
 
 // ---- rotary.cpp ----
 
