@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/alloc.h"
 #include "bindings/checks.h"
 #include "bindings/ops.h"
 #include "cpu/kernels.h"
@@ -82,11 +83,11 @@ class Layer {
     const int64_t T = x.size(0);
     const int64_t B = check_cu_seqlens(cu_seqlens, T, max_seqlen, "x");
     const bc::AttnBias bias = check_attn_bias(bias_table, bias_positions, config_.heads, T, cu_seqlens);
-    at::Tensor out = at::empty({T, H}, x.options());
-    at::Tensor work = at::empty({bc::layer_work_numel(T, H, I)}, x.options());
+    at::Tensor out = empty_activation({T, H}, x.options());
+    at::Tensor work = empty_activation({bc::layer_work_numel(T, H, I)}, x.options());
     at::Tensor q, q_scale, q_zp;
     if (config_.int8) {
-      q = at::empty({T * std::max(H, I)}, x.options().dtype(at::kChar));
+      q = empty_activation({T * std::max(H, I)}, x.options().dtype(at::kChar));
       q_scale = at::empty({T}, x.options().dtype(at::kFloat));
       q_zp = at::empty({T}, x.options().dtype(at::kInt));
     }

@@ -50,7 +50,7 @@ at::Tensor embeddings(const at::Tensor& ids, const c10::optional<at::Tensor>& po
   }
   check_vector(gamma, word, H, "ln_weight");
   check_vector(beta, word, H, "ln_bias");
-  at::Tensor out = at::empty({T, H}, word.options());
+  at::Tensor out = empty_activation({T, H}, word.options());
   {
     py::gil_scoped_release nogil;
     dispatch(word.scalar_type(), [&](auto tag) {
@@ -73,7 +73,7 @@ at::Tensor layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Ten
   check_vector(gamma, x, H, "weight");
   check_vector(beta, x, H, "bias");
   const at::Tensor r = optional_operand(residual, x, x.sizes(), Layout::Contiguous, "residual");
-  at::Tensor out = at::empty_like(x);
+  at::Tensor out = empty_activation(x.sizes(), x.options());
   {
     py::gil_scoped_release nogil;
     dispatch(x.scalar_type(), [&](auto tag) {
@@ -111,7 +111,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   }
   BF_CHECK(window >= 0, "window must be >= 0 (0: global attention), got ", window);
   const bc::AttnStrides st{q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1)};
-  at::Tensor out = at::empty({T, heads * d}, q.options());
+  at::Tensor out = empty_activation({T, heads * d}, q.options());
   {
     py::gil_scoped_release nogil;
     dispatch(q.scalar_type(), [&](auto tag) {
@@ -147,7 +147,7 @@ at::Tensor position_scores(const at::Tensor& x, const at::Tensor& pos, double sc
                "] must be columns lo <= hi in [0, rows = ", pos.size(0), "], got [", win[2 * t], ", ",
                win[2 * t + 1], ")");
   }
-  at::Tensor out = at::empty({T, heads, pos.size(0)}, x.options().dtype(at::kFloat));
+  at::Tensor out = empty_activation({T, heads, pos.size(0)}, x.options().dtype(at::kFloat));
   if (T == 0) return out;
   {
     py::gil_scoped_release nogil;
@@ -195,7 +195,7 @@ at::Tensor glu(const at::Tensor& h, const std::string& act) {
   BF_CHECK(h.stride(1) == 1 || h.size(1) <= 1, "h must be contiguous along features, got strides ", h.strides());
   const int64_t M = h.size(0), N = h.size(1) / 2;
   const bc::Activation a = activation(act);
-  at::Tensor out = at::empty({M, N}, h.options());
+  at::Tensor out = empty_activation({M, N}, h.options());
   if (M > 0 && N > 0) {
     py::gil_scoped_release nogil;
     dispatch(h.scalar_type(), [&](auto tag) {
@@ -235,7 +235,7 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_
   const bool widen_x = packed.scalar_type() == at::kBFloat16 && x_in.scalar_type() == at::kFloat;
   at::Tensor x = x_in;
   if (widen_x) {
-    x = at::empty({M, K}, packed.options());
+    x = empty_activation({M, K}, packed.options());
     const int64_t ld = M > 1 ? x_in.stride(0) : K;
     py::gil_scoped_release nogil;
     bc::to_bf16(ptr<float>(x_in), ld, M, K, ptr<bc::bf16>(x));
@@ -247,7 +247,7 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_
                     residual->scalar_type() == at::kFloat;
   const at::Tensor r = optional_operand(residual, wide ? *residual : x,
                                         {M, N}, Layout::Rows, "residual");
-  at::Tensor out = at::empty({M, N}, wide ? x.options().dtype(at::kFloat) : x.options());
+  at::Tensor out = empty_activation({M, N}, wide ? x.options().dtype(at::kFloat) : x.options());
   const int64_t ldx = M > 1 ? x.stride(0) : K;
   const int64_t ldr = r.defined() ? r.stride(0) : 0;
   {
@@ -281,7 +281,7 @@ at::Tensor sparse_pool(const at::Tensor& x, const at::Tensor& packed, int64_t vo
   BF_CHECK(pooling == "max" || pooling == "sum", "pooling must be 'max' or 'sum', got '", pooling, "'");
   BF_CHECK(activation == "relu" || activation == "log1p_relu", "activation must be 'relu' or 'log1p_relu', got '",
            activation, "'");
-  at::Tensor out = at::empty({B, V}, x.options());
+  at::Tensor out = empty_activation({B, V}, x.options());
   {
     py::gil_scoped_release nogil;
     bc::sparse_pool(ptr<float>(x), T > 1 ? x.stride(0) : K, cu_seqlens.data_ptr<int32_t>(), B, ptr<float>(packed),
@@ -346,9 +346,9 @@ void set_amx_blocking(int64_t steps, int64_t rows) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
   check_rows_f32(x, "x");
   const int64_t M = x.size(0), K = x.size(1);
-  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
-  at::Tensor scale = at::empty({M}, x.options());
-  at::Tensor zp = at::empty({M}, x.options().dtype(at::kInt));
+  at::Tensor q = empty_activation({M, K}, x.options().dtype(at::kChar));
+  at::Tensor scale = empty_activation({M}, x.options());
+  at::Tensor zp = empty_activation({M}, x.options().dtype(at::kInt));
   if (M > 0) {
     py::gil_scoped_release nogil;
     bc::quantize_rows(x.data_ptr<float>(), M > 1 ? x.stride(0) : K, M, K, q.data_ptr<int8_t>(),
@@ -385,10 +385,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at:
   const bc::Activation a = activation(act);
   const at::Tensor b = optional_operand(bias, w_scale, {N}, Layout::Contiguous, "bias");
   const at::Tensor r = optional_operand(residual, w_scale, {M, N}, Layout::Rows, "residual");
-  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
-  at::Tensor x_scale = at::empty({M}, x.options());
-  at::Tensor x_zp = at::empty({M}, x.options().dtype(at::kInt));
-  at::Tensor out = at::empty({M, N}, w_scale.options());
+  at::Tensor q = empty_activation({M, K}, x.options().dtype(at::kChar));
+  at::Tensor x_scale = empty_activation({M}, x.options());
+  at::Tensor x_zp = empty_activation({M}, x.options().dtype(at::kInt));
+  at::Tensor out = empty_activation({M, N}, w_scale.options());
   if (M > 0) {
     py::gil_scoped_release nogil;
     bc::quantize_rows(x.data_ptr<float>(), M > 1 ? x.stride(0) : K, M, K, q.data_ptr<int8_t>(),
