@@ -80,10 +80,10 @@ class CpuBackend(Backend):
         return dataclasses.replace(contiguous, layers=layers, pooler_weight=pooler)
 
     def stream_dtype(self, dtype):
-        """fp32 under bf16: the residual stream and the LayerNorms stay fp32, bf16 is the GEMMs' and attention's
-        operands (rounded once from the stream where a GEMM reads it). A bf16 stream cost ~4x the error: BERT-base
-        random weights, b8 x s128, max |bf16 - fp32| / max |fp32| 2.6e-2 with it, 6.3e-3 without
-        (docs/cpu-gemm.md#bf16-accuracy)."""
+        """fp32 under bf16: the residual stream, the LayerNorms and the position and token type tables stay fp32
+        (`STREAM_TENSORS`), bf16 is the GEMMs' and attention's operands (rounded once from the stream where a GEMM
+        reads it). A bf16 stream cost ~4x the error: BERT-base random weights, b8 x s128, max |bf16 - fp32| /
+        max |fp32| 2.6e-2 with it, 6.0e-3 without (the fp32 stream itself 4.8e-3; docs/cpu-gemm.md#bf16-accuracy)."""
         return torch.float32 if dtype == torch.bfloat16 else dtype
 
     def precision(self, device):
