@@ -237,7 +237,8 @@ class Encoder(nn.Module):
         path = os.fspath(path)
         dtype, quantize = split_quantization(dtype)
         engine_backend = get_backend(backend, "cpu", quantize, family=_model_type(path))
-        weights = load_pretrained(path, choose_dtype(dtype, engine_backend, "cpu"))
+        dtype = choose_dtype(dtype, engine_backend, "cpu")
+        weights = load_pretrained(path, dtype, engine_backend.stream_dtype(dtype))
         return cls(weights, engine_backend, add_pooling_layer, model_dir=path, quantize=quantize, graphs=graphs)
 
     @classmethod
@@ -248,7 +249,8 @@ class Encoder(nn.Module):
         dtype, quantize = split_quantization(dtype)
         device = model_device(model)
         engine_backend = get_backend(backend, device, quantize, family=getattr(model.config, "model_type", None))
-        weights = load_hf_model(model, choose_dtype(dtype, engine_backend, device))
+        dtype = choose_dtype(dtype, engine_backend, device)
+        weights = load_hf_model(model, dtype, engine_backend.stream_dtype(dtype))
         return cls(weights, engine_backend, add_pooling_layer, quantize=quantize, graphs=graphs)
 
     # --- properties ---

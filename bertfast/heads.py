@@ -382,7 +382,7 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
     else:
         sd = {k: v.detach() for k, v in path_or_hf_model.state_dict().items()}
         src = _TensorSource({k: "the in-memory model" for k in sd}, sd.__getitem__)
-    weights = assemble(src, config, dtype)
+    weights = assemble(src, config, dtype, engine_backend.stream_dtype(dtype))
     if task is None:
         return Encoder(weights, engine_backend, model_dir=model_dir, quantize=quantize)
 

@@ -261,11 +261,11 @@ def _getter(src, prefix: str):
     return get
 
 
-def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> ModelWeights:
-    """Build ModelWeights from a tensor source, checking names, shapes and dtypes."""
+def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None, stream_dtype=None) -> ModelWeights:
+    """Build ModelWeights from a tensor source, checking names, shapes and dtypes; stream_dtype: `ModelWeights.to`."""
     if config.rotary:
         weights = _assemble_rotary(src, config)
-        return weights.to(dtype=dtype or weights.dtype)
+        return weights.to(dtype=dtype or weights.dtype, stream_dtype=stream_dtype)
     prefix = _detect_prefix(src, config)
     H, I, E = config.hidden_size, config.intermediate_size, config.embedding_size
     get = _getter(src, prefix)
@@ -321,8 +321,8 @@ def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None) -> Mode
     if config.family in POOLER:
         pooler = linear(POOLER[config.family], H, H, optional=True)
     weights = ModelWeights(config, embeddings, layers, *pooler)
-    # One dtype throughout: the checkpoint's (of the word embeddings) unless asked otherwise.
-    return weights.to(dtype=dtype or weights.dtype)
+    # One dtype throughout, the checkpoint's (of the word embeddings) unless asked otherwise; stream tensors aside.
+    return weights.to(dtype=dtype or weights.dtype, stream_dtype=stream_dtype)
 
 
 def _disentangled_positions(get, linear, config: ModelConfig, layers: list[LayerWeights]) -> list[LayerWeights]:
@@ -422,18 +422,18 @@ def _assemble_rotary(src, config: ModelConfig) -> ModelWeights:
     return ModelWeights(config, embeddings, layers, *pooler, final_ln_weight=final[0], final_ln_bias=final[1])
 
 
-def load_pretrained(directory: str | os.PathLike, dtype=None) -> ModelWeights:
-    """Load a Hugging Face model directory (config.json + safetensors / pytorch_model.bin)."""
+def load_pretrained(directory: str | os.PathLike, dtype=None, stream_dtype=None) -> ModelWeights:
+    """Load a Hugging Face model directory (config.json + safetensors / pytorch_model.bin); stream_dtype: `assemble`."""
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         raise LoadError(f"model directory {directory} does not exist")
     dtype = resolve_dtype(dtype)
     config = ModelConfig.from_json(directory)
-    return assemble(open_checkpoint(directory), config, dtype)
+    return assemble(open_checkpoint(directory), config, dtype, stream_dtype)
 
 
-def load_hf_model(model, dtype=None) -> ModelWeights:
-    """Load the encoder weights of an in-memory `transformers` model (base or task model)."""
+def load_hf_model(model, dtype=None, stream_dtype=None) -> ModelWeights:
+    """Load the encoder weights of an in-memory `transformers` model (base or task model); stream_dtype: `assemble`."""
     hf_config = getattr(model, "config", None)
     if hf_config is None or not hasattr(model, "state_dict"):
         raise LoadError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
@@ -441,7 +441,7 @@ def load_hf_model(model, dtype=None) -> ModelWeights:
     config = ModelConfig.from_dict(hf_config.to_dict())
     sd = {k: v.detach() for k, v in model.state_dict().items()}
     src = _TensorSource({k: "the in-memory model" for k in sd}, sd.__getitem__)
-    return assemble(src, config, dtype)
+    return assemble(src, config, dtype, stream_dtype)
 
 
 __all__ = [

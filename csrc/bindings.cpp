@@ -28,8 +28,9 @@ using namespace bertfast::bindings;
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "bertfast native CPU kernels (fp32 and bf16, packed [T, H] token layout)";
   m.def("embeddings", &embeddings,
-        "LayerNorm(word[ids] + type[types] + position[positions]) -> (T, H); no token types or no position table "
-        "(rotary models): those terms left out",
+        "LayerNorm(word[ids] + type[types] + position[positions]) -> (T, H) in ln_weight's dtype; no token types or "
+        "no position table (rotary models): those terms left out; the word table float32 or bfloat16, the other "
+        "tables and the LayerNorm of its dtype, or float32 beside a bfloat16 one",
         py::arg("input_ids"), py::arg("position_ids"), py::arg("token_type_ids"), py::arg("word"),
         py::arg("position"), py::arg("token_type"), py::arg("ln_weight"), py::arg("ln_bias"), py::arg("eps"));
   m.def("layernorm", &layernorm, "LayerNorm(x + residual) over the last dim, fp32 statistics", py::arg("x"),

@@ -71,11 +71,16 @@ class ModelWeights:
     def device(self) -> torch.device:
         return self.embeddings.word.device
 
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "ModelWeights":
-        """A new ModelWeights with `fn` applied to every tensor (shared layers stay shared)."""
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor],
+            stream: Callable[[torch.Tensor], torch.Tensor] | None = None) -> "ModelWeights":
+        """A new ModelWeights with `fn` applied to every tensor (shared layers stay shared), or `stream`, where given,
+        to the residual stream's tensors (`STREAM_TENSORS`)."""
+
+        def pick(kind, name):
+            return stream if stream is not None and name in STREAM_TENSORS[kind] else fn
 
         def conv(obj):
-            return type(obj)(**{name: fn(value) if isinstance(value, torch.Tensor) else value
+            return type(obj)(**{name: pick(type(obj), name)(value) if isinstance(value, torch.Tensor) else value
                                 for name, value in vars(obj).items()})
 
         seen: dict[int, LayerWeights] = {}
@@ -84,18 +89,37 @@ class ModelWeights:
             if id(layer) not in seen:
                 seen[id(layer)] = conv(layer)
             layers.append(seen[id(layer)])
-        def opt(t):
-            return None if t is None else fn(t)
+        def opt(t, name):
+            return None if t is None else pick(ModelWeights, name)(t)
 
         return ModelWeights(
             config=self.config,
             embeddings=conv(self.embeddings),
             layers=layers,
-            pooler_weight=opt(self.pooler_weight),
-            pooler_bias=opt(self.pooler_bias),
-            final_ln_weight=opt(self.final_ln_weight),
-            final_ln_bias=opt(self.final_ln_bias),
+            pooler_weight=opt(self.pooler_weight, "pooler_weight"),
+            pooler_bias=opt(self.pooler_bias, "pooler_bias"),
+            final_ln_weight=opt(self.final_ln_weight, "final_ln_weight"),
+            final_ln_bias=opt(self.final_ln_bias, "final_ln_bias"),
         )
 
-    def to(self, dtype: torch.dtype | None = None, device=None) -> "ModelWeights":
-        return self.map(lambda t: t.to(device=device, dtype=dtype).contiguous())
+    def to(self, dtype: torch.dtype | None = None, device=None,
+           stream_dtype: torch.dtype | None = None) -> "ModelWeights":
+        """The weights in `dtype` on `device`; with stream_dtype, the residual stream's tensors (`STREAM_TENSORS`) in
+        that dtype instead (a backend's `Backend.stream_dtype`), converted from the tensors as they are: from an fp32
+        checkpoint, fp32 ones under bf16 GEMMs lose nothing to bf16."""
+        def cast(dt):
+            return lambda t: t.to(device=device, dtype=dt).contiguous()
+
+        return self.map(cast(dtype), stream=None if stream_dtype is None else cast(stream_dtype))
+
+
+# What only adds into or scales the residual stream, never a GEMM's operand: the position and token type tables
+# (the word table is looked up the same way, but large: it stays in the weights' dtype) and every LayerNorm. A
+# backend keeping the stream more precise than its GEMMs (`Backend.stream_dtype`) keeps these at the stream's
+# precision: under bf16, the position and token type rows rounded to bf16 (the same rows in every sequence) were the
+# largest error left outside the GEMMs' operands (docs/cpu-gemm.md#bf16-accuracy).
+STREAM_TENSORS = {
+    EmbeddingWeights: ("position", "token_type", "ln_weight", "ln_bias"),
+    LayerWeights: ("attn_ln_weight", "attn_ln_bias", "ffn_ln_weight", "ffn_ln_bias"),
+    ModelWeights: ("final_ln_weight", "final_ln_bias"),
+}

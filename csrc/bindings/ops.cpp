@@ -24,13 +24,18 @@ at::Tensor embeddings(const at::Tensor& ids, const c10::optional<at::Tensor>& po
   check_contig(word, "word");
   const int64_t H = word.size(1);
   BF_CHECK(H > 0, "hidden size must be positive, got word of shape ", word.sizes());
+  // The other tables, the LayerNorm and the output share one dtype: the word table's, or fp32 beside a bf16 one.
+  check_float(gamma, "ln_weight");
+  BF_CHECK(gamma.scalar_type() == word.scalar_type() || word.scalar_type() == at::kBFloat16,
+           "a float32 word table needs float32 position, token_type and LayerNorm tensors, got ln_weight ",
+           gamma.scalar_type());
   BF_CHECK(ids.dim() == 1, "input_ids must be 1-D (tokens,), got ", ids.sizes());
   const int64_t T = ids.size(0);
   check_index(ids, T, word.size(0), "input_ids");
   at::Tensor pos, pt;  // undefined without a position table (rotary models): position_ids are then ignored
   if (position_table.has_value()) {
     pt = *position_table;
-    check_like(pt, word, "position");
+    check_like(pt, gamma, "position");
     BF_CHECK(pt.dim() == 2 && pt.size(1) == H, "position must be (max_positions, ", H, "), got ", pt.sizes());
     check_contig(pt, "position");
     BF_CHECK(positions.has_value(), "position_ids are needed with a position table");
@@ -43,22 +48,27 @@ at::Tensor embeddings(const at::Tensor& ids, const c10::optional<at::Tensor>& po
   if (types.has_value()) {
     ty = *types;
     tt = *type_table;
-    check_like(tt, word, "token_type");
+    check_like(tt, gamma, "token_type");
     BF_CHECK(tt.dim() == 2 && tt.size(1) == H, "token_type must be (types, ", H, "), got ", tt.sizes());
     check_contig(tt, "token_type");
     check_index(ty, T, tt.size(0), "token_type_ids");
   }
-  check_vector(gamma, word, H, "ln_weight");
-  check_vector(beta, word, H, "ln_bias");
-  at::Tensor out = empty_activation({T, H}, word.options());
+  check_vector(gamma, gamma, H, "ln_weight");
+  check_vector(beta, gamma, H, "ln_bias");
+  at::Tensor out = empty_activation({T, H}, gamma.options());
   {
     py::gil_scoped_release nogil;
-    dispatch(word.scalar_type(), [&](auto tag) {
+    const auto run = [&](auto word_tag, auto tag) {
+      using W = decltype(word_tag);
       using T_ = decltype(tag);
-      bc::embeddings<T_>(ids.data_ptr<int64_t>(), pos.defined() ? pos.data_ptr<int64_t>() : nullptr,
-                    ty.defined() ? ty.data_ptr<int64_t>() : nullptr, ptr<T_>(word), ptr<T_>(pt), ptr<T_>(tt),
-                    ptr<T_>(gamma), ptr<T_>(beta), float(eps), T, H, ptr<T_>(out));
-    });
+      bc::embeddings<W, T_>(ids.data_ptr<int64_t>(), pos.defined() ? pos.data_ptr<int64_t>() : nullptr,
+                            ty.defined() ? ty.data_ptr<int64_t>() : nullptr, ptr<W>(word), ptr<T_>(pt), ptr<T_>(tt),
+                            ptr<T_>(gamma), ptr<T_>(beta), float(eps), T, H, ptr<T_>(out));
+    };
+    if (word.scalar_type() == gamma.scalar_type())
+      dispatch(word.scalar_type(), [&](auto tag) { run(tag, tag); });
+    else
+      run(bc::bf16{}, float{});
   }
   return out;
 }

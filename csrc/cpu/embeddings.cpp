@@ -1,6 +1,10 @@
 // Embedding gather (word + token type + position) fused with the embedding LayerNorm: one pass per token,
 // the sum kept in fp32 (the reference rounds each partial sum in bf16; this is at least as accurate). The token
-// type table and the position table (rotary models have none) may be absent.
+// type table and the position table (rotary models have none) may be absent. The word table is of W, the rest (the
+// other tables, the LayerNorm, out) of T: both fp32, both bf16, or a bf16 word table with the rest fp32, the start
+// of a bf16 forward's fp32 residual stream. Rounding the position and token type rows (the same rows in every
+// sequence) and the output to bf16 was most of that stream's error beyond the GEMMs' operands (BERT-base random
+// weights: docs/cpu-gemm.md#bf16-accuracy).
 #include <omp.h>
 
 #include <cmath>
@@ -16,8 +20,8 @@ namespace cpu {
 namespace {
 
 // LayerNorm(w + y) of one token without a position row (y, the token type row, may be null).
-template <typename T>
-BF_INLINE void embed_row_unpositioned(const T* w, const T* y, int64_t H, float eps, const T* gamma, const T* beta,
+template <typename W, typename T>
+BF_INLINE void embed_row_unpositioned(const W* w, const T* y, int64_t H, float eps, const T* gamma, const T* beta,
                                       T* out, float* row) {
   const float shift = to_float(w[0]) + (y != nullptr ? to_float(y[0]) : 0.f);
   float sum = 0.f;
@@ -37,8 +41,8 @@ BF_INLINE void embed_row_unpositioned(const T* w, const T* y, int64_t H, float e
   normalize_row(row, sum, H, eps, gamma, beta, out);
 }
 
-template <typename T>
-BF_INLINE void embed_thread(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word,
+template <typename W, typename T>
+BF_INLINE void embed_thread(const int64_t* ids, const int64_t* positions, const int64_t* types, const W* word,
                             const T* pos, const T* type, const T* gamma, const T* beta, float eps,
                             int64_t tokens, int64_t H, T* out, int part, int parts) {
   int64_t lo, hi;
@@ -46,7 +50,7 @@ BF_INLINE void embed_thread(const int64_t* ids, const int64_t* positions, const 
   std::vector<float> buf(H);
   float* row = buf.data();
   for (int64_t t = lo; t < hi; ++t) {
-    const T* w = word + ids[t] * H;
+    const W* w = word + ids[t] * H;
     const T* p = pos != nullptr ? pos + positions[t] * H : nullptr;
     const T* y = types != nullptr ? type + types[t] * H : nullptr;
     if (p == nullptr) {  // no position table (rotary models): word + token type alone
@@ -74,23 +78,23 @@ BF_INLINE void embed_thread(const int64_t* ids, const int64_t* positions, const 
 }
 
 #if BF_X86
-template <typename T>
-BF_TARGET_AVX2 void embed_avx2(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word,
+template <typename W, typename T>
+BF_TARGET_AVX2 void embed_avx2(const int64_t* ids, const int64_t* positions, const int64_t* types, const W* word,
                                const T* pos, const T* type, const T* gamma, const T* beta, float eps, int64_t tokens,
                                int64_t H, T* out, int part, int parts) {
   embed_thread(ids, positions, types, word, pos, type, gamma, beta, eps, tokens, H, out, part, parts);
 }
 
-template <typename T>
+template <typename W, typename T>
 BF_TARGET_AVX512 void embed_avx512(const int64_t* ids, const int64_t* positions, const int64_t* types,
-                                   const T* word, const T* pos, const T* type, const T* gamma, const T* beta,
+                                   const W* word, const T* pos, const T* type, const T* gamma, const T* beta,
                                    float eps, int64_t tokens, int64_t H, T* out, int part, int parts) {
   embed_thread(ids, positions, types, word, pos, type, gamma, beta, eps, tokens, H, out, part, parts);
 }
 #endif
 
-template <typename T>
-void embed_generic(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word,
+template <typename W, typename T>
+void embed_generic(const int64_t* ids, const int64_t* positions, const int64_t* types, const W* word,
                    const T* pos, const T* type, const T* gamma, const T* beta, float eps, int64_t tokens,
                    int64_t H, T* out, int part, int parts) {
   embed_thread(ids, positions, types, word, pos, type, gamma, beta, eps, tokens, H, out, part, parts);
@@ -98,8 +102,8 @@ void embed_generic(const int64_t* ids, const int64_t* positions, const int64_t* 
 
 }  // namespace
 
-template <typename T>
-void embeddings(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word, const T* pos,
+template <typename W, typename T>
+void embeddings(const int64_t* ids, const int64_t* positions, const int64_t* types, const W* word, const T* pos,
                 const T* type, const T* gamma, const T* beta, float eps, int64_t tokens, int64_t hidden, T* out) {
   const int nt = threads_for(tokens * hidden);
   parallel_for(nt, nt, [&](int64_t part) {
@@ -107,10 +111,12 @@ void embeddings(const int64_t* ids, const int64_t* positions, const int64_t* typ
   });
 }
 
-template void embeddings<float>(const int64_t*, const int64_t*, const int64_t*, const float*, const float*,
-                                const float*, const float*, const float*, float, int64_t, int64_t, float*);
-template void embeddings<bf16>(const int64_t*, const int64_t*, const int64_t*, const bf16*, const bf16*,
-                               const bf16*, const bf16*, const bf16*, float, int64_t, int64_t, bf16*);
+template void embeddings<float, float>(const int64_t*, const int64_t*, const int64_t*, const float*, const float*,
+                                       const float*, const float*, const float*, float, int64_t, int64_t, float*);
+template void embeddings<bf16, bf16>(const int64_t*, const int64_t*, const int64_t*, const bf16*, const bf16*,
+                                     const bf16*, const bf16*, const bf16*, float, int64_t, int64_t, bf16*);
+template void embeddings<bf16, float>(const int64_t*, const int64_t*, const int64_t*, const bf16*, const float*,
+                                      const float*, const float*, const float*, float, int64_t, int64_t, float*);
 
 }  // namespace cpu
 }  // namespace bertfast

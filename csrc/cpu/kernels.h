@@ -14,9 +14,10 @@ namespace cpu {
 // ---- embeddings.cpp ----
 
 // out[t, :] = LayerNorm(word[ids[t]] + type[types[t]] + pos[positions[t]]); types/type and positions/pos may be
-// null (no token types; no position table: rotary models).
-template <typename T>
-void embeddings(const int64_t* ids, const int64_t* positions, const int64_t* types, const T* word, const T* pos,
+// null (no token types; no position table: rotary models). W, T: float, float; bf16, bf16; or bf16, float (a bf16
+// word table, the rest and out fp32: the fp32 residual stream of a bf16 forward).
+template <typename W, typename T>
+void embeddings(const int64_t* ids, const int64_t* positions, const int64_t* types, const W* word, const T* pos,
                 const T* type, const T* gamma, const T* beta, float eps, int64_t tokens, int64_t hidden, T* out);
 
 // ---- layernorm.cpp ----

@@ -56,9 +56,10 @@ class CpuBackend(Backend):
             raise ValueError(f"backend 'cpu' needs weights on the CPU, got {weights.device}")
         if self.quantize == "int8" and weights.dtype != torch.float32:
             raise ValueError(f"int8 quantization starts from float32 weights, got {weights.dtype}")
-        contiguous = weights.map(lambda t: t.contiguous())
-        if self.stream_dtype(weights.dtype) != weights.dtype:  # LayerNorms on the fp32 stream take fp32 weights
-            contiguous = _stream_norms(contiguous, self.stream_dtype(weights.dtype))
+        # The stream's tensors (LayerNorms, position and token type tables) in its dtype: fp32 under bf16, as loaded
+        # from the checkpoint (`Encoder.from_pretrained`) or cast from bf16 here.
+        stream = self.stream_dtype(weights.dtype)
+        contiguous = weights.map(lambda t: t.contiguous(), stream=lambda t: t.to(stream).contiguous())
         pack = quant.QuantLinear.from_float if self.quantize == "int8" else linear.PackedLinear
         seen: dict[int, LayerWeights] = {}
         layers = []
@@ -79,10 +80,10 @@ class CpuBackend(Backend):
         return dataclasses.replace(contiguous, layers=layers, pooler_weight=pooler)
 
     def stream_dtype(self, dtype):
-        """fp32 under bf16: the residual stream and the LayerNorms stay fp32, bf16 is the GEMMs' and attention's
-        operands (rounded once from the stream where a GEMM reads it). A bf16 stream cost ~4x the error: BERT-base
-        random weights, b8 x s128, max |bf16 - fp32| / max |fp32| 2.6e-2 with it, 6.3e-3 without
-        (docs/cpu-gemm.md#bf16-accuracy)."""
+        """fp32 under bf16: the residual stream, the LayerNorms and the position and token type tables stay fp32
+        (`STREAM_TENSORS`), bf16 is the GEMMs' and attention's operands (rounded once from the stream where a GEMM
+        reads it). A bf16 stream cost ~4x the error: BERT-base random weights, b8 x s128, max |bf16 - fp32| /
+        max |fp32| 2.6e-2 with it, 6.0e-3 without (the fp32 stream itself 4.8e-3; docs/cpu-gemm.md#bf16-accuracy)."""
         return torch.float32 if dtype == torch.bfloat16 else dtype
 
     def precision(self, device):
@@ -182,20 +183,6 @@ class CpuBackend(Backend):
             return lambda x, cu_seqlens, max_seqlen, scale, bias: whole(x, cu_seqlens, max_seqlen, scale,
                                                                         **_bias_args(bias))
         return None
-
-
-def _stream_norms(weights: ModelWeights, dtype: torch.dtype) -> ModelWeights:
-    """`weights` with the layers' LayerNorms and the final one in `dtype` (the stream's)."""
-    cast = (lambda t: None if t is None else t.to(dtype))
-    seen: dict[int, LayerWeights] = {}
-    for layer in weights.layers:
-        if id(layer) not in seen:
-            seen[id(layer)] = dataclasses.replace(
-                layer, attn_ln_weight=cast(layer.attn_ln_weight), attn_ln_bias=cast(layer.attn_ln_bias),
-                ffn_ln_weight=cast(layer.ffn_ln_weight), ffn_ln_bias=cast(layer.ffn_ln_bias))
-    return dataclasses.replace(weights, layers=[seen[id(layer)] for layer in weights.layers],
-                               final_ln_weight=cast(weights.final_ln_weight),
-                               final_ln_bias=cast(weights.final_ln_bias))
 
 
 def _fits_whole_layer(layer: LayerWeights, cfg) -> bool:

@@ -62,6 +62,34 @@ def test_embed(isa, dtype, tokens, hidden, types):
     check(ours, reference.embeddings(ids, pos, tt, emb_low, 1e-12), reference.embeddings(ids, pos, tt, emb_hi, 1e-12), dtype)
 
 
+@pytest.mark.parametrize("tokens,hidden,types,positioned", [
+    pytest.param(1, 32, 2, True, id="T1-H32"),
+    pytest.param(129, 384, 0, True, id="T129-H384-notypes"),
+    pytest.param(70, 1025, 3, False, id="T70-H1025-nopositions"),
+])
+def test_embed_bf16_word_fp32_rest(isa, tokens, hidden, types, positioned):
+    """A bf16 word table beside fp32 position / token type tables and LayerNorm (a bf16 forward's fp32 stream starts
+    there: `STREAM_TENSORS`): fp32 out, as accurate as fp32 on those values."""
+    g = torch.Generator().manual_seed(tokens + hidden)
+    tables = dict(
+        word=rounded(torch.randn(50, hidden, generator=g, dtype=torch.float64) + 2.0, torch.bfloat16),  # offset
+        position=torch.randn(140, hidden, generator=g, dtype=torch.float64) * 0.5 if positioned else None,
+        token_type=torch.randn(types, hidden, generator=g, dtype=torch.float64) if types else None,
+        ln_weight=1 + 0.1 * torch.randn(hidden, generator=g, dtype=torch.float64),
+        ln_bias=0.1 * torch.randn(hidden, generator=g, dtype=torch.float64),
+    )
+    emb_hi = EmbeddingWeights(**{k: rounded(t, torch.float32) for k, t in tables.items()})
+    emb_32 = EmbeddingWeights(**{k: None if t is None else t.float() for k, t in vars(emb_hi).items()})
+    ids = torch.randint(0, 50, (tokens,), generator=g)
+    pos = torch.randint(0, 140, (tokens,), generator=g) if positioned else torch.arange(tokens)
+    tt = torch.randint(0, types, (tokens,), generator=g) if types else None
+    ours = _C.embeddings(ids, pos if positioned else None, tt, emb_32.word.bfloat16(), emb_32.position,
+                         emb_32.token_type, emb_32.ln_weight, emb_32.ln_bias, 1e-12)
+    assert ours.dtype == torch.float32
+    check(ours, reference.embeddings(ids, pos, tt, emb_32, 1e-12), reference.embeddings(ids, pos, tt, emb_hi, 1e-12),
+          torch.float32)
+
+
 # ----------------------------------------------------------------------------------------------
 # layernorm (+ residual)
 
@@ -402,6 +430,13 @@ ERROR_CASES = [
     pytest.param(lambda: _C.embeddings(torch.tensor([0, 1]), torch.tensor([0, 1]), None, torch.randn(50, 8),
                                   torch.randn(4, 9), None, torch.ones(8), torch.zeros(8), 1e-12),
                  "position must be", id="embed-position-width"),
+    pytest.param(lambda: _C.embeddings(torch.tensor([0, 1]), torch.tensor([0, 1]), None, torch.randn(50, 8),
+                                  torch.randn(4, 8).bfloat16(), None, torch.ones(8).bfloat16(),
+                                  torch.zeros(8).bfloat16(), 1e-12),
+                 "float32 word table needs float32", id="embed-fp32-word-bf16-rest"),
+    pytest.param(lambda: _C.embeddings(torch.tensor([0, 1]), torch.tensor([0, 1]), None, torch.randn(50, 8).bfloat16(),
+                                  torch.randn(4, 8).bfloat16(), None, torch.ones(8), torch.zeros(8), 1e-12),
+                 "position has dtype", id="embed-bf16-position-fp32-norm"),
     pytest.param(lambda: _C.set_isa("sse9"), "unknown ISA tier", id="isa-unknown"),
 ]
 
