@@ -38,11 +38,12 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
   };
   // o (T, N) = act(in (T, K) . g^T + bias) + residual (T, N); o and residual fp32 where residual is given (the
   // stream), of type T otherwise. What the backend's linear runs on the extension.
+  // in == nullptr under int8: q8 already holds the operand quantized (layernorm_quantize).
   const auto gemm = [&](profile::Stage stage, const LayerGemm<T>& g, const T* in, int64_t K, int64_t N,
                         const float* residual, Activation act, void* o) {
     if constexpr (sizeof(T) == 4) {
       if (c.int8) {  // quant.linear's native call: quantize_rows, then the int8 GEMM with its epilogue
-        {
+        if (in != nullptr) {
           profile::Scope timed(profile::kQuantize);
           quantize_rows(in, K, T_, K, q8.q, q8.scale, q8.zp);
         }
@@ -73,8 +74,16 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
     attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, c.heads, d, scale, ctx, c.int8, bias);
   }
   gemm(profile::kAttnOut, w.attn_out, ctx, H, H, x, Activation::None, mid);
-  norm(mid, w.attn_ln_weight, w.attn_ln_bias);
-  gemm(profile::kFfnIn, w.ffn_in, operand(mid), H, I, nullptr, c.act, inner);
+  if (sizeof(T) == 4 && c.int8) {  // the LayerNorm and the FFN-in operand's quantization in one pass (same bits)
+    {
+      profile::Scope timed(profile::kLayerNorm);
+      layernorm_quantize(mid, w.attn_ln_weight, w.attn_ln_bias, c.eps, T_, H, q8.q, q8.scale, q8.zp);
+    }
+    gemm(profile::kFfnIn, w.ffn_in, nullptr, H, I, nullptr, c.act, inner);
+  } else {
+    norm(mid, w.attn_ln_weight, w.attn_ln_bias);
+    gemm(profile::kFfnIn, w.ffn_in, operand(mid), H, I, nullptr, c.act, inner);
+  }
   gemm(profile::kFfnOut, w.ffn_out, inner, I, H, mid, Activation::None, out);
   norm(out, w.ffn_ln_weight, w.ffn_ln_bias);
 }

@@ -72,6 +72,22 @@ void layernorm_generic(const T* x, const T* residual, const T* gamma, const T* b
   layernorm_thread(x, residual, gamma, beta, eps, tokens, H, out, part, parts);
 }
 
+// Rows [lo, hi) of fp32 x, no residual: layernorm_range's tiers (the loops of layernorm_rows, so its bits).
+void layernorm_range_generic(const float* x, const float* gamma, const float* beta, float eps, int64_t lo,
+                             int64_t hi, int64_t H, float* out, float* row) {
+  layernorm_rows<float>(x, nullptr, gamma, beta, eps, lo, hi, H, out, row);
+}
+#if BF_X86
+BF_TARGET_AVX2 void layernorm_range_avx2(const float* x, const float* gamma, const float* beta, float eps, int64_t lo,
+                                         int64_t hi, int64_t H, float* out, float* row) {
+  layernorm_rows<float>(x, nullptr, gamma, beta, eps, lo, hi, H, out, row);
+}
+BF_TARGET_AVX512 void layernorm_range_avx512(const float* x, const float* gamma, const float* beta, float eps,
+                                             int64_t lo, int64_t hi, int64_t H, float* out, float* row) {
+  layernorm_rows<float>(x, nullptr, gamma, beta, eps, lo, hi, H, out, row);
+}
+#endif
+
 }  // namespace
 
 template <typename T>
@@ -81,6 +97,12 @@ void layernorm(const T* x, const T* residual, const T* gamma, const T* beta, flo
   parallel_for(nt, nt, [&](int64_t part) {
     BF_DISPATCH(layernorm, x, residual, gamma, beta, eps, tokens, hidden, out, int(part), nt);
   });
+}
+
+void layernorm_range(const float* x, const float* gamma, const float* beta, float eps, int64_t lo, int64_t hi,
+                     int64_t hidden, float* out) {
+  std::vector<float> row(hidden);
+  BF_DISPATCH(layernorm_range, x, gamma, beta, eps, lo, hi, hidden, out, row.data());
 }
 
 template void layernorm<float>(const float*, const float*, const float*, const float*, float, int64_t, int64_t,

@@ -118,13 +118,30 @@ BF_TARGET_AVX512 void quantize_rows_range_avx512(const float* x, int64_t ldx, in
 }  // namespace
 
 void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp) {
-  // Threads only for large inputs: a short call is not worth waking another thread.
-  const int nt = M * K >= (int64_t(1) << 20) ? num_threads() : 1;
+  // Threads from 64k elements: 1024 x 384 (MiniLM's rows of ~1000 tokens) took 53 us on one thread, 28 on two (Zen 5,
+  // cache-warm); 64 x 384 takes 4 us either way.
+  const int nt = M * K >= (int64_t(1) << 16) ? num_threads() : 1;
   parallel_for(nt, nt, [&](int64_t part) {
     DenormalGuard ftz;
     int64_t lo, hi;
     split_range(M, int(part), nt, &lo, &hi);
     BF_DISPATCH(quantize_rows_range, x, ldx, lo, hi, K, q, scale, zp);
+  });
+}
+
+void layernorm_quantize(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, int8_t* q,
+                        float* scale, int32_t* zp) {
+  constexpr int64_t kChunk = 16;  // rows normalized, then quantized while they are in L1
+  const int nt = threads_for(T * H);
+  parallel_for(nt, nt, [&](int64_t part) {
+    int64_t lo, hi;
+    split_range(T, int(part), nt, &lo, &hi);
+    for (int64_t c = lo; c < hi; c += kChunk) {
+      const int64_t e = std::min(hi, c + kChunk);
+      layernorm_range(x, gamma, beta, eps, c, e, H, x);  // as layernorm: no denormal flushing
+      DenormalGuard ftz;                                  // as quantize_rows
+      BF_DISPATCH(quantize_rows_range, x, H, c, e, H, q, scale, zp);
+    }
   });
 }
 
