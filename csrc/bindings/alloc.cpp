@@ -18,20 +18,34 @@
 namespace bertfast {
 namespace bindings {
 
+namespace {
+
+constexpr size_t kHuge = size_t(2) << 20;
+
+// A block of `bytes` (a multiple of 2 MB) aligned to 2 MB and marked for transparent huge pages (Linux, THP
+// "madvise" or "always"; the advice is a hint: failure leaves ordinary pages), or nullptr.
+void* huge_block(size_t bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, kHuge, bytes) != 0) return nullptr;
+#if defined(__linux__)
+  madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+size_t round_huge(size_t bytes) { return (bytes + kHuge - 1) / kHuge * kHuge; }
+
+}  // namespace
+
 // Packed weights are streamed once per forward: on 4 KB pages that is a TLB miss every 4 KB of a
-// 100+ MB stream. Large packed weights get their own 2 MB aligned block, marked for transparent huge
-// pages (Linux, THP "madvise" or "always"); elsewhere, or if that fails, torch's allocator.
+// 100+ MB stream. Large packed weights get their own huge-page block; elsewhere, or if that fails, torch's
+// allocator.
 at::Tensor empty_streamed(int64_t numel, const at::TensorOptions& options) {
 #if defined(__linux__)
-  constexpr size_t kHuge = size_t(2) << 20;
   const size_t bytes = size_t(numel) * options.dtype().itemsize();
   if (bytes >= kHuge) {
-    const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
-    void* p = nullptr;
-    if (posix_memalign(&p, kHuge, rounded) == 0) {
-      madvise(p, rounded, MADV_HUGEPAGE);  // a hint: failure leaves ordinary pages
+    if (void* p = huge_block(round_huge(bytes)))
       return torch::from_blob(p, {numel}, [](void* q) { std::free(q); }, options);
-    }
   }
 #endif
   return at::empty({numel}, options);
@@ -47,7 +61,6 @@ at::Tensor empty_streamed(int64_t numel, const at::TensorOptions& options) {
 namespace {
 
 constexpr size_t kMinBytes = size_t(1) << 20;
-constexpr size_t kAlign = size_t(2) << 20;
 
 class BlockCache {
  public:
@@ -69,12 +82,7 @@ class BlockCache {
       }
       ++allocated_;
     }
-    void* p = nullptr;
-    if (posix_memalign(&p, kAlign, bytes) != 0) return nullptr;
-#if defined(__linux__)
-    madvise(p, bytes, MADV_HUGEPAGE);  // a hint: failure leaves ordinary pages
-#endif
-    return p;
+    return huge_block(bytes);
   }
 
   void give(void* p, size_t bytes) {
@@ -117,7 +125,7 @@ at::Tensor empty_activation(at::IntArrayRef sizes, const at::TensorOptions& opti
   BlockCache& cache = block_cache();
   if (bytes < kMinBytes || !cache.enabled() || options.device().type() != c10::DeviceType::CPU)
     return at::empty(sizes, options);
-  const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  const size_t rounded = round_huge(bytes);
   void* p = cache.take(rounded);
   if (p == nullptr) return at::empty(sizes, options);
   return torch::from_blob(p, sizes, [rounded](void* q) { block_cache().give(q, rounded); }, options);
