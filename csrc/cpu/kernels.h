@@ -124,11 +124,12 @@ void sparse_pool(const float* x, int64_t ldx, const int32_t* cu_seqlens, int64_t
 // scale (M,) fp32 and zero point (M,) int32 per row (the math of quant.quantize_rows_reference).
 void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp);
 // LayerNorm of fp32 rows x (T, H) in place (layernorm<float>, no residual), each row then quantized (quantize_rows)
-// while it is in cache: the bits of the two calls, one pass. layernorm_range: rows [lo, hi) of layernorm<float>.
+// while it is in cache: the bits of the two calls, one pass. layernorm_range: rows [lo, hi) of layernorm<float>, no
+// residual; row: `hidden` floats of scratch.
 void layernorm_quantize(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, int8_t* q,
                         float* scale, int32_t* zp);
 void layernorm_range(const float* x, const float* gamma, const float* beta, float eps, int64_t lo, int64_t hi,
-                     int64_t hidden, float* out);
+                     int64_t hidden, float* out, float* row);
 
 // ---- int8_linear*.cpp: int8 GEMM (the quant_linear op) ----
 

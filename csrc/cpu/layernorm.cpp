@@ -42,51 +42,26 @@ BF_INLINE void layernorm_rows(const T* x, const T* residual, const T* gamma, con
   }
 }
 
-template <typename T>
-BF_INLINE void layernorm_thread(const T* x, const T* residual, const T* gamma, const T* beta,
-                                float eps, int64_t tokens, int64_t H, T* out, int part, int parts) {
-  int64_t lo, hi;
-  split_range(tokens, part, parts, &lo, &hi);
-  std::vector<float> row(H);
-  layernorm_rows(x, residual, gamma, beta, eps, lo, hi, H, out, row.data());
-}
-
+// Rows [lo, hi) on each tier (layernorm_rows compiled for it); row: H floats of scratch.
 #if BF_X86
 template <typename T>
-BF_TARGET_AVX2 void layernorm_avx2(const T* x, const T* residual, const T* gamma, const T* beta,
-                                   float eps, int64_t tokens, int64_t H, T* out, int part, int parts) {
-  layernorm_thread(x, residual, gamma, beta, eps, tokens, H, out, part, parts);
+BF_TARGET_AVX2 void layernorm_avx2(const T* x, const T* residual, const T* gamma, const T* beta, float eps,
+                                   int64_t lo, int64_t hi, int64_t H, T* out, float* row) {
+  layernorm_rows(x, residual, gamma, beta, eps, lo, hi, H, out, row);
 }
 
 template <typename T>
-BF_TARGET_AVX512 void layernorm_avx512(const T* x, const T* residual, const T* gamma,
-                                       const T* beta, float eps, int64_t tokens, int64_t H, T* out, int part,
-                                       int parts) {
-  layernorm_thread(x, residual, gamma, beta, eps, tokens, H, out, part, parts);
+BF_TARGET_AVX512 void layernorm_avx512(const T* x, const T* residual, const T* gamma, const T* beta, float eps,
+                                       int64_t lo, int64_t hi, int64_t H, T* out, float* row) {
+  layernorm_rows(x, residual, gamma, beta, eps, lo, hi, H, out, row);
 }
 #endif
 
 template <typename T>
-void layernorm_generic(const T* x, const T* residual, const T* gamma, const T* beta, float eps,
-                       int64_t tokens, int64_t H, T* out, int part, int parts) {
-  layernorm_thread(x, residual, gamma, beta, eps, tokens, H, out, part, parts);
+void layernorm_generic(const T* x, const T* residual, const T* gamma, const T* beta, float eps, int64_t lo,
+                       int64_t hi, int64_t H, T* out, float* row) {
+  layernorm_rows(x, residual, gamma, beta, eps, lo, hi, H, out, row);
 }
-
-// Rows [lo, hi) of fp32 x, no residual: layernorm_range's tiers (the loops of layernorm_rows, so its bits).
-void layernorm_range_generic(const float* x, const float* gamma, const float* beta, float eps, int64_t lo,
-                             int64_t hi, int64_t H, float* out, float* row) {
-  layernorm_rows<float>(x, nullptr, gamma, beta, eps, lo, hi, H, out, row);
-}
-#if BF_X86
-BF_TARGET_AVX2 void layernorm_range_avx2(const float* x, const float* gamma, const float* beta, float eps, int64_t lo,
-                                         int64_t hi, int64_t H, float* out, float* row) {
-  layernorm_rows<float>(x, nullptr, gamma, beta, eps, lo, hi, H, out, row);
-}
-BF_TARGET_AVX512 void layernorm_range_avx512(const float* x, const float* gamma, const float* beta, float eps,
-                                             int64_t lo, int64_t hi, int64_t H, float* out, float* row) {
-  layernorm_rows<float>(x, nullptr, gamma, beta, eps, lo, hi, H, out, row);
-}
-#endif
 
 }  // namespace
 
@@ -95,14 +70,16 @@ void layernorm(const T* x, const T* residual, const T* gamma, const T* beta, flo
                int64_t tokens, int64_t hidden, T* out) {
   const int nt = threads_for(tokens * hidden);
   parallel_for(nt, nt, [&](int64_t part) {
-    BF_DISPATCH(layernorm, x, residual, gamma, beta, eps, tokens, hidden, out, int(part), nt);
+    int64_t lo, hi;
+    split_range(tokens, int(part), nt, &lo, &hi);
+    std::vector<float> row(hidden);
+    BF_DISPATCH(layernorm, x, residual, gamma, beta, eps, lo, hi, hidden, out, row.data());
   });
 }
 
 void layernorm_range(const float* x, const float* gamma, const float* beta, float eps, int64_t lo, int64_t hi,
-                     int64_t hidden, float* out) {
-  std::vector<float> row(hidden);
-  BF_DISPATCH(layernorm_range, x, gamma, beta, eps, lo, hi, hidden, out, row.data());
+                     int64_t hidden, float* out, float* row) {
+  BF_DISPATCH(layernorm, x, static_cast<const float*>(nullptr), gamma, beta, eps, lo, hi, hidden, out, row);
 }
 
 template void layernorm<float>(const float*, const float*, const float*, const float*, float, int64_t, int64_t,

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "isa.h"
 #include "kernels.h"
@@ -136,9 +137,10 @@ void layernorm_quantize(float* x, const float* gamma, const float* beta, float e
   parallel_for(nt, nt, [&](int64_t part) {
     int64_t lo, hi;
     split_range(T, int(part), nt, &lo, &hi);
+    std::vector<float> row(H);  // the LayerNorm's scratch, once per thread
     for (int64_t c = lo; c < hi; c += kChunk) {
       const int64_t e = std::min(hi, c + kChunk);
-      layernorm_range(x, gamma, beta, eps, c, e, H, x);  // as layernorm: no denormal flushing
+      layernorm_range(x, gamma, beta, eps, c, e, H, x, row.data());  // as layernorm: no denormal flushing
       DenormalGuard ftz;                                  // as quantize_rows
       BF_DISPATCH(quantize_rows_range, x, H, c, e, H, q, scale, zp);
     }
