@@ -4,11 +4,12 @@ as max |x - fp32| / max |fp32| and as rms |x - fp32| / rms |fp32| (the max moves
 any change that flips one rounding; the rms does not), transformers' fp32 as the reference.
 docs/cpu-gemm.md#bf16-accuracy has the numbers.
 
-    python3 benchmarks/bf16_sites.py [--layers 12] [--seed 0] [--amx]
+    python3 benchmarks/bf16_sites.py [--layers 12] [--seed 0] [--round-p]
 
 The sites: the word table; the position and token type tables; the embeddings' output; the stream rounded where a
 GEMM reads it (QKV, FFN-in); the GEMM weights; q, k, v after the QKV GEMM; attention's unnormalised probabilities
-before P V (--amx only: the amx tiers' tile product; the others multiply in fp32); the attention output before its
+before P V (--round-p only: torch's bf16 flash attention rounds P once; every tier of the engine carries it in fp32,
+the amx tiers as two bf16 parts, hi + lo); the attention output before its
 GEMM; the activation's output before FFN-out. Everything else is fp32, as in the engine (residual adds, LayerNorms,
 softmax, GEMM accumulation). Biases and LayerNorm weights are exact in bf16 at init (zeros, ones): not sites here.
 """
@@ -24,10 +25,10 @@ import transformers
 SITES = ("word", "pos_type", "emb_out", "operand", "weights", "qkv", "probs", "ctx", "act")
 # What the engine rounds: before the fp32 stream tensors (STREAM_TENSORS), also pos_type and emb_out.
 ENGINE = {"word", "operand", "weights", "qkv", "probs", "ctx", "act"}
-GEMM_OPERANDS = {"operand", "weights", "ctx", "act"}  # what bf16 GEMMs cannot avoid (with --amx, qkv and probs too)
+GEMM_OPERANDS = {"operand", "weights", "ctx", "act"}  # what bf16 GEMMs cannot avoid (with --round-p, qkv and probs too)
 
 
-def simulate(model, ids, sites: set[str], amx: bool) -> torch.Tensor:
+def simulate(model, ids, sites: set[str], round_p: bool) -> torch.Tensor:
     """The last hidden state (B, S, H) fp32, with the named sites rounded to bf16."""
     def r(site, t):
         return t.bfloat16().float() if site in sites else t
@@ -48,7 +49,7 @@ def simulate(model, ids, sites: set[str], amx: bool) -> torch.Tensor:
                    for m in (a.query, a.key, a.value))
         s = q @ k.transpose(-1, -2) / d ** 0.5
         p = torch.exp(s - s.amax(-1, keepdim=True))  # the online softmax's unnormalised P; its row sum stays fp32
-        ctx = ((r("probs", p) if amx else p) @ v / p.sum(-1, keepdim=True)).transpose(1, 2).reshape(B * S, H)
+        ctx = ((r("probs", p) if round_p else p) @ v / p.sum(-1, keepdim=True)).transpose(1, 2).reshape(B * S, H)
         out = layer.attention.output
         x = F.layer_norm(lin(r("ctx", ctx), out.dense) + x, (H,), out.LayerNorm.weight, out.LayerNorm.bias, eps)
         inner = r("act", F.gelu(lin(r("operand", x), layer.intermediate.dense)))
@@ -61,20 +62,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--amx", action="store_true", help="P rounded to bf16 before P V, as the amx tiers do")
+    ap.add_argument("--round-p", action="store_true",
+                    help="P rounded to bf16 before P V, as torch's bf16 flash attention does")
     args = ap.parse_args()
     torch.manual_seed(args.seed)  # the model and tokens of bf16_accuracy.py
     model = transformers.BertModel(transformers.BertConfig(num_hidden_layers=args.layers),
                                    add_pooling_layer=False).eval()
     ids = torch.randint(1000, 30000, (8, 128))
-    sites = set(SITES) if args.amx else set(SITES) - {"probs"}
+    sites = set(SITES) if args.round_p else set(SITES) - {"probs"}
     engine = ENGINE & sites
 
     with torch.inference_mode():
         ref = model(input_ids=ids).last_hidden_state.double()
 
         def row(name, rounded):
-            x = simulate(model, ids, rounded, args.amx)
+            x = simulate(model, ids, rounded, args.round_p)
             cols = []
             for y in (x, x.bfloat16()):
                 dev = y.double() - ref
@@ -82,13 +84,13 @@ def main() -> None:
                          (dev.pow(2).mean() / ref.pow(2).mean()).sqrt().item()]
             print(f"  {name:40s}" + "".join(f" {c:10.3e}" for c in cols))
 
-        print(f"BERT-base {args.layers} layers, 8 x 128, seed {args.seed}{', amx' if args.amx else ''}: "
+        print(f"BERT-base {args.layers} layers, 8 x 128, seed {args.seed}{', P rounded' if args.round_p else ''}: "
               "|x - fp32| / |fp32| of the fp32 stream and of the bf16 output")
         print(f"  {'rounded to bf16':40s} {'stream max':>10s} {'rms':>10s} {'out max':>10s} {'rms':>10s}")
         row("nothing", set())
         row("the engine before (+ pos_type, emb_out)", engine | {"pos_type", "emb_out"})
         row("the engine", engine)
-        row("GEMM operands only", GEMM_OPERANDS | ({"qkv", "probs"} if args.amx else set()))
+        row("GEMM operands only", GEMM_OPERANDS | ({"qkv", "probs"} if args.round_p else set()))
         for site in sorted(sites):
             row(f"{site} alone", {site})
         for site in sorted(engine):

@@ -17,9 +17,12 @@ namespace {
 // and 32 head dims, B row r holds the pair of dims (2r, 2r + 1) of every key, i.e. the 16 x 16 transpose
 // of K viewed as 32-bit pairs. V is packed as pairs of keys (row p holds keys 2p and 2p + 1 interleaved
 // per column), the B layout of P V. Per block of 16 queries and 64 keys: S = Q K^T in four fp32 tiles,
-// the online softmax in fp32 (scale applied there), P rounded to bf16 (as torch's bf16 flash
-// attention on CPU does), P V into fresh tiles added to the fp32 accumulator. Head dims are zero-padded
-// to 32 or 64 in the packed copies, so any head_dim <= 64 works.
+// the online softmax in fp32 (scale applied there), P V into fresh tiles added to the fp32 accumulator. P is
+// split into two bf16 parts, P = hi + lo with hi = bf16(P) and lo = bf16(P - hi), and P V is the sum of the two
+// tile products: P carries ~16 significant bits into the product instead of bf16's 8 (torch's bf16 flash
+// attention rounds P to bf16 once, which put BERT-base's max bf16 error at 5.1-5.3e-3 of the fp32 output where
+// the other tiers, P fp32, measure 4.6-4.8e-3), for one more A tile and four more tile products per 16 x 64 block. Head dims are
+// zero-padded to 32 or 64 in the packed copies, so any head_dim <= 64 works.
 //
 // A position bias is added to the fp32 score tile after the Q K^T product, the scores scaled first (add_bias of
 // attention_impl.h: the fp32-math tiers' code and order). A window is the fp32-math tiers' too: a query block
@@ -36,7 +39,8 @@ struct AmxScratch {
   std::vector<bf16> vp;      // [keys rounded to kAmxKeys / 2][dp][2]
   alignas(64) bf16 qs[kAmxQ * 64];
   alignas(64) float s[kAmxQ * kAmxKeys];
-  alignas(64) bf16 ps[kAmxQ * kAmxKeys];
+  alignas(64) bf16 ps[kAmxQ * kAmxKeys];     // P's high part, bf16(P)
+  alignas(64) bf16 ps_lo[kAmxQ * kAmxKeys];  // and its low part, bf16(P - bf16(P))
   alignas(64) float pv[kAmxQ * 64];
   alignas(64) float acc[kAmxQ * 64];
   float m[kAmxQ], l[kAmxQ];
@@ -100,7 +104,7 @@ BF_TARGET_TILES_BF16 BF_INLINE void amx_pack_v(const T* v, int64_t row_stride, i
 }
 
 // 2^x for the probabilities of the AMX path (x <= 0 there): 2^n * 2^f with f in [-0.5, 0.5] and 2^f
-// by its degree-5 Taylor polynomial (relative error < 3e-6, far below the bf16 rounding of P, 4e-3).
+// by its degree-5 Taylor polynomial (relative error < 3e-6, below what P's two bf16 parts carry, 2^-17 = 7.6e-6).
 BF_TARGET_TILES_BF16 BF_INLINE __m512 exp2_512(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -120,9 +124,9 @@ BF_INLINE uint64_t key_bits(int64_t lo, int64_t hi) {
   return below(hi) & ~below(lo);
 }
 
-// Online softmax of one block's scores (rows [0, qn) x kn keys in sc.s, times `factor` for the scale) into bf16
-// probabilities in sc.ps (zero past kn up to kAmxKeys, and outside each row's window `win`, the fp32-math tiers'
-// mask_window); rescales the accumulator rows by the change of their max. Works in base 2: scores times
+// Online softmax of one block's scores (rows [0, qn) x kn keys in sc.s, times `factor` for the scale) into
+// probabilities split in two bf16 parts, sc.ps and sc.ps_lo (zero past kn up to kAmxKeys, and outside each row's
+// window `win`, the fp32-math tiers' mask_window); rescales the accumulator rows by the change of their max. Works in base 2: scores times
 // factor * log2(e), so m and the exponents are in log2 units. A row's first block (its diagonal one with a
 // window) holds its own key, so its max is finite from then on.
 BF_TARGET_TILES_BF16 BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t qn, int64_t kn, int64_t dp, float factor,
@@ -148,9 +152,13 @@ BF_TARGET_TILES_BF16 BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t qn
     const __m512 mv = _mm512_set1_ps(m_new);
     __m512 sum = _mm512_setzero_ps();
     bf16* pr = sc.ps + i * kAmxKeys;
+    bf16* pr_lo = sc.ps_lo + i * kAmxKeys;
     for (int c = 0; c < 4; ++c) {
       const __m512 p = _mm512_maskz_mov_ps(masks[c], exp2_512(_mm512_sub_ps(sv[c], mv)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + 16 * c), (__m256i)_mm512_cvtneps_pbh(p));
+      const __m256bh hi = _mm512_cvtneps_pbh(p);
+      const __m512 lo = _mm512_sub_ps(p, _mm512_cvtpbh_ps(hi));  // exact: hi is p's leading bits
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + 16 * c), (__m256i)hi);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr_lo + 16 * c), (__m256i)_mm512_cvtneps_pbh(lo));
       sum = _mm512_add_ps(sum, p);
     }
     sc.l[i] = sc.l[i] * alpha + _mm512_reduce_add_ps(sum);
@@ -163,7 +171,8 @@ BF_TARGET_TILES_BF16 BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t qn
   }
 }
 
-// Tile products with the tile numbers the instructions need as immediates: C tile g += A(4) x B(5).
+// Tile products with the tile numbers the instructions need as immediates: C tile g += A(4) x B(5), and for P V
+// also C tile g += A(6) x B(5) (P's low part).
 #define BF_AMX_QK(g)                                                      \
   if (g >= g_lo && g < g_hi) {                                            \
     BF_TILE_LOADD(5, sc.kp.data() + ((kb / 16 + g) * chunks + c) * 256, 64); \
@@ -173,6 +182,7 @@ BF_TARGET_TILES_BF16 BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t qn
   if (ngroups > g) {                                                          \
     BF_TILE_LOADD(5, sc.vp.data() + ((kb + 32 * kc) / 2 * dp + 16 * g) * 2, dp * 4); \
     BF_TILE_DPBF16PS(g, 4, 5);                                                  \
+    BF_TILE_DPBF16PS(g, 6, 5);                                                  \
   }
 
 }  // namespace
@@ -187,7 +197,8 @@ BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const 
   const int64_t H = heads * d;
   const int64_t dp = d <= 32 ? 32 : 64;
   const int64_t chunks = dp / 32, ngroups = dp / 16;
-  amx_load_tile_config(16);  // tmm0-3 score / output tiles, tmm4 A (Q or P), tmm5 B (K or V)
+  amx_load_tile_config(16);  // tmm0-3 score / output tiles, tmm4 A (Q or P's high part), tmm5 B (K or V), tmm6 A
+                             // (P's low part)
   WorkItems items{next, cu_seqlens, batch * heads, heads};
   int64_t h, start, len;
   while (items.claim(&h, &start, &len)) {
@@ -212,6 +223,7 @@ BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const 
       }
       // The softmax writes rows [0, qn) of P: the rows past them stay zero, so P V adds nothing to theirs.
       std::memset(static_cast<void*>(sc.ps + qn * kAmxKeys), 0, (kAmxQ - qn) * kAmxKeys * sizeof(bf16));
+      std::memset(static_cast<void*>(sc.ps_lo + qn * kAmxKeys), 0, (kAmxQ - qn) * kAmxKeys * sizeof(bf16));
       int64_t t_lo, t_hi;
       visited_tiles(q0, qn, len, w, &t_lo, &t_hi);
       const int64_t t_diag = w == 0 ? 0 : q0 / kAmxKeys;
@@ -256,6 +268,7 @@ BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const 
         // Pairs of score tiles with no key in any row's window have P = 0: skipped.
         for (int64_t kc = g_lo / 2; kc < (g_hi + 1) / 2; ++kc) {
           BF_TILE_LOADD(4, sc.ps + 32 * kc, kAmxKeys * 2);
+          BF_TILE_LOADD(6, sc.ps_lo + 32 * kc, kAmxKeys * 2);
           BF_AMX_PV(0) BF_AMX_PV(1) BF_AMX_PV(2) BF_AMX_PV(3)
         }
         BF_TILE_STORED(0, sc.pv, dp * 4);
