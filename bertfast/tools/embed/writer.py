@@ -46,8 +46,11 @@ def _write_tmp(path: str, write) -> str:
 
 
 # Snappy on float vectors saves <1% of the bytes at 2.4x the write time (10k x 384 fp32: 0.16 vs 0.07 s); ids and
-# texts keep it.
+# texts keep it. Nor a dictionary for the vectors: Parquet's writer would build one for each column chunk until it
+# outgrows its page (a float vector repeats no value) and then write them plain anyway; 6,000 x 384 fp32: 85-250 ms
+# with it, 17-26 ms without, and 6% fewer bytes.
 COMPRESSION = {"id": "snappy", "embedding": "none", "text": "snappy"}
+DICTIONARY = ["id", "text"]
 
 
 def _atomic_write(path: str, write) -> None:
@@ -133,7 +136,8 @@ class ShardWriter:
         name = _shard_name(index)
         with commit():  # a SIGINT/SIGTERM waits until the shard is in place and recorded
             _atomic_write(os.path.join(self.directory, name),
-                          lambda tmp: pq.write_table(table, tmp, compression=COMPRESSION))
+                          lambda tmp: pq.write_table(table, tmp, compression=COMPRESSION,
+                                                    use_dictionary=[c for c in DICTIONARY if c in columns]))
             shards = {**self.shards, index: {"file": name, "rows": n}}
             self._save(shards)
             self.shards = shards  # what the manifest on disk records, also when saving it failed
