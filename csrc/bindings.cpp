@@ -120,8 +120,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("profile_counters", &profile_counters,
         "the native layer's stage totals since profile_enable(True): {stage: (seconds, calls, flops)}");
   // int8 dynamic quantization (bertfast/backends/cpu/quant.py)
-  m.def("quantize_rows", &quantize_rows, "per-token asymmetric int8 quantization: x (M, K) fp32 -> (q int8, scale, zero_point)",
-        py::arg("x"));
+  m.def("quantize_rows", &quantize_rows,
+        "per-token asymmetric int8 quantization: x (M, K) fp32 -> (q int8, scale, zero_point); flip: q ^ 0x80 (the "
+        "codes as the unsigned bytes VNNI multiplies)",
+        py::arg("x"), py::arg("flip") = false);
   m.def("sparse_pool", &sparse_pool,
         "SPLADE pooling fused into the vocabulary GEMM: x (T, K) float32, a (vocab, K) weight packed by pack_linear, "
         "bias (vocab,) or None, cu_seqlens (batch+1,) int32 -> (batch, vocab) float32, per sequence the max or sum "
@@ -131,7 +133,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_int8", &pack_int8, "pack an int8 (N, K) weight for quant_linear", py::arg("weight"));
   m.def("quant_linear", &quant_linear,
         "quantize_rows, then the int8 GEMM on pack_int8 weights with the dequantization epilogue fused (AMX-int8 / "
-        "VNNI / AVX2 / portable by the ISA tier): act(x @ W.T + bias) + residual for fp32 x (M, K)",
+        "VNNI / AVX2 / portable by the ISA tier): act(x @ W.T + bias) + residual for fp32 x (M, K); unsigned_codes=False: "
+        "signed codes whatever the kernel (a VNNI kernel then flips them in a pass of its own; the same bits)",
         py::arg("x"), py::arg("packed"), py::arg("w_scale"), py::arg("colsum"), py::arg("bias") = py::none(),
-        py::arg("act") = "none", py::arg("residual") = py::none());
+        py::arg("act") = "none", py::arg("residual") = py::none(), py::arg("unsigned_codes") = true);
 }

@@ -109,6 +109,19 @@ def test_native_quantize_rows_bitwise(isa, M, K, strided):
 
 
 @has_native
+@pytest.mark.parametrize("M,K", [(1, 1), (3, 17), (129, 768), (6, 40)], ids=["M1-K1", "M3-K17", "M129-K768", "M6-K40"])
+def test_native_quantize_rows_flipped(isa, M, K):
+    """flip=True writes each code as the unsigned byte q ^ 0x80 (what int8_linear's vpdpbusd kernels multiply), a row
+    with NaN (all codes 0) as 0x80: the same scales and zero points."""
+    x = _x(M, K, seed=M * K, std=2.0, mean=-0.3, strided=False)
+    x[0, 0] = float("nan")
+    q, scale, zp = quant._C.quantize_rows(x)
+    qu, scale_u, zp_u = quant._C.quantize_rows(x, flip=True)
+    assert torch.equal(qu.view(torch.uint8), q.view(torch.uint8) ^ 0x80) and (qu[0].view(torch.uint8) == 0x80).all()
+    assert torch.equal(scale.nan_to_num(7.0), scale_u.nan_to_num(7.0)) and torch.equal(zp, zp_u)
+
+
+@has_native
 def test_native_quantize_rows_special_rows(isa):
     x = torch.randn(6, 40)
     x[0] = 0.0
@@ -265,6 +278,20 @@ def test_int8_kernel_paths(isa, M, K, N):
         _check(quant.linear(x, weight, bias, act, residual), x, weight, bias, act, residual)
     x, weight, _, _ = _linear_case(M, K, N, "none", False, seed=12)
     _check(quant.linear(x, weight), x, weight, None, "none", None)
+
+
+@has_native
+@pytest.mark.parametrize("M,K,N", [(16, 64, 16), (17, 128, 64), (129, 256, 200), (1000, 384, 40), (50, 70, 33)],
+                         ids=["M16-stream", "M17", "M129-K256", "M1000-K384", "M50-K70"])
+def test_int8_unsigned_codes_same_bits(isa, M, K, N):
+    """Where the GEMM's kernel multiplies unsigned bytes (vpdpbusd, past the streaming tile's 16 rows, K % 4 == 0),
+    quant_linear quantizes straight to them instead of letting the GEMM flip signed codes in a pass of its own:
+    the same bits either way, on every tier (where the kernel takes signed codes both calls are the same call)."""
+    _C = quant._C
+    for act in ACTS:
+        x, weight, bias, residual = _linear_case(M, K, N, act, act == "none", seed=7)
+        args = (x, weight.packed, weight.scale, weight.colsum, bias, act, residual)
+        assert torch.equal(_C.quant_linear(*args), _C.quant_linear(*args, unsigned_codes=False)), act
 
 
 @has_native

@@ -353,7 +353,7 @@ void set_amx_blocking(int64_t steps, int64_t rows) {
 
 // ---- int8 dynamic quantization (quantize_rows.cpp, int8_linear*.cpp; bertfast/backends/cpu/quant.py) ----
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, bool flip) {
   check_rows_f32(x, "x");
   const int64_t M = x.size(0), K = x.size(1);
   at::Tensor q = empty_activation({M, K}, x.options().dtype(at::kChar));
@@ -362,7 +362,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x
   if (M > 0) {
     py::gil_scoped_release nogil;
     bc::quantize_rows(x.data_ptr<float>(), M > 1 ? x.stride(0) : K, M, K, q.data_ptr<int8_t>(),
-                      scale.data_ptr<float>(), zp.data_ptr<int32_t>());
+                      scale.data_ptr<float>(), zp.data_ptr<int32_t>(), flip);
   }
   return {q, scale, zp};
 }
@@ -382,7 +382,7 @@ at::Tensor pack_int8(const at::Tensor& weight) {
 // act(x @ W.T + bias) + residual.
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
                         const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
-                        const c10::optional<at::Tensor>& residual) {
+                        const c10::optional<at::Tensor>& residual, bool unsigned_codes) {
   check_rows_f32(x, "x");
   const int64_t M = x.size(0), K = x.size(1);
   check_float(w_scale, "w_scale");
@@ -401,11 +401,13 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at:
   at::Tensor out = empty_activation({M, N}, w_scale.options());
   if (M > 0) {
     py::gil_scoped_release nogil;
+    // The codes in the form the GEMM's kernel multiplies, unless told otherwise (then it flips them itself).
+    const bool flip = unsigned_codes && bc::int8_unsigned_codes(M, K);
     bc::quantize_rows(x.data_ptr<float>(), M > 1 ? x.stride(0) : K, M, K, q.data_ptr<int8_t>(),
-                      x_scale.data_ptr<float>(), x_zp.data_ptr<int32_t>());
+                      x_scale.data_ptr<float>(), x_zp.data_ptr<int32_t>(), flip);
     bc::int8_linear(q.data_ptr<int8_t>(), K, M, K, x_scale.data_ptr<float>(), x_zp.data_ptr<int32_t>(),
                     packed.data_ptr<int8_t>(), N, w_scale.data_ptr<float>(), colsum.data_ptr<float>(), ptr<float>(b),
-                    a, ptr<float>(r), r.defined() ? r.stride(0) : 0, out.data_ptr<float>());
+                    a, ptr<float>(r), r.defined() ? r.stride(0) : 0, out.data_ptr<float>(), flip);
   }
   return out;
 }

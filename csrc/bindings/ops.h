@@ -66,11 +66,11 @@ void set_amx_gemm(const std::string& name);
 std::tuple<int64_t, int64_t> amx_blocking();
 void set_amx_blocking(int64_t steps, int64_t rows);
 // int8 dynamic quantization
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, bool flip);
 at::Tensor pack_int8(const at::Tensor& weight);
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
                         const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
-                        const c10::optional<at::Tensor>& residual);
+                        const c10::optional<at::Tensor>& residual, bool unsigned_codes);
 
 }  // namespace bindings
 }  // namespace bertfast

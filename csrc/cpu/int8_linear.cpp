@@ -9,7 +9,8 @@
 // epilogue's last bit. Paths, by tier (never a library's reference kernel):
 //   amx, K % 64 == 0: AMX-int8 tiles (tdpbssd) on the signed codes, any M (amx_emulated: the same, emulated).
 //   avx512_vnni: up to kStreamRows rows a 4 x 64 tile streams the weights (x flipped per broadcast); more
-//     rows: x flipped once into an unsigned buffer, then row blocks x 64 columns in 6 x 64 register tiles.
+//     rows: x flipped once into an unsigned buffer (or quantized straight to unsigned bytes by the caller:
+//     int8_unsigned_codes), then row blocks x 64 columns in 6 x 64 register tiles.
 //   avx2: x widened once to int16, weights sign-extended on the fly (vpmovsxbw), vpmaddwd: 6 x 8 tiles; where the
 //     CPU has AVX-VNNI, x flipped once to unsigned bytes and VEX vpdpbusd on ymm, 6 x 16 tiles (the same sums).
 //   portable: x widened as for avx2; per panel the weights moved to k-contiguous rows, then 4 x 2 tiles of
@@ -30,10 +31,31 @@ namespace cpu {
 
 using namespace int8_detail;
 
+namespace {
+
+// The path int8_linear takes for an M x K call (the same choice for every N).
+enum class Int8Path { Amx, Stream, Vnni, Other };
+
+Int8Path int8_path(int64_t M, int64_t K) {
+#if BF_X86
+  const Isa isa = active_isa();
+  if (amx_kernels(isa) && K % 64 == 0) return Int8Path::Amx;
+  if (isa >= Isa::Avx512Vnni) return M <= kStreamRows ? Int8Path::Stream : Int8Path::Vnni;
+  if (isa == Isa::Avx2 && has_avx_vnni()) return Int8Path::Vnni;
+#else
+  (void)M, (void)K;
+#endif
+  return Int8Path::Other;
+}
+
+}  // namespace
+
+bool int8_unsigned_codes(int64_t M, int64_t K) { return K % 4 == 0 && int8_path(M, K) == Int8Path::Vnni; }
+
 void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                  const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
-                 Activation act, const float* residual, int64_t ldr, float* out) {
-  if (M == 0 || N == 0) return;
+                 Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned) {
+  if (M == 0 || N == 0) return;  // x_unsigned: only where int8_unsigned_codes(M, K), as the caller quantized for
   const Int8Args a{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, act, residual, ldr, out};
   const int64_t panels = (N + 15) / 16, groups = (panels + kGroupPanels - 1) / kGroupPanels;
   const int nt = M * N * K < (int64_t(1) << 18) ? 1 : num_threads();
@@ -57,29 +79,37 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
   // groups), then (row block, panel group) items claimed by the threads.
   const int64_t ld = (K + 3) / 4 * 4, row_blocks = (M + kRowBlock - 1) / kRowBlock;
   static thread_local std::vector<int16_t> codes;  // the caller's: reused across calls
-  codes.resize(size_t(M * ld));
   const auto item = [&](int64_t i, auto&& run) {
     const int64_t rb = i / groups, g = i % groups;
     run(rb * kRowBlock, std::min(M, (rb + 1) * kRowBlock), g * kGroupPanels, std::min(panels, (g + 1) * kGroupPanels));
   };
   const int prep_threads = int(std::min<int64_t>(nt, row_blocks));
 #if BF_X86
-  // VNNI (AVX-512, or AVX-VNNI on the avx2 tier): the codes flipped to unsigned bytes, then vpdpbusd tiles.
-  if (isa >= Isa::Avx512Vnni || (isa == Isa::Avx2 && has_avx_vnni())) {
+  // VNNI (AVX-512, or AVX-VNNI on the avx2 tier): the codes flipped to unsigned bytes (unless the caller's
+  // quantization wrote them so: x_unsigned, K % 4 == 0), then vpdpbusd tiles.
+  if (int8_path(M, K) == Int8Path::Vnni) {
     const bool zmm = isa >= Isa::Avx512Vnni;
-    uint8_t* xu = reinterpret_cast<uint8_t*>(codes.data());
-    parallel_for(prep_threads, row_blocks, [&](int64_t rb) {
-      const int64_t lo = rb * kRowBlock, hi = std::min(M, lo + kRowBlock);
-      zmm ? flip_codes_vnni(a, lo, hi, ld, xu) : flip_codes_avx2(a, lo, hi, ld, xu);
-    });
+    const uint8_t* xu = reinterpret_cast<const uint8_t*>(x);
+    int64_t ldu = ldx;
+    if (!x_unsigned) {
+      codes.resize(size_t(M * ld));
+      uint8_t* flipped = reinterpret_cast<uint8_t*>(codes.data());
+      parallel_for(prep_threads, row_blocks, [&](int64_t rb) {
+        const int64_t lo = rb * kRowBlock, hi = std::min(M, lo + kRowBlock);
+        zmm ? flip_codes_vnni(a, lo, hi, ld, flipped) : flip_codes_avx2(a, lo, hi, ld, flipped);
+      });
+      xu = flipped;
+      ldu = ld;
+    }
     parallel_for(nt, row_blocks * groups, [&](int64_t i) {
       item(i, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
-        zmm ? item_vnni(a, xu, ld, r0, r1, p0, p1) : item_avxvnni(a, xu, ld, r0, r1, p0, p1);
+        zmm ? item_vnni(a, xu, ldu, r0, r1, p0, p1) : item_avxvnni(a, xu, ldu, r0, r1, p0, p1);
       });
     });
     return;
   }
 #endif
+  codes.resize(size_t(M * ld));
   int16_t* xw = codes.data();
   parallel_for(prep_threads, row_blocks, [&](int64_t rb) {
     const int64_t lo = rb * kRowBlock, hi = std::min(M, lo + kRowBlock);

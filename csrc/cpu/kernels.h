@@ -121,26 +121,34 @@ void sparse_pool(const float* x, int64_t ldx, const int32_t* cu_seqlens, int64_t
 // ---- int8 dynamic quantization (quantize_rows.cpp; used by bertfast/backends/cpu/quant.py) ----
 
 // Per-token asymmetric int8 quantization of x (M, K) fp32 with row stride ldx: q (M, K) int8 contiguous,
-// scale (M,) fp32 and zero point (M,) int32 per row (the math of quant.quantize_rows_reference).
-void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp);
+// scale (M,) fp32 and zero point (M,) int32 per row (the math of quant.quantize_rows_reference). flip: the codes
+// written as unsigned bytes, q ^ 0x80 = q + 128, the form int8_linear's vpdpbusd kernels multiply
+// (int8_unsigned_codes).
+void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp,
+                   bool flip = false);
 // LayerNorm of fp32 rows x (T, H) in place (layernorm<float>, no residual), each row then quantized (quantize_rows)
 // while it is in cache: the bits of the two calls, one pass. layernorm_range: rows [lo, hi) of layernorm<float>, no
 // residual; row: `hidden` floats of scratch.
 void layernorm_quantize(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, int8_t* q,
-                        float* scale, int32_t* zp);
+                        float* scale, int32_t* zp, bool flip = false);
 void layernorm_range(const float* x, const float* gamma, const float* beta, float eps, int64_t lo, int64_t hi,
                      int64_t hidden, float* out, float* row);
 
 // ---- int8_linear*.cpp: int8 GEMM (the quant_linear op) ----
 
 // Any M, on every tier: weights packed once by pack_int8 ([N/16][K/4][16][4] int8, zero padded); x the signed
-// codes of quantize_rows; out (M, N) fp32 =
+// codes of quantize_rows, or with x_unsigned their unsigned form (quantize_rows' flip) where
+// int8_unsigned_codes(M, K) says the call's kernel takes it; out (M, N) fp32 =
 // act(xs[m] * (ws[n] * sum_k q[m, k] w[n, k] - zp[m] * colsum[n]) + bias[n]) + residual[m, n].
 int64_t int8_packed_numel(int64_t n, int64_t k);
 void pack_int8(const int8_t* w, int64_t n, int64_t k, int8_t* packed);
 void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                  const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
-                 Activation act, const float* residual, int64_t ldr, float* out);
+                 Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned = false);
+// Whether int8_linear on M x K codes runs a kernel of unsigned bytes (vpdpbusd: the blocked AVX-512 VNNI and AVX-VNNI
+// paths) that reads them from a row-major buffer K wide (K % 4 == 0): then its caller may quantize with flip and
+// pass x_unsigned, sparing the GEMM its own pass flipping the codes (same bits).
+bool int8_unsigned_codes(int64_t M, int64_t K);
 
 // ---- layer.cpp: one post-LayerNorm encoder layer on the extension's GEMMs ----
 

@@ -43,13 +43,14 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
                         const float* residual, Activation act, void* o) {
     if constexpr (sizeof(T) == 4) {
       if (c.int8) {  // quant.linear's native call: quantize_rows, then the int8 GEMM with its epilogue
+        const bool flip = int8_unsigned_codes(T_, K);  // the codes in the form the GEMM's kernel multiplies
         if (in != nullptr) {
           profile::Scope timed(profile::kQuantize);
-          quantize_rows(in, K, T_, K, q8.q, q8.scale, q8.zp);
+          quantize_rows(in, K, T_, K, q8.q, q8.scale, q8.zp, flip);
         }
         profile::Scope timed(stage, 2 * T_ * K * N);
         int8_linear(q8.q, K, T_, K, q8.scale, q8.zp, static_cast<const int8_t*>(g.packed), N, g.w_scale, g.colsum,
-                    g.bias, act, residual, N, static_cast<float*>(o));
+                    g.bias, act, residual, N, static_cast<float*>(o), flip);
         return;
       }
     }
@@ -77,7 +78,8 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
   if (sizeof(T) == 4 && c.int8) {  // the LayerNorm and the FFN-in operand's quantization in one pass (same bits)
     {
       profile::Scope timed(profile::kLayerNorm);
-      layernorm_quantize(mid, w.attn_ln_weight, w.attn_ln_bias, c.eps, T_, H, q8.q, q8.scale, q8.zp);
+      layernorm_quantize(mid, w.attn_ln_weight, w.attn_ln_bias, c.eps, T_, H, q8.q, q8.scale, q8.zp,
+                         int8_unsigned_codes(T_, H));
     }
     gemm(profile::kFfnIn, w.ffn_in, nullptr, H, I, nullptr, c.act, inner);
   } else {

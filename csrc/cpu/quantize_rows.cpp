@@ -2,7 +2,8 @@
 // int8 GEMM (int8_linear*.cpp).
 //
 // One read of each row for min/max (it is then in L1/L2), one more to write the codes; the math is the fp32
-// sequence of quant.quantize_rows_reference, so the codes are bitwise equal to it.
+// sequence of quant.quantize_rows_reference, so the codes are bitwise equal to it. With flip the codes are written
+// in their unsigned form (q ^ 0x80), the operand of int8_linear's vpdpbusd kernels (int8_unsigned_codes).
 #include <omp.h>
 
 #include <algorithm>
@@ -45,10 +46,12 @@ BF_INLINE int8_t code(float x, const RowQuant& r) {
   v = v < -128.f ? -128.f : (v > 127.f ? 127.f : v);
   return r.finite ? int8_t(v) : int8_t(0);
 }
+constexpr uint8_t kFlip = 0x80;  // a code's unsigned form: q ^ 0x80 = q + 128
 
 // Inlined into each ISA's wrapper: a plain call from the AVX2 one ran the baseline (SSE2) build of these loops.
 BF_INLINE void quantize_rows_loops(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row, int64_t K, int8_t* q,
-                                   float* scale, int32_t* zp) {
+                                   float* scale, int32_t* zp, bool flip) {
+  const uint8_t mask = flip ? kFlip : 0;
   for (int64_t m = lo_row; m < hi_row; ++m) {
     const float* row = x + m * ldx;
     float lo = 0.f, hi = 0.f;
@@ -64,25 +67,26 @@ BF_INLINE void quantize_rows_loops(const float* x, int64_t ldx, int64_t lo_row, 
     }
     const RowQuant r = row_params(lo, hi, nan != 0);
     int8_t* qr = q + m * K;
-    for (int64_t k = 0; k < K; ++k) qr[k] = code(row[k], r);
+    for (int64_t k = 0; k < K; ++k) qr[k] = int8_t(uint8_t(code(row[k], r)) ^ mask);
     scale[m] = r.scale;
     zp[m] = r.zero_point;
   }
 }
 
 void quantize_rows_range_generic(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row, int64_t K, int8_t* q,
-                                 float* scale, int32_t* zp) {
-  quantize_rows_loops(x, ldx, lo_row, hi_row, K, q, scale, zp);
+                                 float* scale, int32_t* zp, bool flip) {
+  quantize_rows_loops(x, ldx, lo_row, hi_row, K, q, scale, zp, flip);
 }
 
 #if BF_X86
 BF_TARGET_AVX2 void quantize_rows_range_avx2(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row, int64_t K,
-                                             int8_t* q, float* scale, int32_t* zp) {
-  quantize_rows_loops(x, ldx, lo_row, hi_row, K, q, scale, zp);
+                                             int8_t* q, float* scale, int32_t* zp, bool flip) {
+  quantize_rows_loops(x, ldx, lo_row, hi_row, K, q, scale, zp, flip);
 }
 
 BF_TARGET_AVX512 void quantize_rows_range_avx512(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row,
-                                                 int64_t K, int8_t* q, float* scale, int32_t* zp) {
+                                                 int64_t K, int8_t* q, float* scale, int32_t* zp, bool flip) {
+  const __m128i mask = _mm_set1_epi8(char(flip ? kFlip : 0));
   for (int64_t m = lo_row; m < hi_row; ++m) {
     const float* row = x + m * ldx;
     __m512 vlo = _mm512_setzero_ps(), vhi = _mm512_setzero_ps();
@@ -96,7 +100,7 @@ BF_TARGET_AVX512 void quantize_rows_range_avx512(const float* x, int64_t ldx, in
     const RowQuant r = row_params(_mm512_reduce_min_ps(vlo), _mm512_reduce_max_ps(vhi), nan != 0);
     int8_t* qr = q + m * K;
     if (!r.finite) {
-      std::memset(qr, 0, size_t(K));
+      std::memset(qr, flip ? kFlip : 0, size_t(K));
     } else {
       const __m512 inv = _mm512_set1_ps(r.inv);
       const __m512i z = _mm512_set1_epi32(r.zero_point);
@@ -107,7 +111,7 @@ BF_TARGET_AVX512 void quantize_rows_range_avx512(const float* x, int64_t ldx, in
         // |x * inv| <= 255 after the row's own min/max, so the int32 conversion is exact; the add and the
         // signed saturation to int8 give clamp(round(x * inv) + zp, -128, 127).
         const __m512i c = _mm512_add_epi32(_mm512_cvtps_epi32(rounded), z);
-        _mm_mask_storeu_epi8(qr + k, mk, _mm512_cvtsepi32_epi8(c));
+        _mm_mask_storeu_epi8(qr + k, mk, _mm_xor_si128(_mm512_cvtsepi32_epi8(c), mask));
       }
     }
     scale[m] = r.scale;
@@ -118,7 +122,7 @@ BF_TARGET_AVX512 void quantize_rows_range_avx512(const float* x, int64_t ldx, in
 
 }  // namespace
 
-void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp) {
+void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp, bool flip) {
   // Threads from 64k elements: 1024 x 384 (MiniLM's rows of ~1000 tokens) took 53 us on one thread, 28 on two (Zen 5,
   // cache-warm); 64 x 384 takes 4 us either way.
   const int nt = M * K >= (int64_t(1) << 16) ? num_threads() : 1;
@@ -126,12 +130,12 @@ void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q,
     DenormalGuard ftz;
     int64_t lo, hi;
     split_range(M, int(part), nt, &lo, &hi);
-    BF_DISPATCH(quantize_rows_range, x, ldx, lo, hi, K, q, scale, zp);
+    BF_DISPATCH(quantize_rows_range, x, ldx, lo, hi, K, q, scale, zp, flip);
   });
 }
 
 void layernorm_quantize(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, int8_t* q,
-                        float* scale, int32_t* zp) {
+                        float* scale, int32_t* zp, bool flip) {
   constexpr int64_t kChunk = 16;  // rows normalized, then quantized while they are in L1
   const int nt = threads_for(T * H);
   parallel_for(nt, nt, [&](int64_t part) {
@@ -142,7 +146,7 @@ void layernorm_quantize(float* x, const float* gamma, const float* beta, float e
       const int64_t e = std::min(hi, c + kChunk);
       layernorm_range(x, gamma, beta, eps, c, e, H, x, row.data());  // as layernorm: no denormal flushing
       DenormalGuard ftz;                                  // as quantize_rows
-      BF_DISPATCH(quantize_rows_range, x, H, c, e, H, q, scale, zp);
+      BF_DISPATCH(quantize_rows_range, x, H, c, e, H, q, scale, zp, flip);
     }
   });
 }
