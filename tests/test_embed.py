@@ -348,6 +348,18 @@ def test_clear_errors(tmp_path, tiny_text_model, capsys, argv, message):
     assert code == 2 and message in err and err.startswith("bertfast embed: error:"), err
 
 
+def test_without_pyarrow_fails_before_embedding(tmp_path, tiny_text_model, capsys, monkeypatch):
+    """Without the embed extra (pyarrow) the run stops at the start with the install command, not after a shard's
+    worth of embedding."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # `import pyarrow.parquet` raises ImportError
+    code = embed(write_input(tmp_path / "c.txt", TEXTS[:3]), tmp_path / "out", "--model", tiny_text_model)
+    err = capsys.readouterr().err
+    assert code == 2 and "pip install 'bertfast[embed]'" in err and "embedding" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_nothing_to_embed(tmp_path, tiny_text_model, capsys):
     src = write_input(tmp_path / "c.csv", TEXTS[:5])
     assert embed(src, tmp_path / "out", "--model", tiny_text_model, "--column", "body") == 1

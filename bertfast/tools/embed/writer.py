@@ -66,6 +66,11 @@ class ShardWriter:
     """Shards of one job in `directory`; settings (a JSON-able dict) must match on --resume."""
 
     def __init__(self, output: str, settings: dict, resume: bool = False):
+        try:  # here, not at the first shard: without the extra a run fails before it embeds anything
+            import pyarrow.parquet  # noqa: F401
+        except ImportError as e:
+            raise OutputError(f"bertfast embed writes Parquet shards, which needs pyarrow ({e}): "
+                              "pip install 'bertfast[embed]'") from None
         self.npy = output.endswith(".npy")
         self.output = output
         self.directory = output + ".shards" if self.npy else output
