@@ -159,20 +159,27 @@ def embed_row(dtype: str, src: str, out: str, ref) -> dict:
     return {"name": "bertfast embed", "dtype": dtype, "texts_per_s": rate, "peak_rss_mib": peak, "check": checked}
 
 
-# The instruction each dtype's GEMMs are built from, per tier (benchmarks/bench_peak.py's rows): their ceiling.
+# The instruction each dtype's GEMMs are built from, per tier (benchmarks/bench_peak.py's rows): their ceiling. The
+# avx2 tier's int8 runs AVX-VNNI's vpdpbusd on ymm where the CPU has it ("avx2+vnni"), vpmaddwd otherwise; bf16
+# without native dot products (avx2, or AVX-512 without AVX-512 BF16) is widened to fp32 FMAs.
 CEILING_INSTRUCTIONS = {("fp32", "avx2"): "fp32 FMA ymm", ("fp32", None): "fp32 FMA zmm",
-                        ("int8", "avx2"): "int16 madd ymm", ("int8", None): "int8 VNNI zmm",
-                        ("bf16", None): "bf16 dot zmm"}
+                        ("int8", "avx2"): "int16 madd ymm", ("int8", "avx2+vnni"): "int8 VNNI ymm",
+                        ("int8", None): "int8 VNNI zmm", ("bf16", None): "bf16 dot zmm"}
 
 
-def gemm_ceiling(peak_rows: list[dict], dtype: str, tier: str) -> float | None:
-    """GFLOP/s of the fastest all-thread row of the instruction `dtype`'s GEMMs use on `tier` (None if missing)."""
+def gemm_ceiling(peak_rows: list[dict], dtype: str, tier: str, info: dict) -> float | None:
+    """GFLOP/s of the fastest all-thread row of the instruction `dtype`'s GEMMs use on `tier` (None if missing);
+    info: `bertfast.cpu_info()` (AVX-VNNI, native bf16)."""
+    if dtype == "bf16" and not info.get("native_bf16", True):
+        dtype = "fp32"
+    if dtype == "int8" and tier == "avx2" and "avx_vnni" in info.get("flags", ()):
+        tier = "avx2+vnni"
     name = CEILING_INSTRUCTIONS.get((dtype, tier), CEILING_INSTRUCTIONS.get((dtype, None)))
     rates = [r["ops_per_s"] for r in peak_rows if not r.get("missing") and r["instruction"].startswith(name)]
     return max(rates) / 1e9 if rates else None
 
 
-def profile_row(dtype: str, src: str, out: str, tier: str, peak_rows: list[dict]) -> dict:
+def profile_row(dtype: str, src: str, out: str, info: dict, peak_rows: list[dict]) -> dict:
     """`bertfast embed --profile` in its own process (a run of its own: the timed rows run unprofiled); its
     breakdown printed with each GEMM's rate against this CPU's ceiling for the dtype."""
     from bertfast.profiling import format_table
@@ -184,7 +191,7 @@ def profile_row(dtype: str, src: str, out: str, tier: str, peak_rows: list[dict]
         raise SystemExit(f"bertfast embed --profile --dtype {dtype} failed (exit {proc.returncode}):\n{proc.stderr}")
     with open(path) as f:
         prof = json.load(f)
-    ceiling = gemm_ceiling(peak_rows, dtype, tier)
+    ceiling = gemm_ceiling(peak_rows, dtype, info["active"], info)
     print("\n" + format_table(prof, {"gemm": ceiling} if ceiling else None), flush=True)
     return {"dtype": dtype, "gemm_ceiling_gflops": ceiling, **prof}
 
@@ -253,7 +260,7 @@ def main() -> int:
                 with open(src, "w", encoding="utf-8") as f:
                     f.writelines(t + "\n" for t in texts)
             peak_rows = bench_peak.measure(0.3)
-            profiles = [profile_row(dtype, src, os.path.join(tmp, f"prof-{dtype}"), info["active"], peak_rows)
+            profiles = [profile_row(dtype, src, os.path.join(tmp, f"prof-{dtype}"), info, peak_rows)
                         for dtype in dtypes]
     base = next((r["texts_per_s"] for r in results if r["name"] == "SentenceTransformer.encode (torch)"), None)
     print(f"\n{'row':<48} {'dtype':<6} {'texts/s':>9} {'vs ST':>7} {'peak RSS':>9}")

@@ -1,6 +1,6 @@
 """Arithmetic ceilings of this CPU: the multiply-add rate of each instruction the native kernels' inner loops
-are built from (fp32 FMA, int8 VNNI, bf16 dot products, AVX2's int16 madd, AMX's tdpbf16ps and tdpbssd on full
-tiles), on one core and on all of them.
+are built from (fp32 FMA, int8 VNNI, bf16 dot products, AVX2's int16 madd and AVX-VNNI's vpdpbusd on ymm, AMX's
+tdpbf16ps and tdpbssd on full tiles), on one core and on all of them.
 
     python benchmarks/bench_peak.py [--seconds 0.5] [--json PATH]
 

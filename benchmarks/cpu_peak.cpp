@@ -66,6 +66,8 @@ double rate(int threads, double seconds, Body body) {
 #define BF_STEP_fma_zmm(a) asm("vfmadd231ps %1, %2, %0" : "+v"(a) : "v"(x), "v"(w));
 #define BF_STEP_fma_ymm(a) asm("vfmadd231ps %1, %2, %0" : "+x"(a) : "x"(x), "x"(w));
 #define BF_STEP_vnni_zmm(a) asm("vpdpbusd %1, %2, %0" : "+v"(a) : "v"(x), "v"(w));
+// AVX-VNNI (the avx2 tier's int8 kernel where the CPU has it): the VEX form on ymm.
+#define BF_STEP_vnni_ymm(a) asm("%{vex%} vpdpbusd %1, %2, %0" : "+x"(a) : "x"(x), "x"(w));
 #define BF_STEP_bf16_zmm(a) asm("vdpbf16ps %1, %2, %0" : "+v"(a) : "v"(x), "v"(w));
 // The avx2 tier's int8 step: int16 pairs multiplied and summed (vpmaddwd), then accumulated (vpaddd): two
 // instructions for 16 multiply-adds, counted as one step here.
@@ -75,6 +77,7 @@ double rate(int threads, double seconds, Body body) {
 BF_LOOP(fma_zmm, "avx512f", __m512, _mm512_setzero_ps())
 BF_LOOP(fma_ymm, "avx2,fma", __m256, _mm256_setzero_ps())
 BF_LOOP(vnni_zmm, "avx512f,avx512vnni", __m512i, _mm512_setzero_si512())
+BF_LOOP(vnni_ymm, "avx2,avxvnni", __m256i, _mm256_setzero_si256())
 BF_LOOP(bf16_zmm, "avx512f,avx512bf16", __m512, _mm512_setzero_ps())
 BF_LOOP(maddwd_ymm, "avx2", __m256i, _mm256_setzero_si256())
 
@@ -140,6 +143,7 @@ int main(int argc, char** argv) {
       {"int8 VNNI zmm (vpdpbusd)", __builtin_cpu_supports("avx512vnni") != 0, 64, vnni_zmm},
       {"bf16 dot zmm (vdpbf16ps)", __builtin_cpu_supports("avx512bf16") != 0, 32, bf16_zmm},
       {"int16 madd ymm (vpmaddwd+vpaddd)", __builtin_cpu_supports("avx2") != 0, 16, maddwd_ymm},
+      {"int8 VNNI ymm (AVX-VNNI vpdpbusd)", __builtin_cpu_supports("avxvnni") != 0, 32, vnni_ymm},
       {"bf16 AMX tile (tdpbf16ps)", amx_usable(__builtin_cpu_supports("amx-bf16")), 16 * 16 * 32, amx_bf16},
       {"int8 AMX tile (tdpbssd)", amx_usable(__builtin_cpu_supports("amx-int8")), 16 * 16 * 64, amx_int8},
   };

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The cpu_peak row of each instruction and the /proc/cpuinfo flags it needs.
 NEEDS = {"fp32 FMA zmm (vfmadd231ps)": {"avx512f"}, "fp32 FMA ymm (vfmadd231ps)": {"avx2", "fma"},
          "int8 VNNI zmm (vpdpbusd)": {"avx512_vnni"}, "bf16 dot zmm (vdpbf16ps)": {"avx512_bf16"},
-         "int16 madd ymm (vpmaddwd+vpaddd)": {"avx2"},
+         "int16 madd ymm (vpmaddwd+vpaddd)": {"avx2"}, "int8 VNNI ymm (AVX-VNNI vpdpbusd)": {"avx_vnni"},
          "bf16 AMX tile (tdpbf16ps)": {"amx_tile", "amx_bf16"}, "int8 AMX tile (tdpbssd)": {"amx_tile", "amx_int8"}}
 
 
