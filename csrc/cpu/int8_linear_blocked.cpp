@@ -15,8 +15,9 @@ namespace int8_detail {
 namespace {
 
 // Row m, columns [n0, n0 + n) of the output from their int32 sums over the unsigned codes (n <= 16). The
-// activation is chosen outside the loops so each loop vectorizes (GELU included) in the caller's ISA.
-template <typename Cols>
+// activation is chosen outside the loops so each loop vectorizes (GELU included) in the caller's ISA; kAvx2: the
+// caller is the avx2 tier's (activate256, as its fp32 and bf16 GEMMs).
+template <bool kAvx2, typename Cols>
 BF_INLINE void finish_cols(const int32_t* acc, int64_t m, int64_t n0, Cols n, const Int8Args& a) {
   const float s = a.xs[m], z = float(a.zp[m] + 128);
   const float *ws = a.ws + n0, *cs = a.colsum + n0;
@@ -27,7 +28,15 @@ BF_INLINE void finish_cols(const int32_t* acc, int64_t m, int64_t n0, Cols n, co
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) v[j] += a.bias[n0 + j];
   }
+#if BF_X86
+  if constexpr (kAvx2) {
+    activate256(v, n, a.act);
+  } else {
+    activate(v, n, a.act);
+  }
+#else
   activate(v, n, a.act);
+#endif
   float* o = a.out + m * a.N + n0;
   if (a.residual != nullptr) {
     const float* r = a.residual + m * a.ldr + n0;
@@ -40,9 +49,10 @@ BF_INLINE void finish_cols(const int32_t* acc, int64_t m, int64_t n0, Cols n, co
 }
 
 // A whole panel's 16 columns as a compile-time count: loops without remainders.
+template <bool kAvx2 = false>
 BF_INLINE void finish_row(const int32_t* acc, int64_t m, int64_t n0, int64_t n, const Int8Args& a) {
-  if (n == 16) return finish_cols(acc, m, n0, std::integral_constant<int64_t, 16>{}, a);
-  finish_cols(acc, m, n0, n, a);
+  if (n == 16) return finish_cols<kAvx2>(acc, m, n0, std::integral_constant<int64_t, 16>{}, a);
+  finish_cols<kAvx2>(acc, m, n0, n, a);
 }
 
 // ---- blocked paths without VNNI: x widened once to int16 unsigned codes, [M][K4 * 4] zero padded ----
@@ -183,7 +193,7 @@ struct Avx2Tile {
     alignas(32) int32_t sums[MR][16];
     tile_avx2<MR>(a, xw, ldw, m0, p, 0, sums);
     if (n > 8) tile_avx2<MR>(a, xw, ldw, m0, p, 1, sums);
-    for (int r = 0; r < MR; ++r) finish_row(sums[r], m0 + r, n0, n, a);
+    for (int r = 0; r < MR; ++r) finish_row<true>(sums[r], m0 + r, n0, n, a);
   }
 };
 
@@ -239,7 +249,7 @@ BF_TARGET_AVXVNNI BF_INLINE void tile_avxvnni(const Int8Args& a, const uint8_t* 
     _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r]), acc[r][0]);
     _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r] + 8), acc[r][1]);
   }
-  for (int r = 0; r < MR; ++r) finish_row(sums[r], m0 + r, n0, n, a);
+  for (int r = 0; r < MR; ++r) finish_row<true>(sums[r], m0 + r, n0, n, a);
 }
 
 struct AvxVnniTile {

@@ -41,7 +41,7 @@ struct Epilogue {
   bool wide = false;
 };
 
-template <typename T, typename O, bool kAvx512>
+template <typename T, typename O, bool kAvx512, bool kAvx2>
 BF_INLINE void store_rows(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid, const Epilogue& ep);
 
 #if BF_X86
@@ -76,8 +76,9 @@ BF_TARGET_AVX512 void store_rows512(const float* tile, int mr, int64_t m0, int64
 #endif
 
 // Writes rows [m0, m0 + mr) x columns [n0, n0 + nvalid) of the output from an fp32 tile [mr][kPanel]. kAvx512: the
-// caller is AVX-512 code (16-lane epilogue for no activation and erf-GELU, store_rows512; activate512 otherwise).
-template <typename T, bool kAvx512 = false>
+// caller is AVX-512 code (16-lane epilogue for no activation and erf-GELU, store_rows512; activate512 otherwise);
+// kAvx2: the avx2 tier's (activate256).
+template <typename T, bool kAvx512 = false, bool kAvx2 = false>
 BF_INLINE void store_tile(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid, const Epilogue& ep) {
 #if BF_X86
   if constexpr (kAvx512) {
@@ -87,12 +88,12 @@ BF_INLINE void store_tile(const float* tile, int mr, int64_t m0, int64_t n0, int
     }
   }
 #endif
-  if (sizeof(T) == 2 && ep.wide) return store_rows<T, float, kAvx512>(tile, mr, m0, n0, nvalid, ep);
-  store_rows<T, T, kAvx512>(tile, mr, m0, n0, nvalid, ep);
+  if (sizeof(T) == 2 && ep.wide) return store_rows<T, float, kAvx512, kAvx2>(tile, mr, m0, n0, nvalid, ep);
+  store_rows<T, T, kAvx512, kAvx2>(tile, mr, m0, n0, nvalid, ep);
 }
 
 // store_tile's rows: bias of the operands' type T, residual and out of type O.
-template <typename T, typename O, bool kAvx512>
+template <typename T, typename O, bool kAvx512, bool kAvx2>
 BF_INLINE void store_rows(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid, const Epilogue& ep) {
   const T* bias = static_cast<const T*>(ep.bias);
   const O* res = static_cast<const O*>(ep.residual);
@@ -107,6 +108,8 @@ BF_INLINE void store_rows(const float* tile, int mr, int64_t m0, int64_t n0, int
 #if BF_X86
     if constexpr (kAvx512)
       activate512(tmp, nvalid, ep.act);
+    else if constexpr (kAvx2)
+      activate256(tmp, nvalid, ep.act);
     else
       activate(tmp, nvalid, ep.act);
 #else

@@ -176,7 +176,7 @@ struct Avx2Pass {
     pass_avx2_rows<T>(mr, x, w, steps, tile, first, pf, near);
   }
   void store(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid, const Epilogue& ep) const {
-    store_tile<T>(tile, mr, m0, n0, nvalid, ep);
+    store_tile<T, false, true>(tile, mr, m0, n0, nvalid, ep);
   }
 };
 

@@ -89,6 +89,46 @@ BF_TARGET_AVX512 BF_INLINE __m512 gelu_erf512(__m512 x) {
   return _mm512_mask_blend_ps(nonneg, neg, pos);
 }
 
+// Coefficient k of kErfcPieces for the intervals i (0-15): two 8-entry vpermps and a blend on bit 3 of i (`upper`).
+BF_TARGET_AVX2 BF_INLINE __m256 erfc_piece256(int k, __m256i i, __m256 upper) {
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_load_ps(kErfcPieces[k]), i),
+                          _mm256_permutevar8x32_ps(_mm256_load_ps(kErfcPieces[k] + 8), i), upper);
+}
+
+// gelu_erf512 on 8 lanes (the avx2 tier's GEMM epilogues): the same operations in the same order, so the same bits.
+BF_TARGET_AVX2 BF_INLINE __m256 gelu_erf256(__m256 x) {
+  const __m256 s = _mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), x), _mm256_set1_ps(4.f * 0.70710678118654752f));
+  const __m256 near = _mm256_cmp_ps(s, _mm256_set1_ps(16.f), _CMP_LT_OQ);  // NaN: not near
+  const __m256i i = _mm256_cvttps_epi32(_mm256_and_ps(near, s));
+  const __m256 u = _mm256_sub_ps(_mm256_sub_ps(s, _mm256_cvtepi32_ps(i)), _mm256_set1_ps(0.5f));
+  const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(i, 28));  // sign bit set: interval >= 8
+  __m256 p = erfc_piece256(0, i, upper);
+#pragma GCC unroll 5
+  for (int k = 1; k < 6; ++k) p = _mm256_fmadd_ps(p, u, erfc_piece256(k, i, upper));
+  const __m256 erfc = _mm256_and_ps(near, p);
+  const __m256 neg = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.5f)), erfc);
+  const __m256 pos = _mm256_blendv_ps(x, _mm256_sub_ps(x, neg), near);
+  return _mm256_blendv_ps(neg, pos, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+}
+
+// activate() for the epilogues of the avx2 tier's GEMMs (store_tile<T, false, true>, the int8 kernels' finish_cols):
+// erf-GELU on 8 lanes (gelu_erf256), the other activations as activate(). The 4-lane gelu_erf16 held the FFN-in GEMM
+// at 38% of the AVX-VNNI ceiling in int8, 75% in fp32, where the other GEMMs ran at 81-92% (MiniLM, Zen 5).
+BF_TARGET_AVX2 inline void activate256(float* v, int64_t n, Activation act) {  // a call: its callers' targets vary
+  if (act != Activation::Gelu) {
+    activate(v, n, act);
+    return;
+  }
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(v + j, gelu_erf256(_mm256_loadu_ps(v + j)));
+  if (j < n) {
+    alignas(32) float t[8] = {};
+    std::memcpy(t, v + j, size_t(n - j) * sizeof(float));
+    _mm256_store_ps(t, gelu_erf256(_mm256_load_ps(t)));
+    std::memcpy(v + j, t, size_t(n - j) * sizeof(float));
+  }
+}
+
 // activate() for the epilogues of the AVX-512 kernels (store_tile<T, true>): erf-GELU on 16 lanes (gelu_erf512), the
 // other activations as activate(). Every bf16 GEMM of the AVX-512 tiers (streaming, blocked, AMX tiles) ends here
 // whatever M, so a row's bits do not depend on its batch; the 4-lane gelu_erf16 cost the FFN-in GEMM ~x1.8 its

@@ -146,6 +146,31 @@ def test_linear_activation(isa, dtype, act, tokens, features):
     check(ours, fn(x.to(dtype) + bias.to(dtype)), fn(x + bias), dtype)
 
 
+def test_gelu_same_bits_on_avx2_and_avx512():
+    """The avx2 tier's GEMM epilogues run the AVX-512 erf-GELU's piecewise fit on 8 lanes (gelu_erf256, vec_math.h):
+    the same operations, so the same bits, on a grid through every interval of the fit, past its end, at 0 and at
+    NaN / +-inf, in the streaming and the many-row paths (docs/cpu-gemm.md#the-avx-512-erf-gelu)."""
+    from bertfast.backends.cpu import isa as isa_module
+
+    if isa_module.unsupported("avx512_vnni") is not None:
+        pytest.skip("the CPU has no AVX-512 tier to compare with")
+    x = torch.cat([torch.linspace(-12, 12, 20_001), torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0,
+                                                                 -0.0, 5.657, -5.657, 1e-30])])[:, None]
+    before = _C.isa()
+    outs = {}
+    try:
+        for tier in ("avx512_vnni", "avx2"):
+            assert _C.set_isa(tier)
+            outs[tier] = [_act_linear(x, torch.zeros(16), "gelu"), _act_linear(x[:5].contiguous(), torch.zeros(16),
+                                                                               "gelu")]
+    finally:
+        _C.set_isa(before)
+    for wide, narrow in zip(outs["avx512_vnni"], outs["avx2"]):
+        assert torch.equal(wide.nan_to_num(7.0), narrow.nan_to_num(7.0))
+        assert torch.equal(wide.isnan(), narrow.isnan())
+    assert torch.equal(outs["avx2"][1], outs["avx2"][0][:5])
+
+
 def test_gelu_extremes(isa):
     x = torch.tensor([-1e4, -100.0, -20.0, -5.0, -1e-3, 0.0, 1e-30, 1e-3, 5.0, 20.0, 100.0, 1e4])[:, None]
     torch.testing.assert_close(_act_linear(x, None, "gelu"), F.gelu(x), atol=1e-6, rtol=1e-6)
