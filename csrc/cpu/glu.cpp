@@ -1,6 +1,7 @@
 // The gate of a GLU FFN (GeGLU, SwiGLU): out[m, j] = act(h[m, j]) * h[m, N + j] for the (M, 2N) output of the
-// FFN's first GEMM, rows [a | b]. The activation is the epilogues' (activation.h, scalar_math.h: the same
-// numbers), computed in fp32 on a chunk of the row at a time and the product rounded once to the output type.
+// FFN's first GEMM, rows [a | b]. The activation is the tier's GEMM epilogues' (activate512 on AVX-512, activate256 on
+// avx2: erf-GELU from the piecewise fit of vec_math.h; activate, scalar_math.h, on the portable tier), computed in
+// fp32 on a chunk of the row at a time and the product rounded once to the output type.
 #include <omp.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include "kernels.h"
 #include "parallel.h"
 #include "scalar_math.h"
+#include "vec_math.h"
 
 namespace bertfast {
 namespace cpu {
@@ -16,7 +18,9 @@ namespace {
 
 constexpr int64_t kChunk = 256;  // columns per pass: the fp32 buffer stays on the stack, in L1
 
-template <typename T>
+enum class Lanes { Generic, Avx2, Avx512 };  // which activate() the caller's ISA runs
+
+template <Lanes kLanes, typename T>
 BF_INLINE void glu_rows(const T* h, int64_t ldh, int64_t lo, int64_t hi, int64_t N, Activation act, T* out) {
   float buf[kChunk];
   for (int64_t m = lo; m < hi; ++m) {
@@ -27,7 +31,17 @@ BF_INLINE void glu_rows(const T* h, int64_t ldh, int64_t lo, int64_t hi, int64_t
       const int64_t n = std::min(kChunk, N - j0);
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) buf[j] = to_float(a[j0 + j]);
+#if BF_X86
+      if constexpr (kLanes == Lanes::Avx512) {
+        activate512(buf, n, act);
+      } else if constexpr (kLanes == Lanes::Avx2) {
+        activate256(buf, n, act);
+      } else {
+        activate(buf, n, act);
+      }
+#else
       activate(buf, n, act);
+#endif
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) o[j0 + j] = from_float<T>(buf[j] * to_float(b[j0 + j]));
     }
@@ -37,18 +51,18 @@ BF_INLINE void glu_rows(const T* h, int64_t ldh, int64_t lo, int64_t hi, int64_t
 #if BF_X86
 template <typename T>
 BF_TARGET_AVX2 void glu_avx2(const T* h, int64_t ldh, int64_t lo, int64_t hi, int64_t N, Activation act, T* out) {
-  glu_rows(h, ldh, lo, hi, N, act, out);
+  glu_rows<Lanes::Avx2>(h, ldh, lo, hi, N, act, out);
 }
 
 template <typename T>
 BF_TARGET_AVX512 void glu_avx512(const T* h, int64_t ldh, int64_t lo, int64_t hi, int64_t N, Activation act, T* out) {
-  glu_rows(h, ldh, lo, hi, N, act, out);
+  glu_rows<Lanes::Avx512>(h, ldh, lo, hi, N, act, out);
 }
 #endif
 
 template <typename T>
 void glu_generic(const T* h, int64_t ldh, int64_t lo, int64_t hi, int64_t N, Activation act, T* out) {
-  glu_rows(h, ldh, lo, hi, N, act, out);
+  glu_rows<Lanes::Generic>(h, ldh, lo, hi, N, act, out);
 }
 
 }  // namespace
