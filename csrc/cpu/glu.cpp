@@ -18,8 +18,6 @@ namespace {
 
 constexpr int64_t kChunk = 256;  // columns per pass: the fp32 buffer stays on the stack, in L1
 
-enum class Lanes { Generic, Avx2, Avx512 };  // which activate() the caller's ISA runs
-
 template <Lanes kLanes, typename T>
 BF_INLINE void glu_rows(const T* h, int64_t ldh, int64_t lo, int64_t hi, int64_t N, Activation act, T* out) {
   float buf[kChunk];
@@ -31,17 +29,7 @@ BF_INLINE void glu_rows(const T* h, int64_t ldh, int64_t lo, int64_t hi, int64_t
       const int64_t n = std::min(kChunk, N - j0);
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) buf[j] = to_float(a[j0 + j]);
-#if BF_X86
-      if constexpr (kLanes == Lanes::Avx512) {
-        activate512(buf, n, act);
-      } else if constexpr (kLanes == Lanes::Avx2) {
-        activate256(buf, n, act);
-      } else {
-        activate(buf, n, act);
-      }
-#else
-      activate(buf, n, act);
-#endif
+      activate_lanes<kLanes>(buf, n, act);
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) o[j0 + j] = from_float<T>(buf[j] * to_float(b[j0 + j]));
     }

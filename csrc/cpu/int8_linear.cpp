@@ -60,9 +60,10 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
   const int64_t panels = (N + 15) / 16, groups = (panels + kGroupPanels - 1) / kGroupPanels;
   const int nt = M * N * K < (int64_t(1) << 18) ? 1 : num_threads();
   const Isa isa = active_isa();
+  const Int8Path path = int8_path(M, K);
 #if BF_X86
   // Threads split the output columns in groups of 4 panels (64 columns), so each streams its own weights.
-  if (amx_kernels(isa) && K % 64 == 0) {
+  if (path == Int8Path::Amx) {
     if (amx_blocked(M, true)) return int8_amx_blocked_gemm(a, nt, isa != Isa::Amx);
     parallel_for(nt, groups, [&](int64_t g) {
       const int64_t p0 = g * 4, p1 = std::min(panels, g * 4 + 4);
@@ -70,7 +71,7 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
     });
     return;
   }
-  if (isa >= Isa::Avx512Vnni && M <= kStreamRows) {
+  if (path == Int8Path::Stream) {
     parallel_for(nt, groups, [&](int64_t g) { stream_panels_vnni(a, g * 4, std::min(panels, g * 4 + 4)); });
     return;
   }
@@ -87,7 +88,7 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
 #if BF_X86
   // VNNI (AVX-512, or AVX-VNNI on the avx2 tier): the codes flipped to unsigned bytes (unless the caller's
   // quantization wrote them so: x_unsigned, K % 4 == 0), then vpdpbusd tiles.
-  if (int8_path(M, K) == Int8Path::Vnni) {
+  if (path == Int8Path::Vnni) {
     const bool zmm = isa >= Isa::Avx512Vnni;
     const uint8_t* xu = reinterpret_cast<const uint8_t*>(x);
     int64_t ldu = ldx;

@@ -28,15 +28,7 @@ BF_INLINE void finish_cols(const int32_t* acc, int64_t m, int64_t n0, Cols n, co
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) v[j] += a.bias[n0 + j];
   }
-#if BF_X86
-  if constexpr (kAvx2) {
-    activate256(v, n, a.act);
-  } else {
-    activate(v, n, a.act);
-  }
-#else
-  activate(v, n, a.act);
-#endif
+  activate_lanes<kAvx2 ? Lanes::Avx2 : Lanes::Generic>(v, n, a.act);
   float* o = a.out + m * a.N + n0;
   if (a.residual != nullptr) {
     const float* r = a.residual + m * a.ldr + n0;

@@ -105,16 +105,7 @@ BF_INLINE void store_rows(const float* tile, int mr, int64_t m0, int64_t n0, int
     float tmp[kPanel];
 #pragma omp simd
     for (int64_t j = 0; j < nvalid; ++j) tmp[j] = c[j] + (bias != nullptr ? to_float(bias[n0 + j]) : 0.f);
-#if BF_X86
-    if constexpr (kAvx512)
-      activate512(tmp, nvalid, ep.act);
-    else if constexpr (kAvx2)
-      activate256(tmp, nvalid, ep.act);
-    else
-      activate(tmp, nvalid, ep.act);
-#else
-    activate(tmp, nvalid, ep.act);
-#endif
+    activate_lanes<kAvx512 ? Lanes::Avx512 : (kAvx2 ? Lanes::Avx2 : Lanes::Generic)>(tmp, nvalid, ep.act);
     if (rr != nullptr) {
 #pragma omp simd
       for (int64_t j = 0; j < nvalid; ++j) o[j] = from_float<O>(tmp[j] + to_float(rr[j]));

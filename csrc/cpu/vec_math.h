@@ -168,3 +168,28 @@ BF_TARGET_AVX512 BF_INLINE __m512 act512(__m512 v) {
 }  // namespace cpu
 }  // namespace bertfast
 #endif
+
+namespace bertfast {
+namespace cpu {
+
+// Which activate() an epilogue's caller runs: its tier's vector width (activate512 / activate256, erf-GELU from the
+// piecewise fit) or activate (scalar_math.h, the portable tier and non-x86 builds).
+enum class Lanes { Generic, Avx2, Avx512 };
+
+template <Lanes kLanes>
+BF_INLINE void activate_lanes(float* v, int64_t n, Activation act) {
+#if BF_X86
+  if constexpr (kLanes == Lanes::Avx512) {
+    activate512(v, n, act);
+  } else if constexpr (kLanes == Lanes::Avx2) {
+    activate256(v, n, act);
+  } else {
+    activate(v, n, act);
+  }
+#else
+  activate(v, n, act);
+#endif
+}
+
+}  // namespace cpu
+}  // namespace bertfast
