@@ -133,8 +133,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_int8", &pack_int8, "pack an int8 (N, K) weight for quant_linear", py::arg("weight"));
   m.def("quant_linear", &quant_linear,
         "quantize_rows, then the int8 GEMM on pack_int8 weights with the dequantization epilogue fused (AMX-int8 / "
-        "VNNI / AVX2 / portable by the ISA tier): act(x @ W.T + bias) + residual for fp32 x (M, K); unsigned_codes=False: "
-        "signed codes whatever the kernel (a VNNI kernel then flips them in a pass of its own; the same bits)",
+        "VNNI / AVX2 / portable by the ISA tier): act(x @ W.T + bias) + residual for fp32 x (M, K); "
+        "unsigned_codes=False: signed codes whatever the kernel (a VNNI kernel then flips them in a pass of its own; "
+        "the same bits)",
         py::arg("x"), py::arg("packed"), py::arg("w_scale"), py::arg("colsum"), py::arg("bias") = py::none(),
         py::arg("act") = "none", py::arg("residual") = py::none(), py::arg("unsigned_codes") = true);
 }

@@ -21,8 +21,8 @@ namespace {
 // split into two bf16 parts, P = hi + lo with hi = bf16(P) and lo = bf16(P - hi), and P V is the sum of the two
 // tile products: P carries ~16 significant bits into the product instead of bf16's 8 (torch's bf16 flash
 // attention rounds P to bf16 once, which put BERT-base's max bf16 error at 5.1-5.3e-3 of the fp32 output where
-// the other tiers, P fp32, measure 4.6-4.8e-3), for one more A tile and four more tile products per 16 x 64 block. Head dims are
-// zero-padded to 32 or 64 in the packed copies, so any head_dim <= 64 works.
+// the other tiers, P fp32, measure 4.6-4.8e-3), for one more A tile and four more tile products per 16 x 64 block.
+// Head dims are zero-padded to 32 or 64 in the packed copies, so any head_dim <= 64 works.
 //
 // A position bias is added to the fp32 score tile after the Q K^T product, the scores scaled first (add_bias of
 // attention_impl.h: the fp32-math tiers' code and order). A window is the fp32-math tiers' too: a query block
@@ -126,9 +126,9 @@ BF_INLINE uint64_t key_bits(int64_t lo, int64_t hi) {
 
 // Online softmax of one block's scores (rows [0, qn) x kn keys in sc.s, times `factor` for the scale) into
 // probabilities split in two bf16 parts, sc.ps and sc.ps_lo (zero past kn up to kAmxKeys, and outside each row's
-// window `win`, the fp32-math tiers' mask_window); rescales the accumulator rows by the change of their max. Works in base 2: scores times
-// factor * log2(e), so m and the exponents are in log2 units. A row's first block (its diagonal one with a
-// window) holds its own key, so its max is finite from then on.
+// window `win`, the fp32-math tiers' mask_window); rescales the accumulator rows by the change of their max. Works
+// in base 2: scores times factor * log2(e), so m and the exponents are in log2 units. A row's first block (its
+// diagonal one with a window) holds its own key, so its max is finite from then on.
 BF_TARGET_TILES_BF16 BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t qn, int64_t kn, int64_t dp, float factor,
                                                const TileWindow& win, bool first) {
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY), to_log2 = _mm512_set1_ps(factor * 1.44269504088896341f);
