@@ -167,9 +167,10 @@ CEILING_INSTRUCTIONS = {("fp32", "avx2"): "fp32 FMA ymm", ("fp32", None): "fp32 
                         ("int8", None): "int8 VNNI zmm", ("bf16", None): "bf16 dot zmm"}
 
 
-def gemm_ceiling(peak_rows: list[dict], dtype: str, tier: str, info: dict) -> float | None:
-    """GFLOP/s of the fastest all-thread row of the instruction `dtype`'s GEMMs use on `tier` (None if missing);
-    info: `bertfast.cpu_info()` (AVX-VNNI, native bf16)."""
+def gemm_ceiling(peak_rows: list[dict], dtype: str, info: dict) -> float | None:
+    """GFLOP/s of the fastest all-thread row of the instruction `dtype`'s GEMMs use on the active tier (None if
+    missing); info: `bertfast.cpu_info()` (the active tier, AVX-VNNI, native bf16)."""
+    tier = info["active"]
     if dtype == "bf16" and not info.get("native_bf16", True):
         dtype = "fp32"
     if dtype == "int8" and tier == "avx2" and "avx_vnni" in info.get("flags", ()):
@@ -191,7 +192,7 @@ def profile_row(dtype: str, src: str, out: str, info: dict, peak_rows: list[dict
         raise SystemExit(f"bertfast embed --profile --dtype {dtype} failed (exit {proc.returncode}):\n{proc.stderr}")
     with open(path) as f:
         prof = json.load(f)
-    ceiling = gemm_ceiling(peak_rows, dtype, info["active"], info)
+    ceiling = gemm_ceiling(peak_rows, dtype, info)
     print("\n" + format_table(prof, {"gemm": ceiling} if ceiling else None), flush=True)
     return {"dtype": dtype, "gemm_ceiling_gflops": ceiling, **prof}
 
