@@ -24,6 +24,27 @@ MANIFEST = "_manifest.json"  # "_": Parquet readers of the directory skip it
 VERSION = 1
 
 
+# The columns are built from their buffers, not with `pa.array`: its first call imports pandas (~0.15 s, once a
+# process, a few percent of embedding a few thousand texts) to ask whether the values are pandas objects.
+def _numbers(values: np.ndarray):
+    """A 1-D numpy array (no nulls) as an Arrow array of its type, sharing its memory."""
+    import pyarrow as pa
+
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+
+
+def _strings(values: list[str]):
+    """Python strings as an Arrow `string` array (int32 offsets: a shard holds far less than 2 GiB of text)."""
+    import pyarrow as pa
+
+    data = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in data], out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        return pa.array(values, type=pa.string())
+    return pa.StringArray.from_buffers(len(data), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(data)))
+
+
 class OutputError(ValueError):
     """The output location cannot be used as asked (exists without --resume, other settings)."""
 
@@ -131,12 +152,12 @@ class ShardWriter:
         import pyarrow.parquet as pq
 
         n, dim = embeddings.shape
-        id_type = pa.int64() if ids and isinstance(ids[0], int) else pa.string()
-        columns = {"id": pa.array(ids, type=id_type),
+        ids_int = bool(ids) and isinstance(ids[0], int)
+        columns = {"id": _numbers(np.asarray(ids, dtype=np.int64)) if ids_int else _strings(ids),
                    "embedding": pa.FixedSizeListArray.from_arrays(
-                       pa.array(np.ascontiguousarray(embeddings).reshape(-1)), dim)}
+                       _numbers(np.ascontiguousarray(embeddings).reshape(-1)), dim)}
         if texts is not None:
-            columns["text"] = pa.array(texts, type=pa.string())
+            columns["text"] = _strings(texts)
         table = pa.table(columns)
         name = _shard_name(index)
         with commit():  # a SIGINT/SIGTERM waits until the shard is in place and recorded
