@@ -53,6 +53,8 @@ BF_TARGET_AVX2 BF_INLINE float reduce_add8(__m256 v) {
 }
 
 struct Avx2Block {
+  static constexpr bool kByKey = false;  // every item scored by query row (attention_thread)
+
   static constexpr int kR = 4;  // query rows per register tile
 
   // K transposed 8 keys x 8 dims at a time, widened on load; head dims past a multiple of 8 one by one.

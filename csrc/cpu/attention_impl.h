@@ -83,11 +83,13 @@ struct RowPrefetch {
 // Buffers of one thread, in fp32. d_pad = head_dim rounded up to 16 (zero columns), so vector code
 // needs no tail handling along head_dim.
 struct Scratch {
-  std::vector<float> qf;   // [kQBlock][d_pad], pre-scaled, rows past the block end zero
-  std::vector<float> kt;   // [key tiles][d][kKBlock], K transposed per tile, keys past the end zero
+  std::vector<float> qf;   // [kQBlock][d_pad], pre-scaled, rows past the block end zero; by key: [d][kQBlock]
+  std::vector<float> kt;   // [key tiles][d][kKBlock], K transposed per tile, keys past the end zero; by key:
+                           // [keys rounded to 16][d_pad], K's rows
+
   std::vector<float> vf;   // [keys rounded to kKBlock][d_pad]
   std::vector<float> acc;  // [kQBlock][d_pad], written (not added to) by the first key tile
-  std::vector<float> s;    // [kQBlock][kKBlock] scores, then probabilities
+  std::vector<float> s;    // [kQBlock][kKBlock] scores, then probabilities; by key: [kKBlock][kQBlock]
   float m[kQBlock], l[kQBlock];
 };
 
@@ -309,18 +311,31 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
       runs += t_hi - t_lo + 1;
     }
     const int64_t rows_per_run = have ? (len_next + runs - 1) / runs : 0;
-    // K transposed per key tile and V, widened once for every query block of this (sequence, head).
-    // Keys past the end of a tile are masked out of the softmax and never read from V; the columns
-    // of V past head_dim (to d_pad) must be zero (they are accumulated, then dropped).
-    sc.kt.resize(tiles * d * kKBlock);
+    // A tier whose Block computes the scores by key (Block::kByKey) does so for every item without a position
+    // bias or a window: which items take it depends on the model and the item's own length, not on the batch.
+    const bool by_key = Block::kByKey && bias == nullptr && w == 0;
+    // K transposed per key tile (or as rows, by key) and V, widened once for every query block of this
+    // (sequence, head). Keys past the end of a tile are masked out of the softmax and never read from V; the
+    // columns of V past head_dim (to d_pad) must be zero (they are accumulated, then dropped).
     sc.vf.resize(tiles * kKBlock * dp);
-    Block::template load_kt<T>(k + start * st.k_row + h * st.k_head, st.k_row, len, d, sc.kt.data());
+    if (!by_key) {
+      sc.kt.resize(tiles * d * kKBlock);
+      Block::template load_kt<T>(k + start * st.k_row + h * st.k_head, st.k_row, len, d, sc.kt.data());
+    }
     for (int64_t j = 0; j < len; ++j) {
       const T* vs = v + (start + j) * st.v_row + h * st.v_head;
       float* vd = sc.vf.data() + j * dp;
 #pragma omp simd
       for (int64_t e = 0; e < d; ++e) vd[e] = to_float(vs[e]);
       for (int64_t e = d; e < dp; ++e) vd[e] = 0.f;
+    }
+    if constexpr (Block::kByKey) {
+      if (by_key) {
+        Block::template item_by_key<T>(sc, q + start * st.q_row + h * st.q_head, st.q_row,
+                                       k + start * st.k_row + h * st.k_head, st.k_row, len, d, dp, scale,
+                                       out + start * H + h * d, H, pf, rows_per_run);
+        continue;
+      }
     }
     for (int64_t q0 = 0; q0 < len; q0 += kQBlock) {
       const int64_t qn = std::min<int64_t>(kQBlock, len - q0);

@@ -11,6 +11,8 @@ namespace {
 
 // ---- portable block: plain loops the compiler vectorizes ----
 struct GenericBlock {
+  static constexpr bool kByKey = false;  // every item scored by query row (attention_thread)
+
   // K rows [0, len) of one head into kt: [tile][d][kKBlock] (keys past len stay zero).
   template <typename T>
   BF_INLINE static void load_kt(const T* k, int64_t row_stride, int64_t len, int64_t d, float* kt) {
