@@ -20,6 +20,7 @@ import torch
 
 from bertfast.backends.cpu import isa as isa_module
 from bertfast.backends.cpu import quant
+from helpers.caps import on_cap
 
 _C = pytest.importorskip("bertfast._C")
 
@@ -34,10 +35,9 @@ def tiles(request):
     reason = isa_module.unsupported(request.param)
     if reason is not None:
         pytest.skip(reason)
-    before, mode, blocking = _C.isa(), _C.amx_gemm(), _C.amx_blocking()
-    assert _C.set_isa(request.param) and _C.isa() == request.param
-    yield request.param
-    _C.set_isa(before)
+    mode, blocking = _C.amx_gemm(), _C.amx_blocking()
+    with on_cap(request.param):
+        yield request.param
     _C.set_amx_gemm(mode)
     _C.set_amx_blocking(*blocking)
 

@@ -26,6 +26,7 @@ import torch
 from bertfast import reference
 from bertfast.backends import AttentionBias, DisentangledBias
 from bertfast.backends.cpu import isa as isa_module
+from helpers.caps import on_cap
 from helpers.cpu_ops import check, qkv_views
 
 _C = pytest.importorskip("bertfast._C")
@@ -37,10 +38,8 @@ def tiles(request):
     reason = isa_module.unsupported(request.param)
     if reason is not None:
         pytest.skip(reason)
-    before = _C.isa()
-    assert _C.set_isa(request.param) and _C.isa() == request.param
-    yield request.param
-    _C.set_isa(before)
+    with on_cap(request.param):
+        yield request.param
 
 
 def _daz(t: torch.Tensor) -> torch.Tensor:
