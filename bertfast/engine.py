@@ -11,7 +11,7 @@ pre-LayerNorm as in ModernBERT (layernorm -> qkv -> attention -> linear + residu
 ModernBERT's local layers pass their window to attention. A plain BERT layer runs whole where the backend offers it
 (`Backend.whole_layer`: the same kernels in the same order). A key mask (`key_bias`) leaves tokens out of every
 softmax while still computing them (ColBERT's query expansion). Inputs are assumed validated
-(`encoder.check_inputs`); padded positions of the outputs hold 0.
+(`inputs.check_inputs`); padded positions of the outputs hold 0.
 """
 
 from __future__ import annotations
@@ -202,6 +202,16 @@ class Engine:
             if hidden is not None:
                 hidden[-1] = x
         return tuple(hidden) if hidden is not None else (x,)
+
+    @torch.inference_mode()
+    def forward_packed(self, input_ids, attention_mask, token_type_ids=None, position_ids=None):
+        """The last state of the real tokens as the layers leave it, without padding it back: (states (T, H) in the
+        residual stream's dtype, in row-major order, cu_seqlens (B + 1,) int32: row b's tokens are
+        [cu_seqlens[b], cu_seqlens[b + 1])). Inputs as `forward` (no key mask)."""
+        tokens, indices = self.pack(input_ids, attention_mask, token_type_ids, position_ids)
+        if tokens.ids.device != self.weights.device:
+            tokens, indices = to_device(tokens, indices, self.weights.device)
+        return self.run(tokens, False)[-1], tokens.cu_seqlens
 
     @torch.inference_mode()
     def forward(self, input_ids, attention_mask, token_type_ids=None, position_ids=None,

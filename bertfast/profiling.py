@@ -24,6 +24,7 @@ import torch
 
 OPS = ("embeddings", "gemm qkv", "position scores", "attention", "gemm attn-out", "layernorm", "gemm ffn-in",
        "gemm ffn-out", "quantize rows", "gemm pooler", "gemm other")
+_FORWARDS = ("forward", "forward_packed")  # the Engine methods a forward runs through: timed as `forward`
 _NATIVE_LAYER = "layer (native)"  # one `_C.Layer` call: split by its own timers into OPS
 _active: "Profile | None" = None
 
@@ -207,15 +208,17 @@ def profile(encoder=None, label: str = ""):
         device = encoder.device
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
         wrapped = _wrap_backend(backend, prof, sync)
-        forward = encoder.engine.forward
 
-        def timed_forward(*args, **kwargs):
-            start = time.perf_counter()
-            out = forward(*args, **kwargs)
-            prof.add("forward", time.perf_counter() - start)
-            return out
+        def timed(forward):
+            def timed_forward(*args, **kwargs):
+                start = time.perf_counter()
+                out = forward(*args, **kwargs)
+                prof.add("forward", time.perf_counter() - start)
+                return out
+            return timed_forward
 
-        encoder.engine.forward = timed_forward
+        for name in _FORWARDS:
+            setattr(encoder.engine, name, timed(getattr(encoder.engine, name)))
     if native is not None:
         native.profile_enable(True)
     _active = prof
@@ -228,7 +231,8 @@ def profile(encoder=None, label: str = ""):
         for name in wrapped:
             delattr(backend, name)
         if encoder is not None:
-            del encoder.engine.forward
+            for name in _FORWARDS:
+                delattr(encoder.engine, name)
         if native is not None:
             for name, (seconds, calls, flops) in native.profile_counters().items():
                 prof.add(name, seconds, flops, calls)

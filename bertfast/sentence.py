@@ -88,6 +88,55 @@ def pool(states: torch.Tensor, mask: torch.Tensor, modes, prompt_length: int | N
     return torch.cat(out, dim=-1)
 
 
+# The modes `pool_packed` computes on the packed stream; the others pool a padded batch (`pool`).
+PACKED_MODES = ("cls", "mean", "mean_sqrt_len_tokens")
+_NATIVE_MODES = ("cls", "mean")  # those `_C.pool_rows` computes with the torch ops' bits
+
+
+def pool_packed(states: torch.Tensor, cu_seqlens: torch.Tensor, modes) -> torch.Tensor:
+    """`pool` for modes of PACKED_MODES on the packed tokens a forward leaves, without padding them back first.
+
+    states: (T, H) float, row b's tokens at [cu_seqlens[b], cu_seqlens[b + 1]); a row without tokens pools to zeros,
+    as in `pool`. A mean sums its row's tokens in order (index_add_ on the CPU: one row after another; on a GPU it
+    would add atomically, in no fixed order, so there `pool` runs): a row's vector depends on its tokens alone.
+    cls and mean are one `_C.pool_rows` call each where the extension is built (the same bits). Returns
+    (B, len(modes) * H).
+    """
+    from .backends.cpu.ext import _C
+
+    for mode in modes:
+        if mode not in PACKED_MODES:
+            raise ValueError(f"pooling mode {mode!r} pools a padded batch (`pool`), not the packed tokens")
+    if _C is not None and states.device.type == "cpu" and states.dtype == torch.float32:
+        states = states if states.stride(-1) == 1 else states.contiguous()
+        # mean_sqrt_len_tokens divides by torch's sqrt of the count, which is not always the correctly rounded one
+        out = [_C.pool_rows(states, cu_seqlens, mode) if mode in _NATIVE_MODES
+               else pool_packed_reference(states, cu_seqlens, (mode,)) for mode in modes]
+        return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+    return pool_packed_reference(states, cu_seqlens, modes)
+
+
+def pool_packed_reference(states: torch.Tensor, cu_seqlens: torch.Tensor, modes) -> torch.Tensor:
+    """pool_packed in torch ops (without the extension, and its reference in the tests)."""
+    B, (T, H) = cu_seqlens.numel() - 1, states.shape
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+    count = lengths.to(states.dtype).unsqueeze(1).clamp(min=1e-9)
+    out, total = [], None
+    for mode in modes:
+        if mode == "cls":  # each row's first token
+            first = states.index_select(0, cu_seqlens[:-1].to(torch.int64).clamp(max=max(T - 1, 0))) if T else \
+                states.new_zeros(B, H)
+            out.append(torch.where((lengths > 0).unsqueeze(1), first, torch.zeros_like(first)))
+        elif mode in ("mean", "mean_sqrt_len_tokens"):
+            if total is None:
+                rows = torch.repeat_interleave(torch.arange(B, device=states.device), lengths)
+                total = states.new_zeros(B, H).index_add_(0, rows, states)
+            out.append(total / (count if mode == "mean" else count.sqrt()))
+        else:
+            raise ValueError(f"pooling mode {mode!r} pools a padded batch (`pool`), not the packed tokens")
+    return torch.cat(out, dim=-1)
+
+
 @dataclass
 class Dense:
     """sentence-transformers' Dense module: activation(x @ weight.T + bias) (+ x or residual(x))."""
@@ -146,7 +195,21 @@ class SentenceConfig:
         pooling overrides the configured modes; normalize=False skips the Normalize modules,
         True normalizes the final (truncated) vector; truncate_dim keeps the first dims."""
         modes = self.pooling if pooling is None else pooling
-        x = pool(states, mask, modes, None if self.include_prompt else prompt_length)
+        return self.finish(pool(states, mask, modes, None if self.include_prompt else prompt_length),
+                           normalize=normalize, truncate_dim=truncate_dim)
+
+    def pools_packed(self, pooling=None, prompt_length=None) -> bool:
+        """Whether `embed_packed` computes these modes (`pool_packed`): PACKED_MODES, no prompt tokens to leave out."""
+        modes = self.pooling if pooling is None else pooling
+        return all(m in PACKED_MODES for m in modes) and (self.include_prompt or not prompt_length)
+
+    def embed_packed(self, states, cu_seqlens, *, pooling=None, normalize=None, truncate_dim=None):
+        """`embed` on the packed tokens of a forward ((T, H) fp32, cu_seqlens (B + 1,)), where `pools_packed`."""
+        return self.finish(pool_packed(states, cu_seqlens, self.pooling if pooling is None else pooling),
+                           normalize=normalize, truncate_dim=truncate_dim)
+
+    def finish(self, x, *, normalize=None, truncate_dim=None):
+        """The modules after pooling (Dense, Normalize), then truncate_dim and normalize as `embed` takes them."""
         for step in self.steps:
             if step == "normalize":
                 if normalize is not False:

@@ -6,6 +6,7 @@
 // rotary_ (rotary.cpp), glu (glu.cpp),
 // pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
 // pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows), sparse_pool (sparse_pool.cpp),
+// pool_rows (pool_rows.cpp),
 // isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni / set_avx_vnni
 // (isa.cpp), amx_gemm / set_amx_gemm / amx_blocking / set_amx_blocking
 // (amx_gemm.cpp), num_threads (parallel.h).
@@ -130,6 +131,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "over its tokens of log1p(relu(x w^T + bias)) (activation 'log1p_relu': log1p applied twice)",
         py::arg("x"), py::arg("packed"), py::arg("vocab"), py::arg("bias"), py::arg("cu_seqlens"),
         py::arg("pooling") = "max", py::arg("activation") = "relu");
+  m.def("pool_rows", &pool_rows,
+        "sentence pooling on packed tokens: x (T, H) float32, cu_seqlens (batch+1,) int32 -> (batch, H) float32, per "
+        "sequence its first token ('cls') or mean ('mean'); zeros for a sequence without tokens",
+        py::arg("x"), py::arg("cu_seqlens"), py::arg("mode"));
   m.def("pack_int8", &pack_int8, "pack an int8 (N, K) weight for quant_linear", py::arg("weight"));
   m.def("quant_linear", &quant_linear,
         "quantize_rows, then the int8 GEMM on pack_int8 weights with the dequantization epilogue fused (AMX-int8 / "

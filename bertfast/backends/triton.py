@@ -77,7 +77,7 @@ class TritonBackend(Backend):
         GPU (`backends.gemm_choice`), else the fused Triton kernel."""
         return bool(self._gemm) and self._gemm.cublas(op, x.shape[0], weight.shape[0], weight.shape[1], x.dtype)
 
-    # The engine hands over cu_seqlens from `padding.unpad` and ids that `encoder.check_inputs`
+    # The engine hands over cu_seqlens from `padding.unpad` and ids that `inputs.check_inputs`
     # validated, so the launchers skip their device-to-host value checks (validate/check_ids=False).
     def embeddings(self, input_ids, position_ids, token_type_ids, emb, eps):
         return self._ops.embedding.embeddings(input_ids, position_ids, token_type_ids, emb, eps, check_ids=False)

@@ -301,6 +301,23 @@ at::Tensor sparse_pool(const at::Tensor& x, const at::Tensor& packed, int64_t vo
   return out;
 }
 
+at::Tensor pool_rows(const at::Tensor& x, const at::Tensor& cu_seqlens, const std::string& mode) {
+  check_tensor(x, "x");
+  BF_CHECK(x.scalar_type() == at::kFloat, "x must be float32, got ", x.scalar_type());
+  BF_CHECK(x.dim() == 2, "x must be (tokens, hidden), got ", x.sizes());
+  BF_CHECK(x.stride(1) == 1 || x.size(1) <= 1, "x must be contiguous along hidden, got strides ", x.strides());
+  const int64_t T = x.size(0), H = x.size(1);
+  const int64_t B = check_cu_seqlens(cu_seqlens, T, T, "x");
+  BF_CHECK(mode == "cls" || mode == "mean", "mode must be 'cls' or 'mean', got '", mode, "'");
+  const bc::RowPooling m = mode == "cls" ? bc::RowPooling::kCls : bc::RowPooling::kMean;
+  at::Tensor out = at::empty({B, H}, x.options());
+  {
+    py::gil_scoped_release nogil;
+    bc::pool_rows(ptr<float>(x), T > 1 ? x.stride(0) : H, H, cu_seqlens.data_ptr<int32_t>(), B, m, ptr<float>(out));
+  }
+  return out;
+}
+
 void profile_enable(bool on) {
   if (on) bc::profile::reset();
   bc::profile::g_enabled.store(on, std::memory_order_relaxed);

@@ -52,6 +52,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
 at::Tensor sparse_pool(const at::Tensor& x, const at::Tensor& packed, int64_t vocab,
                        const c10::optional<at::Tensor>& bias, const at::Tensor& cu_seqlens, const std::string& pooling,
                        const std::string& activation);
+at::Tensor pool_rows(const at::Tensor& x, const at::Tensor& cu_seqlens, const std::string& mode);
 // The native layer's stage timers (cpu/profile.h): on (counters zeroed) or off, and their totals.
 void profile_enable(bool on);
 py::dict profile_counters();

@@ -118,6 +118,14 @@ enum class SparsePooling : int { Max = 0, Sum = 1 };
 void sparse_pool(const float* x, int64_t ldx, const int32_t* cu_seqlens, int64_t batch, const float* packed,
                  const float* bias, int64_t V, int64_t K, SparsePooling pooling, bool twice, float* out);
 
+// ---- pool_rows.cpp: sentence pooling on the packed tokens (bertfast/sentence.py's pool_packed) ----
+
+// out (batch, H) = per sequence of cu_seqlens, over its tokens of x (T, H) rows ldx apart: the mean (kMean) or the
+// first token (kCls); zeros for a sequence without tokens.
+enum class RowPooling : int { kCls = 0, kMean = 1 };
+void pool_rows(const float* x, int64_t ldx, int64_t H, const int32_t* cu_seqlens, int64_t batch, RowPooling mode,
+               float* out);
+
 // ---- int8 dynamic quantization (quantize_rows.cpp; used by bertfast/backends/cpu/quant.py) ----
 
 // Per-token asymmetric int8 quantization of x (M, K) fp32 with row stride ldx: q (M, K) int8 contiguous,
