@@ -8,8 +8,9 @@ Stages: the pipeline's (`read`, `tokenize`, `pooling`, `write`, ... through `sta
 profile), the engine's ops (the backend's op methods wrapped for the profile's duration: `embeddings`, `gemm qkv`,
 `position scores` (DeBERTa), `attention`, `gemm attn-out`, `layernorm`, `gemm ffn-in`, `gemm ffn-out`, `gemm pooler`,
 `gemm other`), and inside the native layer (`_C.Layer`, one call per layer on the cpu backend) the same op names from
-its own timers (csrc/cpu/profile.h), plus `quantize rows` (int8). `forward: rest` is what the forward spends outside
-its ops (unpad, pad, Python), `rest` what the run spends outside every stage. GEMM rows carry their rate (GFLOP/s).
+its own timers (csrc/cpu/profile.h), plus `quantize rows` (int8) and `bf16 operands` (bf16: the fp32 stream rounded
+for a GEMM). `forward: rest` is what the forward spends outside its ops (unpad, pad, Python), `rest` what the run
+spends outside every stage. GEMM rows carry their rate (GFLOP/s).
 Off, nothing is wrapped and the native timers read one flag per stage. On a GPU every op is followed by a device
 sync, so the stages add up but the whole runs slower than unprofiled; a forward replayed from a CUDA graph runs no
 op from Python, so its time is all `forward: rest` (`benchmarks/gpu_overhead.py` profiles those).
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 import torch
 
 OPS = ("embeddings", "gemm qkv", "position scores", "attention", "gemm attn-out", "layernorm", "gemm ffn-in",
-       "gemm ffn-out", "quantize rows", "gemm pooler", "gemm other")
+       "gemm ffn-out", "quantize rows", "bf16 operands", "gemm pooler", "gemm other")
 _FORWARDS = ("forward", "forward_packed")  # the Engine methods a forward runs through: timed as `forward`
 _NATIVE_LAYER = "layer (native)"  # one `_C.Layer` call: split by its own timers into OPS
 _active: "Profile | None" = None

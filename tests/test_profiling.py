@@ -43,6 +43,9 @@ def test_profiled_encode_is_bit_identical_and_covers_every_stage(tiny_text_model
     # The plain BERT layer runs whole in `_C.Layer`: its own timers split it, two LayerNorms a layer.
     assert rows["gemm qkv"]["calls"] == batches * layers and rows["layernorm"]["calls"] == 2 * batches * layers
     assert ("quantize rows" in rows) == (dtype == "int8")
+    # bf16: the QKV GEMM's operand rounded on its own, the FFN-in one's in its LayerNorm's pass (layernorm_to_bf16)
+    assert ("bf16 operands" in rows) == (dtype == "bf16")
+    assert dtype != "bf16" or rows["bf16 operands"]["calls"] == batches * layers
     assert "gemm pooler" not in rows  # sentence embeddings never run the pooler
     assert all(rows[g]["gflops_per_s"] > 0 for g in LAYER_OPS if g.startswith("gemm"))
     assert all(r["seconds"] >= 0 for r in rows.values())

@@ -108,6 +108,9 @@ void linear_packed_wide(const bf16* x, int64_t ldx, const bf16* packed, const bf
 // out (M, K) contiguous = x (M, K) with rows ldx apart, rounded to bf16: the operands of a bf16 GEMM from an fp32
 // residual stream.
 void to_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, bf16* out);
+// LayerNorm of fp32 rows x (T, H) in place (layernorm<float>, no residual), each row then rounded to bf16 into out
+// (T, H) while it is in cache: the bits of layernorm and to_bf16, one pass (layernorm_range: below).
+void layernorm_to_bf16(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, bf16* out);
 
 // ---- sparse_pool.cpp: SPLADE's pooling in the vocabulary GEMM's epilogue ----
 

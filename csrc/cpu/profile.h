@@ -11,10 +11,12 @@ namespace bertfast {
 namespace cpu {
 namespace profile {
 
-enum Stage : int { kQkv, kAttention, kAttnOut, kLayerNorm, kFfnIn, kFfnOut, kQuantize, kStageCount };
-// The names `bertfast.profiling` reports these under (the op-by-op path's wrappers use the same ones).
-inline constexpr const char* kStageNames[kStageCount] = {"gemm qkv", "attention", "gemm attn-out", "layernorm",
-                                                         "gemm ffn-in", "gemm ffn-out", "quantize rows"};
+enum Stage : int { kQkv, kAttention, kAttnOut, kLayerNorm, kFfnIn, kFfnOut, kQuantize, kBf16Operands, kStageCount };
+// The names `bertfast.profiling` reports these under (the op-by-op path's wrappers use the same ones). bf16 operands:
+// the fp32 stream rounded to bf16 for a GEMM (layer.cpp's `operand`; the op-by-op path does it inside its GEMMs).
+inline constexpr const char* kStageNames[kStageCount] = {"gemm qkv",    "attention",     "gemm attn-out",
+                                                         "layernorm",   "gemm ffn-in",   "gemm ffn-out",
+                                                         "quantize rows", "bf16 operands"};
 
 struct Counters {
   std::atomic<int64_t> ns[kStageCount];
