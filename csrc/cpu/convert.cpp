@@ -1,9 +1,6 @@
 // fp32 rows to bf16: a bf16 GEMM's operands from the fp32 residual stream of a bf16 forward (layer.cpp,
 // `_C.linear` on fp32 x with bf16 weights). Round to nearest even, bit for bit as torch's .to(torch.bfloat16),
 // so the whole layer and the ops composed from Python agree.
-#include <algorithm>
-#include <vector>
-
 #include "isa.h"
 #include "kernels.h"
 #include "parallel.h"
@@ -46,18 +43,8 @@ void convert_generic(const float* x, int64_t ldx, int64_t lo, int64_t hi, int64_
 }  // namespace
 
 void layernorm_to_bf16(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, bf16* out) {
-  constexpr int64_t kChunk = 16;  // rows normalized, then rounded while they are in L1
-  const int nt = threads_for(T * H);
-  parallel_for(nt, nt, [&](int64_t part) {
-    int64_t lo, hi;
-    split_range(T, int(part), nt, &lo, &hi);
-    std::vector<float> row(H);  // the LayerNorm's scratch, once per thread
-    for (int64_t c = lo; c < hi; c += kChunk) {
-      const int64_t e = std::min(hi, c + kChunk);
-      layernorm_range(x, gamma, beta, eps, c, e, H, x, row.data());
-      BF_DISPATCH(convert, x, H, c, e, H, out);
-    }
-  });
+  layernorm_then(x, gamma, beta, eps, T, H,
+                 [&](int64_t lo, int64_t hi) { BF_DISPATCH(convert, x, H, lo, hi, H, out); });
 }
 
 void to_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, bf16* out) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "activation.h"
 #include "types.h"
@@ -109,7 +110,7 @@ void linear_packed_wide(const bf16* x, int64_t ldx, const bf16* packed, const bf
 // residual stream.
 void to_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, bf16* out);
 // LayerNorm of fp32 rows x (T, H) in place (layernorm<float>, no residual), each row then rounded to bf16 into out
-// (T, H) while it is in cache: the bits of layernorm and to_bf16, one pass (layernorm_range: below).
+// (T, H) while it is in cache: the bits of layernorm and to_bf16, one pass (layernorm_then: below).
 void layernorm_to_bf16(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, bf16* out);
 
 // ---- sparse_pool.cpp: SPLADE's pooling in the vocabulary GEMM's epilogue ----
@@ -138,12 +139,13 @@ void pool_rows(const float* x, int64_t ldx, int64_t H, const int32_t* cu_seqlens
 void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp,
                    bool flip = false);
 // LayerNorm of fp32 rows x (T, H) in place (layernorm<float>, no residual), each row then quantized (quantize_rows)
-// while it is in cache: the bits of the two calls, one pass. layernorm_range: rows [lo, hi) of layernorm<float>, no
-// residual; row: `hidden` floats of scratch.
+// while it is in cache: the bits of the two calls, one pass.
 void layernorm_quantize(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, int8_t* q,
                         float* scale, int32_t* zp, bool flip = false);
-void layernorm_range(const float* x, const float* gamma, const float* beta, float eps, int64_t lo, int64_t hi,
-                     int64_t hidden, float* out, float* row);
+// The pass both of those make (layernorm.cpp): x (T, H) normalized in place as layernorm<float> (no residual) in
+// chunks of rows on the team, then(lo, hi) on each chunk's rows [lo, hi) by the thread that normalized them.
+void layernorm_then(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H,
+                    const std::function<void(int64_t lo, int64_t hi)>& then);
 
 // ---- int8_linear*.cpp: int8 GEMM (the quant_linear op) ----
 

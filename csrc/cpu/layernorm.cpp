@@ -2,7 +2,9 @@
 // the row held shifted in an fp32 buffer, so inputs far from zero do not cancel).
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "isa.h"
@@ -77,9 +79,21 @@ void layernorm(const T* x, const T* residual, const T* gamma, const T* beta, flo
   });
 }
 
-void layernorm_range(const float* x, const float* gamma, const float* beta, float eps, int64_t lo, int64_t hi,
-                     int64_t hidden, float* out, float* row) {
-  BF_DISPATCH(layernorm, x, static_cast<const float*>(nullptr), gamma, beta, eps, lo, hi, hidden, out, row);
+void layernorm_then(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H,
+                    const std::function<void(int64_t lo, int64_t hi)>& then) {
+  constexpr int64_t kChunk = 16;  // rows normalized, then handed on while they are in L1
+  const int nt = threads_for(T * H);
+  parallel_for(nt, nt, [&](int64_t part) {
+    int64_t lo, hi;
+    split_range(T, int(part), nt, &lo, &hi);
+    std::vector<float> row(H);  // the LayerNorm's scratch, once per thread
+    for (int64_t c = lo; c < hi; c += kChunk) {
+      const int64_t e = std::min(hi, c + kChunk);
+      // as layernorm<float>: no residual, no denormal flushing
+      BF_DISPATCH(layernorm, x, static_cast<const float*>(nullptr), gamma, beta, eps, c, e, H, x, row.data());
+      then(c, e);
+    }
+  });
 }
 
 template void layernorm<float>(const float*, const float*, const float*, const float*, float, int64_t, int64_t,

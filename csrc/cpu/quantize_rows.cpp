@@ -136,18 +136,9 @@ void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q,
 
 void layernorm_quantize(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, int8_t* q,
                         float* scale, int32_t* zp, bool flip) {
-  constexpr int64_t kChunk = 16;  // rows normalized, then quantized while they are in L1
-  const int nt = threads_for(T * H);
-  parallel_for(nt, nt, [&](int64_t part) {
-    int64_t lo, hi;
-    split_range(T, int(part), nt, &lo, &hi);
-    std::vector<float> row(H);  // the LayerNorm's scratch, once per thread
-    for (int64_t c = lo; c < hi; c += kChunk) {
-      const int64_t e = std::min(hi, c + kChunk);
-      layernorm_range(x, gamma, beta, eps, c, e, H, x, row.data());  // as layernorm: no denormal flushing
-      DenormalGuard ftz;                                  // as quantize_rows
-      BF_DISPATCH(quantize_rows_range, x, H, c, e, H, q, scale, zp, flip);
-    }
+  layernorm_then(x, gamma, beta, eps, T, H, [&](int64_t lo, int64_t hi) {
+    DenormalGuard ftz;  // as quantize_rows
+    BF_DISPATCH(quantize_rows_range, x, H, lo, hi, H, q, scale, zp, flip);
   });
 }
 
