@@ -1,6 +1,6 @@
 // The AVX-512 tier of the attention (attention.cpp): attention_thread on Avx512Block, 4 query rows of 16-wide
-// fp32 vectors at a time; also the tier above, amx, where a call cannot take the tiles (fp32 products,
-// head_dim > 64).
+// fp32 vectors at a time, or by key (item_by_key: 16 queries a vector) where an item has no position bias or window;
+// also the tier above, amx, where a call cannot take the tiles (fp32 products, head_dim > 64).
 #include "attention_impl.h"
 
 #if BF_X86

@@ -86,7 +86,6 @@ struct Scratch {
   std::vector<float> qf;   // [kQBlock][d_pad], pre-scaled, rows past the block end zero; by key: [d][kQBlock]
   std::vector<float> kt;   // [key tiles][d][kKBlock], K transposed per tile, keys past the end zero; by key:
                            // [keys rounded to 16][d_pad], K's rows
-
   std::vector<float> vf;   // [keys rounded to kKBlock][d_pad]
   std::vector<float> acc;  // [kQBlock][d_pad], written (not added to) by the first key tile
   std::vector<float> s;    // [kQBlock][kKBlock] scores, then probabilities; by key: [kKBlock][kQBlock]
