@@ -340,9 +340,8 @@ class Encoder(nn.Module):
                                         truncate_dim=truncate_dim)
         last = self._run(input_ids, attention_mask, types, None, False, pool=False, stream=True)[0].float()
         with stage("pooling"):
-            return self.sentence_config.embed(last, attention_mask.to(last.device), pooling=modes,
-                                              normalize=normalize, truncate_dim=truncate_dim,
-                                              prompt_length=prompt_length)
+            return cfg.embed(last, attention_mask.to(last.device), pooling=modes, normalize=normalize,
+                             truncate_dim=truncate_dim, prompt_length=prompt_length)
 
     def _run_batches(self, texts, groups, tokenized, pooling, normalize, truncate_dim, prompt_len):
         for rows in groups:

@@ -117,7 +117,8 @@ def pool_packed(states: torch.Tensor, cu_seqlens: torch.Tensor, modes) -> torch.
 
 
 def pool_packed_reference(states: torch.Tensor, cu_seqlens: torch.Tensor, modes) -> torch.Tensor:
-    """pool_packed in torch ops (without the extension, and its reference in the tests)."""
+    """pool_packed in torch ops (without the extension, and its reference in the tests); modes of PACKED_MODES, which
+    pool_packed checks."""
     B, (T, H) = cu_seqlens.numel() - 1, states.shape
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
     count = lengths.to(states.dtype).unsqueeze(1).clamp(min=1e-9)
@@ -127,13 +128,11 @@ def pool_packed_reference(states: torch.Tensor, cu_seqlens: torch.Tensor, modes)
             first = states.index_select(0, cu_seqlens[:-1].to(torch.int64).clamp(max=max(T - 1, 0))) if T else \
                 states.new_zeros(B, H)
             out.append(torch.where((lengths > 0).unsqueeze(1), first, torch.zeros_like(first)))
-        elif mode in ("mean", "mean_sqrt_len_tokens"):
+        else:  # mean, mean_sqrt_len_tokens
             if total is None:
                 rows = torch.repeat_interleave(torch.arange(B, device=states.device), lengths)
                 total = states.new_zeros(B, H).index_add_(0, rows, states)
             out.append(total / (count if mode == "mean" else count.sqrt()))
-        else:
-            raise ValueError(f"pooling mode {mode!r} pools a padded batch (`pool`), not the packed tokens")
     return torch.cat(out, dim=-1)
 
 
