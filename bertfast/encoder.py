@@ -22,6 +22,7 @@ from .precision import check_precision, quantize_embeddings
 from .profiling import stage
 from .sentence import SentenceConfig, pooling_modes, read_sentence_config
 from .tokenization import load_tokenizer, prompt_length, token_budget_batches
+from .workers import ordered_map, plan
 
 
 class EncoderOutput:
@@ -239,7 +240,8 @@ class Encoder(nn.Module):
     def encode(self, texts, *, prompt_name: str | None = None, prompt: str | None = None, pooling=None,
                normalize: bool | None = None, batch_size: int = 32, batch_tokens: int | None = None,
                truncate_dim: int | None = None, convert_to_numpy: bool = False,
-               show_progress_bar: bool | None = None, precision: str = "float32", ranges=None):
+               show_progress_bar: bool | None = None, precision: str = "float32", ranges=None,
+               workers: int | None = None):
         """Sentence embeddings (N, D) fp32, as the checkpoint's sentence-transformers modules make them.
 
         texts: a string or a list of strings. The configuration (`modules.json`, the Pooling config,
@@ -254,12 +256,15 @@ class Encoder(nn.Module):
         sentence-transformers' encode(precision=...) quantizes them (`bertfast.quantize_embeddings`; int8/uint8
         ranges from these vectors unless `ranges`, (2, D), is given: pass a corpus's ranges when encoding it in
         parts). A quantized result is int8/uint8, (N, D) or packed bits (N, ceil(D / 8)).
+        workers: threads that each run their own batches on a share of the cores (`bertfast.workers`; None: one
+        per torch thread on a CPU, up to 8; 1: every batch on all the cores in turn). The vectors are the same
+        bits whatever the workers.
         """
         check_precision(precision)
         texts = [texts] if isinstance(texts, str) else list(texts)
         batches = self.encode_batches(texts, prompt_name=prompt_name, prompt=prompt, pooling=pooling,
                                       normalize=normalize, batch_size=batch_size, batch_tokens=batch_tokens,
-                                      truncate_dim=truncate_dim)
+                                      truncate_dim=truncate_dim, workers=workers)
         emb = torch.zeros(len(texts), self.embedding_dim(pooling, truncate_dim), device=self.device)
         bar = None
         if show_progress_bar or (show_progress_bar is None and -(-len(texts) // batch_size) >= 8):
@@ -281,7 +286,8 @@ class Encoder(nn.Module):
 
     def encode_batches(self, texts, *, prompt_name: str | None = None, prompt: str | None = None,
                        pooling=None, normalize: bool | None = None, batch_size: int = 32,
-                       batch_tokens: int | None = None, truncate_dim: int | None = None):
+                       batch_tokens: int | None = None, truncate_dim: int | None = None,
+                       workers: int | None = None):
         """`encode` one batch at a time: yields (rows, tokens, embeddings) per batch, where rows are
         the indices into texts the batch holds (list[int]), tokens its real token count (int) and
         embeddings (len(rows), D) fp32 on the engine's device; arguments as `encode`.
@@ -289,7 +295,7 @@ class Encoder(nn.Module):
         With batch_tokens the texts are tokenized once, then grouped longest first under that token
         budget (`token_budget_batches`); else batch_size texts per batch, longest (in characters)
         first, as sentence-transformers batches. The engine is batch-invariant, so an embedding does
-        not depend on the grouping."""
+        not depend on the grouping. workers: as `encode` (the batches come in the same order)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         if pooling is not None:
             pooling_modes(pooling)  # raises ValueError for a bad mode at the call, not at the first batch
@@ -310,8 +316,12 @@ class Encoder(nn.Module):
             tokenized = self.tokenize(texts) if texts else None
             groups = token_budget_batches([] if tokenized is None else tokenized[1].sum(1).tolist(),
                                           batch_tokens)
+        workers, threads = plan(self.device, len(groups), workers)
+        if tokenized is None and groups:
+            self.tokenizer  # loaded here, not by each worker at once  # noqa: B018
         # arguments are checked above, at the call; the batches run as they are consumed
-        return self._run_batches(texts, groups, tokenized, pooling, normalize, truncate_dim, prompt_len)
+        return ordered_map(lambda rows: self._run_batch(texts, rows, tokenized, pooling, normalize, truncate_dim,
+                                                        prompt_len), groups, workers, threads)
 
     @torch.inference_mode()
     def embed_tokens(self, input_ids, attention_mask, token_type_ids=None, *, pooling=None,
@@ -343,13 +353,12 @@ class Encoder(nn.Module):
             return cfg.embed(last, attention_mask.to(last.device), pooling=modes, normalize=normalize,
                              truncate_dim=truncate_dim, prompt_length=prompt_length)
 
-    def _run_batches(self, texts, groups, tokenized, pooling, normalize, truncate_dim, prompt_len):
-        for rows in groups:
-            if tokenized is None:
-                ids, mask, types = self.tokenize([texts[i] for i in rows])
-            else:
-                index = torch.tensor(rows, device=self.device)
-                width = int(tokenized[1][index].sum(1).max())
-                ids, mask, types = (t[index, :width] for t in tokenized)
-            yield rows, int(mask.sum()), self.embed_tokens(ids, mask, types, pooling=pooling, normalize=normalize,
-                                                           truncate_dim=truncate_dim, prompt_length=prompt_len)
+    def _run_batch(self, texts, rows, tokenized, pooling, normalize, truncate_dim, prompt_len):
+        if tokenized is None:
+            ids, mask, types = self.tokenize([texts[i] for i in rows])
+        else:
+            index = torch.tensor(rows, device=self.device)
+            width = int(tokenized[1][index].sum(1).max())
+            ids, mask, types = (t[index, :width] for t in tokenized)
+        return rows, int(mask.sum()), self.embed_tokens(ids, mask, types, pooling=pooling, normalize=normalize,
+                                                        truncate_dim=truncate_dim, prompt_length=prompt_len)

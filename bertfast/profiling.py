@@ -11,6 +11,9 @@ profile), the engine's ops (the backend's op methods wrapped for the profile's d
 its own timers (csrc/cpu/profile.h), plus `quantize rows` (int8) and `bf16 operands` (bf16: the fp32 stream rounded
 for a GEMM). `forward: rest` is what the forward spends outside its ops (unpad, pad, Python), `rest` what the run
 spends outside every stage. GEMM rows carry their rate (GFLOP/s).
+Worker threads (`bertfast.workers`: several batches at once, each on its share of the cores) time their stages
+each: the seconds are then thread-seconds, shared out of `wall x workers`, the rest of which is `rest` (a worker's
+idle time included), and a stage's rate is per thread-second times the workers (the rate of all the cores).
 Off, nothing is wrapped and the native timers read one flag per stage. On a GPU every op is followed by a device
 sync, so the stages add up but the whole runs slower than unprofiled; a forward replayed from a CUDA graph runs no
 op from Python, so its time is all `forward: rest` (`benchmarks/gpu_overhead.py` profiles those).
@@ -18,6 +21,7 @@ op from Python, so its time is all `forward: rest` (`benchmarks/gpu_overhead.py`
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 
@@ -39,14 +43,17 @@ class Profile:
         self.calls: dict[str, int] = {}
         self.flops: dict[str, int] = {}
         self.wall = 0.0
+        self.workers = 1  # the most worker threads that ran at once (note_workers)
+        self._lock = threading.Lock()
 
     def add(self, name: str, seconds: float, flops: int = 0, calls: int = 1) -> None:
-        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
-        self.calls[name] = self.calls.get(name, 0) + calls
-        self.flops[name] = self.flops.get(name, 0) + int(flops)
+        with self._lock:  # worker threads add too
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+            self.calls[name] = self.calls.get(name, 0) + calls
+            self.flops[name] = self.flops.get(name, 0) + int(flops)
 
     def rows(self) -> list[dict]:
-        """One dict per stage (stage, seconds, share of the wall time, calls, gflops_per_s or None), in pipeline
+        """One dict per stage (stage, seconds, share of wall x workers, calls, gflops_per_s or None), in pipeline
         order, then `forward: rest` and `rest` (never negative)."""
         seconds = dict(self.seconds)
         # A native layer call is split by its own timers into OPS; what it spent between them stays in `forward: rest`.
@@ -59,21 +66,21 @@ class Profile:
         if forward:
             out.append(self._row("forward: rest", forward_rest))
         accounted = sum(seconds.values()) + forward_rest
-        out.append(self._row("rest", max(0.0, self.wall - accounted)))
+        out.append(self._row("rest", max(0.0, self.wall * self.workers - accounted)))
         return out
 
     def _row(self, name: str, seconds: float) -> dict:
-        flops = self.flops.get(name, 0)
-        return {"stage": name, "seconds": seconds, "share": seconds / self.wall if self.wall else 0.0,
+        flops, capacity = self.flops.get(name, 0), self.wall * self.workers
+        return {"stage": name, "seconds": seconds, "share": seconds / capacity if capacity else 0.0,
                 "calls": self.calls.get(name, 0),
-                "gflops_per_s": flops / seconds / 1e9 if flops and seconds > 0 else None}
+                "gflops_per_s": flops * self.workers / seconds / 1e9 if flops and seconds > 0 else None}
 
     def table(self, ceilings: dict[str, float] | None = None) -> str:
         """The breakdown as text (`format_table`)."""
         return format_table(self.as_dict(), ceilings)
 
     def as_dict(self) -> dict:
-        return {"label": self.label, "wall_s": self.wall, "stages": self.rows()}
+        return {"label": self.label, "wall_s": self.wall, "workers": self.workers, "stages": self.rows()}
 
 
 def format_table(profile: dict, ceilings: dict[str, float] | None = None) -> str:
@@ -81,8 +88,10 @@ def format_table(profile: dict, ceilings: dict[str, float] | None = None) -> str
     {"gemm": GFLOP/s} (e.g. benchmarks/bench_peak.py's all-core row of the instruction this dtype's GEMMs use)
     prints each GEMM's rate as a share of it."""
     wall, rows, label = profile["wall_s"], profile["stages"], profile.get("label")
+    workers = profile.get("workers", 1)
     ceiling = (ceilings or {}).get("gemm")
-    lines = [f"where the time goes{': ' + label if label else ''} (wall {wall:.3f} s)",
+    of = f"wall {wall:.3f} s" + (f" x {workers} workers: thread-seconds" if workers > 1 else "")
+    lines = [f"where the time goes{': ' + label if label else ''} ({of})",
              f"{'stage':<16} {'seconds':>9} {'share':>7} {'calls':>7} {'GFLOP/s':>9}" + (f" {'of peak':>8}" if ceiling
                                                                                         else "")]
     for r in rows:
@@ -93,8 +102,9 @@ def format_table(profile: dict, ceilings: dict[str, float] | None = None) -> str
             line += f" {'' if rate is None else f'{100 * rate / ceiling:.0f}%':>8}"
         lines.append(line)
     gemm = sum(r["seconds"] for r in rows if r["stage"].startswith("gemm"))
-    share = 100 * gemm / wall if wall else 0.0
-    lines.append(f"GEMMs {gemm:.3f} s ({share:.1f}% of the wall time); everything else {100 - share:.1f}%"
+    share = 100 * gemm / (wall * workers) if wall else 0.0
+    of = "the wall time" if workers == 1 else f"the {workers} workers' wall time"
+    lines.append(f"GEMMs {gemm:.3f} s ({share:.1f}% of {of}); everything else {100 - share:.1f}%"
                  + (f"; GEMM ceiling {ceiling:.0f} GFLOP/s" if ceiling else ""))
     return "\n".join(lines)
 
@@ -111,6 +121,14 @@ def stage(name: str):
         yield
     finally:
         prof.add(name, time.perf_counter() - start)
+
+
+def note_workers(workers: int) -> None:
+    """Worker threads are about to run `workers` at once: the running profile (if any) shares its stages out of
+    wall x the most workers noted."""
+    prof = _active
+    if prof is not None:
+        prof.workers = max(prof.workers, workers)
 
 
 def timed_iter(iterable, name: str):
@@ -140,19 +158,21 @@ def _linear_stage(x, out, act, residual) -> str:
 
 def _wrap_backend(backend, prof: Profile, sync) -> list[str]:
     """Time `backend`'s op methods into `prof` (instance attributes shadowing the class's); returns their names."""
-    depth = [0]  # an op that calls another (the cpu backend's qkv calls its linear) is timed once, as itself
+    # An op that calls another (the cpu backend's qkv calls its linear) is timed once, as itself: depth per thread.
+    local = threading.local()
 
     def timed(name, fn, flops=lambda args, kwargs, out: 0, name_of=None):
         def op(*args, **kwargs):
-            if depth[0]:
+            depth = getattr(local, "depth", 0)
+            if depth:
                 return fn(*args, **kwargs)
-            depth[0] += 1
+            local.depth = 1
             start = time.perf_counter()
             try:
                 out = fn(*args, **kwargs)
                 sync()
             finally:
-                depth[0] -= 1
+                local.depth = 0
             stage_name = name if name_of is None else name_of(args, kwargs, out)
             prof.add(stage_name, time.perf_counter() - start, flops(args, kwargs, out))
             return out

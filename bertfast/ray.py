@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 BATCH_TOKENS = 1024  # padded tokens per forward: on a CPU small batches keep activations in cache (docs/embed.md)
+# ... and per forward of each worker thread where several share the cores (`bertfast embed`'s default; docs/embed.md)
+WORKER_BATCH_TOKENS = 512
 
 
 def _assigned_cpus() -> int | None:
@@ -41,16 +43,17 @@ class Embedder:
     model: a model directory (default: the embedded all-MiniLM-L6-v2); dtype, backend: as
     `Encoder.from_pretrained`; column / output_column: the batch's text column and the embedding column
     `__call__` adds; batch_tokens: the engine's token budget per forward; pooling, normalize, prompt_name,
-    prompt, truncate_dim: as `Encoder.encode`; threads: torch threads (default: the CPUs Ray assigned
-    this actor; outside Ray, unchanged).
+    prompt, truncate_dim, workers: as `Encoder.encode` (workers split the threads); threads: torch threads
+    (default: the CPUs Ray assigned this actor; outside Ray, unchanged).
     """
 
     def __init__(self, model: str | None = None, *, dtype=None, backend: str = "auto", column: str = "text",
                  output_column: str = "embedding", batch_tokens: int = BATCH_TOKENS, pooling=None,
                  normalize: bool | None = None, prompt_name: str | None = None, prompt: str | None = None,
-                 truncate_dim: int | None = None, threads: int | None = None):
+                 truncate_dim: int | None = None, threads: int | None = None, workers: int | None = None):
         from . import default_model_path
         from .encoder import Encoder
+        from .workers import plan
 
         threads = threads or _assigned_cpus()
         if threads:
@@ -58,8 +61,9 @@ class Embedder:
         self.encoder = Encoder.from_pretrained(model or default_model_path(), backend=backend, dtype=dtype)
         self.column, self.output_column = column, output_column
         self.options = dict(batch_tokens=batch_tokens, pooling=pooling, normalize=normalize,
-                            prompt_name=prompt_name, prompt=prompt, truncate_dim=truncate_dim)
+                            prompt_name=prompt_name, prompt=prompt, truncate_dim=truncate_dim, workers=workers)
         self.dim = self.encoder.embedding_dim(pooling, truncate_dim)
+        plan(self.encoder.device, 1, workers)  # a bad workers value fails here, not at the first batch
         self.encoder.sentence_config.resolve_prompt(prompt, prompt_name)  # a bad prompt name fails here
 
     def embed(self, texts) -> tuple[np.ndarray, int]:

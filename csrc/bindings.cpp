@@ -116,7 +116,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_avx_vnni", &bc::has_avx_vnni, "whether the avx2 tier's int8 GEMM uses AVX-VNNI (the CPU has it, not hidden)");
   m.def("set_avx_vnni", &bc::set_avx_vnni, "hide (False) or restore (True) AVX-VNNI; False if the CPU lacks it",
         py::arg("enabled"));
-  m.def("num_threads", &bc::num_threads, "OpenMP threads the kernels use");
+  m.def("num_threads", &bc::num_threads, "OpenMP threads the kernels (and torch's ops) use on the calling thread");
+  m.def(
+      "set_num_threads",
+      [](int n) {
+        BF_CHECK(n >= 1, "threads must be >= 1, got ", n);
+        bc::set_num_threads(n);
+      },
+      "OpenMP threads for the parallel regions the calling thread starts: its setting only, other threads keep "
+      "theirs (torch.set_num_threads also changes the default of threads started later)",
+      py::arg("threads"));
   m.def("profile_enable", &profile_enable, "the native layer's stage timers on (zeroed) or off", py::arg("on"));
   m.def("profile_counters", &profile_counters,
         "the native layer's stage totals since profile_enable(True): {stage: (seconds, calls, flops)}");

@@ -23,8 +23,13 @@
 namespace bertfast {
 namespace cpu {
 
-// OpenMP threads the kernels use.
+// OpenMP threads the kernels use: the calling thread's own setting (each thread has its own, and a thread the
+// runtime did not start has the process default until it sets it).
 inline int num_threads() { return omp_get_max_threads(); }
+
+// Sets num_threads() for the calling thread only: the parallel regions it starts from now on, its kernels' and
+// torch's ops' alike (bertfast/workers.py gives each worker thread its share of the cores this way).
+inline void set_num_threads(int n) { omp_set_num_threads(n); }
 
 // Static split of [0, n) into nt contiguous chunks; chunk `tid` is [*lo, *hi).
 BF_INLINE void split_range(int64_t n, int tid, int nt, int64_t* lo, int64_t* hi) {

@@ -20,11 +20,15 @@ import sys
 
 from bertfast.precision import PRECISIONS, load_ranges, quantize_embeddings
 from bertfast.profiling import profile, stage, timed_iter
-from bertfast.ray import BATCH_TOKENS
+from bertfast.ray import BATCH_TOKENS, WORKER_BATCH_TOKENS
 
 from . import signals
 from .readers import InputError, count_rows, find_inputs, read_rows
 from .writer import OutputError, ShardWriter
+
+# Texts a worker thread takes at a time (--workers > 1): enough for token batches of --batch-tokens, few enough
+# that the workers finish a shard together.
+WORKER_CHUNK = 256
 
 
 def add_arguments(p):
@@ -37,8 +41,12 @@ def add_arguments(p):
     p.add_argument("--keep-text", action="store_true", help="store the text next to its embedding (Parquet)")
     p.add_argument("--dtype", default=None, help="fp32, bf16, int8, or auto (default: the checkpoint's)")
     p.add_argument("--backend", default="auto", help="backend: auto, cpu, torch, triton (default auto)")
-    p.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS,
-                   help=f"padded tokens per forward (default {BATCH_TOKENS})")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help=f"padded tokens per forward (default {BATCH_TOKENS}, or {WORKER_BATCH_TOKENS} on each of "
+                        "several workers)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="threads that each embed their own batches on a share of the cores (default: one per "
+                        "torch thread, up to 8, on a CPU; 1: each batch on all the cores in turn). Not with --ray")
     p.add_argument("--pooling", default=None, help="pooling mode(s), comma-separated: cls, mean, max, "
                    "mean_sqrt_len_tokens, weightedmean, lasttoken (default: the model's configuration)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
@@ -75,7 +83,7 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def _check_args(args, files: list[str]) -> str | None:
-    for name in ("batch_tokens", "shard_rows", "ray_actors", "ray_cpus_per_actor", "truncate_dim"):
+    for name in ("batch_tokens", "workers", "shard_rows", "ray_actors", "ray_cpus_per_actor", "truncate_dim"):
         value = getattr(args, name)
         if value is not None and value < 1:
             return f"--{name.replace('_', '-')} must be >= 1, got {value}"
@@ -96,6 +104,8 @@ def _check_args(args, files: list[str]) -> str | None:
                 "numpy.save(FILE, bertfast.quantization_ranges(embeddings)))")
     if args.ranges is not None and args.precision not in ("int8", "uint8"):
         return f"--ranges applies to --precision int8 or uint8, not {args.precision}"
+    if args.workers is not None and args.ray is not None:
+        return "--workers sets this process's threads: with --ray, size the actors (--ray-cpus-per-actor)"
     if args.profile is not None and args.ray is not None:
         return "--profile times the stages in this process: it cannot see into Ray actors (leave out --ray)"
     if os.path.isfile(args.output) and not args.output.endswith(".npy"):
@@ -188,6 +198,7 @@ def _profiled(args, embedder):
 def _run(args, progress: _Progress) -> int:
     import bertfast
     from bertfast.ray import Embedder
+    from bertfast.workers import ordered_map, plan
 
     from . import cluster, job
 
@@ -203,18 +214,24 @@ def _run(args, progress: _Progress) -> int:
     except RuntimeError as e:
         return _fail(str(e))
     options = dict(model=args.model, dtype=args.dtype, backend=args.backend, column=args.column,
-                   batch_tokens=args.batch_tokens, pooling=args.pooling, normalize=args.normalize,
+                   batch_tokens=args.batch_tokens or BATCH_TOKENS, pooling=args.pooling, normalize=args.normalize,
                    prompt_name=args.prompt_name, prompt=args.prompt, truncate_dim=args.truncate_dim)
     pool = None
     try:
         if args.ray is None:
-            embedder = Embedder(**options)
-            embed_chunks = lambda chunks: map(embedder.embed, chunks)  # noqa: E731
+            # Worker threads take whole chunks (tokenizing them too), each chunk's batches on the worker's cores.
+            embedder = Embedder(**options, workers=1)
+            workers, threads = plan(embedder.encoder.device, sys.maxsize, args.workers)
+            chunk = job.CHUNK if workers == 1 else WORKER_CHUNK
+            if workers > 1 and args.batch_tokens is None:
+                embedder.options["batch_tokens"] = WORKER_BATCH_TOKENS
+            embed_chunks = lambda chunks: ordered_map(embedder.embed, chunks, workers, threads)  # noqa: E731
             rows = read_rows(files, args.column, args.id_column)
         else:
             ray = cluster.connect(args.ray)
             signals.install()  # ray.init sets its own SIGTERM handler
             pool = embed_chunks = cluster.ActorPool(ray, options, args.ray_actors, args.ray_cpus_per_actor)
+            chunk = job.CHUNK
             rows = cluster.read_rows_on(ray, files, args.column, args.id_column)
         embed_chunks = _quantized(embed_chunks, args.precision, _load_ranges(args.ranges))
         progress.writer = writer = ShardWriter(args.output, settings(args, files), resume=args.resume)
@@ -232,7 +249,7 @@ def _run(args, progress: _Progress) -> int:
         with _profiled(args, embedder if args.ray is None else None) as prof:
             report = job.run(timed_iter(rows, "read") if prof else rows, writer, embed_chunks,
                              shard_rows=args.shard_rows, total=total, keep_text=args.keep_text, strict=args.strict,
-                             use_row_ids=args.id_column is None, progress=args.progress)
+                             use_row_ids=args.id_column is None, progress=args.progress, chunk_size=chunk)
     except job.BadRow as e:
         return _fail(f"bad row (--strict): {e}", 1)
     finally:

@@ -98,9 +98,11 @@ def shards(rows, shard_rows: int, report: Report, strict: bool = False, use_row_
 
 
 def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None, keep_text: bool = False,
-        strict: bool = False, use_row_ids: bool = True, progress: bool | None = None) -> Report:
+        strict: bool = False, use_row_ids: bool = True, progress: bool | None = None,
+        chunk_size: int = CHUNK) -> Report:
     """Embed every valid row into `writer`; embed_chunks(list of text lists) yields (embeddings, tokens)
-    per list, in order. progress: None shows the bar (texts/s, tokens/s, ETA) on a terminal."""
+    per list, in order. progress: None shows the bar (texts/s, tokens/s, ETA) on a terminal. chunk_size:
+    texts per list."""
     from tqdm.auto import tqdm
 
     report = Report()
@@ -115,9 +117,11 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
                     bar.total -= len(texts)
                 bar.update(report.embedded + report.bad - bar.n)
                 continue
-            chunks = [texts[s:s + CHUNK] for s in range(0, len(texts), CHUNK)]
+            chunks = [texts[s:s + chunk_size] for s in range(0, len(texts), chunk_size)]
             parts = []
-            for chunk, (emb, tokens) in zip(chunks, embed_chunks(chunks)):
+            # strict: once the chunks are done, embed_chunks is run to its end here, where a worker pool it holds shuts
+            # down (and a signal arriving meanwhile is raised), not later when the generator is collected.
+            for chunk, (emb, tokens) in zip(chunks, embed_chunks(chunks), strict=True):
                 parts.append(emb)
                 report.embedded += len(chunk)
                 report.tokens += tokens

@@ -1,0 +1,161 @@
+"""Worker threads (`bertfast.workers`): many batches at once, each worker on its own share of the cores.
+
+A vector must be the same bits whatever the workers (`Encoder.encode`, `bertfast embed`), on every ISA cap and dtype;
+the workers run with their own thread count and leave the caller's alone; results come back in order, an error in a
+batch reaches the caller, and closing early stops the rest; a profile shares its thread-seconds out of
+wall x workers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import bertfast
+from bertfast import Encoder
+from bertfast.workers import MAX_WORKERS, ordered_map, plan
+from conftest import corpus
+
+TEXTS = corpus(300, seed=3)
+
+
+def _native():
+    from bertfast import _C
+
+    return _C
+
+
+def test_plan():
+    threads = torch.get_num_threads()
+    cpu = torch.device("cpu")
+    assert plan(cpu, 1000) == (min(threads, MAX_WORKERS), max(1, threads // min(threads, MAX_WORKERS)))
+    assert plan(cpu, 1) == (1, threads)  # never more workers than batches
+    assert plan(cpu, 1000, 1) == (1, threads)
+    assert plan(cpu, 1000, 3) == (3, max(1, threads // 3))
+    assert plan(torch.device("cuda"), 1000) == (1, threads)
+    for bad in (0, -2, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+            plan(cpu, 10, bad)
+
+
+def test_ordered_map_in_order_on_its_own_threads():
+    native = _native()
+    before = (native.num_threads(), torch.get_num_threads())
+    seen = {}
+
+    def fn(i):
+        time.sleep(0.002 * ((i * 7) % 5))  # finish out of order
+        torch.ones(64, 64).sum()  # a torch op first: its per-thread setup must not undo the worker's count
+        seen[i] = (threading.current_thread().name, native.num_threads(), torch.get_num_threads())
+        return i * i
+
+    assert list(ordered_map(fn, range(30), 3, 2)) == [i * i for i in range(30)]
+    assert {name for name, _, _ in seen.values()} <= {f"bertfast-worker_{k}" for k in range(3)}
+    assert len({name for name, _, _ in seen.values()}) > 1
+    assert {(count, torch_count) for _, count, torch_count in seen.values()} == {(2, 2)}
+    assert (native.num_threads(), torch.get_num_threads()) == before  # the caller's own are unchanged
+    # One worker: in the calling thread, as plain map.
+    here = threading.current_thread().name
+    assert list(ordered_map(lambda i: threading.current_thread().name, range(3), 1, 8)) == [here] * 3
+
+
+def test_ordered_map_reads_ahead_boundedly():
+    consumed = []
+
+    def items():
+        for i in range(100):
+            consumed.append(i)
+            yield i
+
+    out = ordered_map(lambda i: i, items(), 2, 1)
+    assert next(out) == 0
+    assert len(consumed) <= 2 * 2 + 1
+    out.close()
+
+
+def test_ordered_map_error_and_early_close():
+    def fn(i):
+        if i == 5:
+            raise KeyError("batch 5")
+        return i
+
+    got = []
+    with pytest.raises(KeyError, match="batch 5"):
+        for r in ordered_map(fn, range(50), 2, 1):
+            got.append(r)
+    assert got == [0, 1, 2, 3, 4]
+
+    calls = []
+    lock = threading.Lock()
+
+    def slow(i):
+        time.sleep(0.005)
+        with lock:
+            calls.append(i)
+        return i
+
+    out = ordered_map(slow, range(1000), 2, 1)
+    assert [next(out) for _ in range(3)] == [0, 1, 2]
+    out.close()  # cancels what has not started, waits for what has
+    settled = len(calls)
+    time.sleep(0.05)
+    assert len(calls) == settled < 20
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+def test_encode_is_bitwise_whatever_the_workers(isa, tiny_text_model, dtype):
+    # batch_size 7 and batch_tokens 64 / 2048: batches of 1 to hundreds of rows, on 1, 2 and 5 workers.
+    enc = Encoder.from_pretrained(tiny_text_model, backend="cpu", dtype=dtype)
+    for kwargs in (dict(batch_size=7), dict(batch_tokens=64), dict(batch_tokens=2048)):
+        want = enc.encode(TEXTS, workers=1, **kwargs)
+        for workers in (2, 5):
+            got = enc.encode(TEXTS, workers=workers, **kwargs)
+            assert torch.equal(got, want), f"{isa}, {dtype}, {kwargs}, {workers} workers"
+    assert torch.equal(enc.encode(TEXTS[:50]), enc.encode(TEXTS[:50], workers=1))  # the default (auto)
+
+
+def test_encode_batches_in_order_with_workers(tiny_text_model):
+    enc = Encoder.from_pretrained(tiny_text_model, backend="cpu")
+    one = list(enc.encode_batches(TEXTS, batch_size=9, workers=1))
+    many = list(enc.encode_batches(TEXTS, batch_size=9, workers=3))
+    assert [rows for rows, _, _ in one] == [rows for rows, _, _ in many]
+    assert all(torch.equal(a[2], b[2]) and a[1] == b[1] for a, b in zip(one, many))
+    with pytest.raises(ValueError, match="workers must be"):
+        enc.encode_batches(TEXTS, workers=0)  # at the call, not at the first batch
+
+
+def test_embed_is_bitwise_whatever_the_workers(tmp_path, tiny_text_model):
+    # 600 texts: more than two worker chunks (WORKER_CHUNK), each worker tokenizing and batching its own.
+    from bertfast.tools.cli import main
+    from bertfast.tools.embed.cli import WORKER_CHUNK
+
+    texts = corpus(600, seed=5)
+    assert len(texts) > 2 * WORKER_CHUNK
+    src = tmp_path / "c.txt"
+    src.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    want = Encoder.from_pretrained(tiny_text_model, backend="cpu", dtype="int8").encode(texts, workers=1)
+    for workers in (1, 3):
+        out = tmp_path / f"out{workers}.npy"
+        assert main(["embed", str(src), str(out), "--model", tiny_text_model, "--dtype", "int8", "--backend", "cpu",
+                     "--workers", str(workers), "--no-progress"]) == 0
+        assert np.array_equal(np.load(out), want.numpy()), f"{workers} workers"
+
+
+def test_profile_shares_thread_seconds(tiny_text_model):
+    enc = Encoder.from_pretrained(tiny_text_model, backend="cpu", dtype="int8")
+    with bertfast.profile(enc) as one:
+        enc.encode(TEXTS, batch_size=10, workers=1)
+    with bertfast.profile(enc) as two:
+        enc.encode(TEXTS, batch_size=10, workers=2)
+    assert (one.workers, two.workers) == (1, 2)
+    for prof in (one, two):
+        rows = {r["stage"]: r for r in prof.rows()}
+        assert sum(r["share"] for r in rows.values()) == pytest.approx(1.0, abs=1e-9) or rows["rest"]["seconds"] == 0
+        assert all(r["share"] >= 0 for r in rows.values())
+    calls = lambda p: {r["stage"]: r["calls"] for r in p.rows() if r["stage"] not in ("rest", "forward: rest")}  # noqa
+    assert calls(one) == calls(two)  # the same ops, counted once each whichever thread ran them
+    assert "x 2 workers" in two.table() and "x 2 workers" not in one.table()
