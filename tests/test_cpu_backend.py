@@ -173,8 +173,11 @@ def _prepared_layer(dtype, hidden, heads, inter, act="gelu", seed=0, quantize=No
 @pytest.mark.parametrize("hidden,heads,inter,act", [(52, 2, 130, "gelu"), (96, 3, 384, "gelu_tanh"),
                                                     (128, 2, 512, "relu"), (160, 2, 320, "gelu")],
                          ids=["D26", "D32-gelu_tanh", "D64-relu", "D80"])
-# "long": 210 rows, past the 16-row chunks of the int8 layer's fused LayerNorm + quantization and split over threads.
-@pytest.mark.parametrize("lengths", [[1], [5, 0, 12, 1], [130, 3, 77]], ids=["one-token", "ragged", "long"])
+# "long": 210 rows, past the 16-row chunks of the int8 layer's fused LayerNorm + quantization and split over threads;
+# with "191" and "387" the int8 FFN's row chunks (kFfnRows = 96, layer.cpp): one chunk of its most rows, two of 105,
+# four of 96-97.
+@pytest.mark.parametrize("lengths", [[1], [5, 0, 12, 1], [130, 3, 77], [100, 91], [100, 97, 40, 150]],
+                         ids=["one-token", "ragged", "long", "191", "387"])
 def test_whole_layer_equals_op_by_op(dtype, hidden, heads, inter, act, lengths):
     quantize, dtype = ("int8", torch.float32) if dtype == "int8" else (None, dtype)
     backend, layer, cfg = _prepared_layer(dtype, hidden, heads, inter, act, quantize=quantize)

@@ -87,9 +87,9 @@ class Layer {
     at::Tensor work = empty_activation({bc::layer_work_numel(T, H, I)}, x.options());
     at::Tensor q, q_scale, q_zp;
     if (config_.int8) {
-      q = empty_activation({T * std::max(H, I)}, x.options().dtype(at::kChar));
-      q_scale = at::empty({T}, x.options().dtype(at::kFloat));
-      q_zp = at::empty({T}, x.options().dtype(at::kInt));
+      q = empty_activation({bc::int8_codes_numel(T, H, I)}, x.options().dtype(at::kChar));
+      q_scale = at::empty({bc::int8_codes_rows(T)}, x.options().dtype(at::kFloat));
+      q_zp = at::empty({bc::int8_codes_rows(T)}, x.options().dtype(at::kInt));
     }
     const bc::Int8Scratch q8{ptr<int8_t>(q), ptr<float>(q_scale), ptr<int32_t>(q_zp)};
     {

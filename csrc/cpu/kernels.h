@@ -187,10 +187,19 @@ struct LayerConfig {
   Activation act;
   bool int8;  // int8 GEMMs with x quantized per token (T = float), attention's products in bf16
 };
-// Scratch: work, layer_work_numel(T, H, I) floats; under int8 also x quantized for one GEMM
-// (T * max(H, I) int8) with its per-token scale and zero point (T each).
+// Scratch: work, layer_work_numel(T, H, I) floats; under int8 also codes, int8_codes_numel(T, H, I) int8 (a GEMM
+// operand's T rows of up to H, then one FFN chunk's rows of I), with a scale and a zero point per row (int8_codes_rows).
 constexpr int64_t layer_work_numel(int64_t tokens, int64_t hidden, int64_t intermediate) {
   return tokens * (5 * hidden + intermediate);
+}
+// int8's FFN runs in chunks of at least kFfnRows rows (fewer only where the call has fewer), each below 2 x kFfnRows:
+// the GELU output of a chunk is quantized and multiplied while it is in the core's L2 (layer.cpp).
+constexpr int64_t kFfnRows = 96;
+constexpr int64_t int8_codes_rows(int64_t tokens) {  // the operand's T rows, then a chunk's GELU output
+  return tokens + (tokens < 2 * kFfnRows ? tokens : 2 * kFfnRows);
+}
+constexpr int64_t int8_codes_numel(int64_t tokens, int64_t hidden, int64_t intermediate) {
+  return tokens * hidden + (tokens < 2 * kFfnRows ? tokens : 2 * kFfnRows) * intermediate;
 }
 struct Int8Scratch {
   int8_t* q;

@@ -10,11 +10,53 @@
 // Rounding the stream itself to bf16 after every residual add cost ~4x the error (BERT-base random weights, 12
 // layers, b8 x s128: max |bf16 - fp32| / max |fp32| 2.6e-2 with a bf16 stream, 6.0e-3 with an fp32 one;
 // docs/cpu-gemm.md#bf16-accuracy).
+#include <algorithm>
+
 #include "kernels.h"
+#include "parallel.h"
 #include "profile.h"
 
 namespace bertfast {
 namespace cpu {
+
+// int8's FFN block: the LayerNorm quantizing the FFN-in operand, then the FFN in chunks of rows (kFfnRows) from
+// `mid` (the attention block's output, normalized in place) into `out`, before out's LayerNorm.
+static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const LayerConfig& c, float* inner,
+                     const Int8Scratch& q8, float* out) {
+  const int64_t H = c.hidden, I = c.intermediate;
+  const bool flip = int8_unsigned_codes(T_, H);
+  {
+    profile::Scope timed(profile::kLayerNorm);
+    layernorm_quantize(mid, w.attn_ln_weight, w.attn_ln_bias, c.eps, T_, H, q8.q, q8.scale, q8.zp, flip);
+  }
+  // The FFN in chunks of kFfnRows to 2 x kFfnRows - 1 rows: a chunk's GELU output (at most 191 x I fp32, MiniLM's
+  // 1.1 MiB) is quantized and multiplied from L2 rather than written out for all T rows and read back from L3.
+  // Every row gets the same arithmetic whatever its chunk; a chunk has more than 16 rows when T has, so its
+  // GEMMs take T's path and the codes layernorm_quantize wrote are in the form they multiply (flip).
+  const int64_t chunks = std::max<int64_t>(1, T_ / kFfnRows);
+  const Int8Scratch g8{q8.q + T_ * H, q8.scale + T_, q8.zp + T_};  // a chunk's GELU output, quantized
+  float* act = inner;  // a chunk's GELU output: the same rows of the buffer for every chunk, so they stay in L2
+  for (int64_t part = 0; part < chunks; ++part) {
+    int64_t r0, r1;
+    split_range(T_, int(part), int(chunks), &r0, &r1);
+    const int64_t rows = r1 - r0;
+    const LayerGemm<float>& fi = w.ffn_in;
+    const LayerGemm<float>& fo = w.ffn_out;
+    {
+      profile::Scope timed(profile::kFfnIn, 2 * rows * H * I);
+      int8_linear(q8.q + r0 * H, H, rows, H, q8.scale + r0, q8.zp + r0, static_cast<const int8_t*>(fi.packed), I,
+                  fi.w_scale, fi.colsum, fi.bias, c.act, nullptr, I, act, flip);
+    }
+    const bool flip_out = int8_unsigned_codes(rows, I);
+    {
+      profile::Scope timed(profile::kQuantize);
+      quantize_rows(act, I, rows, I, g8.q, g8.scale, g8.zp, flip_out);
+    }
+    profile::Scope timed(profile::kFfnOut, 2 * rows * I * H);
+    int8_linear(g8.q, I, rows, I, g8.scale, g8.zp, static_cast<const int8_t*>(fo.packed), H, fo.w_scale, fo.colsum,
+                fo.bias, Activation::None, mid + r0 * H, H, out + r0 * H, flip_out);
+  }
+}
 
 template <typename T>
 void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
@@ -76,14 +118,13 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
     attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, c.heads, d, scale, ctx, c.int8, bias);
   }
   gemm(profile::kAttnOut, w.attn_out, ctx, H, H, x, Activation::None, mid);
-  if (sizeof(T) == 4 && c.int8) {  // the LayerNorm and the FFN-in operand's quantization in one pass (same bits)
-    {
-      profile::Scope timed(profile::kLayerNorm);
-      layernorm_quantize(mid, w.attn_ln_weight, w.attn_ln_bias, c.eps, T_, H, q8.q, q8.scale, q8.zp,
-                         int8_unsigned_codes(T_, H));
+  if constexpr (sizeof(T) == 4) {
+    if (c.int8) {
+      int8_ffn(mid, T_, w, c, inner, q8, out);
+      return norm(out, w.ffn_ln_weight, w.ffn_ln_bias);
     }
-    gemm(profile::kFfnIn, w.ffn_in, nullptr, H, I, nullptr, c.act, inner);
-  } else if constexpr (sizeof(T) == 2) {  // the LayerNorm and the FFN-in operand's rounding in one pass (same bits)
+  }
+  if constexpr (sizeof(T) == 2) {  // the LayerNorm and the FFN-in operand's rounding in one pass (same bits)
     {
       profile::Scope timed(profile::kLayerNorm);
       layernorm_to_bf16(mid, w.attn_ln_weight, w.attn_ln_bias, c.eps, T_, H, op);
