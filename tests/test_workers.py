@@ -159,3 +159,64 @@ def test_profile_shares_thread_seconds(tiny_text_model):
     calls = lambda p: {r["stage"]: r["calls"] for r in p.rows() if r["stage"] not in ("rest", "forward: rest")}  # noqa
     assert calls(one) == calls(two)  # the same ops, counted once each whichever thread ran them
     assert "x 2 workers" in two.table() and "x 2 workers" not in one.table()
+
+
+def test_embed_job_streams_chunks_across_shards():
+    """job.run hands the chunks of every shard to embed_chunks as one stream: a pool reading ahead gets the next
+    shard's chunks before this thread writes the last shard (its workers never wait for a write), and each shard is
+    written whole, in order, once its chunks are back."""
+    from bertfast.tools.embed import job
+    from bertfast.tools.embed.readers import Row
+
+    events = []
+
+    class Writer:
+        def done(self, index):
+            return False
+
+        def write(self, index, ids, emb, texts):
+            events.append(("write", index, list(ids), emb[:, 0].tolist()))
+
+    def embed_chunks(chunks):  # reads ahead 3 chunks, as ordered_map with workers does
+        it = iter(chunks)
+        ahead = []
+        for chunk in it:
+            events.append(("take", chunk[0]))
+            ahead.append(chunk)
+            if len(ahead) > 3:
+                c = ahead.pop(0)
+                yield np.array([[float(t)] for t in c], dtype=np.float32), len(c)
+        for c in ahead:
+            yield np.array([[float(t)] for t in c], dtype=np.float32), len(c)
+
+    rows = [Row(file="x.txt", line=i + 1, text=str(i), id=i) for i in range(23)]
+    report = job.run(iter(rows), Writer(), embed_chunks, shard_rows=10, chunk_size=4, progress=False)
+    writes = [e for e in events if e[0] == "write"]
+    assert [w[1] for w in writes] == [0, 1, 2] and report.embedded == 23
+    for index, ids, values in (w[1:] for w in writes):
+        assert ids == list(range(10 * index, min(23, 10 * index + 10))) == [int(v) for v in values]
+    first_of_shard_1 = events.index(("take", "10"))  # shard 1 is chunked 10-13, 14-17, 18-19
+    assert first_of_shard_1 < events.index(writes[0])
+
+
+def test_embed_strict_writes_the_shards_before_the_bad_row(tmp_path, tiny_text_model):
+    import json
+
+    from bertfast.tools.cli import main
+
+    texts = corpus(250, seed=7)
+    lines = [json.dumps({"text": t}) for t in texts[:230]] + [json.dumps({"nope": 1})] + [
+        json.dumps({"text": t}) for t in texts[230:]]
+    src = tmp_path / "c.jsonl"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["embed", str(src), str(out), "--model", tiny_text_model, "--backend", "cpu", "--shard-rows", "70",
+                 "--workers", "2", "--strict", "--no-progress"]) == 1
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert sorted(map(int, manifest["shards"])) == [0, 1, 2]  # rows 0-209: every shard completed before row 230
+    import pyarrow.parquet as pq
+
+    got = np.concatenate([np.stack(pq.read_table(out / manifest["shards"][str(k)]["file"]).column("embedding")
+                                   .to_numpy(zero_copy_only=False)) for k in range(3)])
+    want = Encoder.from_pretrained(tiny_text_model, backend="cpu").encode(texts[:210], workers=1).numpy()
+    assert np.array_equal(got, want)

@@ -148,7 +148,17 @@ def _quantized(embed_chunks, precision: str, ranges):
         with stage("quantize output"):
             return quantize_embeddings(emb, precision, ranges)
 
-    return lambda chunks: ((quantized(emb), tokens) for emb, tokens in embed_chunks(chunks))
+    def quantized_chunks(chunks):
+        inner = embed_chunks(chunks)
+        try:
+            for emb, tokens in inner:
+                yield quantized(emb), tokens
+        finally:
+            close = getattr(inner, "close", None)  # now, not when collected (job.run)
+            if close is not None:
+                close()
+
+    return quantized_chunks
 
 
 class _Progress:

@@ -1,14 +1,16 @@
 """The streaming loop of `bertfast embed`: rows -> shards of valid rows -> embeddings -> writer.
 
 Rows stream in from the readers; valid ones collect into shards of `shard_rows` (the only rows held in
-memory), each shard is embedded in chunks of `CHUNK` texts (the window within which texts are sorted by
-length for token-budget batches, and the unit of work of a Ray actor) and handed to the writer. Shards
+memory: the shards with chunks in flight), each shard is embedded in chunks of `CHUNK` texts (the window within
+which texts are sorted by length for token-budget batches, and the unit of work of a worker thread or a Ray actor),
+the chunks of one shard after another's as one stream, and handed to the writer. Shards
 the writer already holds (--resume) are read but not embedded. Bad rows never stop the job: they are
 counted and reported at the end, unless `strict`, where the first one raises `BadRow`.
 """
 
 from __future__ import annotations
 
+import collections
 import resource
 import time
 from dataclasses import dataclass, field
@@ -100,37 +102,62 @@ def shards(rows, shard_rows: int, report: Report, strict: bool = False, use_row_
 def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None, keep_text: bool = False,
         strict: bool = False, use_row_ids: bool = True, progress: bool | None = None,
         chunk_size: int = CHUNK) -> Report:
-    """Embed every valid row into `writer`; embed_chunks(list of text lists) yields (embeddings, tokens)
-    per list, in order. progress: None shows the bar (texts/s, tokens/s, ETA) on a terminal. chunk_size:
-    texts per list."""
+    """Embed every valid row into `writer`; embed_chunks(iterable of text lists) yields (embeddings, tokens) per
+    list, in order, taking the lists as it needs them. progress: None shows the bar (texts/s, tokens/s, ETA) on a
+    terminal. chunk_size: texts per list.
+
+    The chunks of every shard go to embed_chunks as one stream, so it can embed the next shard's first chunks while
+    this thread writes a finished shard (worker threads or Ray actors stay busy across shards); a shard is written
+    once all its chunks are back. At most the shards with chunks in flight are held (two, with 2 x workers chunks
+    ahead and shards of more texts than that)."""
     from tqdm.auto import tqdm
 
     report = Report()
     bar = tqdm(total=total, unit="text", desc="embed", dynamic_ncols=True, smoothing=0.1,
                disable=None if progress is None else not progress)
+    in_flight = collections.deque()  # (index, ids, texts, chunk count) of each shard whose chunks were handed out
+    failed = []  # --strict: the bad row, raised once the shards before it are written
+
+    def chunks():
+        try:
+            for index, ids, texts in shards(rows, shard_rows, report, strict, use_row_ids):
+                if writer.done(index):  # out of the bar's total, so its rate and ETA are this run's
+                    report.skipped += len(texts)
+                    if bar.total is not None:
+                        bar.total -= len(texts)
+                    bar.update(report.embedded + report.bad - bar.n)
+                    continue
+                parts = [texts[s:s + chunk_size] for s in range(0, len(texts), chunk_size)]
+                in_flight.append((index, ids, texts, len(parts)))
+                yield from parts
+        except BadRow as e:
+            failed.append(e)
+
     start = time.perf_counter()
+    results = embed_chunks(chunks())
     try:
-        for index, ids, texts in shards(rows, shard_rows, report, strict, use_row_ids):
-            if writer.done(index):  # out of the bar's total, so its rate and ETA are this run's
-                report.skipped += len(texts)
-                if bar.total is not None:
-                    bar.total -= len(texts)
-                bar.update(report.embedded + report.bad - bar.n)
-                continue
-            chunks = [texts[s:s + chunk_size] for s in range(0, len(texts), chunk_size)]
-            parts = []
-            # strict: once the chunks are done, embed_chunks is run to its end here, where a worker pool it holds shuts
-            # down (and a signal arriving meanwhile is raised), not later when the generator is collected.
-            for chunk, (emb, tokens) in zip(chunks, embed_chunks(chunks), strict=True):
-                parts.append(emb)
-                report.embedded += len(chunk)
-                report.tokens += tokens
-                elapsed = time.perf_counter() - start
-                bar.set_postfix_str(f"{report.tokens / elapsed:.0f} tok/s, {report.bad} bad", refresh=False)
-                bar.update(report.embedded + report.bad - bar.n)
-            with stage("write"):
-                writer.write(index, ids, np.concatenate(parts), texts if keep_text else None)
+        done = []
+        for emb, tokens in results:
+            index, ids, texts, count = in_flight[0]
+            done.append(emb)
+            report.embedded += len(emb)
+            report.tokens += tokens
+            elapsed = time.perf_counter() - start
+            bar.set_postfix_str(f"{report.tokens / elapsed:.0f} tok/s, {report.bad} bad", refresh=False)
+            bar.update(report.embedded + report.bad - bar.n)
+            if len(done) == count:
+                in_flight.popleft()
+                with stage("write"):
+                    writer.write(index, ids, np.concatenate(done), texts if keep_text else None)
+                done = []
+        if failed:
+            raise failed[0]
     finally:
+        # Here, not when the generator is collected: a worker pool it holds shuts down now (and a signal arriving
+        # meanwhile is raised, not ignored).
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
         bar.close()
         report.seconds = time.perf_counter() - start
     return report
