@@ -200,6 +200,18 @@ def test_linear_without_the_extension(monkeypatch):
         _check(quant.linear(x, weight, bias, act, residual), x, weight, bias, act, residual)
 
 
+def test_int8_gemm_without_an_exact_int_mm(monkeypatch):
+    """Where torch._int_mm is not exact (oneDNN capped at AVX2 on some CPUs), the float64 products give the same
+    int32 sums; the probe says which this process has."""
+    g = torch.Generator().manual_seed(4)
+    qx = torch.randint(-128, 128, (33, 200), dtype=torch.int8, generator=g)
+    weight = quant.QuantLinear.from_float(torch.randn(24, 200, generator=g))
+    exact = (qx.long() @ weight.q.t().long()).to(torch.float32) * weight.scale
+    assert isinstance(quant.int_mm_is_exact(), bool)
+    monkeypatch.setattr(quant, "_int_mm_exact", False)
+    assert torch.equal(quant.int8_gemm(qx, weight), exact)
+
+
 def test_linear_strided_input_and_empty():
     x, weight, bias, _ = _linear_case(9, 64, 32, "none", False)
     wide = torch.zeros(9, 80)

@@ -21,6 +21,14 @@ from bertfast.tools.bench.rows import Provider, ProviderSkipped
 from bertfast.tools.bench.source import Source
 from bertfast.tools.workloads import Batch, make_batch
 
+# oneDNN caps (ONEDNN_MAX_CPU_ISA, as BERTFAST_ISA sets it) below its first ISA with bf16 dot products.
+_ONEDNN_NO_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+# oneDNN caps under which OpenVINO's int8 weight-compressed layers found no kernel (AMD Zen 5, OpenVINO 2026.x, at
+# SSE41 and AVX2: "could not create a primitive descriptor for the inner product"), where its fp32 ones ran.
+_ONEDNN_NO_INT8_FC = {"SSE41", "AVX", "AVX2"}
+# ... and under which its fp32 layers did not run either ("MVN node ... bad combination" at SSE41).
+_ONEDNN_NO_OPENVINO = {"SSE41"}
+
 
 class _LastHidden(torch.nn.Module):
     """Positional (input_ids, attention_mask[, token_type_ids]) -> last_hidden_state, for export."""
@@ -201,6 +209,18 @@ def _openvino_factory(quantize: str | None = None):
         except ImportError as e:
             raise ProviderSkipped(f"not installed ({e.name}): pip install openvino"
                                   + (" nncf" if quantize else "")) from None
+        capped = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "")).upper()
+        if capped in _ONEDNN_NO_OPENVINO:
+            raise ProviderSkipped(f"OpenVINO's CPU plugin fails under ONEDNN_MAX_CPU_ISA={capped} (the oneDNN cap "
+                                  "BERTFAST_ISA sets)")
+        if quantize and capped in _ONEDNN_NO_INT8_FC:
+            raise ProviderSkipped(f"OpenVINO's int8 weight-compressed layers find no kernel under ONEDNN_MAX_CPU_ISA="
+                                  f"{capped} (the oneDNN cap BERTFAST_ISA sets)")
+        if dtype == torch.bfloat16 and capped in _ONEDNN_NO_BF16:
+            # Its plugin still lists BF16 there, then finds no bf16 kernel for some node (Softmax, on Zen 5 under
+            # BERTFAST_ISA=avx2) and fails to compile.
+            raise ProviderSkipped(f"no native bf16 under ONEDNN_MAX_CPU_ISA={capped} (OpenVINO's CPU plugin runs "
+                                  "on oneDNN; its bf16 kernels need AVX512_CORE_BF16 or AMX)")
         t0 = time.perf_counter()
         names = _onnx_names(source)
         with tempfile.TemporaryDirectory(prefix="bertfast-bench-") as tmp:
