@@ -256,9 +256,9 @@ class Encoder(nn.Module):
         sentence-transformers' encode(precision=...) quantizes them (`bertfast.quantize_embeddings`; int8/uint8
         ranges from these vectors unless `ranges`, (2, D), is given: pass a corpus's ranges when encoding it in
         parts). A quantized result is int8/uint8, (N, D) or packed bits (N, ceil(D / 8)).
-        workers: threads that each run their own batches on a share of the cores (`bertfast.workers`; None: one
-        per torch thread on a CPU, up to 8; 1: every batch on all the cores in turn). The vectors are the same
-        bits whatever the workers.
+        workers: threads that each run their own batches on a share of the cores, on the cpu backend
+        (`bertfast.workers`; None: one per torch thread, up to 8; 1: every batch on all the cores in turn). The
+        vectors are the same bits whatever the workers.
         """
         check_precision(precision)
         texts = [texts] if isinstance(texts, str) else list(texts)
@@ -316,7 +316,7 @@ class Encoder(nn.Module):
             tokenized = self.tokenize(texts) if texts else None
             groups = token_budget_batches([] if tokenized is None else tokenized[1].sum(1).tolist(),
                                           batch_tokens)
-        workers, threads = plan(self.device, len(groups), workers)
+        workers, threads = plan(self.device, len(groups), workers, self.backend)
         if tokenized is None and groups:
             self.tokenizer  # loaded here, not by each worker at once  # noqa: B018
         # arguments are checked above, at the call; the batches run as they are consumed

@@ -63,7 +63,7 @@ class Embedder:
         self.options = dict(batch_tokens=batch_tokens, pooling=pooling, normalize=normalize,
                             prompt_name=prompt_name, prompt=prompt, truncate_dim=truncate_dim, workers=workers)
         self.dim = self.encoder.embedding_dim(pooling, truncate_dim)
-        plan(self.encoder.device, 1, workers)  # a bad workers value fails here, not at the first batch
+        plan(self.encoder.device, 1, workers, self.encoder.backend)  # a bad value fails here, not at a batch
         self.encoder.sentence_config.resolve_prompt(prompt, prompt_name)  # a bad prompt name fails here
 
     def embed(self, texts) -> tuple[np.ndarray, int]:

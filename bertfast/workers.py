@@ -33,13 +33,15 @@ def _native():
     return _C if hasattr(_C, "set_num_threads") else None
 
 
-def plan(device: torch.device, batches: int, workers: int | None = None) -> tuple[int, int]:
-    """(workers, threads of each) for `batches` batches on `device`. workers None: one per torch thread (at most
-    MAX_WORKERS) on a CPU, one on a GPU; never more than the batches. Raises ValueError for workers < 1."""
+def plan(device: torch.device, batches: int, workers: int | None = None, backend: str = "cpu") -> tuple[int, int]:
+    """(workers, threads of each) for `batches` batches on `device` with `backend`. workers None: one per torch
+    thread (at most MAX_WORKERS); never more than the batches. Only the native `cpu` backend runs workers (its
+    kernels' bits do not depend on their thread count; a library's GEMM under the `torch` backend may): a GPU or
+    another backend gets one whatever `workers` says. Raises ValueError for workers < 1."""
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be an integer >= 1 or None (auto), got {workers!r}")
     threads = torch.get_num_threads()
-    if device.type != "cpu" or _native() is None:
+    if device.type != "cpu" or backend != "cpu" or _native() is None:
         return 1, threads
     n = min(threads, MAX_WORKERS) if workers is None else workers
     n = max(1, min(n, batches))

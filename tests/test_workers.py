@@ -37,6 +37,7 @@ def test_plan():
     assert plan(cpu, 1000, 1) == (1, threads)
     assert plan(cpu, 1000, 3) == (3, max(1, threads // 3))
     assert plan(torch.device("cuda"), 1000) == (1, threads)
+    assert plan(cpu, 1000, 3, backend="torch") == (1, threads)  # only the native backend's bits ignore threads
     for bad in (0, -2, 1.5, True, "2"):
         with pytest.raises(ValueError, match="workers must be an integer >= 1"):
             plan(cpu, 10, bad)

@@ -3,8 +3,9 @@
 INPUT: a .txt (one text per line), .jsonl, .csv or .parquet file, a directory of them or a glob.
 OUTPUT: a directory of Parquet shards (id, embedding, optional text) with a manifest, or FILE.npy
 ((N, D) float32, the embedded rows in input order; with --precision the quantized form: int8/uint8 (N, D) or
-packed bits (N, ceil(D / 8)), as `bertfast.quantize_embeddings` makes them). The command parses, checks, and hands over to the
-job (`job.run`) with one `bertfast.ray.Embedder`, or a pool of them on a Ray cluster (`--ray`). SIGINT
+packed bits (N, ceil(D / 8)), as `bertfast.quantize_embeddings` makes them). The command parses, checks, and hands
+over to the job (`job.run`) with one `bertfast.ray.Embedder` whose chunks run on worker threads (`--workers`,
+`bertfast.workers`), or a pool of them on a Ray cluster (`--ray`). SIGINT
 and SIGTERM stop it between shard commits (`signals`): a message, exit status 128 + the signal.
 """
 
@@ -231,7 +232,7 @@ def _run(args, progress: _Progress) -> int:
         if args.ray is None:
             # Worker threads take whole chunks (tokenizing them too), each chunk's batches on the worker's cores.
             embedder = Embedder(**options, workers=1)
-            workers, threads = plan(embedder.encoder.device, sys.maxsize, args.workers)
+            workers, threads = plan(embedder.encoder.device, sys.maxsize, args.workers, embedder.encoder.backend)
             chunk = job.CHUNK if workers == 1 else WORKER_CHUNK
             if workers > 1 and args.batch_tokens is None:
                 embedder.options["batch_tokens"] = WORKER_BATCH_TOKENS
