@@ -203,14 +203,19 @@ class Engine:
                 hidden[-1] = x
         return tuple(hidden) if hidden is not None else (x,)
 
+    def _pack_on_device(self, input_ids, attention_mask, token_type_ids, position_ids):
+        """`pack`, then on the weights' device (packed on the host: `Encoder.forward` on a GPU)."""
+        tokens, indices = self.pack(input_ids, attention_mask, token_type_ids, position_ids)
+        if tokens.ids.device != self.weights.device:
+            tokens, indices = to_device(tokens, indices, self.weights.device)
+        return tokens, indices
+
     @torch.inference_mode()
     def forward_packed(self, input_ids, attention_mask, token_type_ids=None, position_ids=None):
         """The last state of the real tokens as the layers leave it, without padding it back: (states (T, H) in the
         residual stream's dtype, in row-major order, cu_seqlens (B + 1,) int32: row b's tokens are
         [cu_seqlens[b], cu_seqlens[b + 1])). Inputs as `forward` (no key mask)."""
-        tokens, indices = self.pack(input_ids, attention_mask, token_type_ids, position_ids)
-        if tokens.ids.device != self.weights.device:
-            tokens, indices = to_device(tokens, indices, self.weights.device)
+        tokens, _ = self._pack_on_device(input_ids, attention_mask, token_type_ids, position_ids)
         return self.run(tokens, False)[-1], tokens.cu_seqlens
 
     @torch.inference_mode()
@@ -225,9 +230,7 @@ class Engine:
         """
         w = self.weights
         B, S = input_ids.shape
-        tokens, indices = self.pack(input_ids, attention_mask, token_type_ids, position_ids)
-        if tokens.ids.device != w.device:  # packed on the host (`Encoder.forward` on a GPU)
-            tokens, indices = to_device(tokens, indices, w.device)
+        tokens, indices = self._pack_on_device(input_ids, attention_mask, token_type_ids, position_ids)
         if key_mask is None:
             states = self.run(tokens, output_hidden_states)
         else:  # eagerly: the CUDA graphs of `encode` take no key mask

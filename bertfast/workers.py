@@ -18,19 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from .backends.cpu.ext import _C
 from .profiling import note_workers
 
 # Auto never starts more: every worker holds the GIL for its batches' Python, which more workers would queue for
 # (measured on 2 cores only).
 MAX_WORKERS = 8
-
-
-def _native():
-    try:
-        from . import _C
-    except ImportError:
-        return None
-    return _C if hasattr(_C, "set_num_threads") else None
 
 
 def plan(device: torch.device, batches: int, workers: int | None = None, backend: str = "cpu") -> tuple[int, int]:
@@ -41,7 +34,7 @@ def plan(device: torch.device, batches: int, workers: int | None = None, backend
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be an integer >= 1 or None (auto), got {workers!r}")
     threads = torch.get_num_threads()
-    if device.type != "cpu" or backend != "cpu" or _native() is None:
+    if device.type != "cpu" or backend != "cpu" or _C is None:
         return 1, threads
     n = min(threads, MAX_WORKERS) if workers is None else workers
     n = max(1, min(n, batches))
@@ -56,12 +49,11 @@ def ordered_map(fn, items, workers: int, threads: int):
     if workers <= 1:
         yield from map(fn, items)
         return
-    native = _native()
     note_workers(workers)
 
     def start():
         torch.get_num_threads()  # torch's own per-thread setup first: it would undo the setting on its first op
-        native.set_num_threads(threads)
+        _C.set_num_threads(threads)
 
     pending = collections.deque()
     pool = ThreadPoolExecutor(workers, thread_name_prefix="bertfast-worker", initializer=start)
