@@ -4,7 +4,8 @@
 // fused [T, 3H] QKV output). A work item is one (sequence, head): its K (transposed, per key tile) and V
 // are widened to fp32 once and reused by all its query blocks; all math is fp32. bf16 with head_dim <= 64
 // on a CPU with AMX runs the two products on tiles instead (attention_amx: same tiling, bf16 operands,
-// fp32 accumulation and softmax). An optional relative position bias (MPNet's table, or DeBERTa-v2's c2p / p2c,
+// fp32 accumulation and softmax); fp32 inputs with bf16 products (the int8 path) on AVX-512 BF16 without AMX run
+// them on vdpbf16ps where the layer has no position bias or window (attention_avx512bf16). An optional relative position bias (MPNet's table, or DeBERTa-v2's c2p / p2c,
 // `AttnBias`) is added to each score tile between the product and the softmax, on every tier, the AMX tiles included.
 //
 // Sliding window (window > 0, ModernBERT's local layers): query t sees key u iff |t - u| <= window. A query
@@ -19,7 +20,8 @@
 //
 // The files: attention_impl.h (tiles, work items, scratch, the fp32-math driver attention_thread),
 // attention_portable.cpp, attention_avx2.cpp and attention_avx512.cpp (the fp32-math tiers' blocks),
-// attention_amx.cpp (bf16 products on AMX tiles); this one chooses.
+// attention_avx512bf16.cpp (the int8 path's bf16 products on AVX-512 BF16), attention_amx.cpp (bf16 products on AMX
+// tiles); this one chooses.
 #include <omp.h>
 
 #include <algorithm>
@@ -55,6 +57,15 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
       isa == Isa::Amx
           ? attention_amx(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window)
           : attention_amx_emulated(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
+    });
+    return;
+  }
+  // The int8 path's bf16 products without AMX: judged on the layer too (its bias, its window), not on the lengths.
+  if (sizeof(T) == 4 && bf16_products && head_dim <= 64 && bias == nullptr && window == 0 && isa == Isa::Avx512Vnni &&
+      has_avx512_bf16()) {
+    parallel_for(nt, nt, [&](int64_t) {
+      if constexpr (sizeof(T) == 4)
+        attention_avx512bf16(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
     });
     return;
   }

@@ -103,21 +103,6 @@ BF_TARGET_TILES_BF16 BF_INLINE void amx_pack_v(const T* v, int64_t row_stride, i
   }
 }
 
-// 2^x for the probabilities of the AMX path (x <= 0 there): 2^n * 2^f with f in [-0.5, 0.5] and 2^f
-// by its degree-5 Taylor polynomial (relative error < 3e-6, below what P's two bf16 parts carry, 2^-17 = 7.6e-6).
-BF_TARGET_TILES_BF16 BF_INLINE __m512 exp2_512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.3333558e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
 // Bits [lo, hi) of a 64-bit key mask, 0 <= lo <= hi <= 64.
 BF_INLINE uint64_t key_bits(int64_t lo, int64_t hi) {
   const auto below = [](int64_t n) { return n >= 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1; };

@@ -27,6 +27,22 @@ BF_TARGET_AVX512 BF_INLINE __m512 exp512(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
+// 2^x for softmax probabilities (x <= 0 there): 2^n * 2^f with f in [-0.5, 0.5] and 2^f by its degree-5 Taylor
+// polynomial (relative error < 3e-6: the AMX attention's P carried in two bf16 parts, 2^-17 = 7.6e-6, and the
+// AVX-512 BF16 attention's P rounded to bf16 once).
+BF_TARGET_AVX512 BF_INLINE __m512 exp2_512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.3333558e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
 // exp_f on 8 lanes.
 BF_TARGET_AVX2 BF_INLINE __m256 exp256(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));

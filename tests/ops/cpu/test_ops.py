@@ -332,10 +332,15 @@ def test_attention(isa, dtype, lengths, heads, d):
     pytest.param([127, 129, 1, 64], 2, 64, id="L127.129.1.64-H2-D64"),
     pytest.param([17, 0, 40], 3, 26, id="L17.0.40-H3-D26"),
     pytest.param([65, 33], 1, 80, id="L65.33-H1-D80"),
+    # the bf16 kernels' remainders: odd key counts (a key paired with zero), 16- and 8-key score tiles, one and
+    # two 16-query vectors, several 64-key tiles; odd head_dim (a dim paired with zero), head_dim past 32
+    pytest.param([8, 9, 15, 16, 17, 23, 24, 25, 63, 66], 3, 40, id="L8..66-H3-D40"),
+    pytest.param([200, 3], 1, 13, id="L200.3-H1-D13"),
+    pytest.param([31, 33, 130], 2, 64, id="L31.33.130-H2-D64"),
 ])
 def test_attention_bf16_products_on_fp32_inputs(isa, lengths, heads, d):
-    """fp32 q/k/v with bf16_products (the int8 path): fp32 output, within bf16 attention's error (exact
-    fp32 where there is no AMX or head_dim > 64)."""
+    """fp32 q/k/v with bf16_products (the int8 path): fp32 output, within bf16 attention's error; exact fp32
+    where the products stay fp32 (head_dim > 64, or a tier without AMX or AVX-512 BF16)."""
     gen = torch.Generator().manual_seed(sum(lengths) + d + 1)
     (q, k, v), (q32, k32, v32), cu = qkv_views(lengths, heads, d, torch.float32, gen)
     scale = 1.0 / math.sqrt(d)
@@ -346,17 +351,24 @@ def test_attention_bf16_products_on_fp32_inputs(isa, lengths, heads, d):
     ref_low = reference.attention(*low, cu, max(lengths), scale)
     check(ours, ref_low, ref_hi, torch.bfloat16)
     exact = _C.attention(q32, k32, v32, cu, max(lengths), scale)
-    if not (isa in ("amx", "amx_emulated") and d <= 64):
+    if not (d <= 64 and (isa in ("amx", "amx_emulated") or _C.isa() == "avx512_vnni" and _C.has_avx512_bf16())):
         assert torch.equal(ours, exact)
+    else:
+        assert not torch.equal(ours, exact)  # the bf16 products ran
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_attention_batch_invariant(isa, dtype):
+@pytest.mark.parametrize("dtype,products", [
+    pytest.param(torch.float32, False, id="fp32"),
+    pytest.param(torch.bfloat16, False, id="bf16"),
+    pytest.param(torch.float32, True, id="fp32-bf16-products"),
+])
+def test_attention_batch_invariant(isa, dtype, products):
     """A sequence alone gives bit-identical output to the same sequence inside a batch."""
     gen = torch.Generator().manual_seed(7)
     (_, _, _), (q, k, v), cu = qkv_views([30, 77, 5], 4, 32, dtype, gen)
-    batch = _C.attention(q, k, v, cu, 77, 0.2)
-    alone = _C.attention(q[30:107], k[30:107], v[30:107], torch.tensor([0, 77], dtype=torch.int32), 77, 0.2)
+    batch = _C.attention(q, k, v, cu, 77, 0.2, bf16_products=products)
+    alone = _C.attention(q[30:107], k[30:107], v[30:107], torch.tensor([0, 77], dtype=torch.int32), 77, 0.2,
+                         bf16_products=products)
     assert torch.equal(batch[30:107], alone)
 
 
