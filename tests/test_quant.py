@@ -98,8 +98,9 @@ def test_rows_zero_is_exact_and_nonfinite_rows():
 
 @has_native
 @pytest.mark.parametrize("M,K,strided", [(1, 1, False), (3, 17, False), (129, 768, False), (65, 3072, False),
-                                         (7, 80, True)], ids=["M1-K1", "M3-K17", "M129-K768", "M65-K3072",
-                                                              "M7-K80-strided"])
+                                         (7, 80, True), (4, 48, False), (5, 100, False), (3, 1536, False)],
+                         ids=["M1-K1", "M3-K17", "M129-K768", "M65-K3072", "M7-K80-strided", "M4-K48", "M5-K100",
+                              "M3-K1536"])  # AVX-512: min/max 32 and codes 64 a step, then 16-wide tails
 def test_native_quantize_rows_bitwise(isa, M, K, strided):
     x = _x(M, K, seed=M + K, std=2.0, mean=0.4, strided=strided)
     ours = quant.quantize_rows(x)
@@ -123,13 +124,14 @@ def test_native_quantize_rows_flipped(isa, M, K):
 
 @has_native
 def test_native_quantize_rows_special_rows(isa):
-    x = torch.randn(6, 40)
+    x = torch.randn(7, 40)
     x[0] = 0.0
     x[1] = x[1].abs() + 0.5  # no negative value: lo = 0
     x[2] = -x[2].abs() - 0.5  # no positive value: hi = 0
     x[3, 5] = float("nan")
     x[4, 9] = float("-inf")
     x[5, :] = 1e-30  # tiny but normal values
+    x[6, 20] = float("nan")  # in the second vector of a 32-wide step
     ours = quant.quantize_rows(x)
     ref = quant.quantize_rows_reference(x)
     assert torch.equal(ours[0], ref[0]) and torch.equal(ours[2], ref[2])

@@ -20,7 +20,8 @@ namespace bertfast {
 namespace cpu {
 
 // int8's FFN block: the LayerNorm quantizing the FFN-in operand, then the FFN in chunks of rows (kFfnRows) from
-// `mid` (the attention block's output, normalized in place) into `out`, before out's LayerNorm.
+// `mid` (the attention block's output, normalized in place) into `out`, each chunk's rows then normalized (out's
+// LayerNorm).
 static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const LayerConfig& c, float* inner,
                      const Int8Scratch& q8, float* out) {
   const int64_t H = c.hidden, I = c.intermediate;
@@ -52,9 +53,13 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
       profile::Scope timed(profile::kQuantize);
       quantize_rows(act, I, rows, I, g8.q, g8.scale, g8.zp, flip_out);
     }
-    profile::Scope timed(profile::kFfnOut, 2 * rows * I * H);
-    int8_linear(g8.q, I, rows, I, g8.scale, g8.zp, static_cast<const int8_t*>(fo.packed), H, fo.w_scale, fo.colsum,
-                fo.bias, Activation::None, mid + r0 * H, H, out + r0 * H, flip_out);
+    {
+      profile::Scope timed(profile::kFfnOut, 2 * rows * I * H);
+      int8_linear(g8.q, I, rows, I, g8.scale, g8.zp, static_cast<const int8_t*>(fo.packed), H, fo.w_scale, fo.colsum,
+                  fo.bias, Activation::None, mid + r0 * H, H, out + r0 * H, flip_out);
+    }
+    profile::Scope timed(profile::kLayerNorm);  // the chunk's output rows, while they are in L2
+    layernorm<float>(out + r0 * H, nullptr, w.ffn_ln_weight, w.ffn_ln_bias, c.eps, rows, H, out + r0 * H);
   }
 }
 
@@ -120,8 +125,7 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
   gemm(profile::kAttnOut, w.attn_out, ctx, H, H, x, Activation::None, mid);
   if constexpr (sizeof(T) == 4) {
     if (c.int8) {
-      int8_ffn(mid, T_, w, c, inner, q8, out);
-      return norm(out, w.ffn_ln_weight, w.ffn_ln_bias);
+      return int8_ffn(mid, T_, w, c, inner, q8, out);
     }
   }
   if constexpr (sizeof(T) == 2) {  // the LayerNorm and the FFN-in operand's rounding in one pass (same bits)

@@ -84,34 +84,56 @@ BF_TARGET_AVX2 void quantize_rows_range_avx2(const float* x, int64_t ldx, int64_
   quantize_rows_loops(x, ldx, lo_row, hi_row, K, q, scale, zp, flip);
 }
 
+// The codes of 16 floats (lanes outside mk: of 0) as int32: round(x * inv) + zp, rounding to nearest even as nearbyint.
+BF_TARGET_AVX512 BF_INLINE __m512i codes512(const float* p, __mmask16 mk, __m512 inv, __m512i zp) {
+  const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, p), inv);
+  return _mm512_add_epi32(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zp);
+}
+
 BF_TARGET_AVX512 void quantize_rows_range_avx512(const float* x, int64_t ldx, int64_t lo_row, int64_t hi_row,
                                                  int64_t K, int8_t* q, float* scale, int32_t* zp, bool flip) {
-  const __m128i mask = _mm_set1_epi8(char(flip ? kFlip : 0));
+  const __m512i mask = _mm512_set1_epi8(char(flip ? kFlip : 0));
+  // packs_epi32 then packs_epi16 leave 128-bit lane l holding dwords (c0, c1, c2, c3)[4l .. 4l + 3]; this puts them
+  // back in order (c0's 16 codes, then c1's, ...). Saturating twice (to int16, then int8) clamps as once.
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
   for (int64_t m = lo_row; m < hi_row; ++m) {
     const float* row = x + m * ldx;
-    __m512 vlo = _mm512_setzero_ps(), vhi = _mm512_setzero_ps();
+    // min / max in two accumulators each (exact, so in any order); masked lanes read 0: harmless.
+    __m512 lo0 = _mm512_setzero_ps(), lo1 = lo0, hi0 = lo0, hi1 = lo0;
     __mmask16 nan = 0;
-    for (int64_t k = 0; k < K; k += 16) {
-      const __m512 v = _mm512_maskz_loadu_ps(tail_mask(K - k), row + k);  // masked lanes read 0: harmless
-      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-      vlo = _mm512_min_ps(vlo, v);
-      vhi = _mm512_max_ps(vhi, v);
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+      const __m512 a = _mm512_loadu_ps(row + k), b = _mm512_loadu_ps(row + k + 16);
+      nan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);  // either lane NaN
+      lo0 = _mm512_min_ps(lo0, a), hi0 = _mm512_max_ps(hi0, a);
+      lo1 = _mm512_min_ps(lo1, b), hi1 = _mm512_max_ps(hi1, b);
     }
-    const RowQuant r = row_params(_mm512_reduce_min_ps(vlo), _mm512_reduce_max_ps(vhi), nan != 0);
+    for (; k < K; k += 16) {
+      const __m512 v = _mm512_maskz_loadu_ps(tail_mask(K - k), row + k);
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      lo0 = _mm512_min_ps(lo0, v), hi0 = _mm512_max_ps(hi0, v);
+    }
+    const __m512 lo = _mm512_min_ps(lo0, lo1), hi = _mm512_max_ps(hi0, hi1);
+    const RowQuant r = row_params(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), nan != 0);
     int8_t* qr = q + m * K;
     if (!r.finite) {
       std::memset(qr, flip ? kFlip : 0, size_t(K));
     } else {
       const __m512 inv = _mm512_set1_ps(r.inv);
       const __m512i z = _mm512_set1_epi32(r.zero_point);
-      for (int64_t k = 0; k < K; k += 16) {
+      // |x * inv| <= 255 after the row's own min/max, so the int32 conversion is exact; the add and the signed
+      // saturation to int8 give clamp(round(x * inv) + zp, -128, 127).
+      k = 0;
+      for (; k + 64 <= K; k += 64) {
+        const __m512i c0 = codes512(row + k, 0xffff, inv, z), c1 = codes512(row + k + 16, 0xffff, inv, z);
+        const __m512i c2 = codes512(row + k + 32, 0xffff, inv, z), c3 = codes512(row + k + 48, 0xffff, inv, z);
+        const __m512i b = _mm512_packs_epi16(_mm512_packs_epi32(c0, c1), _mm512_packs_epi32(c2, c3));
+        _mm512_storeu_si512(qr + k, _mm512_xor_si512(_mm512_permutexvar_epi32(order, b), mask));
+      }
+      for (; k < K; k += 16) {
         const __mmask16 mk = tail_mask(K - k);
-        const __m512 v = _mm512_maskz_loadu_ps(mk, row + k);
-        const __m512 rounded = _mm512_roundscale_ps(_mm512_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        // |x * inv| <= 255 after the row's own min/max, so the int32 conversion is exact; the add and the
-        // signed saturation to int8 give clamp(round(x * inv) + zp, -128, 127).
-        const __m512i c = _mm512_add_epi32(_mm512_cvtps_epi32(rounded), z);
-        _mm_mask_storeu_epi8(qr + k, mk, _mm_xor_si128(_mm512_cvtsepi32_epi8(c), mask));
+        _mm_mask_storeu_epi8(qr + k, mk, _mm_xor_si128(_mm512_cvtsepi32_epi8(codes512(row + k, mk, inv, z)),
+                                                       _mm512_castsi512_si128(mask)));
       }
     }
     scale[m] = r.scale;

@@ -100,6 +100,7 @@ def test_embed_bf16_word_fp32_rest(isa, tokens, hidden, types, positioned):
     pytest.param(3, 31, id="T3-H31"),
     pytest.param(129, 384, id="T129-H384"),
     pytest.param(64, 1025, id="T64-H1025"),
+    pytest.param(5, 100, id="T5-H100"),  # AVX-512: sums 4 vectors a step, then 3 more, the last partial
 ])
 @pytest.mark.parametrize("fused", ["plain", "residual"])
 def test_layernorm(isa, dtype, tokens, hidden, fused):
