@@ -21,8 +21,14 @@ import numpy as np
 import torch
 
 BATCH_TOKENS = 1024  # padded tokens per forward: on a CPU small batches keep activations in cache (docs/embed.md)
-# ... and per forward of each worker thread where several share the cores (`bertfast embed`'s default; docs/embed.md)
-WORKER_BATCH_TOKENS = 512
+# ... and per forward of each worker thread where several share the cores (`bertfast embed`'s default), by dtype, as
+# measured (docs/embed.md#worker-threads): int8 and fp32 at 1024, bf16 at 512.
+WORKER_BATCH_TOKENS = {"int8": 1024, "float32": 1024, "bfloat16": 512}
+
+
+def worker_batch_tokens(encoder) -> int:
+    """The padded tokens per forward of each of several worker threads for this encoder's dtype."""
+    return WORKER_BATCH_TOKENS.get(encoder.quantize or str(encoder.dtype).replace("torch.", ""), 512)
 
 
 def _assigned_cpus() -> int | None:

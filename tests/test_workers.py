@@ -146,6 +146,13 @@ def test_embed_is_bitwise_whatever_the_workers(tmp_path, tiny_text_model):
         assert np.array_equal(np.load(out), want.numpy()), f"{workers} workers"
 
 
+@pytest.mark.parametrize("dtype,tokens", [("int8", 1024), (None, 1024), ("bf16", 512)])
+def test_embed_workers_take_their_dtypes_token_budget(tiny_text_model, dtype, tokens):
+    from bertfast.ray import worker_batch_tokens
+
+    assert worker_batch_tokens(Encoder.from_pretrained(tiny_text_model, backend="cpu", dtype=dtype)) == tokens
+
+
 def test_profile_shares_thread_seconds(tiny_text_model):
     enc = Encoder.from_pretrained(tiny_text_model, backend="cpu", dtype="int8")
     with bertfast.profile(enc) as one:

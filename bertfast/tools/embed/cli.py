@@ -21,7 +21,7 @@ import sys
 
 from bertfast.precision import PRECISIONS, load_ranges, quantize_embeddings
 from bertfast.profiling import profile, stage, timed_iter
-from bertfast.ray import BATCH_TOKENS, WORKER_BATCH_TOKENS
+from bertfast.ray import BATCH_TOKENS, WORKER_BATCH_TOKENS, worker_batch_tokens
 
 from . import signals
 from .readers import InputError, count_rows, find_inputs, read_rows
@@ -43,8 +43,8 @@ def add_arguments(p):
     p.add_argument("--dtype", default=None, help="fp32, bf16, int8, or auto (default: the checkpoint's)")
     p.add_argument("--backend", default="auto", help="backend: auto, cpu, torch, triton (default auto)")
     p.add_argument("--batch-tokens", type=int, default=None,
-                   help=f"padded tokens per forward (default {BATCH_TOKENS}, or {WORKER_BATCH_TOKENS} on each of "
-                        "several workers)")
+                   help=f"padded tokens per forward (default {BATCH_TOKENS}; on each of several workers by dtype: "
+                        + ", ".join(f"{k} {v}" for k, v in WORKER_BATCH_TOKENS.items()) + ")")
     p.add_argument("--workers", type=int, default=None,
                    help="threads that each embed their own batches on a share of the cores (default: one per "
                         "torch thread, up to 8, on a CPU; 1: each batch on all the cores in turn). Not with --ray")
@@ -235,7 +235,7 @@ def _run(args, progress: _Progress) -> int:
             workers, threads = plan(embedder.encoder.device, sys.maxsize, args.workers, embedder.encoder.backend)
             chunk = job.CHUNK if workers == 1 else WORKER_CHUNK
             if workers > 1 and args.batch_tokens is None:
-                embedder.options["batch_tokens"] = WORKER_BATCH_TOKENS
+                embedder.options["batch_tokens"] = worker_batch_tokens(embedder.encoder)
             embed_chunks = lambda chunks: ordered_map(embedder.embed, chunks, workers, threads)  # noqa: E731
             rows = read_rows(files, args.column, args.id_column)
         else:
