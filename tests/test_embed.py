@@ -257,19 +257,20 @@ def test_resume_after_failure(tmp_path, tiny_text_model, expected, monkeypatch, 
     src = write_input(tmp_path / "c.jsonl", TEXTS)
     args = [src, tmp_path / "out", "--model", tiny_text_model, "--shard-rows", 30, "--keep-text"]
     target = "write_table" if where == "shard" else "_save"
+    owner = pq.ParquetWriter if where == "shard" else writer_module.ShardWriter
     calls = {"n": 0}
-    original = pq.write_table if where == "shard" else writer_module.ShardWriter._save
-    fatal_call = 3 if where == "shard" else 4  # _save runs once at the start, then once per shard
+    original = getattr(owner, target)
+    fatal_call = 3 if where == "shard" else 4  # a shard's rows come in one part here; _save runs once at the start
 
-    def dying(*a, **k):
+    def dying(self, *a, **k):
         calls["n"] += 1
         if calls["n"] == fatal_call:
             if where == "shard":  # die half-way through the temporary file
-                open(a[1], "wb").write(b"PAR1 torn")
+                open(self.where, "ab").write(b"PAR1 torn")
             raise KeyboardInterrupt("killed")
-        return original(*a, **k)
+        return original(self, *a, **k)
 
-    monkeypatch.setattr(pq if where == "shard" else writer_module.ShardWriter, target, dying)
+    monkeypatch.setattr(owner, target, dying)
     assert embed(*args) == 130  # a KeyboardInterrupt: reported as Ctrl-C, with what is committed
     assert "interrupted by SIGINT: 2 shard(s) (60 texts) are committed" in capsys.readouterr().err
     monkeypatch.undo()
@@ -300,7 +301,7 @@ def test_npy_output_and_resume(tmp_path, tiny_text_model, expected, monkeypatch)
     out = tmp_path / "emb.npy"
     args = [src, out, "--model", tiny_text_model, "--shard-rows", 50]
     calls = {"n": 0}
-    original = writer_module.ShardWriter.write
+    original = writer_module.ShardFile.commit
 
     def dying(self, *a, **k):
         calls["n"] += 1
@@ -308,7 +309,7 @@ def test_npy_output_and_resume(tmp_path, tiny_text_model, expected, monkeypatch)
             raise KeyboardInterrupt("killed")
         return original(self, *a, **k)
 
-    monkeypatch.setattr(writer_module.ShardWriter, "write", dying)
+    monkeypatch.setattr(writer_module.ShardFile, "commit", dying)
     assert embed(*args) == 130
     monkeypatch.undo()
     assert not out.exists() and (tmp_path / "emb.npy.shards" / "part-00000.parquet").exists()
@@ -395,3 +396,27 @@ assert np.array_equal(np.array(t["embedding"], dtype=np.int8), vectors)
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_shard_written_in_parts(tmp_path):
+    """A shard appended a part at a time (as the job appends each chunk) is one Parquet file, a row group a part, with
+    the rows in order, recorded once committed; a discarded one leaves no file and no record."""
+    import pyarrow.parquet as pq
+
+    w = writer_module.ShardWriter(str(tmp_path / "out"), {})
+    vectors = np.arange(7 * 3, dtype=np.float32).reshape(7, 3)
+    texts = [f"t{i}" for i in range(7)]
+    shard = w.open(0)
+    for lo, hi in ((0, 3), (3, 6), (6, 7)):
+        shard.append(list(range(lo, hi)), vectors[lo:hi], texts[lo:hi])
+        assert not (tmp_path / "out" / "part-00000.parquet").exists() and 0 not in w.shards
+    shard.commit()
+    path = tmp_path / "out" / "part-00000.parquet"
+    assert pq.ParquetFile(path).num_row_groups == 3 and w.shards[0] == {"file": "part-00000.parquet", "rows": 7}
+    t = pq.read_table(path).to_pydict()
+    assert t["id"] == list(range(7)) and t["text"] == texts
+    assert np.array_equal(np.array(t["embedding"], dtype=np.float32), vectors)
+    dropped = w.open(1)
+    dropped.append([7], vectors[:1])
+    dropped.discard()
+    assert sorted(os.listdir(tmp_path / "out")) == ["_manifest.json", "part-00000.parquet"] and 1 not in w.shards

@@ -171,19 +171,34 @@ def test_profile_shares_thread_seconds(tiny_text_model):
 
 def test_embed_job_streams_chunks_across_shards():
     """job.run hands the chunks of every shard to embed_chunks as one stream: a pool reading ahead gets the next
-    shard's chunks before this thread writes the last shard (its workers never wait for a write), and each shard is
-    written whole, in order, once its chunks are back."""
+    shard's chunks before this thread commits the last shard (its workers never wait for a write); each chunk's rows
+    are appended to their shard as they come back, in order, and each shard committed after its last chunk."""
     from bertfast.tools.embed import job
     from bertfast.tools.embed.readers import Row
 
     events = []
 
+    class Shard:
+        def __init__(self, index):
+            self.index, self.ids, self.values = index, [], []
+
+        def append(self, ids, emb, texts):
+            events.append(("append", self.index, list(ids)))
+            self.ids += list(ids)
+            self.values += emb[:, 0].tolist()
+
+        def commit(self):
+            events.append(("commit", self.index, self.ids, self.values))
+
+        def discard(self):
+            events.append(("discard", self.index))
+
     class Writer:
         def done(self, index):
             return False
 
-        def write(self, index, ids, emb, texts):
-            events.append(("write", index, list(ids), emb[:, 0].tolist()))
+        def open(self, index):
+            return Shard(index)
 
     def embed_chunks(chunks):  # reads ahead 3 chunks, as ordered_map with workers does
         it = iter(chunks)
@@ -199,12 +214,16 @@ def test_embed_job_streams_chunks_across_shards():
 
     rows = [Row(file="x.txt", line=i + 1, text=str(i), id=i) for i in range(23)]
     report = job.run(iter(rows), Writer(), embed_chunks, shard_rows=10, chunk_size=4, progress=False)
-    writes = [e for e in events if e[0] == "write"]
-    assert [w[1] for w in writes] == [0, 1, 2] and report.embedded == 23
-    for index, ids, values in (w[1:] for w in writes):
+    commits = [e for e in events if e[0] == "commit"]
+    assert [c[1] for c in commits] == [0, 1, 2] and report.embedded == 23
+    for index, ids, values in (c[1:] for c in commits):
         assert ids == list(range(10 * index, min(23, 10 * index + 10))) == [int(v) for v in values]
+    appends = [e[1:] for e in events if e[0] == "append"]
+    assert appends[:3] == [(0, [0, 1, 2, 3]), (0, [4, 5, 6, 7]), (0, [8, 9])]  # one a chunk, as it comes back
+    assert events.index(("append", 0, [8, 9])) < events.index(commits[0])
     first_of_shard_1 = events.index(("take", "10"))  # shard 1 is chunked 10-13, 14-17, 18-19
-    assert first_of_shard_1 < events.index(writes[0])
+    assert first_of_shard_1 < events.index(commits[0])
+    assert not [e for e in events if e[0] == "discard"]
 
 
 def test_embed_strict_writes_the_shards_before_the_bad_row(tmp_path, tiny_text_model):

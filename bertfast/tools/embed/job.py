@@ -15,8 +15,6 @@ import resource
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from bertfast.profiling import stage
 
 CHUNK = 1024  # texts per embed call: sort window for token batching, bounded tokenizer memory
@@ -107,9 +105,10 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
     terminal. chunk_size: texts per list.
 
     The chunks of every shard go to embed_chunks as one stream, so it can embed the next shard's first chunks while
-    this thread writes a finished shard (worker threads or Ray actors stay busy across shards); a shard is written
-    once all its chunks are back. At most the shards with chunks in flight are held (two, with 2 x workers chunks
-    ahead and shards of more texts than that)."""
+    this thread writes (worker threads or Ray actors stay busy across shards); each chunk's rows are appended to its
+    shard's file as they come back, and the shard is committed after its last chunk. At most the texts of the shards
+    with chunks in flight are held (two, with 2 x workers chunks ahead and shards of more texts than that); no
+    shard's vectors."""
     from tqdm.auto import tqdm
 
     report = Report()
@@ -135,24 +134,30 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
 
     start = time.perf_counter()
     results = embed_chunks(chunks())
+    shard, parts = None, 0  # the shard in_flight[0] being written, and its chunks appended so far
     try:
-        done = []
         for emb, tokens in results:
             index, ids, texts, count = in_flight[0]
-            done.append(emb)
+            with stage("write"):  # each chunk as it comes: the last one leaves only the shard's footer to write
+                shard = shard or writer.open(index)
+                lo = parts * chunk_size
+                shard.append(ids[lo:lo + len(emb)], emb, texts[lo:lo + len(emb)] if keep_text else None)
+            parts += 1
             report.embedded += len(emb)
             report.tokens += tokens
             elapsed = time.perf_counter() - start
             bar.set_postfix_str(f"{report.tokens / elapsed:.0f} tok/s, {report.bad} bad", refresh=False)
             bar.update(report.embedded + report.bad - bar.n)
-            if len(done) == count:
+            if parts == count:
                 in_flight.popleft()
                 with stage("write"):
-                    writer.write(index, ids, np.concatenate(done), texts if keep_text else None)
-                done = []
+                    shard.commit()
+                shard, parts = None, 0
         if failed:
             raise failed[0]
     finally:
+        if shard is not None:  # interrupted or failed mid-shard: none of it is recorded
+            shard.discard()
         # Here, not when the generator is collected: a worker pool it holds shuts down now (and a signal arriving
         # meanwhile is raised, not ignored).
         close = getattr(results, "close", None)

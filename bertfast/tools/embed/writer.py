@@ -145,28 +145,16 @@ class ShardWriter:
     def done(self, index: int) -> bool:
         return self.complete or index in self.shards
 
-    def write(self, index: int, ids: list, embeddings: np.ndarray, texts: list[str] | None = None) -> None:
-        """Shard `index`: ids (int or str, one kind), embeddings (N, D) float32 (or int8/uint8: quantized), texts
-        or None."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    def open(self, index: int) -> ShardFile:
+        """Shard `index`, to be written a part at a time (`ShardFile`)."""
+        return ShardFile(self, index)
 
-        n, dim = embeddings.shape
-        ids_int = bool(ids) and isinstance(ids[0], int)
-        columns = {"id": _numbers(np.asarray(ids, dtype=np.int64)) if ids_int else _strings(ids),
-                   "embedding": pa.FixedSizeListArray.from_arrays(
-                       _numbers(np.ascontiguousarray(embeddings).reshape(-1)), dim)}
-        if texts is not None:
-            columns["text"] = _strings(texts)
-        table = pa.table(columns)
-        name = _shard_name(index)
-        with commit():  # a SIGINT/SIGTERM waits until the shard is in place and recorded
-            _atomic_write(os.path.join(self.directory, name),
-                          lambda tmp: pq.write_table(table, tmp, compression=COMPRESSION,
-                                                    use_dictionary=[c for c in DICTIONARY if c in columns]))
-            shards = {**self.shards, index: {"file": name, "rows": n}}
-            self._save(shards)
-            self.shards = shards  # what the manifest on disk records, also when saving it failed
+    def write(self, index: int, ids: list, embeddings: np.ndarray, texts: list[str] | None = None) -> None:
+        """Shard `index` whole: ids (int or str, one kind), embeddings (N, D) float32 (or int8/uint8: quantized),
+        texts or None."""
+        shard = self.open(index)
+        shard.append(ids, embeddings, texts)
+        shard.commit()
 
     def finish(self) -> str:
         """Mark the job complete (a .npy OUTPUT: assemble it, then drop the shards); returns OUTPUT."""
@@ -207,3 +195,72 @@ class ShardWriter:
             del out
 
         return _write_tmp(self.output, write)
+
+
+def _table(ids: list, embeddings: np.ndarray, texts: list[str] | None):
+    import pyarrow as pa
+
+    dim = embeddings.shape[1]
+    ids_int = bool(ids) and isinstance(ids[0], int)
+    columns = {"id": _numbers(np.asarray(ids, dtype=np.int64)) if ids_int else _strings(ids),
+               "embedding": pa.FixedSizeListArray.from_arrays(
+                   _numbers(np.ascontiguousarray(embeddings).reshape(-1)), dim)}
+    if texts is not None:
+        columns["text"] = _strings(texts)
+    return pa.table(columns)
+
+
+class ShardFile:
+    """One shard written as its parts come back (a Parquet row group each: the job appends each chunk's rows, so a
+    finished shard costs only its footer and rename, and the job holds no shard's vectors): appended to a hidden
+    temporary file, which `commit` renames into place and records in the manifest; `discard` (or a failed append)
+    removes it. Every part has the same columns (ids of one kind, one embedding dtype and width)."""
+
+    def __init__(self, writer: ShardWriter, index: int):
+        self.writer, self.index = writer, index
+        self.name = _shard_name(index)
+        self.path = os.path.join(writer.directory, self.name)
+        self.tmp = _tmp_name(self.path)
+        self.rows = 0
+        self._out = None
+
+    def append(self, ids: list, embeddings: np.ndarray, texts: list[str] | None = None) -> None:
+        """The next rows: ids, embeddings (N, D), texts or None, as `ShardWriter.write` takes them."""
+        import pyarrow.parquet as pq
+
+        table = _table(ids, embeddings, texts)
+        try:
+            if self._out is None:
+                self._out = pq.ParquetWriter(self.tmp, table.schema, compression=COMPRESSION,
+                                             use_dictionary=[c for c in DICTIONARY if c in table.column_names])
+            self._out.write_table(table)
+        except BaseException:
+            self.discard()
+            raise
+        self.rows += len(embeddings)
+
+    def commit(self) -> None:
+        """Close the file, rename it into place, record it in the manifest."""
+        try:
+            self._out.close()
+        except BaseException:
+            self.discard()
+            raise
+        self._out = None
+        writer = self.writer
+        with commit():  # a SIGINT/SIGTERM waits until the shard is in place and recorded
+            os.replace(self.tmp, self.path)
+            shards = {**writer.shards, self.index: {"file": self.name, "rows": self.rows}}
+            writer._save(shards)
+            writer.shards = shards  # what the manifest on disk records, also when saving it failed
+
+    def discard(self) -> None:
+        """Drop the temporary file (an interrupted or failed shard): nothing of it is recorded."""
+        out, self._out = self._out, None
+        if out is not None:
+            try:
+                out.close()
+            except Exception:  # noqa: BLE001 - the file goes either way
+                pass
+        if os.path.exists(self.tmp):
+            os.remove(self.tmp)
