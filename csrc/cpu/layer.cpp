@@ -1,9 +1,10 @@
 // One post-LayerNorm encoder layer on the extension's GEMMs, all in C++: the ops of `reference.layer`
 // (QKV GEMM, varlen attention, output GEMM + residual, LayerNorm, FFN-in GEMM + activation,
 // FFN-out GEMM + residual, LayerNorm) as the cpu backend runs them (fp32, bf16, or int8 GEMMs), the
-// same kernels called in the same order on the same shapes, so the result is bit-identical to
-// calling them one by one from Python. What it saves is the Python between them (paired runs, b1 x s16:
-// BERT-base x0.93-0.95 the time in fp32, x0.92 bf16, x0.91 int8; MiniLM x0.84-0.90).
+// same kernels called in the same order on the same shapes (int8: on groups of rows, whose ops are per row or per
+// sequence), so the result is bit-identical to calling them one by one from Python. What it saves is the Python
+// between them (paired runs, b1 x s16: BERT-base x0.93-0.95 the time in fp32, x0.92 bf16, x0.91 int8; MiniLM
+// x0.84-0.90), and under int8 the trips through L3 of the activations between ops.
 //
 // The residual stream (x, the attention block's output, out) and the LayerNorms are fp32 in every dtype: in bf16
 // only the GEMMs' and attention's operands are bf16, rounded once from the stream (to_bf16) where a GEMM reads it.
@@ -63,6 +64,36 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
   }
 }
 
+// int8's QKV GEMM and attention by groups of whole sequences of up to kQkvRows tokens (one longer sequence alone):
+// a group's q, k and v rows go from the GEMM to the attention through L2 instead of being written out for all T rows
+// (MiniLM's 1,024 tokens: 4.5 MiB of fp32) and read back from L3. The GEMM is per row (exact int32 sums) and the
+// attention per sequence, so a row gets the same arithmetic whatever its group.
+static void int8_qkv_attention(const float* x, int64_t T_, const int32_t* cu, int64_t batch, float scale,
+                               const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
+                               const Int8Scratch& q8, const AttnBias* bias) {
+  const int64_t H = c.hidden, d = H / c.heads;
+  const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
+  for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
+    for (b1 = b0 + 1; b1 < batch && cu[b1 + 1] - cu[b0] <= kQkvRows;) ++b1;
+    const int64_t t0 = cu[b0], rows = cu[b1] - t0;
+    if (rows == 0) continue;
+    const bool flip = int8_unsigned_codes(rows, H);
+    const Int8Scratch x8{q8.q + t0 * H, q8.scale + t0, q8.zp + t0};
+    {
+      profile::Scope timed(profile::kQuantize);
+      quantize_rows(x + t0 * H, H, rows, H, x8.q, x8.scale, x8.zp, flip);
+    }
+    {
+      profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
+      int8_linear(x8.q, H, rows, H, x8.scale, x8.zp, static_cast<const int8_t*>(w.qkv.packed), 3 * H, w.qkv.w_scale,
+                  w.qkv.colsum, w.qkv.bias, Activation::None, nullptr, 3 * H, qkv + t0 * 3 * H, flip);
+    }
+    profile::Scope timed(profile::kAttention);
+    attention<float>(qkv, qkv + H, qkv + 2 * H, st, cu + b0, b1 - b0, c.heads, d, scale, ctx, true, bias);
+  }
+  (void)T_;
+}
+
 template <typename T>
 void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
                    const LayerWeights<T>& w, const LayerConfig& c, float* work, const Int8Scratch& q8, float* out,
@@ -116,8 +147,15 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
     profile::Scope timed(profile::kLayerNorm);
     layernorm<float>(y, nullptr, gamma, beta, c.eps, T_, H, y);
   };
-  gemm(profile::kQkv, w.qkv, operand(x), H, 3 * H, nullptr, Activation::None, qkv);
-  {
+  bool grouped = false;  // int8: the QKV GEMM and attention by groups of sequences
+  if constexpr (sizeof(T) == 4) {
+    if (c.int8) {
+      int8_qkv_attention(x, T_, cu_seqlens, batch, scale, w, c, qkv, ctx, q8, bias);
+      grouped = true;
+    }
+  }
+  if (!grouped) {
+    gemm(profile::kQkv, w.qkv, operand(x), H, 3 * H, nullptr, Activation::None, qkv);
     profile::Scope timed(profile::kAttention);
     const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
     attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, c.heads, d, scale, ctx, c.int8, bias);
