@@ -38,7 +38,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("residual") = py::none());
   m.def("attention", &attention,
         "varlen attention on packed q, k, v (T, heads, d) -> (T, heads * d); bf16_products: fp32 inputs may "
-        "run the products on bf16 operands (AMX, fp32 accumulation and softmax); bias_table (heads, width) float32 "
+        "run the products on bf16 operands (AMX, or AVX-512 BF16 without a bias or window; fp32 accumulation and "
+        "softmax); bias_table (heads, width) float32 "
         "and bias_positions (T,) int32: score(t, u) += bias_table[h, (width - 1) / 2 + pos[u] - pos[t]] (MPNet); "
         "window > 0: token t attends only to the tokens u of its sequence with |t - u| <= window; DeBERTa-v2 "
         "instead of bias_table: c2p, p2c (T, heads, cols) float32 (either may be None) and rel_index (width,) int32: "

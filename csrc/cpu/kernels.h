@@ -33,7 +33,8 @@ void layernorm(const T* x, const T* residual, const T* gamma, const T* beta, flo
 
 // Varlen attention: q/k/v element (t, h, e) at ptr[t * row_stride + h * head_stride + e];
 // out: [T, heads * head_dim] contiguous. bf16_products: fp32 inputs may run the two products on bf16
-// operands (AMX; fp32 accumulation and softmax) where the CPU has it (the int8 path asks for it).
+// operands (AMX; or AVX-512 BF16 without a position bias or window, P rounded once; fp32 accumulation and softmax)
+// where the CPU has it (the int8 path asks for it).
 struct AttnStrides {
   int64_t q_row, q_head, k_row, k_head, v_row, v_head;
 };
