@@ -61,8 +61,7 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
     return;
   }
   // The int8 path's bf16 products without AMX: judged on the layer too (its bias, its window), not on the lengths.
-  if (sizeof(T) == 4 && bf16_products && head_dim <= 64 && bias == nullptr && window == 0 && isa == Isa::Avx512Vnni &&
-      has_avx512_bf16()) {
+  if (sizeof(T) == 4 && bf16_products && attention_from_bf16(head_dim, bias != nullptr || window > 0)) {
     parallel_for(nt, nt, [&](int64_t) {
       if constexpr (sizeof(T) == 4)
         attention_avx512bf16(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
@@ -73,6 +72,36 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
   parallel_for(nt, nt, [&](int64_t) {
     BF_DISPATCH(attention, q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
   });
+}
+
+bool attention_from_bf16(int64_t head_dim, bool bias_or_window) {
+#if BF_X86
+  return head_dim <= 64 && !bias_or_window && active_isa() == Isa::Avx512Vnni && has_avx512_bf16();
+#else
+  (void)head_dim, (void)bias_or_window;
+  return false;
+#endif
+}
+
+void attention_bf16_products(const bf16* q, const bf16* k, const bf16* v, const AttnStrides& s,
+                             const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t head_dim, float scale,
+                             float* out) {
+#if BF_X86
+  int64_t work = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
+    work += len * len;
+  }
+  if (work == 0) return;
+  const int nt = int(std::min<int64_t>(batch * heads, threads_for(work * heads * head_dim)));
+  std::atomic<int64_t> next{0};
+  parallel_for(nt, nt, [&](int64_t) {
+    attention_avx512bf16(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
+  });
+#else
+  (void)q, (void)k, (void)v, (void)s, (void)cu_seqlens, (void)batch, (void)heads, (void)head_dim, (void)scale,
+      (void)out;
+#endif
 }
 
 template void attention<float>(const float*, const float*, const float*, const AttnStrides&, const int32_t*,

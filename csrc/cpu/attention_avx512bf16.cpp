@@ -45,6 +45,12 @@ BF_TARGET_AVX512BF16 BF_INLINE __m512i row_words(const T* p, int64_t left) {
   return (__m512i)_mm512_cvtne2ps_pbh(load16(p + 16, tail_mask(left - 16)), load16(p, tail_mask(left)));
 }
 
+// The same from bf16: 32 consecutive values (lanes past `left` zero) as they are.
+BF_TARGET_AVX512BF16 BF_INLINE __m512i row_words(const bf16* p, int64_t left) {
+  const __mmask32 m = left >= 32 ? ~__mmask32(0) : left <= 0 ? __mmask32(0) : __mmask32((1u << left) - 1u);
+  return _mm512_maskz_loadu_epi16(m, p);
+}
+
 // s [keys][kQBlock] = (K Q^T) * scale for kn keys (rounded up to a register tile) and kQV vectors of queries: a
 // register tile of 16 / kQV keys x kQV vectors, one vdpbf16ps per dim pair and key.
 template <int kQV>
@@ -95,7 +101,7 @@ BF_TARGET_AVX512BF16 __attribute__((noinline)) void accumulate(Bf16Scratch& sc, 
 // One (sequence, head) item: q, k, v and out at its first row.
 template <typename T>
 BF_TARGET_AVX512BF16 void item(Bf16Scratch& sc, const T* q, const T* k, const T* v, const AttnStrides& st,
-                               int64_t len, int64_t d, float scale, T* out, int64_t H, RowPrefetch& pf,
+                               int64_t len, int64_t d, float scale, float* out, int64_t H, RowPrefetch& pf,
                                int64_t rows_per_run) {
   const int64_t dp = (d + 31) / 32 * 32, dw = dp / 2, pairs = (d + 1) / 2;
   const float scale2 = scale * kLog2e;  // the scores in log2 units, for exp2
@@ -180,7 +186,7 @@ BF_TARGET_AVX512BF16 void item(Bf16Scratch& sc, const T* q, const T* k, const T*
     for (int c = 0; c < qv; ++c) _mm512_store_ps(inv + 16 * c, _mm512_div_ps(_mm512_set1_ps(1.0f), l[c]));
     for (int64_t i = 0; i < qn; ++i) {
       const __m512 iv = _mm512_set1_ps(inv[i]);
-      T* o = out + (q0 + i) * H;
+      float* o = out + (q0 + i) * H;
       for (int64_t e0 = 0; e0 < d; e0 += 16)
         store16(o + e0, _mm512_mul_ps(_mm512_load_ps(sc.acc + i * dp + e0), iv), tail_mask(d - e0));
     }
@@ -192,7 +198,7 @@ BF_TARGET_AVX512BF16 void item(Bf16Scratch& sc, const T* q, const T* k, const T*
 template <typename T>
 BF_TARGET_AVX512BF16 void attention_avx512bf16(const T* q, const T* k, const T* v, const AttnStrides& st,
                                                const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
-                                               float scale, T* out, std::atomic<int64_t>* next) {
+                                               float scale, float* out, std::atomic<int64_t>* next) {
   DenormalGuard ftz;
   const int64_t H = heads * d;
   // Per thread across calls (at small batches allocation would cost more), reached through a pointer read once: a
@@ -217,6 +223,9 @@ BF_TARGET_AVX512BF16 void attention_avx512bf16(const T* q, const T* k, const T* 
 template BF_TARGET_AVX512BF16 void attention_avx512bf16<float>(const float*, const float*, const float*,
                                                                const AttnStrides&, const int32_t*, int64_t, int64_t,
                                                                int64_t, float, float*, std::atomic<int64_t>*);
+template BF_TARGET_AVX512BF16 void attention_avx512bf16<bf16>(const bf16*, const bf16*, const bf16*,
+                                                              const AttnStrides&, const int32_t*, int64_t, int64_t,
+                                                              int64_t, float, float*, std::atomic<int64_t>*);
 
 }  // namespace attention_detail
 }  // namespace cpu

@@ -49,34 +49,37 @@ struct WorkItems {
 struct RowPrefetch {
   const char* src[4];
   int64_t stride[4];  // bytes between rows
-  int64_t bytes = 0, rows = 0, next = 0;
+  int64_t bytes = 0, out_bytes = 0, rows = 0, next = 0;
 
-  template <typename T>
-  void start(const T* q, const T* k, const T* v, T* out, const AttnStrides& st, int64_t heads, int64_t d,
+  template <typename T, typename O>  // q, k, v of T, out of O
+  void start(const T* q, const T* k, const T* v, O* out, const AttnStrides& st, int64_t heads, int64_t d,
              int64_t h, int64_t row0, int64_t len) {
-    const T* base[4] = {q + row0 * st.q_row + h * st.q_head, k + row0 * st.k_row + h * st.k_head,
-                        v + row0 * st.v_row + h * st.v_head, out + row0 * heads * d + h * d};
-    const int64_t strides[4] = {st.q_row, st.k_row, st.v_row, heads * d};
-    for (int i = 0; i < 4; ++i) {
+    const T* base[3] = {q + row0 * st.q_row + h * st.q_head, k + row0 * st.k_row + h * st.k_head,
+                        v + row0 * st.v_row + h * st.v_head};
+    const int64_t strides[3] = {st.q_row, st.k_row, st.v_row};
+    for (int i = 0; i < 3; ++i) {
       src[i] = reinterpret_cast<const char*>(base[i]);
       stride[i] = strides[i] * int64_t(sizeof(T));
     }
+    src[3] = reinterpret_cast<const char*>(out + row0 * heads * d + h * d);
+    stride[3] = heads * d * int64_t(sizeof(O));
     bytes = d * int64_t(sizeof(T));
+    out_bytes = d * int64_t(sizeof(O));
     rows = len;
     next = 0;
   }
 
   BF_INLINE void step(int64_t n) {
     for (const int64_t end = std::min(rows, next + n); next < end; ++next) {
-      for (int i = 0; i < 3; ++i) lines<0>(src[i] + next * stride[i]);
-      lines<1>(src[3] + next * stride[3]);
+      for (int i = 0; i < 3; ++i) lines<0>(src[i] + next * stride[i], bytes);
+      lines<1>(src[3] + next * stride[3], out_bytes);
     }
   }
 
   template <int kWrite>
-  BF_INLINE void lines(const char* row) const {
+  BF_INLINE void lines(const char* row, int64_t n) const {
     const char* line = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row) & ~uintptr_t(63));
-    for (; line < row + bytes; line += 64) __builtin_prefetch(line, kWrite, 2);
+    for (; line < row + n; line += 64) __builtin_prefetch(line, kWrite, 2);
   }
 };
 
@@ -402,10 +405,10 @@ BF_TARGET_AVX512BF16 void attention_amx_emulated(const T* q, const T* k, const T
                                                  const AttnBias* bias, int64_t window);
 // fp32 q / k / v with bf16 products on AVX-512 BF16 without AMX (attention_avx512bf16.cpp): head_dim <= 64, no
 // position bias, no window.
-template <typename T>
+template <typename T>  // fp32 q, k, v; or bf16 (the int8 QKV GEMM's output rounded: int8_linear_bf16)
 BF_TARGET_AVX512BF16 void attention_avx512bf16(const T* q, const T* k, const T* v, const AttnStrides& st,
                                                const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
-                                               float scale, T* out, std::atomic<int64_t>* next);
+                                               float scale, float* out, std::atomic<int64_t>* next);
 #endif
 
 // Defines an fp32-math tier's entry point `name` (declared above), compiled for `TARGET` (empty: the build's

@@ -20,6 +20,9 @@
 // int8_linear_blocked.cpp (every tier, more rows), int8_linear_amx.cpp (AMX-int8); this one chooses.
 #include <omp.h>
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <algorithm>
 #include <vector>
 
@@ -52,11 +55,50 @@ Int8Path int8_path(int64_t M, int64_t K) {
 
 bool int8_unsigned_codes(int64_t M, int64_t K) { return K % 4 == 0 && int8_path(M, K) == Int8Path::Vnni; }
 
+namespace {
+void run_int8(const Int8Args& a, bool x_unsigned);
+}  // namespace
+
+bool int8_linear_bf16_supported() {
+#if BF_X86
+  return active_isa() == Isa::Avx512Vnni;  // the streaming and blocked VNNI paths, both ending in finish16
+#else
+  return false;
+#endif
+}
+
+void int8_linear_bf16(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
+                      const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
+                      bf16* out, bool x_unsigned) {
+#if BF_X86
+  if (M == 0 || N == 0) return;
+  if (!int8_linear_bf16_supported()) {
+    std::fprintf(stderr, "bertfast: int8_linear_bf16 called on the %s tier (needs avx512_vnni)\n", isa_name(active_isa()));
+    std::abort();
+  }
+  Int8Args a{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, Activation::None, nullptr, N, nullptr};
+  a.out16 = out;
+  run_int8(a, x_unsigned);
+#else
+  (void)x, (void)ldx, (void)M, (void)K, (void)xs, (void)zp, (void)packed, (void)N, (void)ws, (void)colsum, (void)bias,
+      (void)out, (void)x_unsigned;
+  std::abort();
+#endif
+}
+
 void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                  const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
                  Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned) {
   if (M == 0 || N == 0) return;  // x_unsigned: only where int8_unsigned_codes(M, K), as the caller quantized for
-  const Int8Args a{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, act, residual, ldr, out};
+  run_int8(Int8Args{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, act, residual, ldr, out}, x_unsigned);
+}
+
+namespace {
+
+// The call `a` on the path int8_path chooses.
+void run_int8(const Int8Args& a, bool x_unsigned) {
+  const int8_t* x = a.x;
+  const int64_t ldx = a.ldx, M = a.M, K = a.K, N = a.N;
   const int64_t panels = (N + 15) / 16, groups = (panels + kGroupPanels - 1) / kGroupPanels;
   const int nt = M * N * K < (int64_t(1) << 18) ? 1 : num_threads();
   const Isa isa = active_isa();
@@ -128,6 +170,8 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
     });
   });
 }
+
+}  // namespace
 
 }  // namespace cpu
 }  // namespace bertfast

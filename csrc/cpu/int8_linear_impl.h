@@ -33,6 +33,7 @@ struct Int8Args {
   const float* residual;
   int64_t ldr;
   float* out;
+  bf16* out16 = nullptr;  // instead of out: the output rounded to bf16 (int8_linear_bf16; the AVX-512 epilogue only)
 };
 
 constexpr int64_t kStreamRows = 16;  // avx512_vnni: the streaming tile up to here, the blocked one above
@@ -67,6 +68,7 @@ BF_TARGET_VNNI BF_INLINE void finish16(__m512i acc, int64_t m, int64_t n0, __mma
     v = _mm512_load_ps(tmp);
   }
   if (a.residual != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, a.residual + m * a.ldr + n0));
+  if (a.out16 != nullptr) return store16(a.out16 + m * a.N + n0, v, mk);
   _mm512_mask_storeu_ps(a.out + m * a.N + n0, mk, v);
 }
 

@@ -38,6 +38,10 @@ void layernorm(const T* x, const T* residual, const T* gamma, const T* beta, flo
 struct AttnStrides {
   int64_t q_row, q_head, k_row, k_head, v_row, v_head;
 };
+// Whether attention<float> with bf16 products runs on AVX-512 BF16 (attention_avx512bf16.cpp) for a layer of this
+// head_dim, with or without a position bias or window; then attention_bf16_products takes q, k, v already rounded to
+// bf16 (int8_linear_bf16's output) into fp32 rows: the same arithmetic on the same bf16 values.
+bool attention_from_bf16(int64_t head_dim, bool bias_or_window);
 // An additive relative position bias (MPNet): score(t, u) += table[h * width + (width - 1) / 2 + pos[u] - pos[t]]
 // for tokens t, u of one sequence, pos: (T,) the tokens' positions, table: (heads, width) fp32 per distance,
 // width odd and covering every distance within a sequence (checked at the boundary): linear in length.
@@ -59,6 +63,9 @@ template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
                int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products = false,
                const AttnBias* bias = nullptr, int64_t window = 0);
+void attention_bf16_products(const bf16* q, const bf16* k, const bf16* v, const AttnStrides& s,
+                             const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t head_dim, float scale,
+                             float* out);
 
 // ---- disentangled.cpp ----
 
@@ -163,6 +170,12 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
 // paths) that reads them from a row-major buffer K wide (K % 4 == 0): then its caller may quantize with flip and
 // pass x_unsigned, sparing the GEMM its own pass flipping the codes (same bits).
 bool int8_unsigned_codes(int64_t M, int64_t K);
+// int8_linear without activation or residual, its output rounded to bf16 (round to nearest even) into out (M, N), as
+// its fp32 output rounded; only where int8_linear_bf16_supported() (the avx512_vnni tier), else it aborts.
+bool int8_linear_bf16_supported();
+void int8_linear_bf16(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
+                      const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
+                      bf16* out, bool x_unsigned = false);
 
 // ---- layer.cpp: one post-LayerNorm encoder layer on the extension's GEMMs ----
 

@@ -73,6 +73,8 @@ static void int8_qkv_attention(const float* x, int64_t T_, const int32_t* cu, in
                                const Int8Scratch& q8, const AttnBias* bias) {
   const int64_t H = c.hidden, d = H / c.heads;
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
+  const bool from_bf16 = attention_from_bf16(d, bias != nullptr) && int8_linear_bf16_supported();
+  bf16* qkv16 = reinterpret_cast<bf16*>(qkv);  // the same buffer, half of it
   for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
     for (b1 = b0 + 1; b1 < batch && cu[b1 + 1] - cu[b0] <= kQkvRows;) ++b1;
     const int64_t t0 = cu[b0], rows = cu[b1] - t0;
@@ -83,10 +85,22 @@ static void int8_qkv_attention(const float* x, int64_t T_, const int32_t* cu, in
       profile::Scope timed(profile::kQuantize);
       quantize_rows(x + t0 * H, H, rows, H, x8.q, x8.scale, x8.zp, flip);
     }
+    const int8_t* packed = static_cast<const int8_t*>(w.qkv.packed);
+    if (from_bf16) {  // q, k, v rounded to bf16 by the GEMM's epilogue: half the bytes to the attention, which
+                      // would round them itself (attention_from_bf16)
+      {
+        profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
+        int8_linear_bf16(x8.q, H, rows, H, x8.scale, x8.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
+                         qkv16 + t0 * 3 * H, flip);
+      }
+      profile::Scope timed(profile::kAttention);
+      attention_bf16_products(qkv16, qkv16 + H, qkv16 + 2 * H, st, cu + b0, b1 - b0, c.heads, d, scale, ctx);
+      continue;
+    }
     {
       profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
-      int8_linear(x8.q, H, rows, H, x8.scale, x8.zp, static_cast<const int8_t*>(w.qkv.packed), 3 * H, w.qkv.w_scale,
-                  w.qkv.colsum, w.qkv.bias, Activation::None, nullptr, 3 * H, qkv + t0 * 3 * H, flip);
+      int8_linear(x8.q, H, rows, H, x8.scale, x8.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
+                  Activation::None, nullptr, 3 * H, qkv + t0 * 3 * H, flip);
     }
     profile::Scope timed(profile::kAttention);
     attention<float>(qkv, qkv + H, qkv + 2 * H, st, cu + b0, b1 - b0, c.heads, d, scale, ctx, true, bias);
