@@ -68,7 +68,7 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
 // a group's q, k and v rows go from the GEMM to the attention through L2 instead of being written out for all T rows
 // (MiniLM's 1,024 tokens: 4.5 MiB of fp32) and read back from L3. The GEMM is per row (exact int32 sums) and the
 // attention per sequence, so a row gets the same arithmetic whatever its group.
-static void int8_qkv_attention(const float* x, int64_t T_, const int32_t* cu, int64_t batch, float scale,
+static void int8_qkv_attention(const float* x, const int32_t* cu, int64_t batch, float scale,
                                const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
                                const Int8Scratch& q8, const AttnBias* bias) {
   const int64_t H = c.hidden, d = H / c.heads;
@@ -105,7 +105,6 @@ static void int8_qkv_attention(const float* x, int64_t T_, const int32_t* cu, in
     profile::Scope timed(profile::kAttention);
     attention<float>(qkv, qkv + H, qkv + 2 * H, st, cu + b0, b1 - b0, c.heads, d, scale, ctx, true, bias);
   }
-  (void)T_;
 }
 
 template <typename T>
@@ -164,7 +163,7 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
   bool grouped = false;  // int8: the QKV GEMM and attention by groups of sequences
   if constexpr (sizeof(T) == 4) {
     if (c.int8) {
-      int8_qkv_attention(x, T_, cu_seqlens, batch, scale, w, c, qkv, ctx, q8, bias);
+      int8_qkv_attention(x, cu_seqlens, batch, scale, w, c, qkv, ctx, q8, bias);
       grouped = true;
     }
   }
