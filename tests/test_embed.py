@@ -386,7 +386,9 @@ import sys, numpy as np, pyarrow.parquet as pq
 from bertfast.tools.embed.writer import ShardWriter
 vectors = np.arange(-6, 6, dtype=np.int8).reshape(3, 4)
 w = ShardWriter({str(tmp_path / "out")!r}, {{}})
-w.write(0, {ids!r}, vectors, ["naïve ☃", "", "x" * 1000])
+shard = w.open(0)
+shard.append({ids!r}, vectors, ["naïve ☃", "", "x" * 1000])
+shard.commit()
 assert "pandas" not in sys.modules, "writing a shard imported pandas"
 t = pq.read_table({str(tmp_path / "out" / "part-00000.parquet")!r}).to_pydict()
 assert t["id"] == {ids!r}, t["id"]

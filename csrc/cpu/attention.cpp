@@ -33,6 +33,18 @@ namespace cpu {
 
 using namespace attention_detail;
 
+// The threads a call takes (0: nothing to compute). Work items are whole (sequence, head) pairs: worth a second
+// thread from a few of them on.
+static int attention_threads(const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t head_dim,
+                             int64_t window) {
+  int64_t work = 0;  // score elements computed (about: boundary tiles are computed whole)
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
+    work += len * (window > 0 ? std::min(len, 2 * window + 1) : len);
+  }
+  return work == 0 ? 0 : int(std::min<int64_t>(batch * heads, threads_for(work * heads * head_dim)));
+}
+
 template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
                int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products,
@@ -40,14 +52,8 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
   // Judged on the layer alone (dtype, head_dim), never on the call's lengths: a sequence runs on the same kernel
   // alone and beside others.
   const bool tiles = (sizeof(T) == 2 || bf16_products) && head_dim <= 64;
-  int64_t work = 0;  // score elements computed (about: boundary tiles are computed whole)
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
-    work += len * (window > 0 ? std::min(len, 2 * window + 1) : len);
-  }
-  if (work == 0) return;
-  // Work items are whole (sequence, head) pairs: worth a second thread from a few of them on.
-  const int nt = int(std::min<int64_t>(batch * heads, threads_for(work * heads * head_dim)));
+  const int nt = attention_threads(cu_seqlens, batch, heads, head_dim, window);
+  if (nt == 0) return;
   // Every thread claims (sequence, head) items from one counter until none are left.
   std::atomic<int64_t> next{0};
 #if BF_X86
@@ -87,13 +93,8 @@ void attention_bf16_products(const bf16* q, const bf16* k, const bf16* v, const 
                              const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t head_dim, float scale,
                              float* out) {
 #if BF_X86
-  int64_t work = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
-    work += len * len;
-  }
-  if (work == 0) return;
-  const int nt = int(std::min<int64_t>(batch * heads, threads_for(work * heads * head_dim)));
+  const int nt = attention_threads(cu_seqlens, batch, heads, head_dim, 0);
+  if (nt == 0) return;
   std::atomic<int64_t> next{0};
   parallel_for(nt, nt, [&](int64_t) {
     attention_avx512bf16(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);

@@ -149,13 +149,6 @@ class ShardWriter:
         """Shard `index`, to be written a part at a time (`ShardFile`)."""
         return ShardFile(self, index)
 
-    def write(self, index: int, ids: list, embeddings: np.ndarray, texts: list[str] | None = None) -> None:
-        """Shard `index` whole: ids (int or str, one kind), embeddings (N, D) float32 (or int8/uint8: quantized),
-        texts or None."""
-        shard = self.open(index)
-        shard.append(ids, embeddings, texts)
-        shard.commit()
-
     def finish(self) -> str:
         """Mark the job complete (a .npy OUTPUT: assemble it, then drop the shards); returns OUTPUT."""
         if self.complete:
@@ -225,7 +218,8 @@ class ShardFile:
         self._out = None
 
     def append(self, ids: list, embeddings: np.ndarray, texts: list[str] | None = None) -> None:
-        """The next rows: ids, embeddings (N, D), texts or None, as `ShardWriter.write` takes them."""
+        """The next rows: ids (int or str, one kind), embeddings (N, D) float32 (or int8/uint8: quantized), texts
+        or None."""
         import pyarrow.parquet as pq
 
         table = _table(ids, embeddings, texts)
