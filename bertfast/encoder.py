@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -21,7 +20,7 @@ from .loading import ModelWeights, load_hf_model, load_pretrained, resolve_dtype
 from .precision import check_precision, quantize_embeddings
 from .profiling import stage
 from .sentence import SentenceConfig, pooling_modes, read_sentence_config
-from .tokenization import load_tokenizer, prompt_length, token_budget_batches
+from .tokenization import NativeWordPiece, library_tokenize, load_tokenizer, prompt_length, token_budget_batches
 from .workers import ordered_map, plan
 
 
@@ -122,6 +121,7 @@ class Encoder(nn.Module):
         self.engine = Engine(weights, backend, graphs)
         self.model_dir = model_dir
         self._tokenizer = None
+        self._native_tokenizer = (None, None)  # (the tokenizer, its NativeWordPiece or None)
         self._sentence_config = None
 
     # --- construction ---
@@ -207,6 +207,7 @@ class Encoder(nn.Module):
             if tok is None:
                 raise ValueError("this Encoder has no tokenizer: load it with from_pretrained(dir) "
                                  "where dir holds tokenizer.json or vocab.txt")
+            self._native_tokenizer = (tok, NativeWordPiece.of(tok))
             self._tokenizer = tok
         return self._tokenizer
 
@@ -214,11 +215,12 @@ class Encoder(nn.Module):
         """texts -> (input_ids, attention_mask, token_type_ids), each (N, longest) int64."""
         with stage("tokenize"):
             tok = self.tokenizer
-            # encode_batch_fast (tokenizers >= 0.20) skips the character offsets, which nothing here reads; NumPy
-            # builds the (N, longest) arrays from the id lists ~9x faster than torch.tensor does.
-            enc = getattr(tok, "encode_batch_fast", tok.encode_batch)(list(texts))
-            arrays = [np.array([getattr(e, f) for e in enc], dtype=np.int64).reshape(len(enc), -1) if enc
-                      else np.zeros((0, 0), dtype=np.int64) for f in ("ids", "attention_mask", "type_ids")]
+            if self._native_tokenizer[0] is not tok:  # a head swapped the tokenizer
+                self._native_tokenizer = (tok, NativeWordPiece.of(tok))
+            native = self._native_tokenizer[1]
+            arrays = native(list(texts)) if native is not None else None
+            if arrays is None:
+                arrays = library_tokenize(tok, texts)
             ids, mask, types = (torch.from_numpy(a).to(self.device) for a in arrays)
         return ids, mask, types
 

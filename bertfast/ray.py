@@ -71,6 +71,8 @@ class Embedder:
         self.dim = self.encoder.embedding_dim(pooling, truncate_dim)
         plan(self.encoder.device, 1, workers, self.encoder.backend)  # a bad value fails here, not at a batch
         self.encoder.sentence_config.resolve_prompt(prompt, prompt_name)  # a bad prompt name fails here
+        # the tokenizer loads with the model (none fails here), not in each of the first batches at once
+        self.encoder.tokenizer  # noqa: B018
 
     def embed(self, texts) -> tuple[np.ndarray, int]:
         """texts: a sequence of strings -> (embeddings (N, D) float32, real tokens the engine ran)."""

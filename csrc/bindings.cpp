@@ -6,7 +6,7 @@
 // rotary_ (rotary.cpp), glu (glu.cpp),
 // pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
 // pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows), sparse_pool (sparse_pool.cpp),
-// pool_rows (pool_rows.cpp),
+// pool_rows (pool_rows.cpp), WordPiece (wordpiece.cpp; bindings/wordpiece.h),
 // isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni / set_avx_vnni
 // (isa.cpp), amx_gemm / set_amx_gemm / amx_blocking / set_amx_blocking
 // (amx_gemm.cpp), num_threads (parallel.h).
@@ -21,6 +21,7 @@
 
 #include "bindings/layer.h"
 #include "bindings/ops.h"
+#include "bindings/wordpiece.h"
 #include "cpu/isa.h"
 #include "cpu/parallel.h"
 
@@ -91,6 +92,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("eps"), py::arg("act"))
       .def("__call__", &Layer::forward, py::arg("x"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
            py::arg("bias_table") = py::none(), py::arg("bias_positions") = py::none());
+  py::class_<WordPiece>(m, "WordPiece",
+                        "BERT's WordPiece on ASCII texts, the ids of the tokenizers library's BertNormalizer (clean_text) "
+                        "-> BertPreTokenizer -> WordPiece -> [cls] text [sep] pipeline, truncated on the right "
+                        "(bertfast/tokenization.py builds it only for a tokenizer of that shape)")
+      .def(py::init([](const std::vector<std::pair<std::string, int32_t>>& vocab, const std::string& unk_token,
+                       const std::string& prefix, int32_t cls, int32_t sep, bool lowercase, int64_t max_chars,
+                       const std::vector<std::string>& added) {
+             BF_CHECK(!vocab.empty(), "the vocabulary is empty");
+             bool has_unk = false;
+             for (const auto& entry : vocab) has_unk |= entry.first == unk_token;
+             BF_CHECK(has_unk, "unk_token ", unk_token, " is not in the vocabulary");
+             return WordPiece(bc::WordPieceSpec{vocab, unk_token, prefix, cls, sep, lowercase, max_chars, added});
+           }),
+           py::kw_only(), py::arg("vocab"), py::arg("unk_token"), py::arg("prefix"), py::arg("cls"), py::arg("sep"),
+           py::arg("lowercase"), py::arg("max_chars"), py::arg("added"))
+      .def("encode", &WordPiece::encode,
+           "texts (list of str) -> (ids (total,) int64, each text's ids in turn; lengths (N,) int64, -1 for a text "
+           "left to the library: not ASCII, or holding an added token's content)",
+           py::arg("texts"), py::arg("max_length"));
   m.def("isa", &isa,
         "the ISA tier the kernels dispatch to: 'amx', 'amx_emulated', 'avx512_vnni', 'avx2' or 'portable'");
   m.def("detected_isa", &detected_isa, "the best ISA tier this CPU (and OS) supports");
