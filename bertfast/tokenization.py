@@ -171,6 +171,27 @@ class NativeWordPiece:
         return ids, mask.astype(np.int64), np.zeros_like(ids)
 
 
+    def rows(self, texts: list[str], limit: int, library):
+        """Each text's token ids truncated to `limit` as `library` (an `unpadded` copy of the tokenizer, truncating at
+        `limit` from its direction) truncates them, and whether the text had more (the library's `overflowing`):
+        (list of id lists, list of bool). Texts left to the library go to it."""
+        left_side = library.truncation["direction"] == "left"
+        flat, lengths = (t.numpy() for t in self.native.encode(texts, 1 << 62))  # whole: to tell what overflows
+        ends = np.cumsum(np.maximum(lengths, 0))
+        rows, over, rest = [], [], []
+        for i, (end, n) in enumerate(zip(ends.tolist(), lengths.tolist())):
+            row = flat[end - max(n, 0):end]
+            if n > limit:  # [first] + the text's last or first limit - 2 tokens + [last], as the library cuts
+                row = np.concatenate([row[:1], row[n - limit + 1:]] if left_side else [row[:limit - 1], row[-1:]])
+            elif n < 0:
+                rest.append(i)
+            rows.append(row.tolist())
+            over.append(n > limit)
+        for i, e in zip(rest, _encode(library, [texts[i] for i in rest])):
+            rows[i], over[i] = e.ids, bool(e.overflowing)
+        return rows, over
+
+
 def _special_ids(post: dict):
     """(id before, id after) the text of a BertProcessing or a "[X] $A [Y]" TemplateProcessing (every type 0)."""
     if post.get("type") == "BertProcessing":

@@ -178,6 +178,9 @@ BAD = [  # (id, method, path, body: dict/None or raw bytes, headers, status, fie
     ("non-utf8", "POST", "/embed", b'{"inputs": "\xff\xfe"}', AUTH, 400, "body", None),
     ("too-many", "POST", "/embed", {"inputs": ["a"] * 9}, AUTH, 413, "inputs", 8),
     ("too-long", "POST", "/embed", {"inputs": ["a", "word " * 300]}, AUTH, 413, "inputs[1]", 256),
+    # the first long input is the tokenizers library's (not ASCII), the second the native WordPiece's
+    ("long-unicode", "POST", "/embed", {"inputs": ["a", "é " * 300, "word " * 300]}, AUTH, 413, "inputs[1]", 256),
+    ("long-ascii", "POST", "/embed", {"inputs": ["a", "word " * 300, "é " * 300]}, AUTH, 413, "inputs[1]", 256),
     ("body-too-large", "POST", "/embed", {"inputs": "a" * 70000}, AUTH, 413, "body", 65536),
     ("bad-prompt", "POST", "/embed", {"inputs": "a", "prompt_name": "nope"}, AUTH, 422, "prompt_name", None),
     ("openai-mixed", "POST", "/v1/embeddings", {"input": ["a", 1]}, AUTH, 422, "input", None),

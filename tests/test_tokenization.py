@@ -205,3 +205,21 @@ def test_minilm_corpus_is_all_native(minilm_tokenizer):
     _, lengths = native.native.encode(texts, 256)
     assert int(lengths.min()) >= 3
     _assert_same(minilm_tokenizer, texts, batch=250)
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
+@pytest.mark.parametrize("limit", [2, 5, 64])
+def test_rows_truncate_and_overflow_as_the_library(minilm_tokenizer, direction, limit):
+    """`NativeWordPiece.rows` (the server's ids): each text cut at the limit from either side, and whether it was
+    over, as an unpadded library tokenizer gives them; texts left to the library in the same call."""
+    from bertfast.tokenization import unpadded
+
+    tok = tokenizers.Tokenizer.from_str(minilm_tokenizer.to_str())
+    tok.enable_truncation(max_length=limit)
+    library = unpadded(tok, direction)
+    texts = _texts(list(tok.get_vocab()), 300, seed=limit)
+    rows, over = NativeWordPiece.of(tok).rows(texts, limit, library)
+    want = library.encode_batch(texts)
+    assert rows == [e.ids for e in want]
+    assert over == [bool(e.overflowing) for e in want]
+    assert any(over) and not all(over)

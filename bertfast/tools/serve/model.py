@@ -69,14 +69,14 @@ class ServedModel:
         self.pooling = pooling
         self.model_id = model_id or os.path.basename(os.path.normpath(path))
         self.encoder = self.task = self.sparse = self.kind = self.architecture = self.labels = None
-        self.colbert = self.m3 = self.dimension = self.normalizes = None
+        self.colbert = self.m3 = self.dimension = self.normalizes = self.native = None
 
     # --- engine thread ---
     def load(self):
         """Load, build the tokenizers, warm up (short and full-length rows); returns the batch runner."""
         import bertfast
         from bertfast.sentence import pooling_modes
-        from bertfast.tokenization import unpadded
+        from bertfast.tokenization import NativeWordPiece, unpadded
 
         self.kind, self.architecture = kind_of(self.path)
         if self.kind != EMBEDDING and self.pooling is not None:
@@ -107,6 +107,7 @@ class ServedModel:
         tok = enc.tokenizer
         self.tokenizers = {"right": unpadded(tok, "right"), "left": unpadded(tok, "left")}
         self.limit = tok.truncation["max_length"]
+        self.native = NativeWordPiece.of(tok) if self.limit >= 2 else None  # ASCII texts' ids, `text_ids`
         self.pad_id = tok.padding["pad_id"] if tok.padding else 0
         self.encoder = enc
         for key, rows in self.warm_up():
@@ -199,12 +200,27 @@ class ServedModel:
         truncate (a pair is truncated longest text first)."""
         encodings = self.tokenizers[direction.lower()].encode_batch(texts, add_special_tokens=add_special_tokens)
         if not truncate:
-            for i, (text, e) in enumerate(zip(texts, encodings)):
-                if e.overflowing:
-                    pair = " (its two texts together)" if isinstance(text, tuple) else ""
-                    raise ApiError(413, f"{field}[{i}] has more than {self.limit} tokens{pair}, the model's limit: "
-                                   "shorten it or send truncate=true", field=f"{field}[{i}]", limit=self.limit)
+            self._check_length(texts, [bool(e.overflowing) for e in encodings], field)
         return encodings
+
+    def text_ids(self, texts: list[str], *, truncate: bool = False, direction: str = "right",
+                 field: str = "inputs") -> list[list[int]]:
+        """Texts -> their token id rows, as `tokenize(...)`'s ids (413 the same way): ASCII texts by the native
+        WordPiece where the model's tokenizer has one (`NativeWordPiece`), the others by the tokenizers library."""
+        if self.native is None or not all(isinstance(t, str) for t in texts):
+            return [e.ids for e in self.tokenize(texts, truncate=truncate, direction=direction, field=field)]
+        rows, over = self.native.rows(texts, self.limit, self.tokenizers[direction.lower()])
+        if not truncate:
+            self._check_length(texts, over, field)
+        return rows
+
+    def _check_length(self, texts: list, over: list[bool], field: str):
+        """413 naming field[i] for the first input over the model's limit."""
+        if any(over):
+            i = over.index(True)
+            pair = " (its two texts together)" if isinstance(texts[i], tuple) else ""
+            raise ApiError(413, f"{field}[{i}] has more than {self.limit} tokens{pair}, the model's limit: "
+                           "shorten it or send truncate=true", field=f"{field}[{i}]", limit=self.limit)
 
     def multi_rows(self, texts: list[str], *, is_query: bool | None, truncate: bool = False,
                    field: str = "inputs") -> list[list[int]]:
@@ -212,7 +228,7 @@ class ServedModel:
         padding yet; 413 naming field[i] for a text over query_length / document_length unless truncate), BGE-M3's
         (the tokenizer's, as `tokenize`)."""
         if self.colbert is None:
-            return [e.ids for e in self.tokenize(texts, truncate=truncate, field=field)]
+            return self.text_ids(texts, truncate=truncate, field=field)
         rows, cut = self.colbert.token_ids(texts, is_query)
         if not truncate and any(cut):
             i, c = cut.index(True), self.colbert.colbert

@@ -123,8 +123,8 @@ class Engine:
         prompt, prompt_len = self.model.prompt(prompt_name)
         if prompt:
             texts = [prompt + t for t in texts]
-        encodings = await off_loop(self.model.tokenize, texts, truncate=truncate, direction=direction, field=field)
-        return [e.ids for e in encodings], prompt_len
+        rows = await off_loop(self.model.text_ids, texts, truncate=truncate, direction=direction, field=field)
+        return rows, prompt_len
 
     async def multi_vectors(self, texts: list[str], *, is_query: bool | None, truncate: bool, prompt_name=None,
                             field: str = "inputs") -> list[np.ndarray]:
