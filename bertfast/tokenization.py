@@ -108,8 +108,8 @@ def token_budget_batches(lengths, batch_tokens: int) -> list[list[int]]:
 
 class NativeWordPiece:
     """A `load_tokenizer` tokenizer's padded (input_ids, attention_mask, token_type_ids) with its ASCII texts
-    tokenized by `_C.WordPiece` (csrc/cpu/wordpiece.cpp): the ids the tokenizers library gives, at ~x10 its speed
-    (Hugging Face's Rust pipeline spends most of a short text's time outside WordPiece's lookups). Built by `of`
+    tokenized by `_C.WordPiece` (csrc/cpu/wordpiece.cpp): the ids the tokenizers library gives, in ~1/30 of its CPU
+    time on bench_embed's corpus (docs/embed.md). Built by `of`
     only for BERT's pipeline (BertNormalizer with clean_text, optionally after a Lowercase; BertPreTokenizer;
     WordPiece; one special token before and after the text, type 0); texts that are not ASCII or hold an added
     token's content go to the library, in the same call. BERTFAST_NATIVE_TOKENIZER=0 turns it off."""
@@ -169,7 +169,6 @@ class NativeWordPiece:
         ids = np.full((len(texts), width), self.tokenizer.padding["pad_id"], dtype=np.int64)
         ids[mask] = flat
         return ids, mask.astype(np.int64), np.zeros_like(ids)
-
 
     def rows(self, texts: list[str], limit: int, library):
         """Each text's token ids truncated to `limit` as `library` (an `unpadded` copy of the tokenizer, truncating at
