@@ -106,6 +106,11 @@ def format_table(profile: dict, ceilings: dict[str, float] | None = None) -> str
     of = "the wall time" if workers == 1 else f"the {workers} workers' wall time"
     lines.append(f"GEMMs {gemm:.3f} s ({share:.1f}% of {of}); everything else {100 - share:.1f}%"
                  + (f"; GEMM ceiling {ceiling:.0f} GFLOP/s" if ceiling else ""))
+    # The GEMMs' work over the run's wall time: the rate the whole run computes at (attention's few FLOPs left out).
+    flops = sum(r["gflops_per_s"] * r["seconds"] / workers for r in rows if r["gflops_per_s"])
+    if flops and wall:
+        lines.append(f"end to end: the GEMMs' {flops:.1f} GFLOP in {wall:.3f} s, {flops / wall:.0f} GFLOP/s"
+                     + (f", {100 * flops / wall / ceiling:.0f}% of the ceiling" if ceiling else ""))
     return "\n".join(lines)
 
 

@@ -123,6 +123,8 @@ def test_rest_and_shares_add_up():
     assert sum(r["share"] for r in rows.values()) == pytest.approx(1.0)
     assert set(OPS) >= {"gemm qkv", "layernorm", "quantize rows"}
     assert "of peak" in prof.table({"gemm": 4.0}) and " 50%" in prof.table({"gemm": 4.0})
+    # 6 GFLOP of GEMMs in the 10 s wall: 0.6 GFLOP/s end to end, 15% of a 4 GFLOP/s ceiling
+    assert "the GEMMs' 6.0 GFLOP in 10.000 s, 1 GFLOP/s, 15% of the ceiling" in prof.table({"gemm": 4.0})
 
 
 def test_embed_command_profile(tmp_path, tiny_text_model, capsys):
