@@ -111,7 +111,7 @@ class NativeWordPiece:
     tokenized by `_C.WordPiece` (csrc/cpu/wordpiece.cpp): the ids the tokenizers library gives, in ~1/30 of its CPU
     time on bench_embed's corpus (docs/embed.md). Built by `of`
     only for BERT's pipeline (BertNormalizer with clean_text, optionally after a Lowercase; BertPreTokenizer;
-    WordPiece; one special token before and after the text, type 0); texts that are not ASCII or hold an added
+    WordPiece; one special token before and after the text, type 0: BERT's and MPNet's tokenizers); texts that are not ASCII or hold an added
     token's content go to the library, in the same call. BERTFAST_NATIVE_TOKENIZER=0 turns it off."""
 
     def __init__(self, tokenizer, native):
@@ -192,8 +192,9 @@ class NativeWordPiece:
 
 
 def _special_ids(post: dict):
-    """(id before, id after) the text of a BertProcessing or a "[X] $A [Y]" TemplateProcessing (every type 0)."""
-    if post.get("type") == "BertProcessing":
+    """(id before, id after) the text of a BertProcessing, a RobertaProcessing (MPNet's, as transformers converts it)
+    or a "[X] $A [Y]" TemplateProcessing (every type 0)."""
+    if post.get("type") in ("BertProcessing", "RobertaProcessing"):  # one text: cls, its tokens, sep; type 0
         return post["cls"][1], post["sep"][1]
     single = post.get("single") or [] if post.get("type") == "TemplateProcessing" else []
     if [next(iter(p)) for p in single] != ["SpecialToken", "Sequence", "SpecialToken"]:

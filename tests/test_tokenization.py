@@ -37,6 +37,7 @@ def _texts(vocab: list[str], n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     ascii_only = False
     words = [w for w in vocab if w.isascii() and w.isalnum()]
+    specials = [w for w in vocab if w.startswith("<") and w.endswith(">")]  # MPNet's added tokens' texts
     pieces = [w[2:] for w in vocab if w.startswith("##") and w[2:].isascii()]
 
     def token():
@@ -59,7 +60,7 @@ def _texts(vocab: list[str], n: int, seed: int) -> list[str]:
         if kind < 0.94 and not ascii_only:
             return rng.choice(NON_ASCII)
         if kind < 0.96 and not ascii_only:
-            return rng.choice(ADDED)
+            return rng.choice(ADDED + specials)
         return rng.choice(words) + rng.choice(string.punctuation) + rng.choice(words)
 
     out = []
@@ -136,6 +137,20 @@ def test_sentence_transformers_lowercase_in_front(tmp_path):
     tok = load_tokenizer(str(directory), 64)
     assert json.loads(tok.to_str())["normalizer"]["type"] == "Sequence"
     _assert_same(tok, _texts(vocab, 400, seed=3))
+
+
+def test_mpnet_tokenizer_as_transformers_converts_it(tmp_path):
+    """transformers' MPNetTokenizerFast from a vocab.txt (RobertaProcessing: <s> text </s>; its specials are added
+    tokens here)."""
+    import shutil
+
+    transformers = pytest.importorskip("transformers")
+    shutil.copy(os.path.join(_minilm_dir(), "vocab.txt"), tmp_path / "vocab.txt")
+    tok = transformers.MPNetTokenizerFast.from_pretrained(str(tmp_path)).backend_tokenizer
+    assert json.loads(tok.to_str())["post_processor"]["type"] == "RobertaProcessing"
+    tok.enable_padding(pad_id=1, pad_token="<pad>")
+    tok.enable_truncation(max_length=128)
+    _assert_same(tok, _texts(list(tok.get_vocab()) + ["<s>", "</s>", "<mask>"], 600, seed=6))
 
 
 def test_batches_of_only_library_rows_and_empty(minilm_tokenizer):
