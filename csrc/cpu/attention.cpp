@@ -66,15 +66,11 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
     });
     return;
   }
-  // bf16 products without AMX: judged on the layer too (its bias, its window), not on the lengths. The int8 path's
-  // (fp32 q, k, v, P rounded once: its output is quantized next), and the bf16 dtype's (P in two parts, as the amx
-  // tiers carry it: within its accuracy target).
-  if ((sizeof(T) == 2 || bf16_products) && attention_from_bf16(head_dim, bias != nullptr || window > 0)) {
+  // The int8 path's bf16 products without AMX: judged on the layer too (its bias, its window), not on the lengths.
+  if (sizeof(T) == 4 && bf16_products && attention_from_bf16(head_dim, bias != nullptr || window > 0)) {
     parallel_for(nt, nt, [&](int64_t) {
       if constexpr (sizeof(T) == 4)
-        attention_avx512bf16<float, float, false>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
-      else
-        attention_avx512bf16<bf16, bf16, true>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
+        attention_avx512bf16(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
     });
     return;
   }
@@ -101,7 +97,7 @@ void attention_bf16_products(const bf16* q, const bf16* k, const bf16* v, const 
   if (nt == 0) return;
   std::atomic<int64_t> next{0};
   parallel_for(nt, nt, [&](int64_t) {
-    attention_avx512bf16<bf16, float, false>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
+    attention_avx512bf16(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
   });
 #else
   (void)q, (void)k, (void)v, (void)s, (void)cu_seqlens, (void)batch, (void)heads, (void)head_dim, (void)scale,
