@@ -66,11 +66,19 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
     });
     return;
   }
-  // The int8 path's bf16 products without AMX: judged on the layer too (its bias, its window), not on the lengths.
-  if (sizeof(T) == 4 && bf16_products && attention_from_bf16(head_dim, bias != nullptr || window > 0)) {
+  // bf16 products without AMX: judged on the layer too (its bias, its window), not on the lengths. The int8 path's
+  // (fp32 q, k, v, P rounded once: its output is quantized next; no window), and the bf16 dtype's (P in two parts, as
+  // the amx tiers carry it: within its accuracy target; with its window, so that a window reaching every key stays
+  // global attention bit for bit).
+  const bool takes_window = sizeof(T) == 2;
+  if ((sizeof(T) == 2 || bf16_products) &&
+      attention_from_bf16(head_dim, bias != nullptr || (!takes_window && window > 0))) {
     parallel_for(nt, nt, [&](int64_t) {
       if constexpr (sizeof(T) == 4)
-        attention_avx512bf16(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
+        attention_avx512bf16<float, float, false>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, 0);
+      else
+        attention_avx512bf16<bf16, bf16, true>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next,
+                                               window);
     });
     return;
   }
@@ -97,7 +105,7 @@ void attention_bf16_products(const bf16* q, const bf16* k, const bf16* v, const 
   if (nt == 0) return;
   std::atomic<int64_t> next{0};
   parallel_for(nt, nt, [&](int64_t) {
-    attention_avx512bf16(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
+    attention_avx512bf16<bf16, float, false>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, 0);
   });
 #else
   (void)q, (void)k, (void)v, (void)s, (void)cu_seqlens, (void)batch, (void)heads, (void)head_dim, (void)scale,

@@ -1,14 +1,18 @@
-// The int8 path's attention on AVX-512 BF16 without AMX (attention.cpp chooses it): fp32 q / k / v with bf16
-// products, head_dim <= 64, no position bias and no window. Each (sequence, head) item is scored by key as in
-// attention_avx512.cpp (16 queries a vector, the softmax across vectors), with both products as vdpbf16ps:
-//   S^T = K Q^T: Q and K rounded to bf16 (RNE), pairs of head dims in one 32-bit word, the products accumulated
-//                in fp32 over the pairs in order from zero, then times scale * log2(e) (the softmax takes 2^x);
+// Attention on AVX-512 BF16 without AMX (attention.cpp chooses it) for the int8 path (fp32 q / k / v, or bf16 from
+// int8_linear_bf16) and the bf16 dtype: head_dim <= 64, no position bias; a sliding window for the bf16 dtype. Each
+// (sequence, head) item is scored by key as in attention_avx512.cpp (16 queries a vector, the softmax across
+// vectors), with both products as vdpbf16ps:
+//   S^T = K Q^T: Q and K rounded to bf16 (RNE; bf16 inputs as they are), pairs of head dims in one 32-bit word, the
+//                products accumulated in fp32 over the pairs in order from zero, then times scale * log2(e) (the
+//                softmax takes 2^x);
 //   O  = P V:    P (fp32 after the softmax) and V rounded to bf16, pairs of keys in one word, accumulated in fp32.
-// That halves the multiply-adds of the fp32 kernel, and K and V are read once into half-size copies. P is rounded
-// to bf16 once, as torch's bf16 flash attention rounds it (the AMX tiles carry P in two bf16 parts instead, for
-// the bf16 dtype's sake): on the int8 path the output is quantized to int8 right after (the output GEMM's
-// operand), an error far above P's rounding. The blocking depends on the item's own length alone, so a sequence's
-// bits do not depend on the others in the call.
+// That halves the score multiply-adds of the fp32 kernel, and K and V are read once into half-size copies. On the
+// int8 path P is rounded to bf16 once, as torch's bf16 flash attention rounds it: the output is quantized to int8
+// right after (the output GEMM's operand), an error far above P's rounding. The bf16 dtype (kSplit) carries P in two
+// bf16 parts, hi = bf16(P) and lo = bf16(P - hi), as the AMX tiles do: P V as two vdpbf16ps per key pair, the output
+// as close to fp32 as its own rounding to bf16 allows (MiniLM's shapes x0.74 the time of the fp32-math kernel on bf16
+// inputs). The blocking depends on the item's own length alone, so a sequence's bits do not depend on the others in
+// the call.
 #include <memory>
 
 #include "attention_impl.h"
@@ -28,6 +32,7 @@ struct Bf16Scratch {
   alignas(64) uint32_t qt[kMaxDims / 2 * kQBlock];    // [dw][kQBlock]: Q's words transposed, 16 queries a vector
   alignas(64) float s[kKBlock * kQBlock];             // [keys][kQBlock]: scores, then probabilities
   alignas(64) uint32_t pw[kKBlock / 2 * kQBlock];     // [key pairs][kQBlock]: word = (P[2p][i], P[2p + 1][i])
+  alignas(64) uint32_t pw_lo[kKBlock / 2 * kQBlock];  // the same of P - bf16(P) (kSplit)
   alignas(64) float acc[kQBlock * kMaxDims];          // [kQBlock][dp]
 };
 
@@ -78,7 +83,7 @@ BF_TARGET_AVX512BF16 __attribute__((noinline)) void scores(const uint32_t* qt, c
 
 // Rows [i, i + rows) of acc (+)= P V over a tile's key pairs, kR <= rows rows of kV vectors of 16 dims (dp = 16 kV)
 // in registers.
-template <int kR, int kV>
+template <int kR, int kV, bool kSplit>
 BF_TARGET_AVX512BF16 __attribute__((noinline)) void accumulate(Bf16Scratch& sc, const uint32_t* v2, int64_t i,
                                                                int rows, int64_t key_pairs, bool first) {
   constexpr int dp = 16 * kV;
@@ -92,17 +97,37 @@ BF_TARGET_AVX512BF16 __attribute__((noinline)) void accumulate(Bf16Scratch& sc, 
     for (int r = 0; r < kR; ++r) {
       const __m512bh pb = (__m512bh)_mm512_set1_epi32(int(sc.pw[p * kQBlock + i + r]));
       for (int c = 0; c < kV; ++c) a[r][c] = _mm512_dpbf16_ps(a[r][c], pb, vv[c]);
+      if constexpr (kSplit) {
+        const __m512bh pl = (__m512bh)_mm512_set1_epi32(int(sc.pw_lo[p * kQBlock + i + r]));
+        for (int c = 0; c < kV; ++c) a[r][c] = _mm512_dpbf16_ps(a[r][c], pl, vv[c]);
+      }
     }
   }
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < kV; ++c) _mm512_store_ps(sc.acc + (i + r) * dp + 16 * c, a[r][c]);
 }
 
+// The query lanes 16c..16c+15 of a block that key j of a tile sees in a sliding window w: |j + off - i| <= w, off =
+// the tile's first key minus the block's first query.
+BF_INLINE __mmask16 window_lanes(int64_t j, int c, int64_t off, int64_t w) {
+  const int64_t lo = std::max<int64_t>(j + off - w - 16 * c, 0), hi = std::min<int64_t>(j + off + w - 16 * c, 15);
+  return lo > hi ? __mmask16(0) : __mmask16(((2u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+// x rounded to bf16 (RNE, as pair_words rounds) and back to fp32.
+BF_TARGET_AVX512BF16 BF_INLINE __m512 bf16_rounded(__m512 x) {
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // One (sequence, head) item: q, k, v and out at its first row.
-template <typename T>
+// w > 0: a sliding window (the bf16 dtype's, ModernBERT's local layers): each query block visits only the key tiles
+// its rows' windows meet, its diagonal tile first (every row then has a key from the first tile on), as
+// attention_thread does; keys outside a row's window are left out of its max and its probabilities.
+template <typename T, typename O, bool kSplit>
 BF_TARGET_AVX512BF16 void item(Bf16Scratch& sc, const T* q, const T* k, const T* v, const AttnStrides& st,
-                               int64_t len, int64_t d, float scale, float* out, int64_t H, RowPrefetch& pf,
-                               int64_t rows_per_run) {
+                               int64_t len, int64_t d, float scale, O* out, int64_t H, RowPrefetch& pf,
+                               int64_t rows_per_run, int64_t w) {
   const int64_t dp = (d + 31) / 32 * 32, dw = dp / 2, pairs = (d + 1) / 2;
   const float scale2 = scale * kLog2e;  // the scores in log2 units, for exp2
   // K's rows as words, zero past the last key up to a multiple of 16 (the score tiles' keys).
@@ -141,9 +166,15 @@ BF_TARGET_AVX512BF16 void item(Bf16Scratch& sc, const T* q, const T* k, const T*
     }
     __m512 m[2], l[2];
     for (int c = 0; c < 2; ++c) m[c] = _mm512_set1_ps(-INFINITY), l[c] = _mm512_setzero_ps();
-    for (int64_t k0 = 0; k0 < len; k0 += kKBlock) {
+    int64_t t_lo, t_hi;
+    visited_tiles(q0, qn, len, w, &t_lo, &t_hi);
+    const int64_t t_diag = w == 0 ? 0 : q0 / kKBlock;
+    for (int64_t n = 0; n <= t_hi - t_lo; ++n) {
+      const int64_t k0 = tile_order(n, t_lo, t_diag) * kKBlock;
       const int64_t kn = std::min<int64_t>(kKBlock, len - k0);
-      const bool first = k0 == 0;
+      const bool first = n == 0;
+      // Only a tile some row's window leaves part of is masked.
+      const bool masked = w > 0 && (k0 + kn - 1 - q0 > w || q0 + qn - 1 - k0 > w);
       pf.step(rows_per_run);
       if (qv == 1) scores<1>(sc.qt, sc.k2.data() + k0 * dw, kn, pairs, dw, scale2, sc.s);
       else scores<2>(sc.qt, sc.k2.data() + k0 * dw, kn, pairs, dw, scale2, sc.s);
@@ -152,16 +183,23 @@ BF_TARGET_AVX512BF16 void item(Bf16Scratch& sc, const T* q, const T* k, const T*
       alignas(64) float alpha[kQBlock];
       for (int c = 0; c < qv; ++c) {
         const float* s = sc.s + 16 * c;
+        const auto lanes = [&](int64_t j) { return masked ? window_lanes(j, c, k0 - q0, w) : __mmask16(0xffff); };
         __m512 mx = m[c];
-        for (int64_t j = 0; j < kn; ++j) mx = _mm512_max_ps(mx, _mm512_load_ps(s + j * kQBlock));
+        for (int64_t j = 0; j < kn; ++j)
+          mx = _mm512_mask_max_ps(mx, lanes(j), mx, _mm512_load_ps(s + j * kQBlock));
         const __m512 a = exp2_512(_mm512_sub_ps(m[c], mx));  // unused on the first tile (l and acc start there)
         __m512 sum = _mm512_setzero_ps();
         for (int64_t j = 0; j < kn; j += 2) {
-          const __m512 p0 = exp2_512(_mm512_sub_ps(_mm512_load_ps(s + j * kQBlock), mx));
-          const __m512 p1 = j + 1 < kn ? exp2_512(_mm512_sub_ps(_mm512_load_ps(s + (j + 1) * kQBlock), mx))
+          // Keys outside a row's window: 0 (2^x is clamped at 2^-126, not 0).
+          const __m512 p0 = _mm512_maskz_mov_ps(lanes(j), exp2_512(_mm512_sub_ps(_mm512_load_ps(s + j * kQBlock), mx)));
+          const __m512 p1 = j + 1 < kn ? _mm512_maskz_mov_ps(lanes(j + 1), exp2_512(_mm512_sub_ps(
+                                             _mm512_load_ps(s + (j + 1) * kQBlock), mx)))
                                        : _mm512_setzero_ps();
           sum = _mm512_add_ps(_mm512_add_ps(sum, p0), p1);
           _mm512_store_si512(sc.pw + (j / 2) * kQBlock + 16 * c, pair_words(p0, p1));
+          if constexpr (kSplit)  // what rounding P to bf16 dropped, in bf16 too: P = hi + lo to ~16 bits
+            _mm512_store_si512(sc.pw_lo + (j / 2) * kQBlock + 16 * c,
+                               pair_words(_mm512_sub_ps(p0, bf16_rounded(p0)), _mm512_sub_ps(p1, bf16_rounded(p1))));
         }
         l[c] = first ? sum : _mm512_add_ps(_mm512_mul_ps(l[c], a), sum);
         m[c] = mx;
@@ -178,15 +216,17 @@ BF_TARGET_AVX512BF16 void item(Bf16Scratch& sc, const T* q, const T* k, const T*
       const int64_t tile_pairs = (kn + 1) / 2;
       constexpr int kRows = 8;  // rows a register block: 16 accumulators for head_dim <= 32, 32 up to 64 (4 rows)
       for (int64_t i = 0; i < qn; i += dp == 32 ? kRows : kRows / 2) {
-        if (dp == 32) accumulate<kRows, 2>(sc, v2, i, int(std::min<int64_t>(kRows, qn - i)), tile_pairs, first);
-        else accumulate<kRows / 2, 4>(sc, v2, i, int(std::min<int64_t>(kRows / 2, qn - i)), tile_pairs, first);
+        if (dp == 32)
+          accumulate<kRows, 2, kSplit>(sc, v2, i, int(std::min<int64_t>(kRows, qn - i)), tile_pairs, first);
+        else
+          accumulate<kRows / 2, 4, kSplit>(sc, v2, i, int(std::min<int64_t>(kRows / 2, qn - i)), tile_pairs, first);
       }
     }
     alignas(64) float inv[kQBlock];
     for (int c = 0; c < qv; ++c) _mm512_store_ps(inv + 16 * c, _mm512_div_ps(_mm512_set1_ps(1.0f), l[c]));
     for (int64_t i = 0; i < qn; ++i) {
       const __m512 iv = _mm512_set1_ps(inv[i]);
-      float* o = out + (q0 + i) * H;
+      O* o = out + (q0 + i) * H;
       for (int64_t e0 = 0; e0 < d; e0 += 16)
         store16(o + e0, _mm512_mul_ps(_mm512_load_ps(sc.acc + i * dp + e0), iv), tail_mask(d - e0));
     }
@@ -195,10 +235,10 @@ BF_TARGET_AVX512BF16 void item(Bf16Scratch& sc, const T* q, const T* k, const T*
 
 }  // namespace
 
-template <typename T>
+template <typename T, typename O, bool kSplit>
 BF_TARGET_AVX512BF16 void attention_avx512bf16(const T* q, const T* k, const T* v, const AttnStrides& st,
                                                const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
-                                               float scale, float* out, std::atomic<int64_t>* next) {
+                                               float scale, O* out, std::atomic<int64_t>* next, int64_t window) {
   DenormalGuard ftz;
   const int64_t H = heads * d;
   // Per thread across calls (at small batches allocation would cost more), reached through a pointer read once: a
@@ -215,17 +255,21 @@ BF_TARGET_AVX512BF16 void attention_avx512bf16(const T* q, const T* k, const T* 
     if (have) pf.start(q, k, v, out, st, heads, d, h_next, start_next, len_next);
     const int64_t runs = ((len + kQBlock - 1) / kQBlock) * ((len + kKBlock - 1) / kKBlock);
     const int64_t rows_per_run = have ? (len_next + runs - 1) / runs : 0;
-    item<T>(sc, q + start * st.q_row + h * st.q_head, k + start * st.k_row + h * st.k_head,
-            v + start * st.v_row + h * st.v_head, st, len, d, scale, out + start * H + h * d, H, pf, rows_per_run);
+    item<T, O, kSplit>(sc, q + start * st.q_row + h * st.q_head, k + start * st.k_row + h * st.k_head,
+            v + start * st.v_row + h * st.v_head, st, len, d, scale, out + start * H + h * d, H, pf, rows_per_run,
+            window < len - 1 ? window : 0);  // a window reaching every key is no window
   }
 }
 
-template BF_TARGET_AVX512BF16 void attention_avx512bf16<float>(const float*, const float*, const float*,
-                                                               const AttnStrides&, const int32_t*, int64_t, int64_t,
-                                                               int64_t, float, float*, std::atomic<int64_t>*);
-template BF_TARGET_AVX512BF16 void attention_avx512bf16<bf16>(const bf16*, const bf16*, const bf16*,
-                                                              const AttnStrides&, const int32_t*, int64_t, int64_t,
-                                                              int64_t, float, float*, std::atomic<int64_t>*);
+template BF_TARGET_AVX512BF16 void attention_avx512bf16<float, float, false>(
+    const float*, const float*, const float*, const AttnStrides&, const int32_t*, int64_t, int64_t, int64_t, float,
+    float*, std::atomic<int64_t>*, int64_t);
+template BF_TARGET_AVX512BF16 void attention_avx512bf16<bf16, float, false>(
+    const bf16*, const bf16*, const bf16*, const AttnStrides&, const int32_t*, int64_t, int64_t, int64_t, float, float*,
+    std::atomic<int64_t>*, int64_t);
+template BF_TARGET_AVX512BF16 void attention_avx512bf16<bf16, bf16, true>(
+    const bf16*, const bf16*, const bf16*, const AttnStrides&, const int32_t*, int64_t, int64_t, int64_t, float, bf16*,
+    std::atomic<int64_t>*, int64_t);
 
 }  // namespace attention_detail
 }  // namespace cpu

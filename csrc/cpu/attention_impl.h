@@ -403,12 +403,14 @@ BF_TARGET_AVX512BF16 void attention_amx_emulated(const T* q, const T* k, const T
                                                  const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
                                                  float scale, T* out, std::atomic<int64_t>* next,
                                                  const AttnBias* bias, int64_t window);
-// fp32 q / k / v with bf16 products on AVX-512 BF16 without AMX (attention_avx512bf16.cpp): head_dim <= 64, no
-// position bias, no window.
-template <typename T>  // fp32 q, k, v; or bf16 (the int8 QKV GEMM's output rounded: int8_linear_bf16)
+// bf16 products on AVX-512 BF16 without AMX (attention_avx512bf16.cpp): head_dim <= 64, no position bias; window > 0:
+// a sliding window (the bf16 dtype's calls; the int8 path's take none).
+// T: fp32 q, k, v, or bf16 (the int8 QKV GEMM's output rounded: int8_linear_bf16; the bf16 dtype's); O: the output's
+// type; kSplit: P V on P in two bf16 parts (the bf16 dtype), else P rounded once (int8).
+template <typename T, typename O, bool kSplit>
 BF_TARGET_AVX512BF16 void attention_avx512bf16(const T* q, const T* k, const T* v, const AttnStrides& st,
                                                const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
-                                               float scale, float* out, std::atomic<int64_t>* next);
+                                               float scale, O* out, std::atomic<int64_t>* next, int64_t window);
 #endif
 
 // Defines an fp32-math tier's entry point `name` (declared above), compiled for `TARGET` (empty: the build's

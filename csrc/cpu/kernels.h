@@ -34,13 +34,15 @@ void layernorm(const T* x, const T* residual, const T* gamma, const T* beta, flo
 // Varlen attention: q/k/v element (t, h, e) at ptr[t * row_stride + h * head_stride + e];
 // out: [T, heads * head_dim] contiguous. bf16_products: fp32 inputs may run the two products on bf16
 // operands (AMX; or AVX-512 BF16 without a position bias or window, P rounded once; fp32 accumulation and softmax)
-// where the CPU has it (the int8 path asks for it).
+// where the CPU has it (the int8 path asks for it). bf16 inputs run their products on bf16 operands wherever the CPU
+// has them (AMX tiles, or AVX-512 BF16 without a position bias), P in two bf16 parts.
 struct AttnStrides {
   int64_t q_row, q_head, k_row, k_head, v_row, v_head;
 };
-// Whether attention<float> with bf16 products runs on AVX-512 BF16 (attention_avx512bf16.cpp) for a layer of this
-// head_dim, with or without a position bias or window; then attention_bf16_products takes q, k, v already rounded to
-// bf16 (int8_linear_bf16's output) into fp32 rows: the same arithmetic on the same bf16 values.
+// Whether the bf16-product attention on AVX-512 BF16 (attention_avx512bf16.cpp) runs for a layer of this head_dim
+// with (bias_or_window) or without a position bias or window (attention<bf16> asks with its bias alone: that kernel
+// takes the bf16 dtype's window); then attention_bf16_products takes q, k, v already rounded to bf16
+// (int8_linear_bf16's output) into fp32 rows: the same arithmetic on the same bf16 values.
 bool attention_from_bf16(int64_t head_dim, bool bias_or_window);
 // An additive relative position bias (MPNet): score(t, u) += table[h * width + (width - 1) / 2 + pos[u] - pos[t]]
 // for tokens t, u of one sequence, pos: (T,) the tokens' positions, table: (heads, width) fp32 per distance,
