@@ -26,7 +26,7 @@ namespace {
 //
 // A position bias is added to the fp32 score tile after the Q K^T product, the scores scaled first (add_bias of
 // attention_impl.h: the fp32-math tiers' code and order). A window is the fp32-math tiers' too: a query block
-// visits only the key blocks meeting its rows' windows, its diagonal block first (visited_tiles, tile_order), and
+// visits only the key blocks meeting its rows' windows, its diagonal block first (TileWalk), and
 // inside a block only the 16-key score tiles meeting them; keys outside a row's window leave its softmax (P = 0).
 // The blocking depends on the sequence alone (its length, the window), never on the other sequences of the call.
 constexpr int64_t kAmxQ = 16;     // query rows per block (tile rows)
@@ -209,11 +209,9 @@ BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const 
       // The softmax writes rows [0, qn) of P: the rows past them stay zero, so P V adds nothing to theirs.
       std::memset(static_cast<void*>(sc.ps + qn * kAmxKeys), 0, (kAmxQ - qn) * kAmxKeys * sizeof(bf16));
       std::memset(static_cast<void*>(sc.ps_lo + qn * kAmxKeys), 0, (kAmxQ - qn) * kAmxKeys * sizeof(bf16));
-      int64_t t_lo, t_hi;
-      visited_tiles(q0, qn, len, w, &t_lo, &t_hi);
-      const int64_t t_diag = w == 0 ? 0 : q0 / kAmxKeys;
-      for (int64_t n = 0; n <= t_hi - t_lo; ++n) {
-        const int64_t kb = tile_order(n, t_lo, t_diag) * kAmxKeys;
+      const TileWalk walk(q0, qn, len, w);
+      for (int64_t n = 0; n < walk.count(); ++n) {
+        const int64_t kb = walk.tile(n) * kAmxKeys;
         const int64_t kn = std::min<int64_t>(kAmxKeys, len - kb);
         // The 16-key score tiles [g_lo, g_hi) meeting some row's window; those outside stay zero and are masked.
         int64_t g_lo = 0, g_hi = (kn + 15) / 16;

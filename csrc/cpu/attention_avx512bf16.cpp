@@ -166,11 +166,9 @@ BF_TARGET_AVX512BF16 void item(Bf16Scratch& sc, const T* q, const T* k, const T*
     }
     __m512 m[2], l[2];
     for (int c = 0; c < 2; ++c) m[c] = _mm512_set1_ps(-INFINITY), l[c] = _mm512_setzero_ps();
-    int64_t t_lo, t_hi;
-    visited_tiles(q0, qn, len, w, &t_lo, &t_hi);
-    const int64_t t_diag = w == 0 ? 0 : q0 / kKBlock;
-    for (int64_t n = 0; n <= t_hi - t_lo; ++n) {
-      const int64_t k0 = tile_order(n, t_lo, t_diag) * kKBlock;
+    const TileWalk walk(q0, qn, len, w);
+    for (int64_t n = 0; n < walk.count(); ++n) {
+      const int64_t k0 = walk.tile(n) * kKBlock;
       const int64_t kn = std::min<int64_t>(kKBlock, len - k0);
       const bool first = n == 0;
       // Only a tile some row's window leaves part of is masked.

@@ -266,24 +266,23 @@ BF_TARGET_AVX512 BF_INLINE void add_bias512(float* s, const TileBias& b, int64_t
 }
 #endif
 
-// The key tiles [*t_lo, *t_hi] that query rows [q0, q0 + qn) of a sequence of len keys visit: all of them
-// without a window (w == 0), else those meeting [q0 - w, q0 + qn - 1 + w].
-BF_INLINE void visited_tiles(int64_t q0, int64_t qn, int64_t len, int64_t w, int64_t* t_lo, int64_t* t_hi) {
-  if (w == 0) {
-    *t_lo = 0;
-    *t_hi = (len - 1) / kKBlock;
-  } else {
-    *t_lo = std::max<int64_t>(0, q0 - w) / kKBlock;
-    *t_hi = std::min<int64_t>(len - 1, q0 + qn - 1 + w) / kKBlock;
+// The key tiles [lo, hi] that query rows [q0, q0 + qn) of a sequence of len keys visit (all of them without a window,
+// w == 0; else those meeting [q0 - w, q0 + qn - 1 + w]), in the order every kernel takes them: the diagonal tile
+// first (the one holding rows q0..q0 + qn - 1 as keys; tile 0 without a window), so every row has a key in the first
+// tile, then the others in order.
+struct TileWalk {
+  int64_t lo, hi, diag;
+  TileWalk(int64_t q0, int64_t qn, int64_t len, int64_t w)
+      : lo(w == 0 ? 0 : std::max<int64_t>(0, q0 - w) / kKBlock),
+        hi(w == 0 ? (len - 1) / kKBlock : std::min<int64_t>(len - 1, q0 + qn - 1 + w) / kKBlock),
+        diag(w == 0 ? 0 : q0 / kKBlock) {}
+  int64_t count() const { return hi - lo + 1; }
+  // The n-th tile visited, n < count().
+  int64_t tile(int64_t n) const {
+    if (n == 0) return diag;
+    return lo + n - 1 >= diag ? lo + n : lo + n - 1;
   }
-}
-
-// The n-th key tile a query block visits: its diagonal tile first (the one holding rows q0..q0 + qn - 1 as keys;
-// tile 0 without a window), then [t_lo, t_hi] in order without it.
-BF_INLINE int64_t tile_order(int64_t n, int64_t t_lo, int64_t t_diag) {
-  if (n == 0) return t_diag;
-  return t_lo + n - 1 >= t_diag ? t_lo + n : t_lo + n - 1;
-}
+};
 
 template <typename T, typename Block>
 BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnStrides& st,
@@ -307,11 +306,8 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
     const int64_t tiles = (len + kKBlock - 1) / kKBlock;
     const int64_t w = window < len - 1 ? window : 0;  // a window reaching every key is no window
     int64_t runs = 0;  // (query block, key tile) pairs this item computes
-    for (int64_t q0 = 0; q0 < len; q0 += kQBlock) {
-      int64_t t_lo, t_hi;
-      visited_tiles(q0, std::min<int64_t>(kQBlock, len - q0), len, w, &t_lo, &t_hi);
-      runs += t_hi - t_lo + 1;
-    }
+    for (int64_t q0 = 0; q0 < len; q0 += kQBlock)
+      runs += TileWalk(q0, std::min<int64_t>(kQBlock, len - q0), len, w).count();
     const int64_t rows_per_run = have ? (len_next + runs - 1) / runs : 0;
     // A tier whose Block computes the scores by key (Block::kByKey) does so for every item without a position
     // bias or a window: which items take it depends on the model and the item's own length, not on the batch.
@@ -352,11 +348,9 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
       }
       // The register tiles read up to a multiple of 4 rows: zero queries past the end.
       std::fill(sc.qf.begin() + qn * dp, sc.qf.end(), 0.f);
-      int64_t t_lo, t_hi;
-      visited_tiles(q0, qn, len, w, &t_lo, &t_hi);
-      const int64_t t_diag = w == 0 ? 0 : q0 / kKBlock;
-      for (int64_t n = 0; n <= t_hi - t_lo; ++n) {
-        const int64_t t = tile_order(n, t_lo, t_diag), k0 = t * kKBlock;
+      const TileWalk walk(q0, qn, len, w);
+      for (int64_t n = 0; n < walk.count(); ++n) {
+        const int64_t t = walk.tile(n), k0 = t * kKBlock;
         const int64_t kn = std::min<int64_t>(kKBlock, len - k0);
         pf.step(rows_per_run);
         TileBias tb;
