@@ -73,7 +73,7 @@ void run_linear(const T* x, int64_t ldx, const T* packed, int64_t m, int64_t n, 
 #endif
       } else {
 #if BF_X86
-        if (isa >= Isa::Avx512Vnni) return linear_blocked_f32(x, ldx, packed, n, k, ep, r0, rows, q0, q1);
+        if (isa >= Isa::Avx512Vnni) return linear_blocked_f32(x, ldx, packed, m, n, k, ep, r0, rows, q0, q1);
 #endif
         linear_blocked_generic(x, ldx, packed, n, k, ep, r0, rows, q0, q1);
       }

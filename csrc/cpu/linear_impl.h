@@ -332,8 +332,9 @@ template <typename T>
 BF_TARGET_AVX2 void linear_stream_avx2(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
                                        const Epilogue& ep, MeetInTheMiddle::Walker& panels);
 // Blocked, fp32 on AVX-512 (linear_blocked.cpp): output rows [r0, r0 + rows) x panels [p0, p1).
-BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const float* packed, int64_t N, int64_t K,
-                                         const Epilogue& ep, int64_t r0, int64_t rows, int64_t p0, int64_t p1);
+BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const float* packed, int64_t M, int64_t N,
+                                         int64_t K, const Epilogue& ep, int64_t r0, int64_t rows, int64_t p0,
+                                         int64_t p1);
 // Blocked, bf16 on AVX-512 without AVX-512 BF16 (linear_blocked.cpp): operands widened to fp32 per k block.
 BF_TARGET_AVX512 void linear_blocked_bf16(const bf16* x, int64_t ldx, const bf16* packed, int64_t N, int64_t K,
                                           const Epilogue& ep, int64_t r0, int64_t rows, int64_t p0, int64_t p1);
