@@ -64,13 +64,14 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
   }
 }
 
-// int8's QKV GEMM and attention by groups of whole sequences of up to kQkvRows tokens (one longer sequence alone):
-// a group's q, k and v rows go from the GEMM to the attention through L2 instead of being written out for all T rows
-// (MiniLM's 1,024 tokens: 4.5 MiB of fp32) and read back from L3. The GEMM is per row (exact int32 sums) and the
-// attention per sequence, so a row gets the same arithmetic whatever its group.
-static void int8_qkv_attention(const float* x, const int32_t* cu, int64_t batch, float scale,
-                               const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
-                               const Int8Scratch& q8, const AttnBias* bias) {
+// int8's attention block by groups of whole sequences of up to kQkvRows tokens (one longer sequence alone): the QKV
+// GEMM, the attention, and the output GEMM (+ the residual x) into mid. A group's q, k and v rows go from the GEMM
+// to the attention, and its attention output to the output GEMM, through L2 instead of being written out for all T
+// rows (MiniLM's 1,024 tokens: 4.5 MiB of fp32 q, k, v) and read back from L3. The GEMMs are per row (exact int32
+// sums), the quantizing too, and the attention per sequence, so a row gets the same arithmetic whatever its group.
+static void int8_attention_block(const float* x, const int32_t* cu, int64_t batch, float scale,
+                                 const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
+                                 const Int8Scratch& q8, const AttnBias* bias, float* mid) {
   const int64_t H = c.hidden, d = H / c.heads;
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
   const bool from_bf16 = attention_from_bf16(d, bias != nullptr) && int8_linear_bf16_supported();
@@ -95,15 +96,24 @@ static void int8_qkv_attention(const float* x, const int32_t* cu, int64_t batch,
       }
       profile::Scope timed(profile::kAttention);
       attention_bf16_products(qkv16, qkv16 + H, qkv16 + 2 * H, st, cu + b0, b1 - b0, c.heads, d, scale, ctx);
-      continue;
+    } else {
+      {
+        profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
+        int8_linear(x8.q, H, rows, H, x8.scale, x8.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
+                    Activation::None, nullptr, 3 * H, qkv + t0 * 3 * H, flip);
+      }
+      profile::Scope timed(profile::kAttention);
+      attention<float>(qkv, qkv + H, qkv + 2 * H, st, cu + b0, b1 - b0, c.heads, d, scale, ctx, true, bias);
     }
+    // The group's attention output, quantized over its x codes (no longer read), times the output weights.
     {
-      profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
-      int8_linear(x8.q, H, rows, H, x8.scale, x8.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
-                  Activation::None, nullptr, 3 * H, qkv + t0 * 3 * H, flip);
+      profile::Scope timed(profile::kQuantize);
+      quantize_rows(ctx + t0 * H, H, rows, H, x8.q, x8.scale, x8.zp, flip);
     }
-    profile::Scope timed(profile::kAttention);
-    attention<float>(qkv, qkv + H, qkv + 2 * H, st, cu + b0, b1 - b0, c.heads, d, scale, ctx, true, bias);
+    profile::Scope timed(profile::kAttnOut, 2 * rows * H * H);
+    int8_linear(x8.q, H, rows, H, x8.scale, x8.zp, static_cast<const int8_t*>(w.attn_out.packed), H,
+                w.attn_out.w_scale, w.attn_out.colsum, w.attn_out.bias, Activation::None, x + t0 * H, H, mid + t0 * H,
+                flip);
   }
 }
 
@@ -160,25 +170,19 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
     profile::Scope timed(profile::kLayerNorm);
     layernorm<float>(y, nullptr, gamma, beta, c.eps, T_, H, y);
   };
-  bool grouped = false;  // int8: the QKV GEMM and attention by groups of sequences
   if constexpr (sizeof(T) == 4) {
-    if (c.int8) {
-      int8_qkv_attention(x, cu_seqlens, batch, scale, w, c, qkv, ctx, q8, bias);
-      grouped = true;
+    if (c.int8) {  // by groups of sequences, then the FFN by chunks of rows
+      int8_attention_block(x, cu_seqlens, batch, scale, w, c, qkv, ctx, q8, bias, mid);
+      return int8_ffn(mid, T_, w, c, inner, q8, out);
     }
   }
-  if (!grouped) {
+  {
     gemm(profile::kQkv, w.qkv, operand(x), H, 3 * H, nullptr, Activation::None, qkv);
     profile::Scope timed(profile::kAttention);
     const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
     attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, c.heads, d, scale, ctx, c.int8, bias);
   }
   gemm(profile::kAttnOut, w.attn_out, ctx, H, H, x, Activation::None, mid);
-  if constexpr (sizeof(T) == 4) {
-    if (c.int8) {
-      return int8_ffn(mid, T_, w, c, inner, q8, out);
-    }
-  }
   if constexpr (sizeof(T) == 2) {  // the LayerNorm and the FFN-in operand's rounding in one pass (same bits)
     {
       profile::Scope timed(profile::kLayerNorm);
