@@ -250,19 +250,6 @@ BF_TARGET_AVX512 void widen_weight_block(const bf16* w, int64_t kc, float* wt) {
   }
 }
 
-// The lines of the residual a tile's epilogue reads and of the output it writes (fp32 rows m0.. of columns
-// n0..), requested as the tile's last k block starts so they arrive while it computes.
-BF_INLINE void prefetch_epilogue(const Epilogue& ep, int64_t m0, int mr, int64_t n0, int64_t nvalid) {
-  const auto* res = static_cast<const char*>(ep.residual);
-  auto* out = static_cast<char*>(ep.out);
-  for (int r = 0; r < mr; ++r) {
-    for (int64_t b = 0; b < nvalid * 4; b += 64) {
-      if (res != nullptr) __builtin_prefetch(res + ((m0 + r) * ep.ldr + n0) * 4 + b, 0, 3);
-      __builtin_prefetch(out + ((m0 + r) * ep.ldo + n0) * 4 + b, 1, 3);
-    }
-  }
-}
-
 // The cache lines of `rows` rows (ld floats apart) x `cols` floats of x, pulled into L2 a few at a time.
 struct XLines {
   const char* base;
@@ -318,7 +305,7 @@ BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const floa
         const int mr = int(std::min<int64_t>(kMaxRows, rows - m0));
         float* ct = c + m0 * kPanel;
         const float* xs = xt.data() + t * kc * kMaxRows;
-        if (last) prefetch_epilogue(ep, r0 + m0, mr, n0, nvalid);
+        if (last) prefetch_epilogue<float>(ep, r0 + m0, mr, n0, nvalid);
         next_x.pull(x_share);
         if (!last) {
           tile_blocked_rows(mr, xs, w, kc, ct, first, pf, TileOut{ct, nullptr, 0, 0, 0});

@@ -44,6 +44,22 @@ struct Epilogue {
 template <typename T, typename O, bool kAvx512, bool kAvx2>
 BF_INLINE void store_rows(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid, const Epilogue& ep);
 
+// The lines of the residual the epilogue of rows [m0, m0 + mr) x columns [n0, n0 + n) reads and of the output it
+// writes (operands of type T; residual and output fp32 where `wide`), requested (the output for writing) before those
+// rows' last k block, so they arrive while it computes: the hardware does not follow these strided rows.
+template <typename T>
+BF_INLINE void prefetch_epilogue(const Epilogue& ep, int64_t m0, int64_t mr, int64_t n0, int64_t n) {
+  const int64_t size = ep.wide ? 4 : int64_t(sizeof(T));
+  const auto* res = static_cast<const char*>(ep.residual);
+  const auto* out = static_cast<const char*>(ep.out);
+  for (int64_t r = m0; r < m0 + mr; ++r) {
+    for (int64_t b = 0; b < n * size; b += 64) {
+      if (res != nullptr) __builtin_prefetch(res + (r * ep.ldr + n0) * size + b, 0, 3);
+      __builtin_prefetch(out + (r * ep.ldo + n0) * size + b, 1, 3);
+    }
+  }
+}
+
 #if BF_X86
 // store_rows on 16 lanes, for no activation or erf-GELU: the same operations in the same order (c + bias, GELU,
 // + residual, one rounding), so the same bits. A call, as store_tile has no target. The scalar loops it replaces
@@ -258,17 +274,24 @@ BF_INLINE void stream_panels(const XT* xp, const T* packed, int64_t M, int64_t N
       // The far prefetch covers as many bytes as the block, kFarBytes ahead of it, a share per pass.
       const int64_t far_lines = n * kStepBytes / 64;
       for (int64_t i = 0; i < passes; ++i) {
-        const int64_t m0 = i * rows;
+        const int64_t m0 = i * rows, mr = std::min<int64_t>(rows, M - m0);
         const int64_t l0 = far_lines * i / passes, l1 = far_lines * (i + 1) / passes;
         const FarPrefetch pf{base + p * panel_bytes, p_next >= 0 ? base + p_next * panel_bytes : nullptr, panel_bytes,
                              k0 * kStepBytes + kFarBytes + l0 * 64, l1 - l0, n, 0};
-        pass(xp + (kb * M + m0) * kXRow<T>, wp + k0 * (kStepBytes / sizeof(T)), n, int(std::min<int64_t>(rows, M - m0)),
-             acc + m0 * kPanel, kb == 0, pf, i == 0);
+        if (kb + 1 < blocks) {
+          pass(xp + (kb * M + m0) * kXRow<T>, wp + k0 * (kStepBytes / sizeof(T)), n, int(mr), acc + m0 * kPanel,
+               kb == 0, pf, i == 0);
+          continue;
+        }
+        // The last k block: the pass's rows then go through the epilogue while their sums are in L1.
+        const int64_t n0 = p * kPanel, nvalid = std::min<int64_t>(kPanel, N - n0);
+        prefetch_epilogue<T>(ep, m0, mr, n0, nvalid);
+        pass(xp + (kb * M + m0) * kXRow<T>, wp + k0 * (kStepBytes / sizeof(T)), n, int(mr), acc + m0 * kPanel,
+             kb == 0, pf, i == 0);
+        for (int64_t r = m0; r < m0 + mr; r += kMaxRows)
+          pass.store(acc + r * kPanel, int(std::min<int64_t>(kMaxRows, m0 + mr - r)), r, n0, nvalid, ep);
       }
     }
-    const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
-    for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
-      pass.store(acc + m0 * kPanel, int(std::min<int64_t>(kMaxRows, M - m0)), m0, p * kPanel, nvalid, ep);
   }
 }
 
