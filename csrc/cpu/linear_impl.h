@@ -255,9 +255,9 @@ BF_INLINE void near_prefetch(const void* w) {
 // The streaming schedule (linear_stream_avx512 and linear_stream_avx2): each claimed panel in blocks of
 // kBlockSteps<T> k steps (k pairs for bf16); per block, passes of up to `rows` rows (pass 0 near-prefetches the
 // block and every pass takes its share of the far prefetch) add onto the panel's fp32 sums `acc` (M x kPanel);
-// then the epilogue (`pass.store`). xp: x packed by the tier ([blocks][M][kXRow<T>] of XT). `pass` runs one pass;
-// it is a functor whose call is not force-inlined, so this untargeted template can serve both targets (a
-// call per pass of up to kBlockSteps<T> k steps).
+// each pass of the last block then runs its rows through the epilogue (`pass.store`). xp: x packed by the tier
+// ([blocks][M][kXRow<T>] of XT). `pass` runs one pass; it is a functor whose call is not force-inlined, so this
+// untargeted template can serve both targets (a call per pass of up to kBlockSteps<T> k steps).
 template <typename T, typename XT, typename Pass>
 BF_INLINE void stream_panels(const XT* xp, const T* packed, int64_t M, int64_t N, int64_t K, int64_t rows,
                              const Epilogue& ep, MeetInTheMiddle::Walker& panels, float* acc, const Pass& pass) {
@@ -278,17 +278,13 @@ BF_INLINE void stream_panels(const XT* xp, const T* packed, int64_t M, int64_t N
         const int64_t l0 = far_lines * i / passes, l1 = far_lines * (i + 1) / passes;
         const FarPrefetch pf{base + p * panel_bytes, p_next >= 0 ? base + p_next * panel_bytes : nullptr, panel_bytes,
                              k0 * kStepBytes + kFarBytes + l0 * 64, l1 - l0, n, 0};
-        if (kb + 1 < blocks) {
-          pass(xp + (kb * M + m0) * kXRow<T>, wp + k0 * (kStepBytes / sizeof(T)), n, int(mr), acc + m0 * kPanel,
-               kb == 0, pf, i == 0);
-          continue;
-        }
-        // The last k block: the pass's rows then go through the epilogue while their sums are in L1.
+        // In the last k block the pass's rows then go through the epilogue while their sums are in L1.
+        const bool last = kb + 1 == blocks;
         const int64_t n0 = p * kPanel, nvalid = std::min<int64_t>(kPanel, N - n0);
-        prefetch_epilogue<T>(ep, m0, mr, n0, nvalid);
+        if (last) prefetch_epilogue<T>(ep, m0, mr, n0, nvalid);
         pass(xp + (kb * M + m0) * kXRow<T>, wp + k0 * (kStepBytes / sizeof(T)), n, int(mr), acc + m0 * kPanel,
              kb == 0, pf, i == 0);
-        for (int64_t r = m0; r < m0 + mr; r += kMaxRows)
+        for (int64_t r = m0; last && r < m0 + mr; r += kMaxRows)
           pass.store(acc + r * kPanel, int(std::min<int64_t>(kMaxRows, m0 + mr - r)), r, n0, nvalid, ep);
       }
     }
@@ -354,7 +350,7 @@ BF_TARGET_AVX512BF16 void linear_stream_avx512(const T* x, int64_t ldx, const T*
 template <typename T>
 BF_TARGET_AVX2 void linear_stream_avx2(const T* x, int64_t ldx, const T* packed, int64_t M, int64_t N, int64_t K,
                                        const Epilogue& ep, MeetInTheMiddle::Walker& panels);
-// Blocked, fp32 on AVX-512 (linear_blocked.cpp): output rows [r0, r0 + rows) x panels [p0, p1).
+// Blocked, fp32 on AVX-512 (linear_blocked.cpp): output rows [r0, r0 + rows) x panels [p0, p1) of an M-row output.
 BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const float* packed, int64_t M, int64_t N,
                                          int64_t K, const Epilogue& ep, int64_t r0, int64_t rows, int64_t p0,
                                          int64_t p1);
