@@ -121,15 +121,14 @@ namespace {
 // Goto-style blocking. The output is cut into items: row blocks of up to kBlockRows rows times one
 // run of panels per thread (BlockedItems), claimed one at a time (at 576 rows 10 items for 2 threads;
 // blocks of 192 rows, 6 items, took x1.00-1.03 the time). An item runs K in blocks of kBlockK steps:
-// the block of x is packed as the tiles read it (pack_x_tiles: a k step's 8 rows in 32 contiguous
-// bytes) into L2, then for each panel of the run its kBlockK x 48 block of weights (36 KB) comes from
-// memory once and stays in L1 while every tile of 8 rows runs over it. A tile sums each k block from
+// for each panel of the run its kBlockK x 48 block of weights (36 KB) comes from memory once and stays in
+// L1 while every tile of 8 rows runs over it, reading its rows of x's block in place (from L2). A tile sums each k block from
 // zero and adds that to the sums of the earlier blocks, which wait in a per-thread buffer (a tile's
 // 1.5 KB in one place); the weight block the item runs next is pulled into L2 a share per tile, a line
 // every 4 k steps. The last k block keeps the sums in registers for the epilogue (bias, activation,
 // residual): nothing runs over the output a second time. Two more streams are requested ahead, as the hardware
 // does not follow them: as a tile's last k block starts, the lines of the residual and output it will read and
-// write (prefetch_epilogue); and with each tile a share of the x this item packs next (XLines: its next k block, or
+// write (prefetch_epilogue); and with each tile a share of the x this item reads next (XLines: its next k block, or
 // the next row block's first). MiniLM's GEMMs at 864 rows, one thread, six layers' weights in turn (Zen 5): the
 // output GEMM (+ residual) 195-200 -> 218-224 GFLOP/s, the others x1.00-1.05; BERT-base's at 1024 rows, 2 threads:
 // output GEMM x1.05, FFN x1.01-1.06; `bertfast embed` fp32, alternated: the GEMMs x0.97 the time.
@@ -141,39 +140,10 @@ namespace {
 // 576 x 3072 by 3072 x 768 against float64.
 constexpr int64_t kBlockK = kBlockSteps<float>;
 
-// dst[k][r] = src[r][k] for an 8 x 8 block (rows of src `ld` apart).
-BF_TARGET_AVX512 BF_INLINE void transpose_8x8(const float* src, int64_t ld, float* dst) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);      // r_i[0] r_i+1[0] r_i[1] r_i+1[1] | same for 4..5
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);  // columns 2, 3 | 6, 7
-  }
-  for (int i = 0; i < 8; i += 4) {
-    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);      // column 0 of rows i..i+3 | column 4
-    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);  // column 1 | 5
-    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int j = 0; j < 4; ++j) {
-    _mm256_storeu_ps(dst + 8 * j, _mm256_permute2f128_ps(r[j], r[j + 4], 0x20));
-    _mm256_storeu_ps(dst + 8 * (j + 4), _mm256_permute2f128_ps(r[j], r[j + 4], 0x31));
-  }
-}
-
-// x rows [0, rows) x k steps [k0, k0 + kc) as tiles of 8 rows: [tiles][kc][8], rows past `rows` zero.
-BF_TARGET_AVX512 void pack_x_tiles(const float* x, int64_t ldx, int64_t rows, int64_t k0, int64_t kc, float* xt) {
-  for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows, xt += kc * kMaxRows) {
-    const float* src = x + m0 * ldx + k0;
-    int64_t k = 0;
-    if (m0 + kMaxRows <= rows)
-      for (; k + 8 <= kc; k += 8) transpose_8x8(src + k, ldx, xt + k * kMaxRows);
-    for (; k < kc; ++k)
-      for (int r = 0; r < kMaxRows; ++r) xt[k * kMaxRows + r] = m0 + r < rows ? src[r * ldx + k] : 0.f;
-  }
-}
-
-// One tile of MR rows over one k block: x tile [kc][8], weights [kc][48]. The block is summed from
+// One tile of MR rows over one k block: x's rows (ldx floats apart, from the block's first k step), weights
+// [kc][48]. Each k step broadcasts one value from each of the MR rows, read where they are: packing x first into
+// tiles (a k step's 8 rows in 32 contiguous bytes) cost more than it saved (MiniLM's output and FFN-out GEMMs at
+// 864 rows, one thread, six layers' weights in turn: x1.02 the time; `bertfast embed` fp32 x1.01). The block is summed from
 // zero and then added to the earlier blocks' sums in `c` unless `first` (a sum of K/kBlockK partial
 // sums of kBlockK terms each, whose rounding error grows with kBlockK + K/kBlockK rather than with
 // K); with RUNNING (bf16, linear_blocked_bf16) it continues one running sum over K from `c` instead, as
@@ -182,18 +152,18 @@ BF_TARGET_AVX512 void pack_x_tiles(const float* x, int64_t ldx, int64_t rows, in
 // is harmless). Paired with the previous schedule (a prefetch credit counted every k step, plus the next
 // tile's sums pulled into L1): x0.96-0.98 the time at 128-1024 rows; without any prefetch x1.09-1.16.
 template <int MR, bool RUNNING>
-BF_TARGET_AVX512 BF_INLINE void tile_blocked(const float* xt, const float* w, int64_t kc, const float* c, bool first,
-                                             const char* pf, const TileOut& to) {
+BF_TARGET_AVX512 BF_INLINE void tile_blocked(const float* x, int64_t ldx, const float* w, int64_t kc, const float* c,
+                                             bool first, const char* pf, const TileOut& to) {
   __m512 acc[MR][3];
   load_acc<MR>(acc, c, RUNNING ? first : true);
-  const auto x_at = [&](int r) { return xt[r]; };
+  const auto x_at = [&](int r) { return x[r * ldx]; };
   int64_t k = 0;
   for (; k + 4 <= kc; k += 4, pf += 64) {
     _mm_prefetch(pf, _MM_HINT_T1);
 #pragma GCC unroll 4
-    for (int u = 0; u < 4; ++u, w += kPanel, xt += kMaxRows) fma_step<MR>(acc, w, x_at);
+    for (int u = 0; u < 4; ++u, w += kPanel, ++x) fma_step<MR>(acc, w, x_at);
   }
-  for (; k < kc; ++k, w += kPanel, xt += kMaxRows) fma_step<MR>(acc, w, x_at);
+  for (; k < kc; ++k, w += kPanel, ++x) fma_step<MR>(acc, w, x_at);
   if (!RUNNING && !first) add_earlier<MR>(acc, c);
   if (to.ep == nullptr)
     store_acc<MR>(acc, to.sums);
@@ -206,26 +176,24 @@ BF_TARGET_AVX512 BF_INLINE void tile_blocked(const float* xt, const float* w, in
 }
 
 template <bool RUNNING = false>
-BF_TARGET_AVX512 void tile_blocked_rows(int mr, const float* xt, const float* w, int64_t kc, const float* c, bool first,
-                                        const char* pf, const TileOut& to) {
+BF_TARGET_AVX512 void tile_blocked_rows(int mr, const float* x, int64_t ldx, const float* w, int64_t kc, const float* c,
+                                        bool first, const char* pf, const TileOut& to) {
   switch (mr) {
-    case 1: tile_blocked<1, RUNNING>(xt, w, kc, c, first, pf, to); break;
-    case 2: tile_blocked<2, RUNNING>(xt, w, kc, c, first, pf, to); break;
-    case 3: tile_blocked<3, RUNNING>(xt, w, kc, c, first, pf, to); break;
-    case 4: tile_blocked<4, RUNNING>(xt, w, kc, c, first, pf, to); break;
-    case 5: tile_blocked<5, RUNNING>(xt, w, kc, c, first, pf, to); break;
-    case 6: tile_blocked<6, RUNNING>(xt, w, kc, c, first, pf, to); break;
-    case 7: tile_blocked<7, RUNNING>(xt, w, kc, c, first, pf, to); break;
-    default: tile_blocked<8, RUNNING>(xt, w, kc, c, first, pf, to); break;
+    case 1: tile_blocked<1, RUNNING>(x, ldx, w, kc, c, first, pf, to); break;
+    case 2: tile_blocked<2, RUNNING>(x, ldx, w, kc, c, first, pf, to); break;
+    case 3: tile_blocked<3, RUNNING>(x, ldx, w, kc, c, first, pf, to); break;
+    case 4: tile_blocked<4, RUNNING>(x, ldx, w, kc, c, first, pf, to); break;
+    case 5: tile_blocked<5, RUNNING>(x, ldx, w, kc, c, first, pf, to); break;
+    case 6: tile_blocked<6, RUNNING>(x, ldx, w, kc, c, first, pf, to); break;
+    case 7: tile_blocked<7, RUNNING>(x, ldx, w, kc, c, first, pf, to); break;
+    default: tile_blocked<8, RUNNING>(x, ldx, w, kc, c, first, pf, to); break;
   }
 }
 
-// bf16 x rows [0, rows) x k steps [k0, k0 + kc) widened to fp32 tiles of 8 rows: [tiles][kc][8]; steps at or
-// past K (an odd K's pad) and rows past `rows` zero. Rows are widened 16 values at a time into `xw`
-// ([rows][kc], row-major), then pack_x_tiles transposes them (one value at a time: x1.07 the GEMM's time
-// at K = 3072).
-BF_TARGET_AVX512 void pack_x_tiles_bf16(const bf16* x, int64_t ldx, int64_t rows, int64_t K, int64_t k0, int64_t kc,
-                                        float* xw, float* xt) {
+// bf16 x rows [0, rows) x k steps [k0, k0 + kc) widened to fp32, 16 values at a time, into `xw` ([rows][kc],
+// row-major, as the tiles read it); steps at or past K (an odd K's pad) zero.
+BF_TARGET_AVX512 void widen_x_rows(const bf16* x, int64_t ldx, int64_t rows, int64_t K, int64_t k0, int64_t kc,
+                                   float* xw) {
   const int64_t kn = std::min(kc, K - k0);
   for (int64_t r = 0; r < rows; ++r) {
     const bf16* src = x + r * ldx + k0;
@@ -233,7 +201,6 @@ BF_TARGET_AVX512 void pack_x_tiles_bf16(const bf16* x, int64_t ldx, int64_t rows
     for (int64_t j = 0; j < kc; j += 16)
       _mm512_mask_storeu_ps(dst + j, tail_mask(kc - j), load16(src + j, tail_mask(kn - j)));
   }
-  pack_x_tiles(xw, kc, rows, 0, kc, xt);
 }
 
 // A packed bf16 weight block of kc (even) k steps, [kc / 2][kPanel][2], as fp32 [kc][kPanel]: a 32-bit lane
@@ -273,8 +240,7 @@ BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const floa
                                          int64_t K, const Epilogue& ep, int64_t r0, int64_t rows, int64_t p0,
                                          int64_t p1) {
   DenormalGuard ftz;
-  thread_local std::vector<float> xt, sums;
-  xt.resize(((kBlockRows + kMaxRows - 1) / kMaxRows) * kMaxRows * kBlockK);
+  thread_local std::vector<float> sums;
   const int64_t tiles = (rows + kMaxRows - 1) / kMaxRows;
   // The sums between k blocks: [panels][tiles][8][kPanel], a tile's in 1.5 KB at one place.
   sums.resize((p1 - p0) * tiles * kMaxRows * kPanel);
@@ -283,8 +249,7 @@ BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const floa
   for (int64_t k0 = 0; k0 < K; k0 += kBlockK) {
     const int64_t kc = std::min(kBlockK, K - k0);
     const bool first = k0 == 0, last = k0 + kc == K;
-    pack_x_tiles(x + r0 * ldx, ldx, rows, k0, kc, xt.data());
-    // The x this item packs next (its next k block; after the last one, the next row block's first, which the
+    // The x this item reads next (its next k block; after the last one, the next row block's first, which the
     // thread most likely runs next) into L2, a share per tile.
     XLines next_x = !last ? XLines(x + r0 * ldx + k0 + kc, ldx, rows, std::min(kBlockK, K - k0 - kc))
                           : XLines(x + (r0 + rows) * ldx, ldx, std::min(rows, M - r0 - rows), std::min(kBlockK, K));
@@ -304,15 +269,15 @@ BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const floa
         const int64_t m0 = t * kMaxRows;
         const int mr = int(std::min<int64_t>(kMaxRows, rows - m0));
         float* ct = c + m0 * kPanel;
-        const float* xs = xt.data() + t * kc * kMaxRows;
+        const float* xs = x + (r0 + m0) * ldx + k0;
         if (last) prefetch_epilogue<float>(ep, r0 + m0, mr, n0, nvalid);
         next_x.pull(x_share);
         if (!last) {
-          tile_blocked_rows(mr, xs, w, kc, ct, first, pf, TileOut{ct, nullptr, 0, 0, 0});
+          tile_blocked_rows(mr, xs, ldx, w, kc, ct, first, pf, TileOut{ct, nullptr, 0, 0, 0});
         } else if (in_registers) {
-          tile_blocked_rows(mr, xs, w, kc, ct, first, pf, TileOut{nullptr, &ep, r0 + m0, n0, nvalid});
+          tile_blocked_rows(mr, xs, ldx, w, kc, ct, first, pf, TileOut{nullptr, &ep, r0 + m0, n0, nvalid});
         } else {
-          tile_blocked_rows(mr, xs, w, kc, ct, first, pf, TileOut{tile, nullptr, 0, 0, 0});
+          tile_blocked_rows(mr, xs, ldx, w, kc, ct, first, pf, TileOut{tile, nullptr, 0, 0, 0});
           store_tile<float>(tile, mr, r0 + m0, n0, nvalid, ep);
         }
       }
@@ -321,7 +286,7 @@ BF_TARGET_AVX512 void linear_blocked_f32(const float* x, int64_t ldx, const floa
 }
 
 // One item of bf16 without AVX-512 BF16 dot products: output rows [r0, r0 + rows) x panels [p0, p1). The
-// fp32 regime's tiles on operands widened per k block (x's tiles; each panel's weight block into a thread
+// fp32 regime's tiles on operands widened per k block (x's rows; each panel's weight block into a thread
 // buffer that the item's up to 16 tiles then read from L1/L2, so the widening costs 1/128 of the block's
 // multiply-adds). Each output is one running sum over K in order, odd K's zero pad included, then
 // store_tile: every row's result is bit for bit the streaming regime's (tile_avx512_bf16 without dot
@@ -332,9 +297,8 @@ BF_TARGET_AVX512 void linear_blocked_bf16(const bf16* x, int64_t ldx, const bf16
   DenormalGuard ftz;
   const int64_t K2 = (K + 1) / 2 * 2;  // k steps of a packed panel, the pad included
   static_assert(kBlockK % 2 == 0, "k blocks hold whole pairs");
-  thread_local std::vector<float> xw, xt, wt, sums;
+  thread_local std::vector<float> xw, wt, sums;
   xw.resize(rows * kBlockK);
-  xt.resize(((kBlockRows + kMaxRows - 1) / kMaxRows) * kMaxRows * kBlockK);
   wt.resize(kBlockK * kPanel);
   const int64_t tiles = (rows + kMaxRows - 1) / kMaxRows;
   sums.resize((p1 - p0) * tiles * kMaxRows * kPanel);
@@ -342,7 +306,7 @@ BF_TARGET_AVX512 void linear_blocked_bf16(const bf16* x, int64_t ldx, const bf16
   for (int64_t k0 = 0; k0 < K2; k0 += kBlockK) {
     const int64_t kc = std::min(kBlockK, K2 - k0);
     const bool first = k0 == 0, last = k0 + kc == K2;
-    pack_x_tiles_bf16(x + r0 * ldx, ldx, rows, K, k0, kc, xw.data(), xt.data());
+    widen_x_rows(x + r0 * ldx, ldx, rows, K, k0, kc, xw.data());
     for (int64_t p = p0; p < p1; ++p) {
       const bf16* w = packed + (p * K2 + k0) * kPanel;
       widen_weight_block(w, kc, wt.data());
@@ -354,8 +318,7 @@ BF_TARGET_AVX512 void linear_blocked_bf16(const bf16* x, int64_t ldx, const bf16
         const int64_t m0 = t * kMaxRows;
         const int mr = int(std::min<int64_t>(kMaxRows, rows - m0));
         float* ct = c + m0 * kPanel;
-        const float* xs = xt.data() + t * kc * kMaxRows;
-        tile_blocked_rows<true>(mr, xs, wt.data(), kc, ct, first, pf + (kc * kPanel * 2 * t / tiles) / 64 * 64,
+        tile_blocked_rows<true>(mr, xw.data() + m0 * kc, kc, wt.data(), kc, ct, first, pf + (kc * kPanel * 2 * t / tiles) / 64 * 64,
                                 TileOut{last ? tile : ct, nullptr, 0, 0, 0});
         if (last) store_tile<bf16, true>(tile, mr, r0 + m0, n0, nvalid, ep);
       }
