@@ -21,13 +21,14 @@ namespace int8_detail {
 // bytes, contiguous. Used when K is a multiple of 64 (one A tile row per 64 codes).
 namespace {
 
+// A stored C block's sums, rows of 48 int32.
+struct StoredSums {
+  const int32_t* c;
+  BF_TARGET_VNNI BF_INLINE __m512i operator()(int r, int j) const { return _mm512_loadu_si512(c + r * 48 + 16 * j); }
+};
 // Epilogue of one stored C block: rows [m0, m0 + mr), columns [n0, n0 + 16 * np) (signed codes).
 BF_TARGET_VNNI void amx_store(const int32_t* c, int mr, int np, int64_t m0, int64_t n0, const Int8Args& a) {
-  for (int j = 0; j < np; ++j) {
-    const int64_t n = n0 + 16 * j;
-    if (n >= a.N) break;
-    for (int r = 0; r < mr; ++r) finish16(_mm512_loadu_si512(c + r * 48 + 16 * j), m0 + r, n, tail_mask(a.N - n), 0, a);
-  }
+  finish_rows<16>(a, mr, m0, n0, np, 0, StoredSums{c});
 }
 
 }  // namespace
