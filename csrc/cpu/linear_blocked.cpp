@@ -122,9 +122,9 @@ namespace {
 // run of panels per thread (BlockedItems), claimed one at a time (at 576 rows 10 items for 2 threads;
 // blocks of 192 rows, 6 items, took x1.00-1.03 the time). An item runs K in blocks of kBlockK steps:
 // for each panel of the run its kBlockK x 48 block of weights (36 KB) comes from memory once and stays in
-// L1 while every tile of 8 rows runs over it, reading its rows of x's block in place (from L2). A tile sums each k block from
-// zero and adds that to the sums of the earlier blocks, which wait in a per-thread buffer (a tile's
-// 1.5 KB in one place); the weight block the item runs next is pulled into L2 a share per tile, a line
+// L1 while every tile of 8 rows runs over it, reading its rows of x's block in place (from L2). A tile sums
+// each k block from zero and adds that to the sums of the earlier blocks, which wait in a per-thread buffer
+// (a tile's 1.5 KB in one place); the weight block the item runs next is pulled into L2 a share per tile, a line
 // every 4 k steps. The last k block keeps the sums in registers for the epilogue (bias, activation,
 // residual): nothing runs over the output a second time. Two more streams are requested ahead, as the hardware
 // does not follow them: as a tile's last k block starts, the lines of the residual and output it will read and
@@ -143,8 +143,8 @@ constexpr int64_t kBlockK = kBlockSteps<float>;
 // One tile of MR rows over one k block: x's rows (ldx floats apart, from the block's first k step), weights
 // [kc][48]. Each k step broadcasts one value from each of the MR rows, read where they are: packing x first into
 // tiles (a k step's 8 rows in 32 contiguous bytes) cost more than it saved (MiniLM's output and FFN-out GEMMs at
-// 864 rows, one thread, six layers' weights in turn: x1.02 the time; `bertfast embed` fp32 x1.01). The block is summed from
-// zero and then added to the earlier blocks' sums in `c` unless `first` (a sum of K/kBlockK partial
+// 864 rows, one thread, six layers' weights in turn: x1.02 the time; `bertfast embed` fp32 x1.01). The block is
+// summed from zero and then added to the earlier blocks' sums in `c` unless `first` (a sum of K/kBlockK partial
 // sums of kBlockK terms each, whose rounding error grows with kBlockK + K/kBlockK rather than with
 // K); with RUNNING (bf16, linear_blocked_bf16) it continues one running sum over K from `c` instead, as
 // the bf16 streaming tiles do. The total goes to `to`. Every 4 k steps one cache line from `pf` on is
@@ -318,7 +318,8 @@ BF_TARGET_AVX512 void linear_blocked_bf16(const bf16* x, int64_t ldx, const bf16
         const int64_t m0 = t * kMaxRows;
         const int mr = int(std::min<int64_t>(kMaxRows, rows - m0));
         float* ct = c + m0 * kPanel;
-        tile_blocked_rows<true>(mr, xw.data() + m0 * kc, kc, wt.data(), kc, ct, first, pf + (kc * kPanel * 2 * t / tiles) / 64 * 64,
+        const char* pf_tile = pf + (kc * kPanel * 2 * t / tiles) / 64 * 64;
+        tile_blocked_rows<true>(mr, xw.data() + m0 * kc, kc, wt.data(), kc, ct, first, pf_tile,
                                 TileOut{last ? tile : ct, nullptr, 0, 0, 0});
         if (last) store_tile<bf16, true>(tile, mr, r0 + m0, n0, nvalid, ep);
       }
