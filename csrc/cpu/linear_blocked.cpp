@@ -142,8 +142,8 @@ constexpr int64_t kBlockK = kBlockSteps<float>;
 
 // One tile of MR rows over one k block: x's rows (ldx floats apart, from the block's first k step), weights
 // [kc][48]. Each k step broadcasts one value from each of the MR rows, read where they are: packing x first into
-// tiles (a k step's 8 rows in 32 contiguous bytes) cost more than it saved (MiniLM's output and FFN-out GEMMs at
-// 864 rows, one thread, six layers' weights in turn: x1.02 the time; `bertfast embed` fp32 x1.01). The block is
+// tiles (a k step's 8 rows in 32 contiguous bytes) cost more than it saved (MiniLM's four GEMMs at 864 rows, one
+// thread, six layers' weights in turn: x1.01-1.03 the time; `bertfast embed` fp32 x1.01). The block is
 // summed from zero and then added to the earlier blocks' sums in `c` unless `first` (a sum of K/kBlockK partial
 // sums of kBlockK terms each, whose rounding error grows with kBlockK + K/kBlockK rather than with
 // K); with RUNNING (bf16, linear_blocked_bf16) it continues one running sum over K from `c` instead, as
