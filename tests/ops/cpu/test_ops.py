@@ -301,6 +301,24 @@ def test_linear_row_independent_of_row_count(isa, epilogue, dtype):
         assert torch.equal(part, full[:rows]), f"{rows} rows differ from the same rows among 300"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows", [7, 40, 300])
+def test_linear_strided_view_same_bits(isa, dtype, rows):
+    """The GEMM reads x's rows where they are (the blocked regime's tiles broadcast from them, no packed copy): a view
+    whose rows are 2K + 7 apart and start 5 elements in gives the bits of its contiguous copy, in every regime (7 rows
+    stream, 40 and 300 take the blocked regimes, 300 several 128-row items) and across k blocks (K = 403)."""
+    g = torch.Generator().manual_seed(12)
+    n, k = 100, 403
+    big = torch.randn(rows, 2 * k + 7, generator=g).to(dtype)
+    x = big[:, 5:5 + k]
+    w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    res = torch.randn(rows, n, generator=g).to(dtype)
+    packed = _C.pack_linear(w)
+    strided = _C.linear(x, packed, n, bias, "gelu", res)
+    assert torch.equal(strided, _C.linear(x.contiguous(), packed, n, bias, "gelu", res))
+
+
 # ----------------------------------------------------------------------------------------------
 # varlen attention
 
