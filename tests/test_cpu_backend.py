@@ -175,8 +175,8 @@ def _prepared_layer(dtype, hidden, heads, inter, act="gelu", seed=0, quantize=No
                          ids=["D26", "D32-gelu_tanh", "D64-relu", "D80"])
 # "long": 210 rows, past the 16-row chunks of the int8 layer's fused LayerNorm + quantization and split over threads;
 # with "191" and "387" the int8 FFN's row chunks (kFfnRows = 96, layer.cpp): one chunk of its most rows, two of 105,
-# four of 96-97. The int8 QKV GEMM, attention and output GEMM by groups of sequences (kQkvRows = 192): "long" in two
-# groups, "191" in one, "387" in three, "alone" a sequence past 192 rows in a group of its own.
+# four of 96-97. The int8 and fp32 QKV GEMM, attention and output GEMM by groups of sequences (kQkvRows = 192): "long"
+# in two groups, "191" in one, "387" in three, "alone" a sequence past 192 rows in a group of its own.
 @pytest.mark.parametrize("lengths", [[1], [5, 0, 12, 1], [130, 3, 77], [100, 91], [100, 97, 40, 150], [20, 250, 30]],
                          ids=["one-token", "ragged", "long", "191", "387", "alone"])
 def test_whole_layer_equals_op_by_op(dtype, hidden, heads, inter, act, lengths):

@@ -41,9 +41,10 @@ def test_profiled_encode_is_bit_identical_and_covers_every_stage(tiny_text_model
         assert rows[name]["seconds"] > 0, name
     assert rows["tokenize"]["calls"] == rows["pooling"]["calls"] == rows["embeddings"]["calls"] == batches
     # The plain BERT layer runs whole in `_C.Layer`: its own timers split it, two LayerNorms a layer (int8: the second
-    # one per FFN chunk of rows, as the FFN GEMMs; the QKV GEMM and attention per group of sequences).
+    # one per FFN chunk of rows, as the FFN GEMMs; int8 and fp32: the QKV GEMM and attention per group of sequences).
     qkv = rows["gemm qkv"]["calls"]
-    assert qkv == rows["attention"]["calls"] and (qkv > batches * layers if dtype == "int8" else qkv == batches * layers)
+    grouped = dtype in (None, "int8")
+    assert qkv == rows["attention"]["calls"] and (qkv > batches * layers if grouped else qkv == batches * layers)
     second = rows["gemm ffn-in"]["calls"] if dtype == "int8" else batches * layers
     assert rows["layernorm"]["calls"] == batches * layers + second
     assert dtype != "int8" or second > batches * layers  # several chunks a layer here

@@ -1,10 +1,10 @@
 // One post-LayerNorm encoder layer on the extension's GEMMs, all in C++: the ops of `reference.layer`
 // (QKV GEMM, varlen attention, output GEMM + residual, LayerNorm, FFN-in GEMM + activation,
 // FFN-out GEMM + residual, LayerNorm) as the cpu backend runs them (fp32, bf16, or int8 GEMMs), the
-// same kernels called in the same order on the same shapes (int8: on groups of rows, whose ops are per row or per
-// sequence), so the result is bit-identical to calling them one by one from Python. What it saves is the Python
-// between them (paired runs, b1 x s16: BERT-base x0.93-0.95 the time in fp32, x0.92 bf16, x0.91 int8; MiniLM
-// x0.84-0.90), and under int8 the trips through L3 of the activations between ops.
+// same kernels called in the same order on the same shapes (int8, and fp32's attention block: on groups of rows, whose
+// ops are per row or per sequence), so the result is bit-identical to calling them one by one from Python. What it
+// saves is the Python between them (paired runs, b1 x s16: BERT-base x0.93-0.95 the time in fp32, x0.92 bf16, x0.91
+// int8; MiniLM x0.84-0.90), and under int8 and fp32 the trips through L3 of the activations between ops.
 //
 // The residual stream (x, the attention block's output, out) and the LayerNorms are fp32 in every dtype: in bf16
 // only the GEMMs' and attention's operands are bf16, rounded once from the stream (to_bf16) where a GEMM reads it.
@@ -117,11 +117,42 @@ static void int8_attention_block(const float* x, const int32_t* cu, int64_t batc
   }
 }
 
+// fp32's attention block by the same groups of whole sequences as int8's (int8_attention_block): the QKV GEMM, the
+// attention, the output GEMM (+ the residual x) into mid, a group's q, k and v rows through L2 rather than written
+// out for all T rows and read back from L3. The GEMMs are per row whatever their row count and the attention per
+// sequence, so a row gets the same bits whatever its group. MiniLM's ~40-token texts, `bertfast embed` fp32 (Zen 5, 4
+// alternated runs): attention x0.85-0.88 the thread-seconds, the run x1.01-1.03 the texts/s. bf16 keeps one call per
+// op: by groups its streaming QKV GEMM read the weights once per group (x1.02-1.04 the time), for no attention gain at
+// its 512-token batches (the run x0.97-0.98).
+static void fp32_attention_block(const float* x, const int32_t* cu, int64_t batch, float scale,
+                                 const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
+                                 const AttnBias* bias, float* mid) {
+  const int64_t H = c.hidden, d = H / c.heads;
+  const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
+  for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
+    for (b1 = b0 + 1; b1 < batch && cu[b1 + 1] - cu[b0] <= kQkvRows;) ++b1;
+    const int64_t t0 = cu[b0], rows = cu[b1] - t0;
+    if (rows == 0) continue;
+    {
+      profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
+      linear_packed<float>(x + t0 * H, H, static_cast<const float*>(w.qkv.packed), w.qkv.bias, nullptr, 3 * H, rows,
+                           3 * H, H, Activation::None, qkv + t0 * 3 * H, 3 * H);
+    }
+    {
+      profile::Scope timed(profile::kAttention);
+      attention<float>(qkv, qkv + H, qkv + 2 * H, st, cu + b0, b1 - b0, c.heads, d, scale, ctx, false, bias);
+    }
+    profile::Scope timed(profile::kAttnOut, 2 * rows * H * H);
+    linear_packed<float>(ctx + t0 * H, H, static_cast<const float*>(w.attn_out.packed), w.attn_out.bias, x + t0 * H,
+                         H, rows, H, H, Activation::None, mid + t0 * H, H);
+  }
+}
+
 template <typename T>
 void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
                    const LayerWeights<T>& w, const LayerConfig& c, float* work, const Int8Scratch& q8, float* out,
                    const AttnBias* bias) {
-  const int64_t T_ = tokens, H = c.hidden, I = c.intermediate, d = H / c.heads;
+  const int64_t T_ = tokens, H = c.hidden, I = c.intermediate;
   // work (layer_work_numel floats): the fp32 attention block output, then the operands in T.
   float* mid = work;                         // (T, H) fp32: after the attention block
   T* qkv = reinterpret_cast<T*>(mid + T_ * H);  // (T, 3H): q | k | v per token
@@ -176,13 +207,18 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
       return int8_ffn(mid, T_, w, c, inner, q8, out);
     }
   }
-  {
-    gemm(profile::kQkv, w.qkv, operand(x), H, 3 * H, nullptr, Activation::None, qkv);
-    profile::Scope timed(profile::kAttention);
-    const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
-    attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, c.heads, d, scale, ctx, c.int8, bias);
+  if constexpr (sizeof(T) == 4) {
+    fp32_attention_block(x, cu_seqlens, batch, scale, w, c, qkv, ctx, bias, mid);
+  } else {
+    {
+      gemm(profile::kQkv, w.qkv, operand(x), H, 3 * H, nullptr, Activation::None, qkv);
+      profile::Scope timed(profile::kAttention);
+      const int64_t d = H / c.heads;
+      const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
+      attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, c.heads, d, scale, ctx, false, bias);
+    }
+    gemm(profile::kAttnOut, w.attn_out, ctx, H, H, x, Activation::None, mid);
   }
-  gemm(profile::kAttnOut, w.attn_out, ctx, H, H, x, Activation::None, mid);
   if constexpr (sizeof(T) == 2) {  // the LayerNorm and the FFN-in operand's rounding in one pass (same bits)
     {
       profile::Scope timed(profile::kLayerNorm);
