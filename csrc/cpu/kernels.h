@@ -211,7 +211,8 @@ constexpr int64_t layer_work_numel(int64_t tokens, int64_t hidden, int64_t inter
 // int8's FFN runs in chunks of at least kFfnRows rows (fewer only where the call has fewer), each below 2 x kFfnRows:
 // the GELU output of a chunk is quantized and multiplied while it is in the core's L2 (layer.cpp).
 constexpr int64_t kFfnRows = 96;
-// int8's QKV GEMM, attention and output GEMM run by groups of whole sequences of at most kQkvRows tokens (layer.cpp).
+// int8's and fp32's QKV GEMM, attention and output GEMM run by groups of whole sequences of at most kQkvRows tokens
+// (layer.cpp).
 constexpr int64_t kQkvRows = 192;
 constexpr int64_t int8_codes_rows(int64_t tokens) {  // the operand's T rows, then a chunk's GELU output
   return tokens + (tokens < 2 * kFfnRows ? tokens : 2 * kFfnRows);

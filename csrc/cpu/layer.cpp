@@ -20,6 +20,13 @@
 namespace bertfast {
 namespace cpu {
 
+// The end of the group of whole sequences from sequence b0 on: as many as fit in kQkvRows tokens, at least one.
+static int64_t group_end(const int32_t* cu, int64_t batch, int64_t b0) {
+  int64_t b1 = b0 + 1;
+  while (b1 < batch && cu[b1 + 1] - cu[b0] <= kQkvRows) ++b1;
+  return b1;
+}
+
 // int8's FFN block: the LayerNorm quantizing the FFN-in operand, then the FFN in chunks of rows (kFfnRows) from
 // `mid` (the attention block's output, normalized in place) into `out`, each chunk's rows then normalized (out's
 // LayerNorm).
@@ -77,7 +84,7 @@ static void int8_attention_block(const float* x, const int32_t* cu, int64_t batc
   const bool from_bf16 = attention_from_bf16(d, bias != nullptr) && int8_linear_bf16_supported();
   bf16* qkv16 = reinterpret_cast<bf16*>(qkv);  // the same buffer, half of it
   for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
-    for (b1 = b0 + 1; b1 < batch && cu[b1 + 1] - cu[b0] <= kQkvRows;) ++b1;
+    b1 = group_end(cu, batch, b0);
     const int64_t t0 = cu[b0], rows = cu[b1] - t0;
     if (rows == 0) continue;
     const bool flip = int8_unsigned_codes(rows, H);
@@ -130,7 +137,7 @@ static void fp32_attention_block(const float* x, const int32_t* cu, int64_t batc
   const int64_t H = c.hidden, d = H / c.heads;
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
   for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
-    for (b1 = b0 + 1; b1 < batch && cu[b1 + 1] - cu[b0] <= kQkvRows;) ++b1;
+    b1 = group_end(cu, batch, b0);
     const int64_t t0 = cu[b0], rows = cu[b1] - t0;
     if (rows == 0) continue;
     {
