@@ -177,23 +177,10 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
     }
   };
   // o (T, N) = act(in (T, K) . g^T + bias) + residual (T, N); o and residual fp32 where residual is given (the
-  // stream), of type T otherwise. What the backend's linear runs on the extension.
-  // in == nullptr under int8: q8 already holds the operand quantized (layernorm_quantize).
+  // stream), of type T otherwise. What the backend's linear runs on the extension (fp32 and bf16; int8 runs its own
+  // blocks, int8_attention_block and int8_ffn).
   const auto gemm = [&](profile::Stage stage, const LayerGemm<T>& g, const T* in, int64_t K, int64_t N,
                         const float* residual, Activation act, void* o) {
-    if constexpr (sizeof(T) == 4) {
-      if (c.int8) {  // quant.linear's native call: quantize_rows, then the int8 GEMM with its epilogue
-        const bool flip = int8_unsigned_codes(T_, K);  // the codes in the form the GEMM's kernel multiplies
-        if (in != nullptr) {
-          profile::Scope timed(profile::kQuantize);
-          quantize_rows(in, K, T_, K, q8.q, q8.scale, q8.zp, flip);
-        }
-        profile::Scope timed(stage, 2 * T_ * K * N);
-        int8_linear(q8.q, K, T_, K, q8.scale, q8.zp, static_cast<const int8_t*>(g.packed), N, g.w_scale, g.colsum,
-                    g.bias, act, residual, N, static_cast<float*>(o), flip);
-        return;
-      }
-    }
     profile::Scope timed(stage, 2 * T_ * K * N);
     const T* packed = static_cast<const T*>(g.packed);
     if constexpr (sizeof(T) == 2) {
@@ -213,8 +200,6 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
       int8_attention_block(x, cu_seqlens, batch, scale, w, c, qkv, ctx, q8, bias, mid);
       return int8_ffn(mid, T_, w, c, inner, q8, out);
     }
-  }
-  if constexpr (sizeof(T) == 4) {
     fp32_attention_block(x, cu_seqlens, batch, scale, w, c, qkv, ctx, bias, mid);
   } else {
     {
