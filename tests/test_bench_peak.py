@@ -45,3 +45,18 @@ def test_bench_peak_rows():
             # (16 x 16 x 32 or 64) one per 16 cycles on Sapphire Rapids, ~0.2 per ns
             lo, hi = (0.02, 2) if "AMX" in name else (0.2, 50)
             assert lo < r["per_ns_per_thread"] < hi, r
+
+
+def test_measure_best_keeps_each_rows_best_run(monkeypatch):
+    """bench_embed's ceiling: each row at its best of the runs (a run slowed by a neighbour lowers only itself)."""
+    module = _bench_peak()
+    runs = iter([[{"instruction": "a", "threads": 1, "ops_per_s": 5.0, "per_ns_per_thread": 0.5},
+                  {"instruction": "a", "threads": 2, "ops_per_s": 9.0, "per_ns_per_thread": 0.45},
+                  {"instruction": "b", "missing": True}],
+                 [{"instruction": "a", "threads": 1, "ops_per_s": 6.0, "per_ns_per_thread": 0.6},
+                  {"instruction": "a", "threads": 2, "ops_per_s": 2.0, "per_ns_per_thread": 0.1},
+                  {"instruction": "b", "missing": True}]])
+    monkeypatch.setattr(module, "measure", lambda seconds: next(runs))
+    best = module.measure_best(0.1, 2)
+    assert [r.get("ops_per_s") for r in best] == [6.0, 9.0, None]
+    assert best[0]["per_ns_per_thread"] == 0.6 and best[1]["per_ns_per_thread"] == 0.45 and best[2]["missing"]
