@@ -9,7 +9,7 @@
 // pool_rows (pool_rows.cpp), WordPiece (wordpiece.cpp; bindings/wordpiece.h),
 // isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni / set_avx_vnni
 // (isa.cpp), amx_gemm / set_amx_gemm / amx_blocking / set_amx_blocking
-// (amx_gemm.cpp), num_threads (parallel.h).
+// (amx_gemm.cpp), bf16_conversions (amx_emulation.cpp), num_threads (parallel.h).
 //
 // The files: bindings/checks.h (the input checks), bindings/ops.h and ops.cpp (the op wrappers), bindings/layer.h
 // (Layer), bindings/alloc.h and alloc.cpp (huge pages for packed weights); this one only binds. Only this file
@@ -116,7 +116,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("detected_isa", &detected_isa, "the best ISA tier this CPU (and OS) supports");
   m.def("set_isa", &set_isa,
         "cap the kernels at an ISA tier (or choose amx_emulated); returns False if the CPU lacks it", py::arg("isa"));
-  m.def("isa_supported", &isa_supported, "whether this CPU runs an ISA tier (amx_emulated: AVX-512 VNNI and BF16)",
+  m.def("isa_supported", &isa_supported, "whether this CPU runs an ISA tier (amx_emulated: AVX-512 VNNI)",
         py::arg("isa"));
   m.def("amx_gemm", &amx_gemm,
         "the AMX GEMMs' kernel choice: 'auto' (by M), 'stream' or 'blocked', bit-identical (BERTFAST_AMX_GEMM at "
@@ -129,11 +129,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_amx_blocking", &set_amx_blocking,
         "set the blocked AMX kernel's geometry, for measurement (the bits do not change)", py::arg("steps"),
         py::arg("rows"));
+  m.def("bf16_conversions", &bf16_conversions,
+        "fp32 -> bf16 bits (int16) as the amx_emulated tier converts them, and as VCVTNEPS2BF16 does (None where the "
+        "CPU lacks AVX-512 BF16): for tests", py::arg("x"));
   m.def("has_avx512_bf16", &bc::has_avx512_bf16,
         "whether the kernels use AVX-512 BF16 dot products (the CPU has them, not hidden)");
   m.def("set_avx512_bf16", &bc::set_avx512_bf16,
-        "hide (False) or restore (True) AVX-512 BF16, as BERTFAST_ISA=avx512_vnni-nobf16 does at load; returns False if "
-        "the CPU lacks it or the amx or amx_emulated tier is active", py::arg("enabled"));
+        "hide (False) or restore (True) AVX-512 BF16, as BERTFAST_ISA=avx512_vnni-nobf16 does at load; returns False "
+        "restoring it where the CPU lacks it, or hiding it under the amx or amx_emulated tier where the CPU has it",
+        py::arg("enabled"));
   m.def("has_avx_vnni", &bc::has_avx_vnni, "whether the avx2 tier's int8 GEMM uses AVX-VNNI (the CPU has it, not hidden)");
   m.def("set_avx_vnni", &bc::set_avx_vnni, "hide (False) or restore (True) AVX-VNNI; False if the CPU lacks it",
         py::arg("enabled"));

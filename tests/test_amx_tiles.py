@@ -1,5 +1,5 @@
 """The AMX tile kernels against the Intel SDM: on the amx_emulated tier (the tile instructions emulated, any CPU
-with AVX-512 BF16) and on the amx tier (the hardware) alike.
+with AVX-512 VNNI) and on the amx tier (the hardware) alike.
 
 The bf16 GEMM (linear_amx.cpp's kernel) against a model of TDPBF16PS written here from the SDM's pseudo-code, bit
 for bit: per 32-wide K step and output row, the even and the odd bf16 products each summed over the step's 16
@@ -270,3 +270,39 @@ def test_attention_window_skips_far_keys(tiles):
     ref_hi = reference.attention_loop(q.double(), k.double(), clean.double(), cu, 0.25, window=window)
     ref_low = reference.attention(q, k, clean, cu, T, 0.25, window=window)
     check(ours[far], ref_low[far], ref_hi[far], torch.bfloat16)
+
+
+def _sdm_bf16(x: torch.Tensor) -> list[int]:
+    """VCVTNEPS2BF16 per the SDM's convert_fp32_to_bfloat16, one float at a time in Python integers."""
+    out = []
+    for u in (x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF).tolist():
+        exponent, top = u & 0x7F800000, u >> 16
+        if exponent == 0:
+            out.append(top & 0x8000)  # zero or denormal: a zero of its sign
+        elif exponent == 0x7F800000:
+            out.append(top | 0x40 if u & 0x7FFFFF else top)  # NaN made quiet; infinity as it is
+        else:
+            out.append(((u + 0x7FFF + (top & 1)) >> 16) & 0xFFFF)
+    return out
+
+
+def test_bf16_conversion_is_the_sdms():
+    """The amx_emulated tier rounds fp32 to bf16 itself (a CPU without AVX-512 BF16 runs it): as the SDM says, and as
+    VCVTNEPS2BF16 does where the CPU has it, on special values, ties, denormals, NaNs and random bits."""
+    special = torch.tensor([0.0, -0.0, 1.0, 1.00390625, 1.01171875, -1.01171875, 3.3895e38, 3.4e38, math.inf,
+                            -math.inf, math.nan, -math.nan, 1e-40, -1e-40, 1.1754944e-38, 1.1754942e-38, 6e-39],
+                           dtype=torch.float32)
+    bits = torch.randint(-2**31, 2**31, (4099,), generator=torch.Generator().manual_seed(0), dtype=torch.int64)
+    x = torch.cat([special, bits.to(torch.int32).view(torch.float32)])
+    emulated, instruction = _C.bf16_conversions(x)
+    assert (emulated.to(torch.int64) & 0xFFFF).tolist() == _sdm_bf16(x)
+    normal = x.isfinite() & (x.abs() >= torch.finfo(torch.float32).tiny)
+    assert torch.equal(emulated[normal], x[normal].to(torch.bfloat16).view(torch.int16))  # torch's RNE there
+    if instruction is not None:
+        # The emulation models Intel's instruction (the amx tier's CPUs); on another vendor's AVX-512 BF16 only the
+        # values every implementation rounds alike (normal numbers, zeros, infinities) are compared.
+        with open("/proc/cpuinfo") as f:
+            intel = "GenuineIntel" in f.read()
+        same = torch.ones_like(normal) if intel else normal | (x == 0) | x.isinf()
+        assert torch.equal(emulated[same], instruction[same])
+

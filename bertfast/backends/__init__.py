@@ -18,6 +18,8 @@ _isa.apply_library_caps()
 
 from .contract import AttentionBias, Backend, DisentangledBias, BackendUnavailable, Precision, Rotary, Tokens  # noqa: E402
 
+_isa.warn_if_emulation_unrun()  # after torch (contract imports it): the extension needs torch's libraries loaded
+
 # name -> "module:Class". Adding a backend is one line here plus its module.
 REGISTRY = {
     "torch": "bertfast.backends.torch:TorchBackend",

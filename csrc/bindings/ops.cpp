@@ -8,6 +8,7 @@
 #include "bindings/checks.h"
 #include "bindings/ops.h"
 #include "cpu/amx_gemm.h"
+#include "cpu/amx_tiles.h"
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
 #include "cpu/profile.h"
@@ -366,6 +367,22 @@ std::tuple<int64_t, int64_t> amx_blocking() { return {bc::amx_blocking().steps, 
 void set_amx_blocking(int64_t steps, int64_t rows) {
   BF_CHECK(bc::set_amx_blocking(steps, rows), "AMX blocking: steps must be in [1, 64] and rows a multiple of ",
            bc::kAmxPairRows, " in [", bc::kAmxPairRows, ", ", bc::kAmxMaxItemRows, "], got ", steps, ", ", rows);
+}
+
+std::tuple<at::Tensor, c10::optional<at::Tensor>> bf16_conversions(const at::Tensor& x) {
+  BF_CHECK(x.dim() == 1 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+           "bf16_conversions takes a contiguous 1-D float32 tensor");
+#if BF_X86
+  const int64_t n = x.numel();
+  at::Tensor emulated = at::empty({n}, x.options().dtype(at::kShort)), instruction = at::empty_like(emulated);
+  auto bits = [](at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<int16_t>()); };
+  bc::amx_emulation::cvtneps_bf16_emulated(x.data_ptr<float>(), n, bits(emulated));
+  if (!bc::amx_emulation::cvtneps_bf16_instruction(x.data_ptr<float>(), n, bits(instruction))) return {emulated, {}};
+  return {emulated, instruction};
+#else
+  BF_CHECK(false, "bf16_conversions: the amx_emulated tier's conversion exists on x86-64 only");
+  return {};
+#endif
 }
 
 // ---- int8 dynamic quantization (quantize_rows.cpp, int8_linear*.cpp; bertfast/backends/cpu/quant.py) ----

@@ -66,6 +66,8 @@ void set_amx_gemm(const std::string& name);
 // The blocked AMX kernel's geometry (tile steps per K block, rows per work item at most), for measurement.
 std::tuple<int64_t, int64_t> amx_blocking();
 void set_amx_blocking(int64_t steps, int64_t rows);
+// fp32 -> bf16 bits as the amx_emulated tier converts them, and as VCVTNEPS2BF16 does where the CPU has it.
+std::tuple<at::Tensor, c10::optional<at::Tensor>> bf16_conversions(const at::Tensor& x);
 // int8 dynamic quantization
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, bool flip);
 at::Tensor pack_int8(const at::Tensor& weight);

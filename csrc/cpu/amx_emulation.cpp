@@ -165,6 +165,28 @@ BF_TARGET_AVX512 void dpbssd(int c, int a, int b) {
   state.cfg.start_row = 0;
 }
 
+BF_TARGET_AVX512 void cvtneps_bf16_emulated(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
+    _mm256_mask_storeu_epi16(out + i, m, cvtneps_bf16(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+
+namespace {
+BF_TARGET_AVX512BF16 void cvtneps_bf16_native(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
+    _mm256_mask_storeu_epi16(out + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+}  // namespace
+
+bool cvtneps_bf16_instruction(const float* x, int64_t n, uint16_t* out) {
+  if (!__builtin_cpu_supports("avx512bf16")) return false;
+  cvtneps_bf16_native(x, n, out);
+  return true;
+}
+
 }  // namespace amx_emulation
 }  // namespace cpu
 }  // namespace bertfast

@@ -2,10 +2,11 @@
 // as BF_TILE_* macros over which each kernel file is compiled twice: by itself with AMX's intrinsics (the amx tier),
 // and included by its *_amx_emulated.cpp twin, which defines BF_AMX_EMULATED, with each instruction a call into
 // amx_emulation.cpp (the amx_emulated tier). So the kernels' own tile configuration, packing, tails and epilogues
-// run, and are tested, on any CPU with AVX-512 BF16 and VNNI; only the tile instructions differ between the two.
+// run, and are tested, on any CPU with AVX-512 VNNI; only the tile instructions (and, emulated, the attention's
+// two bf16 conversions) differ between the two.
 //
 // Per mode: BF_TARGET_TILES_BF16 / BF_TARGET_TILES_INT8 are the kernels' target attributes (AMX's, or the same
-// AVX-512 BF16 / VNNI ones without the tiles) and BF_TILES(name) their entry points' names (name, or
+// AVX-512 / VNNI ones without the tiles) and BF_TILES(name) their entry points' names (name, or
 // name_emulated: both are declared in the ops' *_impl.h). Tile numbers are literals: the intrinsics are asm
 // templates that paste them into the instruction.
 #pragma once
@@ -15,7 +16,9 @@
 #if BF_X86
 #if defined(BF_AMX_EMULATED)
 #define BF_TARGET_TILES  // the configuration helpers below call out to amx_emulation.cpp
-#define BF_TARGET_TILES_BF16 BF_TARGET_AVX512BF16
+// AVX-512 without AVX-512 BF16: the emulated tier runs on a Cascade Lake or Ice Lake too, its two fp32 -> bf16
+// conversions (VCVTNE2PS2BF16, VCVTNEPS2BF16) carried out as the SDM defines them (cvtneps_bf16 below).
+#define BF_TARGET_TILES_BF16 BF_TARGET_AVX512
 #define BF_TARGET_TILES_INT8 BF_TARGET_VNNI
 #define BF_TILES(name) name##_emulated
 #define BF_TILE_LOADCONFIG(cfg) ::bertfast::cpu::amx_emulation::loadconfig(cfg)
@@ -39,6 +42,35 @@
 #define BF_TILE_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
 #endif
 
+// VCVTNEPS2BF16 per the SDM's convert_fp32_to_bfloat16: zero and denormal inputs give a zero of their sign (DAZ),
+// infinities keep their top half, NaNs their top half made quiet, normal numbers round to nearest even (integer
+// add of 0x7fff + bit 16); 16 fp32 lanes to 16 bf16, in AVX-512 F/BW. The amx_emulated tier's conversions
+// (tests/test_amx_tiles.py compares it with the instruction where the CPU has AVX-512 BF16).
+static BF_TARGET_AVX512 BF_INLINE __m256i cvtneps_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i top = _mm512_srli_epi32(u, 16);
+  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(top, _mm512_set1_epi32(1)));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  const __m512i exponent = _mm512_and_si512(u, _mm512_set1_epi32(0x7f800000));
+  const __mmask16 tiny = _mm512_cmpeq_epi32_mask(exponent, _mm512_setzero_si512());  // zero or denormal
+  const __mmask16 special = _mm512_cmpeq_epi32_mask(exponent, _mm512_set1_epi32(0x7f800000));  // inf or NaN
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, tiny, _mm512_and_si512(top, _mm512_set1_epi32(0x8000)));
+  r = _mm512_mask_mov_epi32(r, special, top);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(top, _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+#if defined(BF_AMX_EMULATED)
+// The emulated tier runs on CPUs without AVX-512 BF16: its conversions are cvtneps_bf16.
+#define BF_CVTNEPS_BF16(x) cvtneps_bf16(x)
+// VCVTNE2PS2BF16: a's 16 lanes above b's.
+#define BF_CVTNE2PS_BF16(a, b) _mm512_inserti64x4(_mm512_castsi256_si512(cvtneps_bf16(b)), cvtneps_bf16(a), 1)
+#else
+#define BF_CVTNEPS_BF16(x) ((__m256i)_mm512_cvtneps_pbh(x))
+#define BF_CVTNE2PS_BF16(a, b) ((__m512i)_mm512_cvtne2ps_pbh(a, b))
+#endif
+
 namespace bertfast {
 namespace cpu {
 
@@ -53,6 +85,10 @@ void loadd(int tile, const void* base, int64_t stride);          // TILELOADD (s
 void stored(int tile, void* base, int64_t stride);               // TILESTORED
 void dpbf16ps(int c, int a, int b);                              // TDPBF16PS: C += A B, bf16 pairs, fp32 C
 void dpbssd(int c, int a, int b);                                // TDPBSSD: C += A B, int8 quads, int32 C
+// n floats to bf16 bits as the emulated tier converts them (cvtneps_bf16), and, where the CPU has AVX-512 BF16, as
+// VCVTNEPS2BF16 does (false without it): for tests.
+void cvtneps_bf16_emulated(const float* x, int64_t n, uint16_t* out);
+bool cvtneps_bf16_instruction(const float* x, int64_t n, uint16_t* out);
 }  // namespace amx_emulation
 
 // The tile configuration both AMX GEMMs (bf16 and int8) and the attention use: tmm0-3 `rows` rows of 64 bytes

@@ -57,7 +57,7 @@ BF_TARGET_TILES_BF16 BF_INLINE __m512i load32_bf16(const bf16* p, __mmask32 m) {
 }
 BF_TARGET_TILES_BF16 BF_INLINE __m512i load32_bf16(const float* p, __mmask32 m) {
   const __m512 lo = _mm512_maskz_loadu_ps(__mmask16(m), p), hi = _mm512_maskz_loadu_ps(__mmask16(m >> 16), p + 16);
-  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+  return BF_CVTNE2PS_BF16(hi, lo);
 }
 
 // K rows [0, len) of one head (row stride in elements) into kp; keys and dims past the end are zero.
@@ -140,10 +140,11 @@ BF_TARGET_TILES_BF16 BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t qn
     bf16* pr_lo = sc.ps_lo + i * kAmxKeys;
     for (int c = 0; c < 4; ++c) {
       const __m512 p = _mm512_maskz_mov_ps(masks[c], exp2_512(_mm512_sub_ps(sv[c], mv)));
-      const __m256bh hi = _mm512_cvtneps_pbh(p);
-      const __m512 lo = _mm512_sub_ps(p, _mm512_cvtpbh_ps(hi));  // exact: hi is p's leading bits
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + 16 * c), (__m256i)hi);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr_lo + 16 * c), (__m256i)_mm512_cvtneps_pbh(lo));
+      const __m256i hi = BF_CVTNEPS_BF16(p);
+      // exact: hi is p's leading bits (widened by a shift, as vcvtpbh2ps does)
+      const __m512 lo = _mm512_sub_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + 16 * c), hi);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr_lo + 16 * c), BF_CVTNEPS_BF16(lo));
       sum = _mm512_add_ps(sum, p);
     }
     sc.l[i] = sc.l[i] * alpha + _mm512_reduce_add_ps(sum);

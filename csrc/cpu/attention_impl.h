@@ -393,10 +393,10 @@ BF_TARGET_AMX void attention_amx(const T* q, const T* k, const T* v, const AttnS
                                  T* out, std::atomic<int64_t>* next, const AttnBias* bias, int64_t window);
 // The same kernel with the tiles emulated (attention_amx_emulated.cpp, the amx_emulated tier).
 template <typename T>
-BF_TARGET_AVX512BF16 void attention_amx_emulated(const T* q, const T* k, const T* v, const AttnStrides& st,
-                                                 const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
-                                                 float scale, T* out, std::atomic<int64_t>* next,
-                                                 const AttnBias* bias, int64_t window);
+BF_TARGET_AVX512 void attention_amx_emulated(const T* q, const T* k, const T* v, const AttnStrides& st,
+                                             const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
+                                             float scale, T* out, std::atomic<int64_t>* next,
+                                             const AttnBias* bias, int64_t window);
 // bf16 products on AVX-512 BF16 without AMX (attention_avx512bf16.cpp): head_dim <= 64, no position bias; window > 0:
 // a sliding window (the bf16 dtype's calls; the int8 path's take none).
 // T: fp32 q, k, v, or bf16 (the int8 QKV GEMM's output rounded: int8_linear_bf16; the bf16 dtype's); O: the output's

@@ -82,8 +82,9 @@ static bool cpu_has_avx512_bf16() {
 }
 
 bool isa_supported(Isa isa) {
-  // The emulated tiles run inside the AMX kernels' own AVX-512 BF16 / VNNI code, so that code's features are needed.
-  if (isa == Isa::AmxEmulated) return isa_supported(Isa::Avx512Vnni) && cpu_has_avx512_bf16();
+  // The emulated tiles run inside the AMX kernels' own code, compiled for AVX-512 (F/BW/VL/DQ) and VNNI: their two
+  // bf16 conversions are emulated too (amx_tiles.h), so a CPU without AVX-512 BF16 runs them as well.
+  if (isa == Isa::AmxEmulated) return isa_supported(Isa::Avx512Vnni);
   return isa <= detected_isa();
 }
 
@@ -137,15 +138,18 @@ static std::atomic<int>& isa_state() {
 
 Isa active_isa() { return static_cast<Isa>(isa_state().load(std::memory_order_relaxed)); }
 
+// With AVX-512 BF16 hidden on a CPU that has it the amx tiers are refused (their bf16 is native); on a CPU without
+// it, amx_emulated runs as it is.
 bool set_isa(Isa isa) {
-  if (!isa_supported(isa) || (amx_kernels(isa) && !has_avx512_bf16())) return false;
+  if (!isa_supported(isa) || (amx_kernels(isa) && cpu_has_avx512_bf16() && !has_avx512_bf16())) return false;
   isa_state().store(static_cast<int>(isa));
   return true;
 }
 
 bool set_avx512_bf16(bool enabled) {
   if (enabled && !cpu_has_avx512_bf16()) return false;
-  if (!enabled && amx_kernels(active_isa())) return false;  // the AMX kernels need it: cap the tier first
+  // Under the amx tiers it stays where the CPU has it (cap the tier first); where the CPU lacks it, it is off already.
+  if (!enabled && amx_kernels(active_isa()) && cpu_has_avx512_bf16()) return false;
   bf16_state().store(enabled);
   return true;
 }

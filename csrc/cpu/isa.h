@@ -21,8 +21,8 @@ namespace cpu {
 //   Avx2:       AVX2 + FMA (+ F16C, BMI2).
 //   Avx512Vnni: AVX-512 F/BW/VL/DQ + VNNI; AVX-512 BF16 used where present.
 //   AmxEmulated: the Amx tier's kernels with the tile instructions emulated (amx_tiles.h, amx_emulation.cpp) on a
-//               CPU with Avx512Vnni + AVX-512 BF16: slow, for tests of the AMX code on CPUs without AMX. Never
-//               detected; only BERTFAST_ISA=amx_emulated or set_isa select it.
+//               CPU with Avx512Vnni (AVX-512 BF16 not needed): slow, for tests of the AMX code on CPUs without
+//               AMX. Never detected; only BERTFAST_ISA=amx_emulated or set_isa select it.
 //   Amx:        the above + AVX-512 BF16 + AMX tiles (bf16, int8), granted by the OS.
 enum class Isa : int { Portable = 0, Avx2 = 1, Avx512Vnni = 2, AmxEmulated = 3, Amx = 4 };
 
@@ -34,9 +34,9 @@ Isa detected_isa();
 // The tier the kernels dispatch to: the detected one, capped by BERTFAST_ISA at load or by set_isa.
 Isa active_isa();
 // Cap the kernels at `isa` (tests and benchmarks run every lower tier, and amx_emulated); false if the CPU lacks
-// it (or, for amx and amx_emulated, AVX-512 BF16 is hidden).
+// it (or, for amx and amx_emulated, AVX-512 BF16 is hidden on a CPU that has it).
 bool set_isa(Isa isa);
-// Every tier up to the detected one; amx_emulated wherever the CPU has Avx512Vnni and AVX-512 BF16.
+// Every tier up to the detected one; amx_emulated wherever the CPU has Avx512Vnni.
 bool isa_supported(Isa isa);
 // The tier named by `name` ("amx", "amx_emulated", "avx512_vnni", "avx2", "portable"); false if no tier has that
 // name.
@@ -46,8 +46,8 @@ const char* isa_name(Isa isa);
 // has them and they are not hidden (BERTFAST_ISA=avx512_vnni-nobf16 at load, or set_avx512_bf16), as a
 // hypervisor that masks them would. Hidden, the tier is capped below amx.
 bool has_avx512_bf16();
-// Hide (false) or restore (true) AVX-512 BF16; false if the CPU lacks it, or if hiding it while the amx or
-// amx_emulated tier is active.
+// Hide (false) or restore (true) AVX-512 BF16; false if restoring it where the CPU lacks it, or hiding it while the
+// amx or amx_emulated tier is active on a CPU that has it.
 bool set_avx512_bf16(bool enabled);
 // AVX-VNNI (VEX vpdpbusd on ymm: Alder Lake and later Intel cores, AMD Zen 4 and later), used by the Avx2 tier's
 // int8 GEMM where present: exact int32 sums either way, so the output is the same with or without it.

@@ -361,15 +361,15 @@ BF_TARGET_AVX512 void linear_blocked_bf16(const bf16* x, int64_t ldx, const bf16
 // (linear_amx_emulated.cpp, the amx_emulated tier).
 BF_TARGET_AMX void linear_amx(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N, int64_t K,
                               const Epilogue& ep, MeetInTheMiddle::Walker& panels);
-BF_TARGET_AVX512BF16 void linear_amx_emulated(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N,
-                                              int64_t K, const Epilogue& ep, MeetInTheMiddle::Walker& panels);
+BF_TARGET_AVX512 void linear_amx_emulated(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N,
+                                          int64_t K, const Epilogue& ep, MeetInTheMiddle::Walker& panels);
 // AMX blocked (linear_amx.cpp, amx_gemm.h): output rows [r0, r0 + rows) x panels [p0, p1), bit-identical to
 // linear_amx; and with the tiles emulated. linear_amx_blocked_gemm (amx_gemm.cpp) runs a whole call on nt threads.
 BF_TARGET_AMX void linear_amx_blocked(const bf16* x, int64_t ldx, const bf16* packed, int64_t N, int64_t K,
                                       const Epilogue& ep, int64_t r0, int64_t rows, int64_t p0, int64_t p1);
-BF_TARGET_AVX512BF16 void linear_amx_blocked_emulated(const bf16* x, int64_t ldx, const bf16* packed, int64_t N,
-                                                      int64_t K, const Epilogue& ep, int64_t r0, int64_t rows,
-                                                      int64_t p0, int64_t p1);
+BF_TARGET_AVX512 void linear_amx_blocked_emulated(const bf16* x, int64_t ldx, const bf16* packed, int64_t N,
+                                                  int64_t K, const Epilogue& ep, int64_t r0, int64_t rows,
+                                                  int64_t p0, int64_t p1);
 void linear_amx_blocked_gemm(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N, int64_t K,
                              const Epilogue& ep, int nt, bool emulated);
 #endif

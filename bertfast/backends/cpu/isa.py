@@ -2,12 +2,12 @@
 
 Tiers, lowest to highest: `portable` (plain loops), `avx2` (AVX2 + FMA), `avx512_vnni` (AVX-512 F/BW/VL/DQ
 + VNNI, AVX-512 BF16 where present), `amx_emulated` (the amx tier's kernels with the tile instructions
-emulated: slow, for testing the AMX code on a CPU with AVX-512 VNNI and BF16 but no AMX; docs/tiers.md),
+emulated: slow, for testing the AMX code on a CPU with AVX-512 VNNI but no AMX; docs/tiers.md),
 `amx` (AMX bf16/int8 tiles). The extension picks the best tier the CPU has, never `amx_emulated`;
 `BERTFAST_ISA=<cap>` caps it (for tests, benchmarks and reproducible numerics): a tier's name (`amx_emulated`
 runs wherever the CPU supports it, above a detected avx512_vnni too), or `avx512_vnni-nobf16`, the avx512_vnni
-tier with AVX-512 BF16 hidden (an Ice Lake, or a VM whose hypervisor masks AVX-512 BF16 and AMX, as a CPU with
-it can stand in for). The libraries
+tier with AVX-512 BF16 hidden (a Cascade Lake or Ice Lake, or a VM whose hypervisor masks AVX-512 BF16 and AMX,
+as a CPU with it can stand in for). The libraries
 torch calls decide for themselves, so the same cap is passed to them through their own variables
 (`ONEDNN_MAX_CPU_ISA`, `MKL_ENABLE_INSTRUCTIONS`, `ATEN_CPU_CAPABILITY`, and for `portable` also
 `MKL_CBWR=COMPATIBLE`), set when bertfast is imported unless the user set them: they take effect only if
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 TIERS = ("portable", "avx2", "avx512_vnni", "amx_emulated", "amx")
 NO_BF16 = "avx512_vnni-nobf16"
@@ -71,6 +72,19 @@ def library_caps(cap: str | None) -> dict[str, str]:
 APPLIED: dict[str, str] = {}
 
 
+def warn_if_emulation_unrun() -> None:
+    """BERTFAST_ISA=amx_emulated chooses the emulated AMX tier; on a CPU that cannot run it (no AVX-512 VNNI) the
+    kernels run the CPU's best tier instead, which a test run under that name must hear about (loads the extension
+    only under that name)."""
+    if os.environ.get("BERTFAST_ISA", "").strip() != EMULATED:
+        return
+    from .ext import _C
+
+    if _C is not None and _C.isa() != EMULATED:
+        warnings.warn(f"BERTFAST_ISA={EMULATED}: {unsupported(EMULATED)}; the kernels run {_C.isa()}, not the AMX "
+                      "code", stacklevel=2)
+
+
 def apply_library_caps() -> None:
     """Pass BERTFAST_ISA's cap to oneDNN, MKL and ATen (their variables, unless already set)."""
     for name, value in library_caps(requested_cap()).items():
@@ -107,7 +121,7 @@ def unsupported(cap: str, supported: list[str] | None = None) -> str | None:
     if cap == NO_BF16 and "avx512_vnni" in supported and cap not in supported:
         return "this CPU has no AVX-512 BF16 to hide: its avx512_vnni tier is this cap already"
     if cap == EMULATED and cap not in supported:
-        return "amx_emulated needs a CPU with AVX-512 VNNI and AVX-512 BF16 (the AMX kernels' code around the tiles)"
+        return "amx_emulated needs a CPU with AVX-512 VNNI (the AMX kernels' code around the tiles)"
     if cap not in supported:
         best = next(t for t in supported if t != EMULATED)
         return f"this CPU does not support the {cap} tier (its best: {best})"
@@ -115,10 +129,10 @@ def unsupported(cap: str, supported: list[str] | None = None) -> str | None:
 
 
 def native_bf16() -> bool:
-    """Whether the active tier has native bf16 dot products: `amx`, `amx_emulated` (which needs AVX-512 BF16),
-    or `avx512_vnni` on a CPU with AVX-512 BF16 (`active_cap()` one of those three). Below that, bf16 saves memory traffic but not arithmetic
-    (docs/cpu-gemm.md#bf16-without-native-dot-products). Without the extension the CPU flags and
-    BERTFAST_ISA's cap decide."""
+    """Whether the active tier has native bf16 dot products: `amx`, `amx_emulated` (the amx tier's arithmetic),
+    or `avx512_vnni` on a CPU with AVX-512 BF16 (`active_cap()` one of those three). Below that, bf16 saves memory
+    traffic but not arithmetic (docs/cpu-gemm.md#bf16-without-native-dot-products). Without the extension the CPU
+    flags and BERTFAST_ISA's cap decide."""
     from .ext import _C
 
     if _C is None:
