@@ -99,7 +99,7 @@ def test_unknown_tier_is_refused():
 
 
 def test_emulated_tier_runs_or_says_why_not():
-    """BERTFAST_ISA=amx_emulated runs the AMX code where the CPU can (AVX-512 VNNI and BF16), and elsewhere warns
+    """BERTFAST_ISA=amx_emulated runs the AMX code where the CPU can (AVX-512 VNNI), and elsewhere warns
     that it runs the CPU's own tier instead."""
     code = """
         import warnings

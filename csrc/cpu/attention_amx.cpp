@@ -141,8 +141,7 @@ BF_TARGET_TILES_BF16 BF_INLINE void amx_softmax_block(AmxScratch& sc, int64_t qn
     for (int c = 0; c < 4; ++c) {
       const __m512 p = _mm512_maskz_mov_ps(masks[c], exp2_512(_mm512_sub_ps(sv[c], mv)));
       const __m256i hi = BF_CVTNEPS_BF16(p);
-      // exact: hi is p's leading bits (widened by a shift, as vcvtpbh2ps does)
-      const __m512 lo = _mm512_sub_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16)));
+      const __m512 lo = _mm512_sub_ps(p, widen_bf16(hi));  // exact: hi is p's leading bits
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + 16 * c), hi);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr_lo + 16 * c), BF_CVTNEPS_BF16(lo));
       sum = _mm512_add_ps(sum, p);

@@ -17,9 +17,12 @@ BF_TARGET_AVX512 BF_INLINE __mmask16 tail_mask(int64_t left) {
 }
 
 BF_TARGET_AVX512 BF_INLINE __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-BF_TARGET_AVX512 BF_INLINE __m512 load16(const bf16* p, __mmask16 m) {
-  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+// 16 bf16 (their bits) widened to fp32, exactly: a shift, as vcvtpbh2ps does.
+BF_TARGET_AVX512 BF_INLINE __m512 widen_bf16(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+BF_TARGET_AVX512 BF_INLINE __m512 load16(const bf16* p, __mmask16 m) {
+  return widen_bf16(_mm256_maskz_loadu_epi16(m, p));
 }
 BF_TARGET_AVX512 BF_INLINE void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
 BF_TARGET_AVX512 BF_INLINE void store16(bf16* p, __m512 v, __mmask16 m) {
