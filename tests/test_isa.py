@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -153,3 +154,20 @@ def test_no_reference_kernel(tier):
     assert not reference, "oneDNN ran reference kernels:\n" + "\n".join(reference[:5])
     if tier != "amx":  # below AMX the int8 GEMMs are the extension's own: no oneDNN int8 primitive at all
         assert not [line for line in executed if "s8:" in line or "u8:" in line], "oneDNN int8 below amx"
+
+
+def test_extension_uses_the_process_cxx_runtime():
+    """The extension links libstdc++ dynamically and carries no copy of it: torch loads the system's, and a second,
+    static copy (what one device host's compiler, CXX=/opt/gcc/bin/g++, produced) shares the first one's global data
+    through the dynamic linker, so formatting a number into an error message segfaulted there
+    (benchmarks/results/amx-2026-11-27)."""
+    from bertfast import _C
+
+    if shutil.which("readelf") is None or shutil.which("nm") is None:
+        pytest.skip("needs binutils (readelf, nm)")
+    dynamic = subprocess.run(["readelf", "-d", _C.__file__], capture_output=True, text=True, check=True).stdout
+    assert "[libstdc++.so" in dynamic, f"{_C.__file__} does not link libstdc++ dynamically:\n{dynamic}"
+    symbols = subprocess.run(["nm", "-D", "--defined-only", _C.__file__], capture_output=True, text=True,
+                             check=True).stdout.split("\n")
+    runtime = [s for s in symbols if s.split(" ")[-1].startswith(("_ZNSt6locale", "_ZNSo", "_ZNSt8ios_base"))]
+    assert not runtime, f"{_C.__file__} defines the C++ runtime's own symbols: {runtime[:5]}"

@@ -371,3 +371,15 @@ def test_model_check_on_the_default_model(minilm_path, capsys):
     assert len(rows) == 2 * (1 + 6 + 1)
     assert all(r[1].startswith("sentences-") for r in rows)  # the real tokenizer was used
     assert all(r[7] == "PASS" for r in rows)
+
+
+def test_a_command_that_cannot_load_says_why(monkeypatch, capsys):
+    """A command whose module fails to import exits 2 naming the import error (on one host `bertfast validate` said
+    only "not available in this build")."""
+    import bertfast.tools.cli as cli
+
+    monkeypatch.setitem(cli.COMMANDS, "nothere", ("bertfast.tools.no_such_module", "a command that cannot load"))
+    assert cli.main(["nothere"]) == 2
+    err = capsys.readouterr().err
+    assert "bertfast nothere: not available in this build" in err
+    assert "No module named 'bertfast.tools.no_such_module'" in err

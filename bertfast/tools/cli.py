@@ -29,14 +29,14 @@ def main(argv=None) -> int:
         p.set_defaults(module=module_name)
         try:
             importlib.import_module(module_name).add_arguments(p)
-        except ImportError:
-            p.set_defaults(missing=True)
+        except ImportError as e:  # a dependency of that command is missing: say which when it is asked for
+            p.set_defaults(missing=f"{type(e).__name__}: {e}")
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
     if getattr(args, "missing", False):
-        print(f"bertfast {args.command}: not available in this build", file=sys.stderr)
+        print(f"bertfast {args.command}: not available in this build ({args.missing})", file=sys.stderr)
         return 2
     return int(importlib.import_module(args.module).run(args) or 0)
 
