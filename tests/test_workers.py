@@ -226,6 +226,56 @@ def test_embed_job_streams_chunks_across_shards():
     assert not [e for e in events if e[0] == "discard"]
 
 
+def test_embed_job_splits_the_tail_across_workers():
+    """With workers > 1 and a known total, the stream's last texts go out in smaller chunks (a 2 x workers-th of what
+    is left, at least job.TAIL_PIECE), so no worker embeds a whole last chunk alone; every row still lands in its
+    shard at its place (chunks of several sizes), and one worker, or an unknown total, keeps whole chunks."""
+    from bertfast.tools.embed import job
+    from bertfast.tools.embed.readers import Row
+
+    assert job.piece_size(256, 200, 2) == 50 and job.piece_size(256, 5000, 2) == 256
+    assert job.piece_size(256, 20, 2) == job.TAIL_PIECE and job.piece_size(256, 7, 2) == 7
+    assert job.piece_size(256, 200, 1) == job.piece_size(256, None, 2) == 256
+
+    class Shard:
+        def __init__(self, index, out):
+            self.index, self.out = index, out
+
+        def append(self, ids, emb, texts):
+            self.out.append((self.index, list(ids), [int(v) for v in emb[:, 0]]))
+
+        def commit(self):
+            pass
+
+    class Writer:
+        def __init__(self):
+            self.appended = []
+
+        def done(self, index):
+            return False
+
+        def open(self, index):
+            return Shard(index, self.appended)
+
+    def embed_chunks(chunks):
+        for c in chunks:
+            sizes.append(len(c))
+            yield np.array([[float(t)] for t in c], dtype=np.float32), len(c)
+
+    rows = [Row(file="x.txt", line=i + 1, text=str(i), id=i) for i in range(700)]
+    whole = [64, 64, 64, 64, 44] * 2 + [64, 36]  # shards of 300, 300 and 100 texts in chunks of 64
+    # whole chunks while more than 2 x 2 x 64 texts are left, then a quarter of what is left (the shard's end cuts
+    # one), never under TAIL_PIECE but for the last
+    tail = [64, 64, 64, 64, 44, 64, 64, 64, 52, 39, 17, 25, 19, 16, 16, 16, 8]
+    for workers, total, expected in ((2, 700, tail), (1, 700, whole), (2, None, whole)):
+        sizes, writer = [], Writer()
+        report = job.run(iter(rows), writer, embed_chunks, shard_rows=300, total=total, chunk_size=64,
+                         progress=False, workers=workers)
+        assert report.embedded == 700 and sizes == expected, sizes
+        assert [i for _, ids, _ in writer.appended for i in ids] == list(range(700))
+        assert all(ids == values and all(i // 300 == shard for i in ids) for shard, ids, values in writer.appended)
+
+
 def test_embed_strict_writes_the_shards_before_the_bad_row(tmp_path, tiny_text_model):
     import json
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from bertfast.profiling import stage
 
 CHUNK = 1024  # texts per embed call: sort window for token batching, bounded tokenizer memory
+TAIL_PIECE = 16  # the smallest chunk of a stream's tail (see piece_size)
 EXAMPLES = 10  # bad rows listed in the report
 
 
@@ -97,12 +98,23 @@ def shards(rows, shard_rows: int, report: Report, strict: bool = False, use_row_
         yield index, ids, texts
 
 
+def piece_size(chunk_size: int, left: int | None, workers: int) -> int:
+    """Texts in the next chunk when about `left` texts remain to be handed out (None: unknown) to `workers` that
+    take chunks as they free up: `chunk_size`, until the tail, where each chunk is a 2 x workers-th of what is
+    left (at least TAIL_PIECE), so the workers finish together instead of one embedding a whole last chunk while
+    the others wait (200 texts, 2 workers, 256-text chunks: one worker did all of it)."""
+    if workers <= 1 or left is None:
+        return chunk_size
+    return max(1, min(chunk_size, max(TAIL_PIECE, -(-left // (2 * workers))), left))
+
+
 def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None, keep_text: bool = False,
         strict: bool = False, use_row_ids: bool = True, progress: bool | None = None,
-        chunk_size: int = CHUNK) -> Report:
+        chunk_size: int = CHUNK, workers: int = 1) -> Report:
     """Embed every valid row into `writer`; embed_chunks(iterable of text lists) yields (embeddings, tokens) per
     list, in order, taking the lists as it needs them. progress: None shows the bar (texts/s, tokens/s, ETA) on a
-    terminal. chunk_size: texts per list.
+    terminal. chunk_size: texts per list, smaller in the stream's tail where `workers` > 1 take the lists
+    (piece_size; `total` tells where the tail begins).
 
     The chunks of every shard go to embed_chunks as one stream, so it can embed the next shard's first chunks while
     this thread writes (worker threads or Ray actors stay busy across shards); each chunk's rows are appended to its
@@ -116,6 +128,10 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
                disable=None if progress is None else not progress)
     in_flight = collections.deque()  # (index, ids, texts, chunk count) of each shard whose chunks were handed out
     failed = []  # --strict: the bad row, raised once the shards before it are written
+    handed = [0]  # texts handed out in chunks and not yet embedded or found bad (the tail starts from the total)
+
+    def bar_done():
+        return report.embedded + report.bad
 
     def chunks():
         try:
@@ -126,7 +142,12 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
                         bar.total -= len(texts)
                     bar.update(report.embedded + report.bad - bar.n)
                     continue
-                parts = [texts[s:s + chunk_size] for s in range(0, len(texts), chunk_size)]
+                parts, start = [], 0
+                while start < len(texts):
+                    left = None if bar.total is None else max(bar.total - bar_done() - handed[0], 1)
+                    parts.append(texts[start:start + piece_size(chunk_size, left, workers)])
+                    start += len(parts[-1])
+                    handed[0] += len(parts[-1])
                 in_flight.append((index, ids, texts, len(parts)))
                 yield from parts
         except BadRow as e:
@@ -134,15 +155,15 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
 
     start = time.perf_counter()
     results = embed_chunks(chunks())
-    shard, parts = None, 0  # the shard in_flight[0] being written, and its chunks appended so far
+    shard, parts, lo = None, 0, 0  # the shard in_flight[0] being written, its chunks and rows appended so far
     try:
         for emb, tokens in results:
             index, ids, texts, count = in_flight[0]
             with stage("write"):  # each chunk as it comes: the last one leaves only the shard's footer to write
                 shard = shard or writer.open(index)
-                lo = parts * chunk_size
                 shard.append(ids[lo:lo + len(emb)], emb, texts[lo:lo + len(emb)] if keep_text else None)
-            parts += 1
+            parts, lo = parts + 1, lo + len(emb)
+            handed[0] -= len(emb)
             report.embedded += len(emb)
             report.tokens += tokens
             elapsed = time.perf_counter() - start
@@ -152,7 +173,7 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
                 in_flight.popleft()
                 with stage("write"):
                     shard.commit()
-                shard, parts = None, 0
+                shard, parts, lo = None, 0, 0
         if failed:
             raise failed[0]
     finally:
