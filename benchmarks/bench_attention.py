@@ -39,20 +39,6 @@ SHAPES = {  # name: (lengths, heads, head_dim)
 DTYPES = ("fp32", "bf16-products", "bf16")
 
 
-def select(cap: str) -> None:
-    """The kernels on `cap` (isa.CAPS), AVX-512 BF16 on where the CPU has it unless the cap hides it."""
-    from bertfast import _C
-    from bertfast.backends.cpu import isa
-
-    bf16 = cap != isa.NO_BF16 and "avx512_bf16" in isa.proc_cpuinfo()[1]
-    if bf16:
-        _C.set_avx512_bf16(True)
-    if not _C.set_isa(isa.cap_tier(cap)):
-        raise SystemExit(f"cap {cap} does not run on this CPU")
-    if not bf16:
-        _C.set_avx512_bf16(False)
-
-
 def inputs(shape: str, dtype: str, seed: int = 0):
     lengths, heads, d = SHAPES[shape]
     g = torch.Generator().manual_seed(seed)
@@ -66,27 +52,28 @@ def inputs(shape: str, dtype: str, seed: int = 0):
 
 def row(shape: str, dtype: str, threads: int, caps: list[str], rounds: int) -> list[dict]:
     from bertfast import _C
+    from bertfast.backends.cpu import isa
 
     args, flops = inputs(shape, dtype)
     _C.set_num_threads(threads)
     outputs, calls = {}, None
     for cap in caps:  # each cap's output once, and the burst length from the first cap's speed
-        select(cap)
-        outputs[cap] = _C.attention(*args[:6], bf16_products=args[6]).float()
-        if calls is None:
-            start, n = time.perf_counter(), 0
-            while time.perf_counter() - start < 0.005 or n < 3:
-                _C.attention(*args[:6], bf16_products=args[6])
-                n += 1
-            calls = n
+        with isa.on_cap(cap):
+            outputs[cap] = _C.attention(*args[:6], bf16_products=args[6]).float()
+            if calls is None:
+                start, n = time.perf_counter(), 0
+                while time.perf_counter() - start < 0.005 or n < 3:
+                    _C.attention(*args[:6], bf16_products=args[6])
+                    n += 1
+                calls = n
 
     def burst(cap):
         def timed():
-            select(cap)
-            start = time.perf_counter()
-            for _ in range(calls):
-                _C.attention(*args[:6], bf16_products=args[6])
-            return (time.perf_counter() - start) / calls
+            with isa.on_cap(cap):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    _C.attention(*args[:6], bf16_products=args[6])
+                return (time.perf_counter() - start) / calls
         return timed
 
     times = interleaved({cap: burst(cap) for cap in caps}, rounds, warmup=1)
@@ -121,7 +108,7 @@ def main() -> int:
         reason = isa.unsupported(cap)
         if reason:
             parser.error(reason)
-    before = (_C.isa(), _C.has_avx512_bf16(), _C.num_threads())
+    threads_before = _C.num_threads()
     info = isa.cpu_info()
     print(f"cpu {info['cpu']}, caps {', '.join(caps)}; microseconds a call (median of {args.rounds} interleaved "
           f"bursts), GFLOP/s, max |out - {caps[0]}'s|", flush=True)
@@ -135,11 +122,8 @@ def main() -> int:
                     cells = "  ".join(f"{r['cap']} {r['us']:8.1f} us {r['gflops']:6.1f} "
                                       f"({r['max_abs_diff_vs_first']:.1e})" for r in got)
                     print(f"{shape:<9} {dtype:<13} {threads}t  {cells}", flush=True)
-    finally:  # the tier, AVX-512 BF16 and threads as they were
-        _C.set_avx512_bf16(True)
-        _C.set_isa(before[0])
-        _C.set_avx512_bf16(before[1])
-        _C.set_num_threads(before[2])
+    finally:
+        _C.set_num_threads(threads_before)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": info, "rounds": args.rounds, "rows": rows}, f, indent=1)

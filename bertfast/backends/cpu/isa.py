@@ -16,6 +16,7 @@ torch has not run a GEMM before that.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -150,6 +151,31 @@ def active_cap() -> str | None:
         return None
     tier = _C.isa()
     return NO_BF16 if tier == "avx512_vnni" and not _C.has_avx512_bf16() else tier
+
+
+def _select(_C, tier: str, bf16: bool) -> None:
+    # AVX-512 BF16 on before a tier that needs it (the amx tiers), off only once the tier no longer does.
+    if bf16:
+        assert _C.set_avx512_bf16(True)
+    assert _C.set_isa(tier) and _C.isa() == tier
+    if not bf16:
+        assert _C.set_avx512_bf16(False)
+
+
+@contextlib.contextmanager
+def on_cap(cap: str):
+    """The kernels on `cap` (one of CAPS the CPU supports) inside the block, as BERTFAST_ISA would select them; the
+    tier and AVX-512 BF16 as they were after it. A cap other than avx512_vnni-nobf16 runs with the CPU's AVX-512 BF16
+    where it has it, also in a process started under BERTFAST_ISA=avx512_vnni-nobf16 (where it starts hidden). For
+    tests and benchmarks: the choice is process-wide."""
+    from .ext import _C
+
+    before = (_C.isa(), _C.has_avx512_bf16())
+    _select(_C, cap_tier(cap), cap != NO_BF16 and "avx512_bf16" in proc_cpuinfo()[1])
+    try:
+        yield cap
+    finally:
+        _select(_C, *before)
 
 
 @functools.lru_cache(maxsize=1)

@@ -233,7 +233,7 @@ def _run(args, progress: _Progress) -> int:
             # Worker threads take whole chunks (tokenizing them too), each chunk's batches on the worker's cores.
             embedder = Embedder(**options, workers=1)
             workers, threads = plan(embedder.encoder.device, sys.maxsize, args.workers, embedder.encoder.backend)
-            chunk, hands = (job.CHUNK, 1) if workers == 1 else (WORKER_CHUNK, workers)
+            chunk, takers = (job.CHUNK, 1) if workers == 1 else (WORKER_CHUNK, workers)
             if workers > 1 and args.batch_tokens is None:
                 embedder.options["batch_tokens"] = worker_batch_tokens(embedder.encoder)
             embed_chunks = lambda chunks: ordered_map(embedder.embed, chunks, workers, threads)  # noqa: E731
@@ -242,7 +242,7 @@ def _run(args, progress: _Progress) -> int:
             ray = cluster.connect(args.ray)
             signals.install()  # ray.init sets its own SIGTERM handler
             pool = embed_chunks = cluster.ActorPool(ray, options, args.ray_actors, args.ray_cpus_per_actor)
-            chunk, hands = job.CHUNK, 1
+            chunk, takers = job.CHUNK, 1
             rows = cluster.read_rows_on(ray, files, args.column, args.id_column)
         embed_chunks = _quantized(embed_chunks, args.precision, _load_ranges(args.ranges))
         progress.writer = writer = ShardWriter(args.output, settings(args, files), resume=args.resume)
@@ -261,7 +261,7 @@ def _run(args, progress: _Progress) -> int:
             report = job.run(timed_iter(rows, "read") if prof else rows, writer, embed_chunks,
                              shard_rows=args.shard_rows, total=total, keep_text=args.keep_text, strict=args.strict,
                              use_row_ids=args.id_column is None, progress=args.progress, chunk_size=chunk,
-                             workers=hands)
+                             workers=takers)
     except job.BadRow as e:
         return _fail(f"bad row (--strict): {e}", 1)
     finally:

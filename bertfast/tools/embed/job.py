@@ -128,12 +128,10 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
                disable=None if progress is None else not progress)
     in_flight = collections.deque()  # (index, ids, texts, chunk count) of each shard whose chunks were handed out
     failed = []  # --strict: the bad row, raised once the shards before it are written
-    handed = [0]  # texts handed out in chunks and not yet embedded or found bad (the tail starts from the total)
-
-    def bar_done():
-        return report.embedded + report.bad
+    handed = 0  # texts handed out in chunks so far: the total less these and the bad rows is what is left
 
     def chunks():
+        nonlocal handed
         try:
             for index, ids, texts in shards(rows, shard_rows, report, strict, use_row_ids):
                 if writer.done(index):  # out of the bar's total, so its rate and ETA are this run's
@@ -142,12 +140,12 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
                         bar.total -= len(texts)
                     bar.update(report.embedded + report.bad - bar.n)
                     continue
-                parts, start = [], 0
-                while start < len(texts):
-                    left = None if bar.total is None else max(bar.total - bar_done() - handed[0], 1)
-                    parts.append(texts[start:start + piece_size(chunk_size, left, workers)])
-                    start += len(parts[-1])
-                    handed[0] += len(parts[-1])
+                parts, lo = [], 0
+                while lo < len(texts):
+                    left = None if bar.total is None else max(bar.total - report.bad - handed, 1)
+                    parts.append(texts[lo:lo + piece_size(chunk_size, left, workers)])
+                    lo += len(parts[-1])
+                    handed += len(parts[-1])
                 in_flight.append((index, ids, texts, len(parts)))
                 yield from parts
         except BadRow as e:
@@ -163,7 +161,6 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
                 shard = shard or writer.open(index)
                 shard.append(ids[lo:lo + len(emb)], emb, texts[lo:lo + len(emb)] if keep_text else None)
             parts, lo = parts + 1, lo + len(emb)
-            handed[0] -= len(emb)
             report.embedded += len(emb)
             report.tokens += tokens
             elapsed = time.perf_counter() - start
