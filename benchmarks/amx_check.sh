@@ -34,8 +34,8 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 pin="taskset -c 0,1"
 if has gemm; then  # the ceilings (bench_peak's AMX rows), then our AMX GEMMs against oneDNN's
     timeout 30 $pin python3 benchmarks/bench_peak.py --seconds 0.2 > "$LOG/peak.log" 2>&1
-    timeout "${GEMM_S:-70}" $pin python3 benchmarks/bench_amx_gemm.py --threads 2 ${GEMM_ARGS:-} --out "$LOG/gemm.json" \
-        > "$LOG/gemm.log" 2>&1
+    timeout "${GEMM_S:-70}" $pin python3 benchmarks/bench_amx_gemm.py --threads 2 ${GEMM_ARGS:-} \
+        --out "$LOG/gemm.json" > "$LOG/gemm.log" 2>&1
     echo "gemm rc=$?"
 fi
 if has attention; then  # the attention kernel per cap (amx against the AVX-512 ones) at MiniLM's and BERT-base's shapes

@@ -47,23 +47,27 @@ def inputs(shape: str, dtype: str, seed: int = 0):
         qkv = qkv.to(torch.bfloat16)
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
     flops = sum(4 * n * n * d * heads for n in lengths)
-    return (qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, max(lengths), d ** -0.5, dtype == "bf16-products"), flops
+    return (qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, max(lengths), d ** -0.5), dtype == "bf16-products", flops
 
 
 def row(shape: str, dtype: str, threads: int, caps: list[str], rounds: int) -> list[dict]:
     from bertfast import _C
     from bertfast.backends.cpu import isa
 
-    args, flops = inputs(shape, dtype)
+    args, bf16_products, flops = inputs(shape, dtype)
+
+    def call():
+        return _C.attention(*args, bf16_products=bf16_products)
+
     _C.set_num_threads(threads)
     outputs, calls = {}, None
     for cap in caps:  # each cap's output once, and the burst length from the first cap's speed
         with isa.on_cap(cap):
-            outputs[cap] = _C.attention(*args[:6], bf16_products=args[6]).float()
+            outputs[cap] = call().float()
             if calls is None:
                 start, n = time.perf_counter(), 0
                 while time.perf_counter() - start < 0.005 or n < 3:
-                    _C.attention(*args[:6], bf16_products=args[6])
+                    call()
                     n += 1
                 calls = n
 
@@ -72,7 +76,7 @@ def row(shape: str, dtype: str, threads: int, caps: list[str], rounds: int) -> l
             with isa.on_cap(cap):
                 start = time.perf_counter()
                 for _ in range(calls):
-                    _C.attention(*args[:6], bf16_products=args[6])
+                    call()
                 return (time.perf_counter() - start) / calls
         return timed
 
@@ -99,7 +103,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    caps = args.caps.split(",") if args.caps else [c for c in reversed(isa.supported_caps()) if c != "amx_emulated"]
+    caps = args.caps.split(",") if args.caps else [c for c in reversed(isa.supported_caps()) if c != isa.EMULATED]
     shapes, dtypes = args.shapes.split(","), args.dtypes.split(",")
     for value, known, what in ((caps, isa.CAPS, "cap"), (shapes, SHAPES, "shape"), (dtypes, DTYPES, "dtype")):
         if set(value) - set(known):

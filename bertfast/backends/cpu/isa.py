@@ -155,11 +155,11 @@ def active_cap() -> str | None:
 
 def _select(_C, tier: str, bf16: bool) -> None:
     # AVX-512 BF16 on before a tier that needs it (the amx tiers), off only once the tier no longer does.
-    if bf16:
-        assert _C.set_avx512_bf16(True)
-    assert _C.set_isa(tier) and _C.isa() == tier
-    if not bf16:
-        assert _C.set_avx512_bf16(False)
+    ok = _C.set_avx512_bf16(True) if bf16 else True
+    ok = ok and _C.set_isa(tier) and _C.isa() == tier
+    ok = ok and (bf16 or _C.set_avx512_bf16(False))
+    if not ok:  # a cap the CPU lacks (isa.unsupported says why)
+        raise RuntimeError(f"cannot select the {tier} tier with AVX-512 BF16 {'on' if bf16 else 'off'} on this CPU")
 
 
 @contextlib.contextmanager
