@@ -89,7 +89,7 @@ struct Avx512Block {
         // exp(-inf - m) would clamp to ~1e-38, not 0: masked keys are zeroed explicitly.
         const int64_t valid = std::min<int64_t>(16, std::max<int64_t>(0, kn - 16 * c));
         const __mmask16 mask = __mmask16((1u << valid) - 1u);
-        const __m512 p = _mm512_maskz_mov_ps(mask, exp512(_mm512_sub_ps(sv[c], mv)));
+        const __m512 p = _mm512_maskz_mov_ps(mask, exp512_nonpositive(_mm512_sub_ps(sv[c], mv)));
         _mm512_storeu_ps(s + 16 * c, p);
         sum = _mm512_add_ps(sum, p);
       }
@@ -105,14 +105,16 @@ struct Avx512Block {
     accumulate_rows<false>(sc, vf, qn, kn, dp, first);
   }
 
-  // acc += P V: 4 rows x up to 64 head_dim columns (up to 4 vectors, no more than the head has) per register block.
+  // acc += P V: 4 rows x up to 64 head_dim columns (up to 4 vectors, no more than the head has) per register block;
+  // pf: the item's paced prefetch (item_by_key), told of each block's work.
   template <bool kByKey>
   BF_TARGET_AVX512 static void accumulate_rows(Scratch& sc, const float* vf, int64_t qn, int64_t kn, int64_t dp,
-                                               bool first) {
+                                               bool first, RowPrefetch* pf = nullptr) {
     constexpr int kR = 4;
     for (int64_t i = 0; i < qn; i += kR) {
       const int rows = int(std::min<int64_t>(kR, qn - i));
       for (int64_t e0 = 0; e0 < dp; e0 += 64) {
+        if (pf != nullptr) pf->work(kn * kAccumulateWork * std::min<int64_t>(4, (dp - e0) / 16));
         switch (std::min<int64_t>(4, (dp - e0) / 16)) {
           case 1: accumulate<kR, 1, kByKey>(sc, vf, i, rows, e0, kn, dp, first); break;
           case 2: accumulate<kR, 2, kByKey>(sc, vf, i, rows, e0, kn, dp, first); break;
@@ -130,11 +132,31 @@ struct Avx512Block {
   // sums its probabilities in key order. MiniLM's shapes (12 heads of 32), 2 threads, Zen 5: x0.85 the time by query
   // row on bench_embed's corpus (~39 tokens a text, 24 texts a call), x0.86 on 24 x 40 tokens, x0.81 on 8 x 128.
   static constexpr bool kByKey = true;
+  // Work units (~cycles) of item_by_key's steps, for its RowPrefetch's pace: a Q transpose (16 x 16), a score group
+  // per head_dim step (16 FMAs), 4 keys' exponentials (a vector each), a P V block per key and vector (4 FMAs).
+  static constexpr int64_t kTransposeWork = 64, kScoreWork = 8, kExpWork = 12, kAccumulateWork = 2;
+
+  // The units an item of len keys reports (item_by_key's loops, counted).
+  static int64_t work_by_key(int64_t len, int64_t d, int64_t dp) {
+    int64_t units = 0;
+    for (int64_t q0 = 0; q0 < len; q0 += kQBlock) {
+      // Shifts, not divisions: this runs once an item, and a 12-token item computes for ~1,500 cycles.
+      const int64_t qn = std::min<int64_t>(kQBlock, len - q0), qv = (qn + 15) >> 4, kj_log2 = qv == 1 ? 4 : 3;
+      units += qv * ((d + 15) >> 4) * kTransposeWork;
+      for (int64_t k0 = 0; k0 < len; k0 += kKBlock) {
+        const int64_t kn = std::min<int64_t>(kKBlock, len - k0);
+        units += ((kn + (1 << kj_log2) - 1) >> kj_log2) * kScoreWork * d + qv * kn * kExpWork;
+        for (int64_t e0 = 0; e0 < dp; e0 += 64)
+          units += ((qn + 3) >> 2) * kn * kAccumulateWork * std::min<int64_t>(4, (dp - e0) >> 4);
+      }
+    }
+    return units;
+  }
 
   template <typename T>
   BF_TARGET_AVX512 static void item_by_key(Scratch& sc, const T* q, int64_t q_row, const T* k, int64_t k_row,
                                            int64_t len, int64_t d, int64_t dp, float scale, T* out, int64_t H,
-                                           RowPrefetch& pf, int64_t rows_per_run) {
+                                           RowPrefetch& pf) {
     // K's rows widened, zero past head_dim and past the last key up to a multiple of 16 (a score group's keys).
     const int64_t rows16 = (len + 15) / 16 * 16;
     sc.kt.resize(rows16 * dp);
@@ -147,6 +169,7 @@ struct Avx512Block {
     }
     sc.qf.resize(dp * kQBlock);
     float* qt = sc.qf.data();
+    pf.pace(work_by_key(len, d, dp));
     for (int64_t q0 = 0; q0 < len; q0 += kQBlock) {
       const int64_t qn = std::min<int64_t>(kQBlock, len - q0);
       const int qv = int((qn + 15) / 16);  // query vectors
@@ -163,6 +186,7 @@ struct Avx512Block {
           transpose16(r);
           for (int64_t e = 0; e < std::min<int64_t>(16, d - e0); ++e)
             _mm512_storeu_ps(qt + (e0 + e) * kQBlock + 16 * c, r[e]);
+          pf.work(kTransposeWork);
         }
       }
       __m512 m[2], l[2];
@@ -170,20 +194,22 @@ struct Avx512Block {
       for (int64_t k0 = 0; k0 < len; k0 += kKBlock) {
         const int64_t kn = std::min<int64_t>(kKBlock, len - k0);
         const bool first = k0 == 0;
-        pf.step(rows_per_run);
-        if (qv == 1) scores_by_key<1>(qt, sc.kt.data() + k0 * dp, kn, d, dp, sc.s.data());
-        else scores_by_key<2>(qt, sc.kt.data() + k0 * dp, kn, d, dp, sc.s.data());
+        if (qv == 1) scores_by_key<1>(qt, sc.kt.data() + k0 * dp, kn, d, dp, sc.s.data(), pf);
+        else scores_by_key<2>(qt, sc.kt.data() + k0 * dp, kn, d, dp, sc.s.data(), pf);
         alignas(64) float alpha[kQBlock];
         for (int c = 0; c < qv; ++c) {
           float* s = sc.s.data() + 16 * c;
-          __m512 mx = m[c];
-          for (int64_t j = 0; j < kn; ++j) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j * kQBlock));
-          const __m512 a = exp512(_mm512_sub_ps(m[c], mx));  // unused on the first tile (l and acc start there)
+          __m512 mx4[4] = {m[c], m[c], m[c], m[c]};  // four chains of maxima (the same maximum, sooner)
+          for (int64_t j = 0; j < kn; ++j) mx4[j % 4] = _mm512_max_ps(mx4[j % 4], _mm512_loadu_ps(s + j * kQBlock));
+          const __m512 mx = _mm512_max_ps(_mm512_max_ps(mx4[0], mx4[1]), _mm512_max_ps(mx4[2], mx4[3]));
+          // Unused on the first tile (l and acc start there).
+          const __m512 a = exp512_nonpositive(_mm512_sub_ps(m[c], mx));
           __m512 sum = _mm512_setzero_ps();
           for (int64_t j = 0; j < kn; ++j) {
-            const __m512 p = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j * kQBlock), mx));
+            const __m512 p = exp512_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j * kQBlock), mx));
             _mm512_storeu_ps(s + j * kQBlock, p);
             sum = _mm512_add_ps(sum, p);
+            if (j % 4 == 3) pf.work(4 * kExpWork);
           }
           l[c] = first ? sum : _mm512_add_ps(_mm512_mul_ps(l[c], a), sum);
           m[c] = mx;
@@ -197,7 +223,7 @@ struct Avx512Block {
               _mm512_storeu_ps(acc + e, _mm512_mul_ps(_mm512_loadu_ps(acc + e), av));
           }
         }
-        accumulate_rows<true>(sc, sc.vf.data() + k0 * dp, qn, kn, dp, first);
+        accumulate_rows<true>(sc, sc.vf.data() + k0 * dp, qn, kn, dp, first, &pf);
       }
       alignas(64) float inv[kQBlock];
       for (int c = 0; c < qv; ++c) _mm512_store_ps(inv + 16 * c, _mm512_div_ps(_mm512_set1_ps(1.0f), l[c]));
@@ -215,7 +241,8 @@ struct Avx512Block {
   // tile of 16 / kQV keys x kQV vectors, one FMA per head_dim step and key, in head_dim order from zero.
   template <int kQV>
   BF_TARGET_AVX512 __attribute__((noinline)) static void scores_by_key(const float* qt, const float* kf, int64_t kn,
-                                                                       int64_t d, int64_t dp, float* s) {
+                                                                       int64_t d, int64_t dp, float* s,
+                                                                       RowPrefetch& pf) {
     constexpr int kJ = 16 / kQV;
     for (int64_t j0 = 0; j0 < kn; j0 += kJ) {
       __m512 a[kJ][kQV];
@@ -232,6 +259,7 @@ struct Avx512Block {
       }
       for (int r = 0; r < kJ; ++r)
         for (int c = 0; c < kQV; ++c) _mm512_storeu_ps(s + (j0 + r) * kQBlock + 16 * c, a[r][c]);
+      pf.work(kScoreWork * d);
     }
   }
 
