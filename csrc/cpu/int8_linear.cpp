@@ -24,6 +24,9 @@
 #include <cstdlib>
 
 #include <algorithm>
+#include <atomic>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "amx_gemm.h"
@@ -56,7 +59,8 @@ Int8Path int8_path(int64_t M, int64_t K) {
 bool int8_unsigned_codes(int64_t M, int64_t K) { return K % 4 == 0 && int8_path(M, K) == Int8Path::Vnni; }
 
 namespace {
-void run_int8(const Int8Args& a, bool x_unsigned);
+using RowsThen = std::function<void(int64_t lo, int64_t hi)>;
+void run_int8(const Int8Args& a, bool x_unsigned, const RowsThen* then = nullptr);
 }  // namespace
 
 bool int8_linear_bf16_supported() {
@@ -93,10 +97,18 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
   run_int8(Int8Args{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, act, residual, ldr, out}, x_unsigned);
 }
 
+void int8_linear_then(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
+                      const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
+                      Activation act, float* out, bool x_unsigned, const RowsThen& then) {
+  if (M == 0) return;
+  if (N == 0) return then(0, M);
+  run_int8(Int8Args{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, act, nullptr, N, out}, x_unsigned, &then);
+}
+
 namespace {
 
-// The call `a` on the path int8_path chooses.
-void run_int8(const Int8Args& a, bool x_unsigned) {
+// The call `a` on the path int8_path chooses; then (optional): int8_linear_then's.
+void run_int8(const Int8Args& a, bool x_unsigned, const RowsThen* then) {
   const int8_t* x = a.x;
   const int64_t ldx = a.ldx, M = a.M, K = a.K, N = a.N;
   const int64_t panels = (N + 15) / 16, groups = (panels + kGroupPanels - 1) / kGroupPanels;
@@ -106,15 +118,20 @@ void run_int8(const Int8Args& a, bool x_unsigned) {
 #if BF_X86
   // Threads split the output columns in groups of 4 panels (64 columns), so each streams its own weights.
   if (path == Int8Path::Amx) {
-    if (amx_blocked(M, true)) return int8_amx_blocked_gemm(a, nt, isa != Isa::Amx);
-    parallel_for(nt, groups, [&](int64_t g) {
-      const int64_t p0 = g * 4, p1 = std::min(panels, g * 4 + 4);
-      isa == Isa::Amx ? panels_amx(a, p0, p1) : panels_amx_emulated(a, p0, p1);
-    });
+    if (amx_blocked(M, true)) {
+      int8_amx_blocked_gemm(a, nt, isa != Isa::Amx);
+    } else {
+      parallel_for(nt, groups, [&](int64_t g) {
+        const int64_t p0 = g * 4, p1 = std::min(panels, g * 4 + 4);
+        isa == Isa::Amx ? panels_amx(a, p0, p1) : panels_amx_emulated(a, p0, p1);
+      });
+    }
+    if (then != nullptr) (*then)(0, M);
     return;
   }
   if (path == Int8Path::Stream) {
     parallel_for(nt, groups, [&](int64_t g) { stream_panels_vnni(a, g * 4, std::min(panels, g * 4 + 4)); });
+    if (then != nullptr) (*then)(0, M);
     return;
   }
 #endif
@@ -122,9 +139,14 @@ void run_int8(const Int8Args& a, bool x_unsigned) {
   // groups), then (row block, panel group) items claimed by the threads.
   const int64_t ld = (K + 3) / 4 * 4, row_blocks = (M + kRowBlock - 1) / kRowBlock;
   static thread_local std::vector<int16_t> codes;  // the caller's: reused across calls
+  // Items in row-block order, so a thread alone finishes the row blocks one by one; then runs on a row block when
+  // the last of its panel groups is written (left: the groups still to write, per row block).
+  std::unique_ptr<std::atomic<int64_t>[]> left(then != nullptr ? new std::atomic<int64_t>[row_blocks] : nullptr);
+  for (int64_t rb = 0; then != nullptr && rb < row_blocks; ++rb) left[rb].store(groups, std::memory_order_relaxed);
   const auto item = [&](int64_t i, auto&& run) {
-    const int64_t rb = i / groups, g = i % groups;
-    run(rb * kRowBlock, std::min(M, (rb + 1) * kRowBlock), g * kGroupPanels, std::min(panels, (g + 1) * kGroupPanels));
+    const int64_t rb = i / groups, g = i % groups, r0 = rb * kRowBlock, r1 = std::min(M, (rb + 1) * kRowBlock);
+    run(r0, r1, g * kGroupPanels, std::min(panels, (g + 1) * kGroupPanels));
+    if (then != nullptr && left[rb].fetch_sub(1, std::memory_order_acq_rel) == 1) (*then)(r0, r1);
   };
   const int prep_threads = int(std::min<int64_t>(nt, row_blocks));
 #if BF_X86

@@ -148,6 +148,10 @@ void pool_rows(const float* x, int64_t ldx, int64_t H, const int32_t* cu_seqlens
 // (int8_unsigned_codes).
 void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp,
                    bool flip = false);
+// quantize_rows on rows [lo, hi) of x, on the calling thread (one of a parallel region's: no team of its own); q,
+// scale and zp indexed by row as there.
+void quantize_rows_here(const float* x, int64_t ldx, int64_t lo, int64_t hi, int64_t K, int8_t* q, float* scale,
+                        int32_t* zp, bool flip);
 // LayerNorm of fp32 rows x (T, H) in place (layernorm<float>, no residual), each row then quantized (quantize_rows)
 // while it is in cache: the bits of the two calls, one pass.
 void layernorm_quantize(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, int8_t* q,
@@ -168,6 +172,12 @@ void pack_int8(const int8_t* w, int64_t n, int64_t k, int8_t* packed);
 void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                  const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
                  Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned = false);
+// int8_linear, then then(lo, hi) on output rows [lo, hi) once all their columns are written, by the thread that wrote
+// the last of them: on the blocked paths each row block as it is finished (in cache), on the others [0, M) at the end.
+void int8_linear_then(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
+                      const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
+                      Activation act, float* out, bool x_unsigned,
+                      const std::function<void(int64_t lo, int64_t hi)>& then);
 // Whether int8_linear on M x K codes runs a kernel of unsigned bytes (vpdpbusd: the blocked AVX-512 VNNI and AVX-VNNI
 // paths) that reads them from a row-major buffer K wide (K % 4 == 0): then its caller may quantize with flip and
 // pass x_unsigned, sparing the GEMM its own pass flipping the codes (same bits).

@@ -39,7 +39,10 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
     layernorm_quantize(mid, w.attn_ln_weight, w.attn_ln_bias, c.eps, T_, H, q8.q, q8.scale, q8.zp, flip);
   }
   // The FFN in chunks of kFfnRows to 2 x kFfnRows - 1 rows: a chunk's GELU output (at most 191 x I fp32, MiniLM's
-  // 1.1 MiB) is quantized and multiplied from L2 rather than written out for all T rows and read back from L3.
+  // 1.1 MiB) is quantized and multiplied from L2 rather than written out for all T rows and read back from L3; its
+  // rows are quantized as the FFN-in GEMM finishes them (int8_linear_then: 48 rows, 288 KiB for MiniLM), since a
+  // whole chunk's no longer fits in a 1 MiB L2 beside the weights (on a Cascade Lake, quantizing it read the rows from
+  // L3: ~2/3 of the quantizing's time in its min / max pass).
   // Every row gets the same arithmetic whatever its chunk; a chunk has more than 16 rows when T has, so its
   // GEMMs take T's path and the codes layernorm_quantize wrote are in the form they multiply (flip).
   const int64_t chunks = std::max<int64_t>(1, T_ / kFfnRows);
@@ -51,15 +54,14 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
     const int64_t rows = r1 - r0;
     const LayerGemm<float>& fi = w.ffn_in;
     const LayerGemm<float>& fo = w.ffn_out;
-    {
-      profile::Scope timed(profile::kFfnIn, 2 * rows * H * I);
-      int8_linear(q8.q + r0 * H, H, rows, H, q8.scale + r0, q8.zp + r0, static_cast<const int8_t*>(fi.packed), I,
-                  fi.w_scale, fi.colsum, fi.bias, c.act, nullptr, I, act, flip);
-    }
     const bool flip_out = int8_unsigned_codes(rows, I);
     {
-      profile::Scope timed(profile::kQuantize);
-      quantize_rows(act, I, rows, I, g8.q, g8.scale, g8.zp, flip_out);
+      profile::Scope timed(profile::kFfnIn, 2 * rows * H * I);
+      int8_linear_then(q8.q + r0 * H, H, rows, H, q8.scale + r0, q8.zp + r0, static_cast<const int8_t*>(fi.packed), I,
+                       fi.w_scale, fi.colsum, fi.bias, c.act, act, flip, [&](int64_t lo, int64_t hi) {
+                         profile::Inner quantizing(profile::kQuantize, profile::kFfnIn);
+                         quantize_rows_here(act, I, lo, hi, I, g8.q, g8.scale, g8.zp, flip_out);
+                       });
     }
     {
       profile::Scope timed(profile::kFfnOut, 2 * rows * I * H);

@@ -3,6 +3,8 @@
 // relaxed atomic load. The totals are wall time of the calling thread (each stage is one parallel region).
 #pragma once
 
+#include <omp.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -55,6 +57,31 @@ class Scope {
  private:
   Stage stage_;
   int64_t flops_;
+  bool on_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Times its scope into `stage` and out of `outer`, a stage whose parallel region it runs inside (int8's GELU output
+// quantized row block by row block inside the FFN-in GEMM): its thread time over the region's threads, as the
+// stages count the calling thread's wall time, so that the two add up to the region's.
+class Inner {
+ public:
+  Inner(Stage stage, Stage outer) : stage_(stage), outer_(outer), on_(g_enabled.load(std::memory_order_relaxed)) {
+    if (on_) start_ = std::chrono::steady_clock::now();
+  }
+  ~Inner() {
+    if (!on_) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_);
+    const int64_t share = ns.count() / omp_get_num_threads();
+    g_counters.ns[stage_].fetch_add(share, std::memory_order_relaxed);
+    g_counters.ns[outer_].fetch_sub(share, std::memory_order_relaxed);
+    g_counters.calls[stage_].fetch_add(1, std::memory_order_relaxed);
+  }
+  Inner(const Inner&) = delete;
+  Inner& operator=(const Inner&) = delete;
+
+ private:
+  Stage stage_, outer_;
   bool on_;
   std::chrono::steady_clock::time_point start_;
 };
