@@ -99,10 +99,11 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
 
 void int8_linear_then(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                       const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
-                      Activation act, float* out, bool x_unsigned, const RowsThen& then) {
+                      Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned,
+                      const RowsThen& then) {
   if (M == 0) return;
   if (N == 0) return then(0, M);
-  run_int8(Int8Args{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, act, nullptr, N, out}, x_unsigned, &then);
+  run_int8(Int8Args{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, act, residual, ldr, out}, x_unsigned, &then);
 }
 
 namespace {

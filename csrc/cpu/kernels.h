@@ -160,6 +160,9 @@ void layernorm_quantize(float* x, const float* gamma, const float* beta, float e
 // chunks of rows on the team, then(lo, hi) on each chunk's rows [lo, hi) by the thread that normalized them.
 void layernorm_then(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H,
                     const std::function<void(int64_t lo, int64_t hi)>& then);
+// Rows [lo, hi) of x (rows H floats apart) normalized in place as layernorm<float> (no residual), on the calling
+// thread (one of a parallel region's: no team of its own).
+void layernorm_rows_here(float* x, const float* gamma, const float* beta, float eps, int64_t lo, int64_t hi, int64_t H);
 
 // ---- int8_linear*.cpp: int8 GEMM (the quant_linear op) ----
 
@@ -176,7 +179,7 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
 // the last of them: on the blocked paths each row block as it is finished (in cache), on the others [0, M) at the end.
 void int8_linear_then(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                       const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
-                      Activation act, float* out, bool x_unsigned,
+                      Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned,
                       const std::function<void(int64_t lo, int64_t hi)>& then);
 // Whether int8_linear on M x K codes runs a kernel of unsigned bytes (vpdpbusd: the blocked AVX-512 VNNI and AVX-VNNI
 // paths) that reads them from a row-major buffer K wide (K % 4 == 0): then its caller may quantize with flip and

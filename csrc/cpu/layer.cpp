@@ -27,17 +27,12 @@ static int64_t group_end(const int32_t* cu, int64_t batch, int64_t b0) {
   return b1;
 }
 
-// int8's FFN block: the LayerNorm quantizing the FFN-in operand, then the FFN in chunks of rows (kFfnRows) from
-// `mid` (the attention block's output, normalized in place) into `out`, each chunk's rows then normalized (out's
-// LayerNorm).
+// int8's FFN block: the FFN in chunks of rows (kFfnRows) from `mid` (the attention block's output, normalized in
+// place, and its codes in q8: int8_attention_block) into `out`, each chunk's rows then normalized (out's LayerNorm).
 static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const LayerConfig& c, float* inner,
                      const Int8Scratch& q8, float* out) {
   const int64_t H = c.hidden, I = c.intermediate;
-  const bool flip = int8_unsigned_codes(T_, H);
-  {
-    profile::Scope timed(profile::kLayerNorm);
-    layernorm_quantize(mid, w.attn_ln_weight, w.attn_ln_bias, c.eps, T_, H, q8.q, q8.scale, q8.zp, flip);
-  }
+  const bool flip = int8_unsigned_codes(T_, H);  // the form int8_attention_block quantized mid's rows in
   // The FFN in chunks of kFfnRows to 2 x kFfnRows - 1 rows: a chunk's GELU output (at most 191 x I fp32, MiniLM's
   // 1.1 MiB) is quantized and multiplied from L2 rather than written out for all T rows and read back from L3; its
   // rows are quantized as the FFN-in GEMM finishes them (int8_linear_then: 48 rows, 288 KiB for MiniLM), since a
@@ -58,7 +53,7 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
     {
       profile::Scope timed(profile::kFfnIn, 2 * rows * H * I);
       int8_linear_then(q8.q + r0 * H, H, rows, H, q8.scale + r0, q8.zp + r0, static_cast<const int8_t*>(fi.packed), I,
-                       fi.w_scale, fi.colsum, fi.bias, c.act, act, flip, [&](int64_t lo, int64_t hi) {
+                       fi.w_scale, fi.colsum, fi.bias, c.act, nullptr, I, act, flip, [&](int64_t lo, int64_t hi) {
                          profile::Inner quantizing(profile::kQuantize, profile::kFfnIn);
                          quantize_rows_here(act, I, lo, hi, I, g8.q, g8.scale, g8.zp, flip_out);
                        });
@@ -74,16 +69,20 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
 }
 
 // int8's attention block by groups of whole sequences of up to kQkvRows tokens (one longer sequence alone): the QKV
-// GEMM, the attention, and the output GEMM (+ the residual x) into mid. A group's q, k and v rows go from the GEMM
+// GEMM, the attention, and the output GEMM (+ the residual x) into mid, whose rows are then normalized in place (the
+// attention LayerNorm) and quantized into q8 as the GEMM finishes them (int8_linear_then), for the FFN (int8_ffn):
+// from L2, where one pass over all T rows after the last group read most of them back from L3. The row blocks' codes
+// go where the group's own were, which the GEMM no longer reads once the block is written. A group's q, k and v rows go from the GEMM
 // to the attention, and its attention output to the output GEMM, through L2 instead of being written out for all T
 // rows (MiniLM's 1,024 tokens: 4.5 MiB of fp32 q, k, v) and read back from L3. The GEMMs are per row (exact int32
 // sums), the quantizing too, and the attention per sequence, so a row gets the same arithmetic whatever its group.
-static void int8_attention_block(const float* x, const int32_t* cu, int64_t batch, float scale,
+static void int8_attention_block(const float* x, int64_t T_, const int32_t* cu, int64_t batch, float scale,
                                  const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
                                  const Int8Scratch& q8, const AttnBias* bias, float* mid) {
   const int64_t H = c.hidden, d = H / c.heads;
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
   const bool from_bf16 = attention_from_bf16(d, bias != nullptr) && int8_linear_bf16_supported();
+  const bool flip_ffn = int8_unsigned_codes(T_, H);  // the form the FFN-in GEMM takes mid's codes in (int8_ffn)
   bf16* qkv16 = reinterpret_cast<bf16*>(qkv);  // the same buffer, half of it
   for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
     b1 = group_end(cu, batch, b0);
@@ -120,9 +119,13 @@ static void int8_attention_block(const float* x, const int32_t* cu, int64_t batc
       quantize_rows(ctx + t0 * H, H, rows, H, x8.q, x8.scale, x8.zp, flip);
     }
     profile::Scope timed(profile::kAttnOut, 2 * rows * H * H);
-    int8_linear(x8.q, H, rows, H, x8.scale, x8.zp, static_cast<const int8_t*>(w.attn_out.packed), H,
-                w.attn_out.w_scale, w.attn_out.colsum, w.attn_out.bias, Activation::None, x + t0 * H, H, mid + t0 * H,
-                flip);
+    int8_linear_then(x8.q, H, rows, H, x8.scale, x8.zp, static_cast<const int8_t*>(w.attn_out.packed), H,
+                     w.attn_out.w_scale, w.attn_out.colsum, w.attn_out.bias, Activation::None, x + t0 * H, H,
+                     mid + t0 * H, flip, [&](int64_t lo, int64_t hi) {
+                       profile::Inner normalizing(profile::kLayerNorm, profile::kAttnOut);
+                       layernorm_rows_here(mid + t0 * H, w.attn_ln_weight, w.attn_ln_bias, c.eps, lo, hi, H);
+                       quantize_rows_here(mid + t0 * H, H, lo, hi, H, x8.q, x8.scale, x8.zp, flip_ffn);
+                     });
   }
 }
 
@@ -199,7 +202,7 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
   };
   if constexpr (sizeof(T) == 4) {
     if (c.int8) {  // by groups of sequences, then the FFN by chunks of rows
-      int8_attention_block(x, cu_seqlens, batch, scale, w, c, qkv, ctx, q8, bias, mid);
+      int8_attention_block(x, T_, cu_seqlens, batch, scale, w, c, qkv, ctx, q8, bias, mid);
       return int8_ffn(mid, T_, w, c, inner, q8, out);
     }
     fp32_attention_block(x, cu_seqlens, batch, scale, w, c, qkv, ctx, bias, mid);

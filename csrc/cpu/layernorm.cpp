@@ -164,6 +164,14 @@ void layernorm_then(float* x, const float* gamma, const float* beta, float eps, 
   });
 }
 
+void layernorm_rows_here(float* x, const float* gamma, const float* beta, float eps, int64_t lo, int64_t hi,
+                         int64_t H) {
+  static thread_local std::vector<float> row;
+  row.resize((H + 15) / 16 * 16);  // whole vectors on AVX-512
+  // as layernorm<float>: no residual, no denormal flushing
+  BF_DISPATCH(layernorm, x, static_cast<const float*>(nullptr), gamma, beta, eps, lo, hi, H, x, row.data());
+}
+
 template void layernorm<float>(const float*, const float*, const float*, const float*, float, int64_t, int64_t,
                                float*);
 template void layernorm<bf16>(const bf16*, const bf16*, const bf16*, const bf16*, float, int64_t, int64_t, bf16*);
