@@ -12,17 +12,24 @@
 namespace bertfast {
 namespace cpu {
 
+// exp_f's steps on 16 lanes of x already clamped: x = n ln 2 + r (Cody-Waite), the Taylor polynomial of e^r; n
+// returned for the scale by 2^n.
+BF_TARGET_AVX512 BF_INLINE __m512 exp512_reduced(__m512 x, __m512* n) {
+  *n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(*n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(*n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  return p;
+}
+
 // exp_f on 16 lanes (the same numbers, scalar_math.h).
 BF_TARGET_AVX512 BF_INLINE __m512 exp512(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
   x = _mm512_min_ps(x, _mm512_set1_ps(kExpMax));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kExpPoly[0]);
-#pragma GCC unroll 8
-  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  __m512 n;
+  const __m512 p = exp512_reduced(x, &n);
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
@@ -31,14 +38,8 @@ BF_TARGET_AVX512 BF_INLINE __m512 exp512(__m512 x) {
 // instead of building 2^n's bits and multiplying (4 of exp512's ~19 vector instructions, on the ports the softmax's
 // FMAs need). The results are the same products p * 2^n, flushed to zero where exp512's are (below 2^-126, FTZ).
 BF_TARGET_AVX512 BF_INLINE __m512 exp512_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kExpPoly[0]);
-#pragma GCC unroll 8
-  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  __m512 n;
+  const __m512 p = exp512_reduced(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), &n);
   return _mm512_scalef_ps(p, n);
 }
 
