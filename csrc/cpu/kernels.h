@@ -152,11 +152,7 @@ void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q,
 // scale and zp indexed by row as there.
 void quantize_rows_here(const float* x, int64_t ldx, int64_t lo, int64_t hi, int64_t K, int8_t* q, float* scale,
                         int32_t* zp, bool flip);
-// LayerNorm of fp32 rows x (T, H) in place (layernorm<float>, no residual), each row then quantized (quantize_rows)
-// while it is in cache: the bits of the two calls, one pass.
-void layernorm_quantize(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, int8_t* q,
-                        float* scale, int32_t* zp, bool flip = false);
-// The pass both of those make (layernorm.cpp): x (T, H) normalized in place as layernorm<float> (no residual) in
+// layernorm_to_bf16's pass (layernorm.cpp): x (T, H) normalized in place as layernorm<float> (no residual) in
 // chunks of rows on the team, then(lo, hi) on each chunk's rows [lo, hi) by the thread that normalized them.
 void layernorm_then(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H,
                     const std::function<void(int64_t lo, int64_t hi)>& then);

@@ -39,7 +39,7 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
   // whole chunk's no longer fits in a 1 MiB L2 beside the weights (on a Cascade Lake, quantizing it read the rows from
   // L3: ~2/3 of the quantizing's time in its min / max pass).
   // Every row gets the same arithmetic whatever its chunk; a chunk has more than 16 rows when T has, so its
-  // GEMMs take T's path and the codes layernorm_quantize wrote are in the form they multiply (flip).
+  // GEMMs take T's path and the codes int8_attention_block wrote are in the form they multiply (flip).
   const int64_t chunks = std::max<int64_t>(1, T_ / kFfnRows);
   const Int8Scratch g8{q8.q + T_ * H, q8.scale + T_, q8.zp + T_};  // a chunk's GELU output, quantized
   float* act = inner;  // a chunk's GELU output: the same rows of the buffer for every chunk, so they stay in L2
@@ -72,10 +72,11 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
 // GEMM, the attention, and the output GEMM (+ the residual x) into mid, whose rows are then normalized in place (the
 // attention LayerNorm) and quantized into q8 as the GEMM finishes them (int8_linear_then), for the FFN (int8_ffn):
 // from L2, where one pass over all T rows after the last group read most of them back from L3. The row blocks' codes
-// go where the group's own were, which the GEMM no longer reads once the block is written. A group's q, k and v rows go from the GEMM
-// to the attention, and its attention output to the output GEMM, through L2 instead of being written out for all T
-// rows (MiniLM's 1,024 tokens: 4.5 MiB of fp32 q, k, v) and read back from L3. The GEMMs are per row (exact int32
-// sums), the quantizing too, and the attention per sequence, so a row gets the same arithmetic whatever its group.
+// go where the group's own were, which the GEMM no longer reads once the block is written. A group's q, k and v
+// rows go from the GEMM to the attention, and its attention output to the output GEMM, through L2 instead of being
+// written out for all T rows (MiniLM's 1,024 tokens: 4.5 MiB of fp32 q, k, v) and read back from L3. The GEMMs are
+// per row (exact int32 sums), the quantizing and the LayerNorm too, and the attention per sequence, so a row gets the
+// same arithmetic whatever its group.
 static void int8_attention_block(const float* x, int64_t T_, const int32_t* cu, int64_t batch, float scale,
                                  const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
                                  const Int8Scratch& q8, const AttnBias* bias, float* mid) {

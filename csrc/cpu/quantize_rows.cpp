@@ -162,13 +162,5 @@ void quantize_rows_here(const float* x, int64_t ldx, int64_t lo, int64_t hi, int
   BF_DISPATCH(quantize_rows_range, x, ldx, lo, hi, K, q, scale, zp, flip);
 }
 
-void layernorm_quantize(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, int8_t* q,
-                        float* scale, int32_t* zp, bool flip) {
-  layernorm_then(x, gamma, beta, eps, T, H, [&](int64_t lo, int64_t hi) {
-    DenormalGuard ftz;  // as quantize_rows
-    BF_DISPATCH(quantize_rows_range, x, H, lo, hi, H, q, scale, zp, flip);
-  });
-}
-
 }  // namespace cpu
 }  // namespace bertfast
