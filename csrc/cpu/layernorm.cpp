@@ -154,11 +154,9 @@ void layernorm_then(float* x, const float* gamma, const float* beta, float eps, 
   parallel_for(nt, nt, [&](int64_t part) {
     int64_t lo, hi;
     split_range(T, int(part), nt, &lo, &hi);
-    std::vector<float> row((H + 15) / 16 * 16);  // the LayerNorm's scratch, once per thread; whole vectors on AVX-512
     for (int64_t c = lo; c < hi; c += kChunk) {
       const int64_t e = std::min(hi, c + kChunk);
-      // as layernorm<float>: no residual, no denormal flushing
-      BF_DISPATCH(layernorm, x, static_cast<const float*>(nullptr), gamma, beta, eps, c, e, H, x, row.data());
+      layernorm_rows_here(x, gamma, beta, eps, c, e, H);
       then(c, e);
     }
   });

@@ -149,10 +149,9 @@ void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q,
   // cache-warm); 64 x 384 takes 4 us either way.
   const int nt = M * K >= (int64_t(1) << 16) ? num_threads() : 1;
   parallel_for(nt, nt, [&](int64_t part) {
-    DenormalGuard ftz;
     int64_t lo, hi;
     split_range(M, int(part), nt, &lo, &hi);
-    BF_DISPATCH(quantize_rows_range, x, ldx, lo, hi, K, q, scale, zp, flip);
+    quantize_rows_here(x, ldx, lo, hi, K, q, scale, zp, flip);
   });
 }
 
