@@ -88,12 +88,12 @@ def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: 
 
 
 def run_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int, heads: int, scale: float,
-              eps: float, act: str, bias: AttentionBias | None = None, **modern) -> torch.Tensor:
+              eps: float, act: str, bias: AttentionBias | None = None, carry=None, **modern) -> torch.Tensor:
     """The layer whole where the backend offers it for these tokens (plain BERT layers: no `modern` keyword of
-    `compose_layer` set), else `compose_layer`."""
+    `compose_layer` set), else `compose_layer`; carry: `Backend.layer_carry`'s, the same for each layer of a forward."""
     whole = None if any(modern.values()) or isinstance(bias, DisentangledBias) else ops.whole_layer(x, layer)
     if whole is not None:
-        return whole(x, cu_seqlens, int(max_seqlen), float(scale), bias)
+        return whole(x, cu_seqlens, int(max_seqlen), float(scale), bias, carry)
     return compose_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias, **modern)
 
 
@@ -189,12 +189,13 @@ class Engine:
             index = dis.distance_index(cfg, tokens.width, str(x.device))
             windows = dis.token_windows(index, tokens.columns, cu_seqlens) if ops.reads_windows else None
             common = dict(disentangled=(index, tokens.columns, windows))
+        carry = ops.layer_carry()
         for i, layer in enumerate(w.layers):
             modern = dict(common)
             if cfg.rotary:
                 modern = dict(rotary=tables[cfg.rope_base(i)], window=cfg.window(i), gated=cfg.gated_ffn,
                               norm_first=cfg.norm_first)
-            x = run_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias, **modern)
+            x = run_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias, carry, **modern)
             if hidden is not None:
                 hidden.append(x)
         if w.final_ln_weight is not None:  # pre-LayerNorm models end with a norm (transformers: in the last state too)

@@ -84,14 +84,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("attn_ln_weight"), py::arg("attn_ln_bias"), py::arg("ffn_in"), py::arg("ffn_in_bias"),
            py::arg("ffn_out"), py::arg("ffn_out_bias"), py::arg("ffn_ln_weight"), py::arg("ffn_ln_bias"),
            py::arg("int8_scales") = py::none(), py::arg("int8_colsums") = py::none());
+  py::class_<LayerCarry>(m, "LayerCarry",
+                         "what an int8 `Layer` call leaves for the next: its output's codes for the next layer's QKV "
+                         "GEMM (pass one to each layer of a forward in turn, as `carry=`; the outputs are the same)")
+      .def(py::init<>())
+      .def_property_readonly(
+          "codes",
+          [](const LayerCarry& c) -> py::object {
+            if (!c.out.defined()) return py::none();
+            return py::make_tuple(c.q, c.scale, c.zp);
+          },
+          "(q (T, H) int8, scale (T,), zero_point (T,)) of the last output, each row in the form its group's QKV "
+          "GEMM takes (unsigned: q ^ 0x80, as quantize_rows' flip); None before an int8 call");
   py::class_<Layer>(m, "Layer",
                     "one post-LayerNorm encoder layer on packed weights (a LayerWeights), run whole in C++ on the "
                     "extension's GEMMs; call it with (x, cu_seqlens, max_seqlen, scale[, bias_table, bias_positions]), "
-                    "the bias as in `attention`")
+                    "the bias as in `attention`; carry: a LayerCarry, the same one for each layer of a forward in turn")
       .def(py::init<const LayerTensors&, int64_t, int64_t, int64_t, double, const std::string&>(), py::arg("weights"),
            py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("eps"), py::arg("act"))
       .def("__call__", &Layer::forward, py::arg("x"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
-           py::arg("bias_table") = py::none(), py::arg("bias_positions") = py::none());
+           py::arg("bias_table") = py::none(), py::arg("bias_positions") = py::none(),
+           py::arg("carry") = static_cast<LayerCarry*>(nullptr));
   py::class_<WordPiece>(m, "WordPiece",
                         "BERT's WordPiece on ASCII texts, the ids of the tokenizers library's BertNormalizer (clean_text) "
                         "-> BertPreTokenizer -> WordPiece -> [cls] text [sep] pipeline, truncated on the right "

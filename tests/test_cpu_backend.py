@@ -206,6 +206,50 @@ def test_whole_layer_equals_op_by_op(dtype, hidden, heads, inter, act, lengths):
             f"bf16 error {err:.3g} vs the reference's own {ref_err:.3g}"
 
 
+def test_int8_layer_carry(isa):
+    """An int8 layer's output quantized as it is normalized and left in a LayerCarry for the next layer's QKV GEMM
+    (csrc/bindings/layer.h): on every tier the same bits as the next layer quantizing its input itself, and taken only
+    for the tensor the codes are of (not a copy of it, not other sequences)."""
+    from bertfast import _C
+
+    backend, layer, cfg = _prepared_layer(torch.float32, 96, 3, 384, quantize="int8")
+    whole = backend._whole[id(layer)]
+    # Groups of whole sequences of up to 192 rows (kQkvRows): 100 | 97 + 3 | 200 alone | 2, a group of at most 16 rows
+    # (kStreamRows: on avx512_vnni the codes' other form); the FFN in four chunks of 100-101 rows (kFfnRows = 96).
+    lengths = [100, 97, 3, 200, 2]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    x = torch.randn(int(cu[-1]), 96, generator=torch.Generator().manual_seed(2))
+    args = (cu, max(lengths), cfg.head_dim ** -0.5)
+    carry = _C.LayerCarry()
+    assert carry.codes is None
+    y = whole(*(x,) + args, carry=carry)
+    assert torch.equal(y, whole(x, *args))
+    q, scale, zp = carry.codes
+    signed, ref_scale, ref_zp = _C.quantize_rows(y)
+    assert torch.equal(scale, ref_scale) and torch.equal(zp, ref_zp)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):  # a sequence's rows all in one of the two forms
+        assert torch.equal(q[a:b], signed[a:b]) or torch.equal(q[a:b], signed[a:b] ^ -128)
+    expected = whole(y, *args)
+    assert torch.equal(whole(y, *args, carry=carry), expected)  # y's codes from the carry: the same bits
+
+    def spoiled():  # a carry holding y's codes, all zeroed
+        c = _C.LayerCarry()
+        out = whole(x, *args, carry=c)
+        c.codes[0].zero_()
+        return c, out
+
+    c, out = spoiled()
+    assert not torch.equal(whole(out, *args, carry=c), expected)  # the next call multiplies the carried codes
+    c, out = spoiled()
+    assert torch.equal(whole(out.clone(), *args, carry=c), expected)  # a copy of the output: quantized afresh
+    c, out = spoiled()
+    cu2 = torch.tensor([0, 200, int(cu[-1])], dtype=torch.int32)
+    assert torch.equal(whole(out, cu2, 202, args[2], carry=c), whole(y, cu2, 202, args[2]))
+    fp32_backend, fp32_layer, _ = _prepared_layer(torch.float32, 96, 3, 384)
+    fp32_backend._whole[id(fp32_layer)](y, *args, carry=c)
+    assert c.codes is None  # a float layer leaves none
+
+
 def _plain_layer(layer, dtype):
     """The prepared layer's weights (PackedLinear or plain tensors) as plain tensors of `dtype`."""
     import dataclasses

@@ -212,6 +212,12 @@ class Backend:
         return out
 
     def whole_layer(self, x, layer: LayerWeights):
-        """A callable (x, cu_seqlens, max_seqlen, scale, bias) -> x running `layer` on `x` in one piece (bias:
-        an AttentionBias or None), or None for the engine to compose it from the ops above (the default)."""
+        """A callable (x, cu_seqlens, max_seqlen, scale, bias, carry=None) -> x running `layer` on `x` in one piece
+        (bias: an AttentionBias or None; carry: `layer_carry`'s), or None for the engine to compose it from the ops
+        above (the default)."""
+        return None
+
+    def layer_carry(self):
+        """What the engine hands each whole layer of one forward in turn, for a layer to leave the next what it
+        computed of its input (the cpu backend's int8 layers: their output's codes), or None (the default)."""
         return None

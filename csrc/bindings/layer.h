@@ -29,6 +29,22 @@ struct LayerTensors {
   c10::optional<std::vector<at::Tensor>> int8_scales, int8_colsums;
 };
 
+// What an int8 Layer call leaves for the next (Python: `_C.LayerCarry()`, the same one passed as `carry=` to each
+// layer of a forward in turn): its output's codes for the next layer's QKV GEMM, quantized as the output's rows were
+// normalized (layer.cpp) instead of read back by the next call. That call takes them only for the very tensor this one
+// returned (held here, so no other tensor can have its memory), unchanged, with the same cu_seqlens and the same
+// form per group (int8_code_forms: the tier's); otherwise it quantizes x itself. The output is the same either way.
+struct LayerCarry {
+  at::Tensor out, q, scale, zp;  // the output, its codes (T, H), their scales and zero points (T,)
+  std::vector<int32_t> cu;
+  std::vector<uint8_t> forms;
+
+  bool holds(const at::Tensor& x, const int32_t* cu_seqlens, int64_t batch, int64_t hidden) const {
+    return out.defined() && x.is_same(out) && int64_t(cu.size()) == batch + 1 &&
+           std::equal(cu.begin(), cu.end(), cu_seqlens) && forms == bc::int8_code_forms(cu_seqlens, batch, hidden);
+  }
+};
+
 // One encoder layer on packed weights, run whole in C++ (csrc/cpu/layer.cpp): the weights are checked
 // once here, each call checks only its input.
 class Layer {
@@ -73,7 +89,7 @@ class Layer {
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale,
                      const c10::optional<at::Tensor>& bias_table,
-                     const c10::optional<at::Tensor>& bias_positions) const {
+                     const c10::optional<at::Tensor>& bias_positions, LayerCarry* carry) const {
     const int64_t H = config_.hidden, I = config_.intermediate;
     check_tensor(x, "x");
     BF_CHECK(x.scalar_type() == at::kFloat, "x (the residual stream) must be float32 in every dtype, got ",
@@ -92,6 +108,18 @@ class Layer {
       q_zp = at::empty({bc::int8_codes_rows(T)}, x.options().dtype(at::kInt));
     }
     const bc::Int8Scratch q8{ptr<int8_t>(q), ptr<float>(q_scale), ptr<int32_t>(q_zp)};
+    // int8 with a carry: x's codes from it where it holds them, out's written into it (the same buffers: x's are read
+    // before out's are written)
+    const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
+    const bool carrying = carry != nullptr && config_.int8, carried = carrying && carry->holds(x, cu, B, H);
+    if (carrying && !carried) {
+      carry->q = at::empty({T, H}, x.options().dtype(at::kChar));
+      carry->scale = at::empty({T}, x.options());
+      carry->zp = at::empty({T}, x.options().dtype(at::kInt));
+    }
+    const bc::Int8Scratch codes = carrying ? bc::Int8Scratch{ptr<int8_t>(carry->q), ptr<float>(carry->scale),
+                                                             ptr<int32_t>(carry->zp)}
+                                           : bc::Int8Scratch{};
     {
       py::gil_scoped_release nogil;
       dispatch(w_.qkv_bias.scalar_type(), [&](auto tag) {
@@ -109,9 +137,16 @@ class Layer {
                                      ptr<float>(w_.attn_ln_bias),
                                      ptr<float>(w_.ffn_ln_weight),
                                      ptr<float>(w_.ffn_ln_bias)};
-        bc::encoder_layer<T_>(ptr<float>(x), T, cu_seqlens.data_ptr<int32_t>(), B, float(scale), w, config_,
-                              ptr<float>(work), q8, ptr<float>(out), bias.table ? &bias : nullptr);
+        bc::encoder_layer<T_>(ptr<float>(x), T, cu, B, float(scale), w, config_, ptr<float>(work), q8,
+                              ptr<float>(out), bias.table ? &bias : nullptr, carried ? &codes : nullptr,
+                              carrying ? &codes : nullptr);
       });
+    }
+    if (carrying) {
+      carry->out = out;
+      if (!carried) carry->cu.assign(cu, cu + B + 1), carry->forms = bc::int8_code_forms(cu, B, H);
+    } else if (carry != nullptr) {
+      *carry = LayerCarry{};  // a float layer leaves no codes
     }
     return out;
   }

@@ -12,6 +12,7 @@
 // layers, b8 x s128: max |bf16 - fp32| / max |fp32| 2.6e-2 with a bf16 stream, 6.0e-3 with an fp32 one;
 // docs/cpu-gemm.md#bf16-accuracy).
 #include <algorithm>
+#include <vector>
 
 #include "kernels.h"
 #include "parallel.h"
@@ -27,10 +28,22 @@ static int64_t group_end(const int32_t* cu, int64_t batch, int64_t b0) {
   return b1;
 }
 
+std::vector<uint8_t> int8_code_forms(const int32_t* cu, int64_t batch, int64_t H) {
+  std::vector<uint8_t> form(size_t(cu[batch]));
+  for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
+    b1 = group_end(cu, batch, b0);
+    std::fill(form.begin() + cu[b0], form.begin() + cu[b1], uint8_t(int8_unsigned_codes(cu[b1] - cu[b0], H)));
+  }
+  return form;
+}
+
 // int8's FFN block: the FFN in chunks of rows (kFfnRows) from `mid` (the attention block's output, normalized in
-// place, and its codes in q8: int8_attention_block) into `out`, each chunk's rows then normalized (out's LayerNorm).
-static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const LayerConfig& c, float* inner,
-                     const Int8Scratch& q8, float* out) {
+// place, and its codes in q8: int8_attention_block) into `out`, whose rows are normalized (out's LayerNorm) and, with
+// out_codes, quantized for the next layer's QKV GEMM as the FFN-out GEMM finishes them (from L2, where a pass in
+// the next layer read them from L3).
+static void int8_ffn(float* mid, int64_t T_, const int32_t* cu, int64_t batch, const LayerWeights<float>& w,
+                     const LayerConfig& c, float* inner, const Int8Scratch& q8, float* out,
+                     const Int8Scratch* out_codes) {
   const int64_t H = c.hidden, I = c.intermediate;
   const bool flip = int8_unsigned_codes(T_, H);  // the form int8_attention_block quantized mid's rows in
   // The FFN in chunks of kFfnRows to 2 x kFfnRows - 1 rows: a chunk's GELU output (at most 191 x I fp32, MiniLM's
@@ -43,6 +56,7 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
   const int64_t chunks = std::max<int64_t>(1, T_ / kFfnRows);
   const Int8Scratch g8{q8.q + T_ * H, q8.scale + T_, q8.zp + T_};  // a chunk's GELU output, quantized
   float* act = inner;  // a chunk's GELU output: the same rows of the buffer for every chunk, so they stay in L2
+  const std::vector<uint8_t> form = out_codes != nullptr ? int8_code_forms(cu, batch, H) : std::vector<uint8_t>();
   for (int64_t part = 0; part < chunks; ++part) {
     int64_t r0, r1;
     split_range(T_, int(part), int(chunks), &r0, &r1);
@@ -58,13 +72,22 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
                          quantize_rows_here(act, I, lo, hi, I, g8.q, g8.scale, g8.zp, flip_out);
                        });
     }
-    {
-      profile::Scope timed(profile::kFfnOut, 2 * rows * I * H);
-      int8_linear(g8.q, I, rows, I, g8.scale, g8.zp, static_cast<const int8_t*>(fo.packed), H, fo.w_scale, fo.colsum,
-                  fo.bias, Activation::None, mid + r0 * H, H, out + r0 * H, flip_out);
-    }
-    profile::Scope timed(profile::kLayerNorm);  // the chunk's output rows, while they are in L2
-    layernorm<float>(out + r0 * H, nullptr, w.ffn_ln_weight, w.ffn_ln_bias, c.eps, rows, H, out + r0 * H);
+    profile::Scope timed(profile::kFfnOut, 2 * rows * I * H);
+    int8_linear_then(g8.q, I, rows, I, g8.scale, g8.zp, static_cast<const int8_t*>(fo.packed), H, fo.w_scale,
+                     fo.colsum, fo.bias, Activation::None, mid + r0 * H, H, out + r0 * H, flip_out,
+                     [&](int64_t lo, int64_t hi) {
+                       {
+                         profile::Inner normalizing(profile::kLayerNorm, profile::kFfnOut);
+                         layernorm_rows_here(out + r0 * H, w.ffn_ln_weight, w.ffn_ln_bias, c.eps, lo, hi, H);
+                       }
+                       if (out_codes == nullptr) return;
+                       profile::Inner quantizing(profile::kQuantize, profile::kFfnOut);
+                       for (int64_t a = r0 + lo, e; a < r0 + hi; a = e) {  // runs of rows of one form
+                         for (e = a + 1; e < r0 + hi && form[e] == form[a];) ++e;
+                         quantize_rows_here(out, H, a, e, H, out_codes->q, out_codes->scale, out_codes->zp,
+                                            form[a] != 0);
+                       }
+                     });
   }
 }
 
@@ -79,7 +102,7 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
 // same arithmetic whatever its group.
 static void int8_attention_block(const float* x, int64_t T_, const int32_t* cu, int64_t batch, float scale,
                                  const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
-                                 const Int8Scratch& q8, const AttnBias* bias, float* mid) {
+                                 const Int8Scratch& q8, const AttnBias* bias, float* mid, const Int8Scratch* x_codes) {
   const int64_t H = c.hidden, d = H / c.heads;
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
   const bool from_bf16 = attention_from_bf16(d, bias != nullptr) && int8_linear_bf16_supported();
@@ -91,7 +114,12 @@ static void int8_attention_block(const float* x, int64_t T_, const int32_t* cu, 
     if (rows == 0) continue;
     const bool flip = int8_unsigned_codes(rows, H);
     const Int8Scratch x8{q8.q + t0 * H, q8.scale + t0, q8.zp + t0};
-    {
+    // The QKV GEMM's codes: the previous layer's (x_codes: quantized as it normalized x, in this group's form), or x
+    // quantized here into x8.
+    const Int8Scratch in = x_codes != nullptr ? Int8Scratch{x_codes->q + t0 * H, x_codes->scale + t0,
+                                                            x_codes->zp + t0}
+                                              : x8;
+    if (x_codes == nullptr) {
       profile::Scope timed(profile::kQuantize);
       quantize_rows(x + t0 * H, H, rows, H, x8.q, x8.scale, x8.zp, flip);
     }
@@ -100,7 +128,7 @@ static void int8_attention_block(const float* x, int64_t T_, const int32_t* cu, 
                       // would round them itself (attention_from_bf16)
       {
         profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
-        int8_linear_bf16(x8.q, H, rows, H, x8.scale, x8.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
+        int8_linear_bf16(in.q, H, rows, H, in.scale, in.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
                          qkv16 + t0 * 3 * H, flip);
       }
       profile::Scope timed(profile::kAttention);
@@ -108,7 +136,7 @@ static void int8_attention_block(const float* x, int64_t T_, const int32_t* cu, 
     } else {
       {
         profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
-        int8_linear(x8.q, H, rows, H, x8.scale, x8.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
+        int8_linear(in.q, H, rows, H, in.scale, in.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
                     Activation::None, nullptr, 3 * H, qkv + t0 * 3 * H, flip);
       }
       profile::Scope timed(profile::kAttention);
@@ -164,7 +192,7 @@ static void fp32_attention_block(const float* x, const int32_t* cu, int64_t batc
 template <typename T>
 void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
                    const LayerWeights<T>& w, const LayerConfig& c, float* work, const Int8Scratch& q8, float* out,
-                   const AttnBias* bias) {
+                   const AttnBias* bias, const Int8Scratch* x_codes, const Int8Scratch* out_codes) {
   const int64_t T_ = tokens, H = c.hidden, I = c.intermediate;
   // work (layer_work_numel floats): the fp32 attention block output, then the operands in T.
   float* mid = work;                         // (T, H) fp32: after the attention block
@@ -203,8 +231,8 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
   };
   if constexpr (sizeof(T) == 4) {
     if (c.int8) {  // by groups of sequences, then the FFN by chunks of rows
-      int8_attention_block(x, T_, cu_seqlens, batch, scale, w, c, qkv, ctx, q8, bias, mid);
-      return int8_ffn(mid, T_, w, c, inner, q8, out);
+      int8_attention_block(x, T_, cu_seqlens, batch, scale, w, c, qkv, ctx, q8, bias, mid, x_codes);
+      return int8_ffn(mid, T_, cu_seqlens, batch, w, c, inner, q8, out, out_codes);
     }
     fp32_attention_block(x, cu_seqlens, batch, scale, w, c, qkv, ctx, bias, mid);
   } else {
@@ -232,9 +260,11 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
 }
 
 template void encoder_layer<float>(const float*, int64_t, const int32_t*, int64_t, float, const LayerWeights<float>&,
-                                   const LayerConfig&, float*, const Int8Scratch&, float*, const AttnBias*);
+                                   const LayerConfig&, float*, const Int8Scratch&, float*, const AttnBias*,
+                                   const Int8Scratch*, const Int8Scratch*);
 template void encoder_layer<bf16>(const float*, int64_t, const int32_t*, int64_t, float, const LayerWeights<bf16>&,
-                                  const LayerConfig&, float*, const Int8Scratch&, float*, const AttnBias*);
+                                  const LayerConfig&, float*, const Int8Scratch&, float*, const AttnBias*,
+                                  const Int8Scratch*, const Int8Scratch*);
 
 }  // namespace cpu
 }  // namespace bertfast

@@ -180,9 +180,14 @@ class CpuBackend(Backend):
         """`_C.Layer` for a layer it can run (bit-identical to the ops composed one by one), else None."""
         whole = getattr(self, "_whole", {}).get(id(layer))
         if whole is not None and x.is_contiguous():
-            return lambda x, cu_seqlens, max_seqlen, scale, bias: whole(x, cu_seqlens, max_seqlen, scale,
-                                                                        **_bias_args(bias))
+            return lambda x, cu_seqlens, max_seqlen, scale, bias, carry=None: whole(
+                x, cu_seqlens, max_seqlen, scale, carry=carry, **_bias_args(bias))
         return None
+
+    def layer_carry(self):
+        """An int8 model's `_C.LayerCarry`: each native layer quantizes its output for the next one's QKV GEMM as it
+        normalizes it (csrc/bindings/layer.h), the same codes the next would compute."""
+        return _C.LayerCarry() if self.quantize == "int8" and getattr(self, "_whole", None) else None
 
 
 def _fits_whole_layer(layer: LayerWeights, cfg) -> bool:
