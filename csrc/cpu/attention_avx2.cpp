@@ -54,6 +54,7 @@ BF_TARGET_AVX2 BF_INLINE float reduce_add8(__m256 v) {
 
 struct Avx2Block {
   static constexpr bool kByKey = false;  // every item scored by query row (attention_thread)
+  static constexpr int64_t kQueryRows = kQBlock;
 
   static constexpr int kR = 4;  // query rows per register tile
 

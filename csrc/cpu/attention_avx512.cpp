@@ -132,6 +132,11 @@ struct Avx512Block {
   // sums its probabilities in key order. MiniLM's shapes (12 heads of 32), 2 threads, Zen 5: x0.85 the time by query
   // row on bench_embed's corpus (~39 tokens a text, 24 texts a call), x0.86 on 24 x 40 tokens, x0.81 on 8 x 128.
   static constexpr bool kByKey = true;
+  // By key a query block is up to 64 queries (4 vectors), where by row it is kQBlock: a 40-token item in one block of
+  // 3 vectors, not 2 and then 1 whose pass over every key computed 16 lanes for 8 queries (the same numbers: each
+  // query's scores, softmax and sums do not depend on the block it is in).
+  static constexpr int64_t kQBlockByKey = 64, kQueryRows = kQBlockByKey;
+  static constexpr int kKeysPerGroup[4] = {16, 8, 4, 4};  // scores_by_key's keys a register tile, by query vectors
   // Work units (~cycles) of item_by_key's steps, for its RowPrefetch's pace: a Q transpose (16 x 16), a score group
   // per head_dim step (16 FMAs), 4 keys' exponentials (a vector each), a P V block per key and vector (4 FMAs).
   static constexpr int64_t kTransposeWork = 64, kScoreWork = 8, kExpWork = 12, kAccumulateWork = 2;
@@ -139,9 +144,10 @@ struct Avx512Block {
   // The units an item of len keys reports (item_by_key's loops, counted).
   static int64_t work_by_key(int64_t len, int64_t d, int64_t dp) {
     int64_t units = 0;
-    for (int64_t q0 = 0; q0 < len; q0 += kQBlock) {
+    for (int64_t q0 = 0; q0 < len; q0 += kQBlockByKey) {
       // Shifts, not divisions: this runs once an item, and a 12-token item computes for ~1,500 cycles.
-      const int64_t qn = std::min<int64_t>(kQBlock, len - q0), qv = (qn + 15) >> 4, kj_log2 = qv == 1 ? 4 : 3;
+      const int64_t qn = std::min<int64_t>(kQBlockByKey, len - q0), qv = (qn + 15) >> 4;
+      const int64_t kj_log2 = qv == 1 ? 4 : qv == 2 ? 3 : 2;  // log2 of kKeysPerGroup[qv - 1]
       units += qv * ((d + 15) >> 4) * kTransposeWork;
       for (int64_t k0 = 0; k0 < len; k0 += kKBlock) {
         const int64_t kn = std::min<int64_t>(kKBlock, len - k0);
@@ -167,13 +173,12 @@ struct Avx512Block {
         _mm512_storeu_ps(kd + e0, load16(k + j * k_row + e0, mask));
       }
     }
-    sc.qf.resize(dp * kQBlock);
     float* qt = sc.qf.data();
     pf.pace(work_by_key(len, d, dp));
-    for (int64_t q0 = 0; q0 < len; q0 += kQBlock) {
-      const int64_t qn = std::min<int64_t>(kQBlock, len - q0);
+    for (int64_t q0 = 0; q0 < len; q0 += kQBlockByKey) {
+      const int64_t qn = std::min<int64_t>(kQBlockByKey, len - q0);
       const int qv = int((qn + 15) / 16);  // query vectors
-      // Q^T [d][kQBlock], pre-scaled (as by row: each q times scale), queries past qn zero.
+      // Q^T [d][kQBlockByKey], pre-scaled (as by row: each q times scale), queries past qn zero.
       for (int c = 0; c < qv; ++c) {
         for (int64_t e0 = 0; e0 < d; e0 += 16) {
           const __mmask16 mask = tail_mask(d - e0);
@@ -185,29 +190,34 @@ struct Avx512Block {
           }
           transpose16(r);
           for (int64_t e = 0; e < std::min<int64_t>(16, d - e0); ++e)
-            _mm512_storeu_ps(qt + (e0 + e) * kQBlock + 16 * c, r[e]);
+            _mm512_storeu_ps(qt + (e0 + e) * kQBlockByKey + 16 * c, r[e]);
           pf.work(kTransposeWork);
         }
       }
-      __m512 m[2], l[2];
-      for (int c = 0; c < 2; ++c) m[c] = _mm512_set1_ps(-INFINITY), l[c] = _mm512_setzero_ps();
+      __m512 m[4], l[4];
+      for (int c = 0; c < 4; ++c) m[c] = _mm512_set1_ps(-INFINITY), l[c] = _mm512_setzero_ps();
       for (int64_t k0 = 0; k0 < len; k0 += kKBlock) {
         const int64_t kn = std::min<int64_t>(kKBlock, len - k0);
         const bool first = k0 == 0;
-        if (qv == 1) scores_by_key<1>(qt, sc.kt.data() + k0 * dp, kn, d, dp, sc.s.data(), pf);
-        else scores_by_key<2>(qt, sc.kt.data() + k0 * dp, kn, d, dp, sc.s.data(), pf);
-        alignas(64) float alpha[kQBlock];
+        switch (qv) {
+          case 1: scores_by_key<1>(qt, sc.kt.data() + k0 * dp, kn, d, dp, sc.s.data(), pf); break;
+          case 2: scores_by_key<2>(qt, sc.kt.data() + k0 * dp, kn, d, dp, sc.s.data(), pf); break;
+          case 3: scores_by_key<3>(qt, sc.kt.data() + k0 * dp, kn, d, dp, sc.s.data(), pf); break;
+          default: scores_by_key<4>(qt, sc.kt.data() + k0 * dp, kn, d, dp, sc.s.data(), pf); break;
+        }
+        alignas(64) float alpha[kQBlockByKey];
         for (int c = 0; c < qv; ++c) {
           float* s = sc.s.data() + 16 * c;
           __m512 mx4[4] = {m[c], m[c], m[c], m[c]};  // four chains of maxima (the same maximum, sooner)
-          for (int64_t j = 0; j < kn; ++j) mx4[j % 4] = _mm512_max_ps(mx4[j % 4], _mm512_loadu_ps(s + j * kQBlock));
+          for (int64_t j = 0; j < kn; ++j)
+            mx4[j % 4] = _mm512_max_ps(mx4[j % 4], _mm512_loadu_ps(s + j * kQBlockByKey));
           const __m512 mx = _mm512_max_ps(_mm512_max_ps(mx4[0], mx4[1]), _mm512_max_ps(mx4[2], mx4[3]));
           // Unused on the first tile (l and acc start there).
           const __m512 a = exp512_nonpositive(_mm512_sub_ps(m[c], mx));
           __m512 sum = _mm512_setzero_ps();
           for (int64_t j = 0; j < kn; ++j) {
-            const __m512 p = exp512_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j * kQBlock), mx));
-            _mm512_storeu_ps(s + j * kQBlock, p);
+            const __m512 p = exp512_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j * kQBlockByKey), mx));
+            _mm512_storeu_ps(s + j * kQBlockByKey, p);
             sum = _mm512_add_ps(sum, p);
             if (j % 4 == 3) pf.work(4 * kExpWork);
           }
@@ -225,7 +235,7 @@ struct Avx512Block {
         }
         accumulate_rows<true>(sc, sc.vf.data() + k0 * dp, qn, kn, dp, first, &pf);
       }
-      alignas(64) float inv[kQBlock];
+      alignas(64) float inv[kQBlockByKey];
       for (int c = 0; c < qv; ++c) _mm512_store_ps(inv + 16 * c, _mm512_div_ps(_mm512_set1_ps(1.0f), l[c]));
       for (int64_t i = 0; i < qn; ++i) {
         const float* a = sc.acc.data() + i * dp;
@@ -237,13 +247,13 @@ struct Avx512Block {
     }
   }
 
-  // s [keys][kQBlock] = K Q^T for a tile's kn keys (rounded up to a group) and kQV vectors of queries: a register
-  // tile of 16 / kQV keys x kQV vectors, one FMA per head_dim step and key, in head_dim order from zero.
+  // s [keys][kQBlockByKey] = K Q^T for a tile's kn keys (rounded up to a group) and kQV vectors of queries: a
+  // register tile of kKeysPerGroup keys x kQV vectors, one FMA per head_dim step and key, in head_dim order from zero.
   template <int kQV>
   BF_TARGET_AVX512 __attribute__((noinline)) static void scores_by_key(const float* qt, const float* kf, int64_t kn,
                                                                        int64_t d, int64_t dp, float* s,
                                                                        RowPrefetch& pf) {
-    constexpr int kJ = 16 / kQV;
+    constexpr int kJ = kKeysPerGroup[kQV - 1];
     for (int64_t j0 = 0; j0 < kn; j0 += kJ) {
       __m512 a[kJ][kQV];
       for (int r = 0; r < kJ; ++r)
@@ -251,21 +261,21 @@ struct Avx512Block {
       const float* kr = kf + j0 * dp;
       for (int64_t e = 0; e < d; ++e) {
         __m512 qv[kQV];
-        for (int c = 0; c < kQV; ++c) qv[c] = _mm512_loadu_ps(qt + e * kQBlock + 16 * c);
+        for (int c = 0; c < kQV; ++c) qv[c] = _mm512_loadu_ps(qt + e * kQBlockByKey + 16 * c);
         for (int r = 0; r < kJ; ++r) {
           const __m512 kb = _mm512_set1_ps(kr[r * dp + e]);
           for (int c = 0; c < kQV; ++c) a[r][c] = _mm512_fmadd_ps(qv[c], kb, a[r][c]);
         }
       }
       for (int r = 0; r < kJ; ++r)
-        for (int c = 0; c < kQV; ++c) _mm512_storeu_ps(s + (j0 + r) * kQBlock + 16 * c, a[r][c]);
+        for (int c = 0; c < kQV; ++c) _mm512_storeu_ps(s + (j0 + r) * kQBlockByKey + 16 * c, a[r][c]);
       pf.work(kScoreWork * d);
     }
   }
 
   // Rows [i, i + rows) x head_dim columns [e0, e0 + 16 * kV) of acc += P V (acc = P V on the first key tile).
   // kV is a template argument so a 32-wide head (MiniLM) runs 2 vectors a row, not 4 with 2 of zeros.
-  // kByKey: P is [keys][kQBlock] (item_by_key), else [kQBlock][kKBlock].
+  // kByKey: P is [keys][kQBlockByKey] (item_by_key), else [kQBlock][kKBlock].
   template <int kR, int kV, bool kByKey = false>
   BF_TARGET_AVX512 __attribute__((noinline)) static void accumulate(Scratch& sc, const float* vf, int64_t i, int rows,
                                                                     int64_t e0, int64_t kn, int64_t dp, bool first) {
@@ -279,7 +289,7 @@ struct Avx512Block {
       __m512 vv[kV];
       for (int c = 0; c < kV; ++c) vv[c] = _mm512_loadu_ps(vr + 16 * c);
       for (int r = 0; r < kR; ++r) {
-        const __m512 p = _mm512_set1_ps(kByKey ? sc.s[j * kQBlock + i + r] : sc.s[(i + r) * kKBlock + j]);
+        const __m512 p = _mm512_set1_ps(kByKey ? sc.s[j * kQBlockByKey + i + r] : sc.s[(i + r) * kKBlock + j]);
         for (int c = 0; c < kV; ++c) a[r][c] = _mm512_fmadd_ps(p, vv[c], a[r][c]);
       }
     }

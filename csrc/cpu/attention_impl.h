@@ -106,12 +106,12 @@ struct RowPrefetch {
 // Buffers of one thread, in fp32. d_pad = head_dim rounded up to 16 (zero columns), so vector code
 // needs no tail handling along head_dim.
 struct Scratch {
-  std::vector<float> qf;   // [kQBlock][d_pad], pre-scaled, rows past the block end zero; by key: [d][kQBlock]
+  std::vector<float> qf;   // [kQBlock][d_pad], pre-scaled, rows past the block end zero; by key: [d][its block]
   std::vector<float> kt;   // [key tiles][d][kKBlock], K transposed per tile, keys past the end zero; by key:
                            // [keys rounded to 16][d_pad], K's rows
   std::vector<float> vf;   // [keys rounded to kKBlock][d_pad]
   std::vector<float> acc;  // [kQBlock][d_pad], written (not added to) by the first key tile
-  std::vector<float> s;    // [kQBlock][kKBlock] scores, then probabilities; by key: [kKBlock][kQBlock]
+  std::vector<float> s;    // [kQBlock][kKBlock] scores, then probabilities; by key: [kKBlock][its block]
   float m[kQBlock], l[kQBlock];
 };
 
@@ -313,9 +313,10 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
   const int64_t dp = (d + 15) / 16 * 16;
   // Kept per thread across calls: at small batches allocation would cost more than the attention.
   static thread_local Scratch sc;
-  sc.qf.resize(kQBlock * dp);
-  sc.acc.resize(kQBlock * dp);
-  sc.s.resize(kQBlock * kKBlock);
+  constexpr int64_t qrows = Block::kQueryRows;  // a query block's rows at most: by row kQBlock, by key more
+  sc.qf.resize(qrows * dp);
+  sc.acc.resize(qrows * dp);
+  sc.s.resize(qrows * kKBlock);
   WorkItems items{next, cu_seqlens, batch * heads, heads};
   int64_t h, start, len, h_next = 0, start_next = 0, len_next = 0;
   // One item claimed ahead, so its rows can be prefetched while this one computes.
@@ -367,7 +368,7 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
         sc.l[i] = 0.f;
       }
       // The register tiles read up to a multiple of 4 rows: zero queries past the end.
-      std::fill(sc.qf.begin() + qn * dp, sc.qf.end(), 0.f);
+      std::fill(sc.qf.begin() + qn * dp, sc.qf.begin() + kQBlock * dp, 0.f);
       const TileWalk walk(q0, qn, len, w);
       for (int64_t n = 0; n < walk.count(); ++n) {
         const int64_t t = walk.tile(n), k0 = t * kKBlock;

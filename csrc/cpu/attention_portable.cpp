@@ -12,6 +12,7 @@ namespace {
 // ---- portable block: plain loops the compiler vectorizes ----
 struct GenericBlock {
   static constexpr bool kByKey = false;  // every item scored by query row (attention_thread)
+  static constexpr int64_t kQueryRows = kQBlock;
 
   // K rows [0, len) of one head into kt: [tile][d][kKBlock] (keys past len stay zero).
   template <typename T>
