@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bindings/alloc.h"
@@ -39,9 +40,10 @@ struct LayerCarry {
   std::vector<int32_t> cu;
   std::vector<uint8_t> forms;
 
-  bool holds(const at::Tensor& x, const int32_t* cu_seqlens, int64_t batch, int64_t hidden) const {
+  // Whether these are x's codes for this call: `now`, the call's int8_code_forms.
+  bool holds(const at::Tensor& x, const int32_t* cu_seqlens, int64_t batch, const std::vector<uint8_t>& now) const {
     return out.defined() && x.is_same(out) && int64_t(cu.size()) == batch + 1 &&
-           std::equal(cu.begin(), cu.end(), cu_seqlens) && forms == bc::int8_code_forms(cu_seqlens, batch, hidden);
+           std::equal(cu.begin(), cu.end(), cu_seqlens) && forms == now;
   }
 };
 
@@ -115,7 +117,9 @@ class Layer {
     // int8 with a carry: x's codes from it where it holds them, out's written into it (the same buffers: x's are read
     // before out's are written)
     const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
-    const bool carrying = carry != nullptr && config_.int8, carried = carrying && carry->holds(x, cu, B, H);
+    const bool carrying = carry != nullptr && config_.int8;
+    std::vector<uint8_t> forms = carrying ? bc::int8_code_forms(cu, B, H) : std::vector<uint8_t>();
+    const bool carried = carrying && carry->holds(x, cu, B, forms);
     if (carrying && !carried) {
       carry->q = at::empty({T, H}, x.options().dtype(at::kChar));
       carry->scale = at::empty({T}, x.options());
@@ -148,7 +152,7 @@ class Layer {
     }
     if (carrying) {
       carry->out = out;
-      if (!carried) carry->cu.assign(cu, cu + B + 1), carry->forms = bc::int8_code_forms(cu, B, H);
+      if (!carried) carry->cu.assign(cu, cu + B + 1), carry->forms = std::move(forms);
     } else if (carry != nullptr) {
       *carry = LayerCarry{};  // a float layer leaves no codes
     }

@@ -235,14 +235,14 @@ struct Int8Scratch {
   float* scale;
   int32_t* zp;
 };
+// Per token, whether its group's QKV GEMM takes the codes unsigned (int8_unsigned_codes of the group's rows): the form
+// encoder_layer's out_codes are written in, which its x_codes must have been.
+std::vector<uint8_t> int8_code_forms(const int32_t* cu_seqlens, int64_t batch, int64_t hidden);
 // out (T, H) = the layer applied to x (T, H), sequences delimited by cu_seqlens; x and out fp32 (the residual
 // stream) whatever T, the GEMMs' operand type. int8 only, each optional (T rows, H codes a row): x_codes, x's codes
 // as the previous call's out_codes wrote them for the same cu_seqlens and tier (its QKV GEMM then quantizes nothing);
 // out_codes, where out's are written, each row as its group's QKV GEMM takes it (the next layer's x_codes). The two
 // may be one buffer: x's codes are read before out's are written.
-// Per token, whether its group's QKV GEMM takes the codes unsigned (int8_unsigned_codes of the group's rows): the form
-// out_codes are written in, which x_codes must have been.
-std::vector<uint8_t> int8_code_forms(const int32_t* cu_seqlens, int64_t batch, int64_t hidden);
 template <typename T>
 void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
                    const LayerWeights<T>& w, const LayerConfig& c, float* work, const Int8Scratch& q8, float* out,
