@@ -28,6 +28,27 @@ static int64_t group_end(const int32_t* cu, int64_t batch, int64_t b0) {
   return b1;
 }
 
+// The sequences [b0, b1) of a group seen from its first token: cu_seqlens less cu[b0], and the position bias's
+// per-token arrays from that token, so the attention reads the group's q, k, v from the first rows of the buffer
+// and writes its output to the first rows of ctx. The same rows for every group stay in L2; rows cu[b0] on of a
+// T-row buffer, which the previous group's evicted the layer before, were fetched from L3 to be written (MiniLM's
+// QKV output: up to 192 x 1,152 fp32, 864 KiB a group).
+struct GroupView {
+  std::vector<int32_t> cu;
+  AttnBias shifted{};
+  const AttnBias* bias = nullptr;
+  GroupView(const int32_t* cu_all, int64_t b0, int64_t b1, const AttnBias* b, int64_t heads) : cu(size_t(b1 - b0 + 1)) {
+    const int32_t t0 = cu_all[b0];
+    for (int64_t i = b0; i <= b1; ++i) cu[size_t(i - b0)] = cu_all[i] - t0;
+    if (b == nullptr) return;
+    shifted = *b;
+    shifted.pos = b->pos + t0;
+    if (b->c2p != nullptr) shifted.c2p = b->c2p + int64_t(t0) * heads * b->cols;
+    if (b->p2c != nullptr) shifted.p2c = b->p2c + int64_t(t0) * heads * b->cols;
+    bias = &shifted;
+  }
+};
+
 std::vector<uint8_t> int8_code_forms(const int32_t* cu, int64_t batch, int64_t H) {
   std::vector<uint8_t> form(size_t(cu[batch]));
   for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
@@ -37,26 +58,24 @@ std::vector<uint8_t> int8_code_forms(const int32_t* cu, int64_t batch, int64_t H
   return form;
 }
 
-// int8's FFN block: the FFN in chunks of rows (kFfnRows) from `mid` (the attention block's output, normalized in
-// place, and its codes in q8: int8_attention_block) into `out`, whose rows are normalized (out's LayerNorm) and, with
-// out_codes, quantized for the next layer's QKV GEMM as the FFN-out GEMM finishes them (from L2, where a pass in
-// the next layer read them from L3).
-static void int8_ffn(float* mid, int64_t T_, const int32_t* cu, int64_t batch, const LayerWeights<float>& w,
-                     const LayerConfig& c, float* inner, const Int8Scratch& q8, float* out,
-                     const Int8Scratch* out_codes) {
+// int8's FFN on a group's rows: in chunks of rows (kFfnRows) from `mid` (the group's attention block output,
+// normalized in place, and its codes in q8: int8_attention_group) into `out`, whose rows are normalized (out's
+// LayerNorm) and, with out_codes, quantized (in the form out_unsigned) for the next layer's QKV GEMM as the FFN-out
+// GEMM finishes them (from L2, where a pass in the next layer read them from L3).
+static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const LayerConfig& c, float* inner,
+                     const Int8Scratch& q8, float* out, const Int8Scratch* out_codes, bool out_unsigned) {
   const int64_t H = c.hidden, I = c.intermediate;
-  const bool flip = int8_unsigned_codes(T_, H);  // the form int8_attention_block quantized mid's rows in
+  const bool flip = int8_unsigned_codes(T_, H);  // the form int8_attention_group quantized mid's rows in
   // The FFN in chunks of kFfnRows to 2 x kFfnRows - 1 rows: a chunk's GELU output (at most 191 x I fp32, MiniLM's
   // 1.1 MiB) is quantized and multiplied from L2 rather than written out for all T rows and read back from L3; its
   // rows are quantized as the FFN-in GEMM finishes them (int8_linear_then: 48 rows, 288 KiB for MiniLM), since a
   // whole chunk's no longer fits in a 1 MiB L2 beside the weights (on a Cascade Lake, quantizing it read the rows from
   // L3: ~2/3 of the quantizing's time in its min / max pass).
   // Every row gets the same arithmetic whatever its chunk; a chunk has more than 16 rows when T has, so its
-  // GEMMs take T's path and the codes int8_attention_block wrote are in the form they multiply (flip).
+  // GEMMs take T's path and the codes int8_attention_group wrote are in the form they multiply (flip).
   const int64_t chunks = std::max<int64_t>(1, T_ / kFfnRows);
   const Int8Scratch g8{q8.q + T_ * H, q8.scale + T_, q8.zp + T_};  // a chunk's GELU output, quantized
   float* act = inner;  // a chunk's GELU output: the same rows of the buffer for every chunk, so they stay in L2
-  const std::vector<uint8_t> form = out_codes != nullptr ? int8_code_forms(cu, batch, H) : std::vector<uint8_t>();
   for (int64_t part = 0; part < chunks; ++part) {
     int64_t r0, r1;
     split_range(T_, int(part), int(chunks), &r0, &r1);
@@ -82,80 +101,65 @@ static void int8_ffn(float* mid, int64_t T_, const int32_t* cu, int64_t batch, c
                        }
                        if (out_codes == nullptr) return;
                        profile::Inner quantizing(profile::kQuantize, profile::kFfnOut);
-                       for (int64_t a = r0 + lo, e; a < r0 + hi; a = e) {  // runs of rows of one form
-                         for (e = a + 1; e < r0 + hi && form[e] == form[a];) ++e;
-                         quantize_rows_here(out, H, a, e, H, out_codes->q, out_codes->scale, out_codes->zp,
-                                            form[a] != 0);
-                       }
+                       quantize_rows_here(out, H, r0 + lo, r0 + hi, H, out_codes->q, out_codes->scale, out_codes->zp,
+                                          out_unsigned);
                      });
   }
 }
 
-// int8's attention block by groups of whole sequences of up to kQkvRows tokens (one longer sequence alone): the QKV
-// GEMM, the attention, and the output GEMM (+ the residual x) into mid, whose rows are then normalized in place (the
-// attention LayerNorm) and quantized into q8 as the GEMM finishes them (int8_linear_then), for the FFN (int8_ffn):
-// from L2, where one pass over all T rows after the last group read most of them back from L3. The row blocks' codes
-// go where the group's own were, which the GEMM no longer reads once the block is written. A group's q, k and v
-// rows go from the GEMM to the attention, and its attention output to the output GEMM, through L2 instead of being
-// written out for all T rows (MiniLM's 1,024 tokens: 4.5 MiB of fp32 q, k, v) and read back from L3. The GEMMs are
-// per row (exact int32 sums), the quantizing and the LayerNorm too, and the attention per sequence, so a row gets the
-// same arithmetic whatever its group.
-static void int8_attention_block(const float* x, int64_t T_, const int32_t* cu, int64_t batch, float scale,
+// int8's attention block on a group of whole sequences (group_end: up to kQkvRows tokens, or one longer sequence
+// alone), x its rows: the QKV GEMM, the attention, and the output GEMM (+ the residual x) into mid, whose rows are then
+// normalized in place (the attention LayerNorm) and quantized into q8 as the GEMM finishes them (int8_linear_then),
+// for the FFN (int8_ffn), in the form it takes them (flip_ffn). The row blocks' codes go where the QKV GEMM's own were,
+// which it no longer reads once the block is written. mid, qkv, ctx and q8 are the group's rows from the first row
+// of their buffers: the same rows for every group, which stay in L2 (GroupView). x_codes: the QKV GEMM's codes of the
+// group's rows, quantized by the previous layer as it normalized x (in this group's form), or nullptr: x quantized
+// here into q8.
+static void int8_attention_group(const float* x, const GroupView& view, int64_t batch, float scale,
                                  const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
-                                 const Int8Scratch& q8, const AttnBias* bias, float* mid, const Int8Scratch* x_codes) {
-  const int64_t H = c.hidden, d = H / c.heads;
+                                 const Int8Scratch& q8, float* mid, const Int8Scratch* x_codes, bool flip_ffn) {
+  const int64_t H = c.hidden, d = H / c.heads, rows = view.cu[size_t(batch)];
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
-  const bool from_bf16 = attention_from_bf16(d, bias != nullptr) && int8_linear_bf16_supported();
-  const bool flip_ffn = int8_unsigned_codes(T_, H);  // the form the FFN-in GEMM takes mid's codes in (int8_ffn)
-  bf16* qkv16 = reinterpret_cast<bf16*>(qkv);  // the same buffer, half of it
-  for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
-    b1 = group_end(cu, batch, b0);
-    const int64_t t0 = cu[b0], rows = cu[b1] - t0;
-    if (rows == 0) continue;
-    const bool flip = int8_unsigned_codes(rows, H);
-    const Int8Scratch x8{q8.q + t0 * H, q8.scale + t0, q8.zp + t0};
-    // The QKV GEMM's codes: the previous layer's (x_codes: quantized as it normalized x, in this group's form), or x
-    // quantized here into x8.
-    const Int8Scratch in = x_codes != nullptr ? Int8Scratch{x_codes->q + t0 * H, x_codes->scale + t0,
-                                                            x_codes->zp + t0}
-                                              : x8;
-    if (x_codes == nullptr) {
-      profile::Scope timed(profile::kQuantize);
-      quantize_rows(x + t0 * H, H, rows, H, x8.q, x8.scale, x8.zp, flip);
-    }
-    const int8_t* packed = static_cast<const int8_t*>(w.qkv.packed);
-    if (from_bf16) {  // q, k, v rounded to bf16 by the GEMM's epilogue: half the bytes to the attention, which
-                      // would round them itself (attention_from_bf16)
-      {
-        profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
-        int8_linear_bf16(in.q, H, rows, H, in.scale, in.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
-                         qkv16 + t0 * 3 * H, flip);
-      }
-      profile::Scope timed(profile::kAttention);
-      attention_bf16_products(qkv16, qkv16 + H, qkv16 + 2 * H, st, cu + b0, b1 - b0, c.heads, d, scale, ctx);
-    } else {
-      {
-        profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
-        int8_linear(in.q, H, rows, H, in.scale, in.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
-                    Activation::None, nullptr, 3 * H, qkv + t0 * 3 * H, flip);
-      }
-      profile::Scope timed(profile::kAttention);
-      attention<float>(qkv, qkv + H, qkv + 2 * H, st, cu + b0, b1 - b0, c.heads, d, scale, ctx, true, bias);
-    }
-    // The group's attention output, quantized over its x codes (no longer read), times the output weights.
-    {
-      profile::Scope timed(profile::kQuantize);
-      quantize_rows(ctx + t0 * H, H, rows, H, x8.q, x8.scale, x8.zp, flip);
-    }
-    profile::Scope timed(profile::kAttnOut, 2 * rows * H * H);
-    int8_linear_then(x8.q, H, rows, H, x8.scale, x8.zp, static_cast<const int8_t*>(w.attn_out.packed), H,
-                     w.attn_out.w_scale, w.attn_out.colsum, w.attn_out.bias, Activation::None, x + t0 * H, H,
-                     mid + t0 * H, flip, [&](int64_t lo, int64_t hi) {
-                       profile::Inner normalizing(profile::kLayerNorm, profile::kAttnOut);
-                       layernorm_rows_here(mid + t0 * H, w.attn_ln_weight, w.attn_ln_bias, c.eps, lo, hi, H);
-                       quantize_rows_here(mid + t0 * H, H, lo, hi, H, x8.q, x8.scale, x8.zp, flip_ffn);
-                     });
+  const bool from_bf16 = attention_from_bf16(d, view.bias != nullptr) && int8_linear_bf16_supported();
+  const bool flip = int8_unsigned_codes(rows, H);
+  const Int8Scratch in = x_codes != nullptr ? *x_codes : q8;
+  if (x_codes == nullptr) {
+    profile::Scope timed(profile::kQuantize);
+    quantize_rows(x, H, rows, H, q8.q, q8.scale, q8.zp, flip);
   }
+  const int8_t* packed = static_cast<const int8_t*>(w.qkv.packed);
+  if (from_bf16) {  // q, k, v rounded to bf16 by the GEMM's epilogue: half the bytes to the attention, which would
+                    // round them itself (attention_from_bf16)
+    bf16* qkv16 = reinterpret_cast<bf16*>(qkv);  // the same buffer, half of it
+    {
+      profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
+      int8_linear_bf16(in.q, H, rows, H, in.scale, in.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
+                       qkv16, flip);
+    }
+    profile::Scope timed(profile::kAttention);
+    attention_bf16_products(qkv16, qkv16 + H, qkv16 + 2 * H, st, view.cu.data(), batch, c.heads, d, scale, ctx);
+  } else {
+    {
+      profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
+      int8_linear(in.q, H, rows, H, in.scale, in.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
+                  Activation::None, nullptr, 3 * H, qkv, flip);
+    }
+    profile::Scope timed(profile::kAttention);
+    attention<float>(qkv, qkv + H, qkv + 2 * H, st, view.cu.data(), batch, c.heads, d, scale, ctx, true, view.bias);
+  }
+  // The group's attention output, quantized over its x codes (no longer read), times the output weights.
+  {
+    profile::Scope timed(profile::kQuantize);
+    quantize_rows(ctx, H, rows, H, q8.q, q8.scale, q8.zp, flip);
+  }
+  profile::Scope timed(profile::kAttnOut, 2 * rows * H * H);
+  int8_linear_then(q8.q, H, rows, H, q8.scale, q8.zp, static_cast<const int8_t*>(w.attn_out.packed), H,
+                   w.attn_out.w_scale, w.attn_out.colsum, w.attn_out.bias, Activation::None, x, H, mid, flip,
+                   [&](int64_t lo, int64_t hi) {
+                     profile::Inner normalizing(profile::kLayerNorm, profile::kAttnOut);
+                     layernorm_rows_here(mid, w.attn_ln_weight, w.attn_ln_bias, c.eps, lo, hi, H);
+                     quantize_rows_here(mid, H, lo, hi, H, q8.q, q8.scale, q8.zp, flip_ffn);
+                   });
 }
 
 // fp32's attention block by the same groups of whole sequences as int8's (int8_attention_block): the QKV GEMM, the
@@ -174,17 +178,19 @@ static void fp32_attention_block(const float* x, const int32_t* cu, int64_t batc
     b1 = group_end(cu, batch, b0);
     const int64_t t0 = cu[b0], rows = cu[b1] - t0;
     if (rows == 0) continue;
+    const GroupView view(cu, b0, b1, bias, c.heads);  // the group's q, k, v and ctx in the buffers' first rows
     {
       profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
       linear_packed<float>(x + t0 * H, H, static_cast<const float*>(w.qkv.packed), w.qkv.bias, nullptr, 3 * H, rows,
-                           3 * H, H, Activation::None, qkv + t0 * 3 * H, 3 * H);
+                           3 * H, H, Activation::None, qkv, 3 * H);
     }
     {
       profile::Scope timed(profile::kAttention);
-      attention<float>(qkv, qkv + H, qkv + 2 * H, st, cu + b0, b1 - b0, c.heads, d, scale, ctx, false, bias);
+      attention<float>(qkv, qkv + H, qkv + 2 * H, st, view.cu.data(), b1 - b0, c.heads, d, scale, ctx, false,
+                       view.bias);
     }
     profile::Scope timed(profile::kAttnOut, 2 * rows * H * H);
-    linear_packed<float>(ctx + t0 * H, H, static_cast<const float*>(w.attn_out.packed), w.attn_out.bias, x + t0 * H,
+    linear_packed<float>(ctx, H, static_cast<const float*>(w.attn_out.packed), w.attn_out.bias, x + t0 * H,
                          H, rows, H, H, Activation::None, mid + t0 * H, H);
   }
 }
@@ -230,9 +236,29 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
     layernorm<float>(y, nullptr, gamma, beta, c.eps, T_, H, y);
   };
   if constexpr (sizeof(T) == 4) {
-    if (c.int8) {  // by groups of sequences, then the FFN by chunks of rows
-      int8_attention_block(x, T_, cu_seqlens, batch, scale, w, c, qkv, ctx, q8, bias, mid, x_codes);
-      return int8_ffn(mid, T_, cu_seqlens, batch, w, c, inner, q8, out, out_codes);
+    if (c.int8) {  // by groups of whole sequences, each through the whole layer: its attention block, then its FFN
+      // A group's activations (mid, qkv, ctx, codes, the GELU output) in the first rows of their buffers, so they
+      // stay in L2 from one op to the next and from one group to the next; only x, out and the codes carried
+      // between layers (x_codes, out_codes) are the layer's T rows. Every op is per row or per sequence, so a
+      // row's bits do not depend on its group.
+      for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
+        b1 = group_end(cu_seqlens, batch, b0);
+        const int64_t t0 = cu_seqlens[b0], rows = cu_seqlens[b1] - t0;
+        if (rows == 0) continue;
+        const GroupView view(cu_seqlens, b0, b1, bias, c.heads);
+        const bool flip_ffn = int8_unsigned_codes(rows, H);  // the group's codes for its FFN-in GEMM and its next
+                                                               // layer's QKV GEMM (int8_code_forms)
+        const Int8Scratch in_codes = x_codes != nullptr ? Int8Scratch{x_codes->q + t0 * H, x_codes->scale + t0,
+                                                                      x_codes->zp + t0}
+                                                        : Int8Scratch{};
+        const Int8Scratch out8 = out_codes != nullptr ? Int8Scratch{out_codes->q + t0 * H, out_codes->scale + t0,
+                                                                    out_codes->zp + t0}
+                                                      : Int8Scratch{};
+        int8_attention_group(x + t0 * H, view, b1 - b0, scale, w, c, qkv, ctx, q8, mid,
+                             x_codes != nullptr ? &in_codes : nullptr, flip_ffn);
+        int8_ffn(mid, rows, w, c, inner, q8, out + t0 * H, out_codes != nullptr ? &out8 : nullptr, flip_ffn);
+      }
+      return;
     }
     fp32_attention_block(x, cu_seqlens, batch, scale, w, c, qkv, ctx, bias, mid);
   } else {
