@@ -173,12 +173,16 @@ def _prepared_layer(dtype, hidden, heads, inter, act="gelu", seed=0, quantize=No
 @pytest.mark.parametrize("hidden,heads,inter,act", [(52, 2, 130, "gelu"), (96, 3, 384, "gelu_tanh"),
                                                     (128, 2, 512, "relu"), (160, 2, 320, "gelu")],
                          ids=["D26", "D32-gelu_tanh", "D64-relu", "D80"])
-# "long": 210 rows, past the 16-row chunks of the int8 layer's fused LayerNorm + quantization and split over threads;
-# with "191" and "387" the int8 FFN's row chunks (kFfnRows = 96, layer.cpp): one chunk of its most rows, two of 105,
-# four of 96-97. The int8 and fp32 QKV GEMM, attention and output GEMM by groups of sequences (kQkvRows = 192): "long"
-# in two groups, "191" in one, "387" in three, "alone" a sequence past 192 rows in a group of its own.
-@pytest.mark.parametrize("lengths", [[1], [5, 0, 12, 1], [130, 3, 77], [100, 91], [100, 97, 40, 150], [20, 250, 30]],
-                         ids=["one-token", "ragged", "long", "191", "387", "alone"])
+# "long": 210 rows, past the 16-row chunks of the int8 layer's fused LayerNorm + quantization and split over threads.
+# fp32's QKV GEMM, attention and output GEMM by groups of whole sequences of up to 192 rows (kQkvRows, layer.cpp):
+# "long" in two groups, "191" in one, "96" in two (146 | 93 rows), "387" ("alone") a sequence past 192 rows in a
+# group of its own. int8's whole layer by groups of up to 96 rows (kInt8GroupRows): "96" in three (exactly 96 | 50,
+# whose next sequence would make 97 | 93), "ragged" in one of at most 16 rows (kStreamRows: the codes' other form),
+# "long", "191", "387" and "alone" a sequence past 96 rows alone; within a group the FFN's row chunks (kFfnRows = 96):
+# one of at most 191 rows ("191"'s 100), two of 125 ("alone"), four of 96-97 ("387").
+@pytest.mark.parametrize("lengths", [[1], [5, 0, 12, 1], [130, 3, 77], [100, 91], [60, 36, 50, 47, 46], [387, 20],
+                                     [20, 250, 30]],
+                         ids=["one-token", "ragged", "long", "191", "96", "387", "alone"])
 def test_whole_layer_equals_op_by_op(dtype, hidden, heads, inter, act, lengths):
     quantize, dtype = ("int8", torch.float32) if dtype == "int8" else (None, dtype)
     backend, layer, cfg = _prepared_layer(dtype, hidden, heads, inter, act, quantize=quantize)
@@ -206,6 +210,28 @@ def test_whole_layer_equals_op_by_op(dtype, hidden, heads, inter, act, lengths):
             f"bf16 error {err:.3g} vs the reference's own {ref_err:.3g}"
 
 
+@pytest.mark.parametrize("quantize", [None, "int8"], ids=["fp32", "int8"])
+def test_whole_layer_position_bias_by_groups(isa, quantize):
+    """MPNet's relative position bias through `_C.Layer` on batches of several groups (fp32's of up to 192 rows,
+    int8's of up to 96): each group's attention reads the bias of its own tokens (positions from the group's first
+    token, csrc/cpu/layer.cpp GroupView), so the whole layer equals the ops composed one by one, bit for bit."""
+    from bertfast.backends.contract import AttentionBias
+
+    backend, layer, cfg = _prepared_layer(torch.float32, 96, 3, 384, quantize=quantize)
+    lengths = [60, 36, 50, 47, 46, 130, 3, 77, 5]  # groups, int8: 96 | 50 | 93 | 130 | 85; fp32: 146 | 93 | 133 | 82
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    g = torch.Generator().manual_seed(3)
+    width = max(lengths) + 5
+    positions = torch.cat([torch.arange(n) + i % 6 for i, n in enumerate(lengths)]).to(torch.int32)
+    bias = AttentionBias(torch.randn(cfg.num_attention_heads, 2 * width - 1, generator=g) * 2, positions)
+    x = torch.randn(int(cu[-1]), 96, generator=g)
+    args = (cu, max(lengths), cfg.num_attention_heads, cfg.head_dim ** -0.5, cfg.layer_norm_eps, cfg.activation)
+    assert backend.whole_layer(x, layer) is not None
+    whole = run_layer(backend, x, layer, *args, bias=bias)
+    assert torch.equal(whole, compose_layer(backend, x, layer, *args, bias=bias))
+    assert not torch.equal(whole, run_layer(backend, x, layer, *args))  # the bias counts
+
+
 def test_int8_layer_carry(isa):
     """An int8 layer's output quantized as it is normalized and left in a LayerCarry for the next layer's QKV GEMM
     (csrc/bindings/layer.h): on every tier the same bits as the next layer quantizing its input itself, and taken only
@@ -214,9 +240,9 @@ def test_int8_layer_carry(isa):
 
     backend, layer, cfg = _prepared_layer(torch.float32, 96, 3, 384, quantize="int8")
     whole = backend._whole[id(layer)]
-    # Groups of whole sequences of up to 192 rows (kQkvRows): 100 | 97 + 3 | 200 alone | 2, a group of at most 16 rows
-    # (kStreamRows: on avx512_vnni the codes' other form); the FFN in four chunks of 100-101 rows (kFfnRows = 96).
-    lengths = [100, 97, 3, 200, 2]
+    # Groups of whole sequences of up to 96 rows (kInt8GroupRows): 60 + 36 | 3 | 200 alone | 2, groups of at most 16
+    # rows (kStreamRows: on avx512_vnni the codes' other form); 200's FFN in two chunks of 100 rows (kFfnRows = 96).
+    lengths = [60, 36, 3, 200, 2]
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     x = torch.randn(int(cu[-1]), 96, generator=torch.Generator().manual_seed(2))
     args = (cu, max(lengths), cfg.head_dim ** -0.5)

@@ -21,10 +21,11 @@
 namespace bertfast {
 namespace cpu {
 
-// The end of the group of whole sequences from sequence b0 on: as many as fit in kQkvRows tokens, at least one.
-static int64_t group_end(const int32_t* cu, int64_t batch, int64_t b0) {
+// The end of the group of whole sequences from sequence b0 on: as many as fit in max_rows tokens (kQkvRows for fp32,
+// kInt8GroupRows for int8), at least one.
+static int64_t group_end(const int32_t* cu, int64_t batch, int64_t b0, int64_t max_rows) {
   int64_t b1 = b0 + 1;
-  while (b1 < batch && cu[b1 + 1] - cu[b0] <= kQkvRows) ++b1;
+  while (b1 < batch && cu[b1 + 1] - cu[b0] <= max_rows) ++b1;
   return b1;
 }
 
@@ -32,7 +33,7 @@ static int64_t group_end(const int32_t* cu, int64_t batch, int64_t b0) {
 // per-token arrays from that token, so the attention reads the group's q, k, v from the first rows of the buffer
 // and writes its output to the first rows of ctx. The same rows for every group stay in L2; rows cu[b0] on of a
 // T-row buffer, which the previous group's evicted the layer before, were fetched from L3 to be written (MiniLM's
-// QKV output: up to 192 x 1,152 fp32, 864 KiB a group).
+// QKV output for one of fp32's groups: 192 x 1,152 fp32, 864 KiB).
 struct GroupView {
   std::vector<int32_t> cu;
   AttnBias shifted{};
@@ -52,7 +53,7 @@ struct GroupView {
 std::vector<uint8_t> int8_code_forms(const int32_t* cu, int64_t batch, int64_t H) {
   std::vector<uint8_t> form(size_t(cu[batch]));
   for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
-    b1 = group_end(cu, batch, b0);
+    b1 = group_end(cu, batch, b0, kInt8GroupRows);
     std::fill(form.begin() + cu[b0], form.begin() + cu[b1], uint8_t(int8_unsigned_codes(cu[b1] - cu[b0], H)));
   }
   return form;
@@ -107,7 +108,7 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
   }
 }
 
-// int8's attention block on a group of whole sequences (group_end: up to kQkvRows tokens, or one longer sequence
+// int8's attention block on a group of whole sequences (group_end: up to kInt8GroupRows tokens, or one longer sequence
 // alone), x its rows: the QKV GEMM, the attention, and the output GEMM (+ the residual x) into mid, whose rows are then
 // normalized in place (the attention LayerNorm) and quantized into q8 as the GEMM finishes them (int8_linear_then),
 // for the FFN (int8_ffn), in the form it takes them (flip_ffn). The row blocks' codes go where the QKV GEMM's own were,
@@ -175,7 +176,7 @@ static void fp32_attention_block(const float* x, const int32_t* cu, int64_t batc
   const int64_t H = c.hidden, d = H / c.heads;
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
   for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
-    b1 = group_end(cu, batch, b0);
+    b1 = group_end(cu, batch, b0, kQkvRows);
     const int64_t t0 = cu[b0], rows = cu[b1] - t0;
     if (rows == 0) continue;
     const GroupView view(cu, b0, b1, bias, c.heads);  // the group's q, k, v and ctx in the buffers' first rows
@@ -242,7 +243,7 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
       // between layers (x_codes, out_codes) are the layer's T rows. Every op is per row or per sequence, so a
       // row's bits do not depend on its group.
       for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
-        b1 = group_end(cu_seqlens, batch, b0);
+        b1 = group_end(cu_seqlens, batch, b0, kInt8GroupRows);
         const int64_t t0 = cu_seqlens[b0], rows = cu_seqlens[b1] - t0;
         if (rows == 0) continue;
         const GroupView view(cu_seqlens, b0, b1, bias, c.heads);
