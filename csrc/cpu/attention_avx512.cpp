@@ -136,7 +136,9 @@ struct Avx512Block {
   // 3 vectors, not 2 and then 1 whose pass over every key computed 16 lanes for 8 queries (the same numbers: each
   // query's scores, softmax and sums do not depend on the block it is in).
   static constexpr int64_t kQBlockByKey = 64, kQueryRows = kQBlockByKey;
-  static constexpr int kKeysPerGroup[4] = {16, 8, 4, 4};  // scores_by_key's keys a register tile, by query vectors
+  // scores_by_key's keys a register tile, by query vectors (<= 24 accumulators). 3 vectors (33-48 queries) at 8 keys,
+  // not 4: the kernel alone x0.94-0.99 the time at 33-48 tokens (Cascade Lake, 1 thread, min of 6 alternated runs).
+  static constexpr int kKeysPerGroup[4] = {16, 8, 8, 4};
   // Work units (~cycles) of item_by_key's steps, for its RowPrefetch's pace: a Q transpose (16 x 16), a score group
   // per head_dim step (16 FMAs), 4 keys' exponentials (a vector each), a P V block per key and vector (4 FMAs).
   static constexpr int64_t kTransposeWork = 64, kScoreWork = 8, kExpWork = 12, kAccumulateWork = 2;
@@ -147,7 +149,7 @@ struct Avx512Block {
     for (int64_t q0 = 0; q0 < len; q0 += kQBlockByKey) {
       // Shifts, not divisions: this runs once an item, and a 12-token item computes for ~1,500 cycles.
       const int64_t qn = std::min<int64_t>(kQBlockByKey, len - q0), qv = (qn + 15) >> 4;
-      const int64_t kj_log2 = qv == 1 ? 4 : qv == 2 ? 3 : 2;  // log2 of kKeysPerGroup[qv - 1]
+      const int64_t kj_log2 = qv == 1 ? 4 : qv <= 3 ? 3 : 2;  // log2 of kKeysPerGroup[qv - 1]
       units += qv * ((d + 15) >> 4) * kTransposeWork;
       for (int64_t k0 = 0; k0 < len; k0 += kKBlock) {
         const int64_t kn = std::min<int64_t>(kKBlock, len - k0);
