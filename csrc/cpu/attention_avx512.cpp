@@ -210,10 +210,20 @@ struct Avx512Block {
         alignas(64) float alpha[kQBlockByKey];
         for (int c = 0; c < qv; ++c) {
           float* s = sc.s.data() + 16 * c;
-          __m512 mx4[4] = {m[c], m[c], m[c], m[c]};  // four chains of maxima (the same maximum, sooner)
-          for (int64_t j = 0; j < kn; ++j)
-            mx4[j % 4] = _mm512_max_ps(mx4[j % 4], _mm512_loadu_ps(s + j * kQBlockByKey));
-          const __m512 mx = _mm512_max_ps(_mm512_max_ps(mx4[0], mx4[1]), _mm512_max_ps(mx4[2], mx4[3]));
+          // Four chains of maxima, key j in chain j % 4 (the same maximum, sooner), unrolled so they stay in registers
+          // (indexed by j % 4 they went through the stack: ~9% of this function's samples on that loop's store).
+          __m512 mx0 = m[c], mx1 = m[c], mx2 = m[c], mx3 = m[c];
+          int64_t j4 = 0;
+          for (; j4 + 4 <= kn; j4 += 4) {
+            mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(s + j4 * kQBlockByKey));
+            mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(s + (j4 + 1) * kQBlockByKey));
+            mx2 = _mm512_max_ps(mx2, _mm512_loadu_ps(s + (j4 + 2) * kQBlockByKey));
+            mx3 = _mm512_max_ps(mx3, _mm512_loadu_ps(s + (j4 + 3) * kQBlockByKey));
+          }
+          if (j4 < kn) mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(s + j4 * kQBlockByKey));
+          if (j4 + 1 < kn) mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(s + (j4 + 1) * kQBlockByKey));
+          if (j4 + 2 < kn) mx2 = _mm512_max_ps(mx2, _mm512_loadu_ps(s + (j4 + 2) * kQBlockByKey));
+          const __m512 mx = _mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3));
           // Unused on the first tile (l and acc start there).
           const __m512 a = exp512_nonpositive(_mm512_sub_ps(m[c], mx));
           __m512 sum = _mm512_setzero_ps();
