@@ -33,6 +33,11 @@ namespace cpu {
 
 using namespace attention_detail;
 
+Scratch& attention_detail::thread_scratch() {
+  static thread_local Scratch sc;
+  return sc;
+}
+
 // The threads a call takes (0: nothing to compute). Work items are whole (sequence, head) pairs: worth a second
 // thread from a few of them on.
 static int attention_threads(const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t head_dim,

@@ -103,8 +103,7 @@ struct RowPrefetch {
   }
 };
 
-// Buffers of one thread, in fp32. d_pad = head_dim rounded up to 16 (zero columns), so vector code
-// needs no tail handling along head_dim.
+// Buffers of one thread, in fp32. d_pad = head_dim rounded up to 16 (zero columns): no tail handling along head_dim.
 struct Scratch {
   std::vector<float> qf;   // [kQBlock][d_pad], pre-scaled, rows past the block end zero; by key: [d][its block]
   std::vector<float> kt;   // [key tiles][d][kKBlock], K transposed per tile, keys past the end zero; by key:
@@ -114,6 +113,7 @@ struct Scratch {
   std::vector<float> s;    // [kQBlock][kKBlock] scores, then probabilities; by key: [kKBlock][its block]
   float m[kQBlock], l[kQBlock];
 };
+Scratch& thread_scratch();  // this thread's, kept across calls (attention.cpp)
 
 // The position bias of one (query block, key tile): score (i, j) += row[kpos[j] - qpos[i]], row = this head's
 // table row at distance 0; or DeBERTa-v2's terms (index != nullptr): c = index[qpos[i] - kpos[j]] (index at
@@ -311,8 +311,9 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
   DenormalGuard ftz;
   const int64_t H = heads * d;
   const int64_t dp = (d + 15) / 16 * 16;
-  // Kept per thread across calls: at small batches allocation would cost more than the attention.
-  static thread_local Scratch sc;
+  // Kept per thread across calls (at small batches allocation would cost more), reached through a reference returned
+  // once: one to the thread_local itself had its address looked up again (__tls_get_addr) at each use after a call.
+  Scratch& sc = thread_scratch();
   constexpr int64_t qrows = Block::kQueryRows;  // a query block's rows at most: by row kQBlock, by key more
   sc.qf.resize(qrows * dp);
   sc.acc.resize(qrows * dp);
