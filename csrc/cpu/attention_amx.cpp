@@ -2,6 +2,8 @@
 // for calls with bf16 products and head_dim <= 64, with or without a position bias (MPNet's table, DeBERTa-v2's
 // c2p / p2c) and a sliding window (ModernBERT). Compiled a second time, the tiles emulated, by
 // attention_amx_emulated.cpp (the amx_emulated tier: amx_tiles.h).
+#include <memory>
+
 #include "amx_tiles.h"
 #include "attention_impl.h"
 
@@ -178,7 +180,11 @@ BF_TARGET_TILES_BF16 void BF_TILES(attention_amx)(const T* q, const T* k, const 
                                                    float scale, T* out, std::atomic<int64_t>* next,
                                                    const AttnBias* bias, int64_t window) {
   DenormalGuard ftz;
-  static thread_local AmxScratch sc;
+  // Per thread across calls, reached through a reference made once: a reference to the thread_local itself had its
+  // address looked up again (__tls_get_addr) at each use after a call, 30 times in this function.
+  static thread_local std::unique_ptr<AmxScratch> tls;
+  if (!tls) tls.reset(new AmxScratch);
+  AmxScratch& sc = *tls;
   const int64_t H = heads * d;
   const int64_t dp = d <= 32 ? 32 : 64;
   const int64_t chunks = dp / 32, ngroups = dp / 16;
