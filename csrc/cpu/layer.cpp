@@ -61,12 +61,13 @@ std::vector<uint8_t> int8_code_forms(const int32_t* cu, int64_t batch, int64_t H
 
 // int8's FFN on a group's rows: in chunks of rows (kFfnRows) from `mid` (the group's attention block output,
 // normalized in place, and its codes in q8: int8_attention_group) into `out`, whose rows are normalized (out's
-// LayerNorm) and, with out_codes, quantized (in the form out_unsigned) for the next layer's QKV GEMM as the FFN-out
-// GEMM finishes them (from L2, where a pass in the next layer read them from L3).
+// LayerNorm) and, with out_codes, quantized for the next layer's QKV GEMM as the FFN-out GEMM finishes them (from L2,
+// where a pass in the next layer read them from L3), in the group's form (flip): the next layer's groups are this
+// layer's (int8_code_forms).
 static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const LayerConfig& c, float* inner,
-                     const Int8Scratch& q8, float* out, const Int8Scratch* out_codes, bool out_unsigned) {
+                     const Int8Scratch& q8, float* out, const Int8Scratch* out_codes) {
   const int64_t H = c.hidden, I = c.intermediate;
-  const bool flip = int8_unsigned_codes(T_, H);  // the form int8_attention_group quantized mid's rows in
+  const bool flip = int8_unsigned_codes(T_, H);  // the group's form: mid's codes (int8_attention_group), out's
   // The FFN in chunks of kFfnRows to 2 x kFfnRows - 1 rows: a chunk's GELU output (at most 191 x I fp32, MiniLM's
   // 1.1 MiB) is quantized and multiplied from L2 rather than written out for all T rows and read back from L3; its
   // rows are quantized as the FFN-in GEMM finishes them (int8_linear_then: 48 rows, 288 KiB for MiniLM), since a
@@ -103,7 +104,7 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
                        if (out_codes == nullptr) return;
                        profile::Inner quantizing(profile::kQuantize, profile::kFfnOut);
                        quantize_rows_here(out, H, r0 + lo, r0 + hi, H, out_codes->q, out_codes->scale, out_codes->zp,
-                                          out_unsigned);
+                                          flip);
                      });
   }
 }
@@ -111,14 +112,14 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
 // int8's attention block on a group of whole sequences (group_end: up to kInt8GroupRows tokens, or one longer sequence
 // alone), x its rows: the QKV GEMM, the attention, and the output GEMM (+ the residual x) into mid, whose rows are then
 // normalized in place (the attention LayerNorm) and quantized into q8 as the GEMM finishes them (int8_linear_then),
-// for the FFN (int8_ffn), in the form it takes them (flip_ffn). The row blocks' codes go where the QKV GEMM's own were,
+// for the FFN (int8_ffn), in the group's form (flip). The row blocks' codes go where the QKV GEMM's own were,
 // which it no longer reads once the block is written. mid, qkv, ctx and q8 are the group's rows from the first row
 // of their buffers: the same rows for every group, which stay in L2 (GroupView). x_codes: the QKV GEMM's codes of the
 // group's rows, quantized by the previous layer as it normalized x (in this group's form), or nullptr: x quantized
 // here into q8.
 static void int8_attention_group(const float* x, const GroupView& view, int64_t batch, float scale,
                                  const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
-                                 const Int8Scratch& q8, float* mid, const Int8Scratch* x_codes, bool flip_ffn) {
+                                 const Int8Scratch& q8, float* mid, const Int8Scratch* x_codes) {
   const int64_t H = c.hidden, d = H / c.heads, rows = view.cu[size_t(batch)];
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
   const bool from_bf16 = attention_from_bf16(d, view.bias != nullptr) && int8_linear_bf16_supported();
@@ -159,7 +160,7 @@ static void int8_attention_group(const float* x, const GroupView& view, int64_t 
                    [&](int64_t lo, int64_t hi) {
                      profile::Inner normalizing(profile::kLayerNorm, profile::kAttnOut);
                      layernorm_rows_here(mid, w.attn_ln_weight, w.attn_ln_bias, c.eps, lo, hi, H);
-                     quantize_rows_here(mid, H, lo, hi, H, q8.q, q8.scale, q8.zp, flip_ffn);
+                     quantize_rows_here(mid, H, lo, hi, H, q8.q, q8.scale, q8.zp, flip);
                    });
 }
 
@@ -247,8 +248,6 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
         const int64_t t0 = cu_seqlens[b0], rows = cu_seqlens[b1] - t0;
         if (rows == 0) continue;
         const GroupView view(cu_seqlens, b0, b1, bias, c.heads);
-        const bool flip_ffn = int8_unsigned_codes(rows, H);  // the group's codes for its FFN-in GEMM and its next
-                                                               // layer's QKV GEMM (int8_code_forms)
         const Int8Scratch in_codes = x_codes != nullptr ? Int8Scratch{x_codes->q + t0 * H, x_codes->scale + t0,
                                                                       x_codes->zp + t0}
                                                         : Int8Scratch{};
@@ -256,8 +255,8 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
                                                                     out_codes->zp + t0}
                                                       : Int8Scratch{};
         int8_attention_group(x + t0 * H, view, b1 - b0, scale, w, c, qkv, ctx, q8, mid,
-                             x_codes != nullptr ? &in_codes : nullptr, flip_ffn);
-        int8_ffn(mid, rows, w, c, inner, q8, out + t0 * H, out_codes != nullptr ? &out8 : nullptr, flip_ffn);
+                             x_codes != nullptr ? &in_codes : nullptr);
+        int8_ffn(mid, rows, w, c, inner, q8, out + t0 * H, out_codes != nullptr ? &out8 : nullptr);
       }
       return;
     }
