@@ -29,6 +29,21 @@ static int64_t group_end(const int32_t* cu, int64_t batch, int64_t b0, int64_t m
   return b1;
 }
 
+// f(b0, b1, t0, rows) for each group of whole sequences [b0, b1) (group_end), its tokens [t0, t0 + rows); groups of
+// no token skipped.
+template <typename F>
+static void for_each_group(const int32_t* cu, int64_t batch, int64_t max_rows, F&& f) {
+  for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
+    b1 = group_end(cu, batch, b0, max_rows);
+    if (cu[b1] > cu[b0]) f(b0, b1, int64_t(cu[b0]), int64_t(cu[b1] - cu[b0]));
+  }
+}
+
+// Codes, scales and zero points of the rows from row t on (rows of H codes).
+static Int8Scratch codes_from(const Int8Scratch& s, int64_t t, int64_t H) {
+  return {s.q + t * H, s.scale + t, s.zp + t};
+}
+
 // The sequences [b0, b1) of a group seen from its first token: cu_seqlens less cu[b0], and the position bias's
 // per-token arrays from that token, so the attention reads the group's q, k, v from the first rows of the buffer
 // and writes its output to the first rows of ctx. The same rows for every group stay in L2; rows cu[b0] on of a
@@ -52,10 +67,9 @@ struct GroupView {
 
 std::vector<uint8_t> int8_code_forms(const int32_t* cu, int64_t batch, int64_t H) {
   std::vector<uint8_t> form(size_t(cu[batch]));
-  for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
-    b1 = group_end(cu, batch, b0, kInt8GroupRows);
-    std::fill(form.begin() + cu[b0], form.begin() + cu[b1], uint8_t(int8_unsigned_codes(cu[b1] - cu[b0], H)));
-  }
+  for_each_group(cu, batch, kInt8GroupRows, [&](int64_t, int64_t, int64_t t0, int64_t rows) {
+    std::fill(form.begin() + t0, form.begin() + t0 + rows, uint8_t(int8_unsigned_codes(rows, H)));
+  });
   return form;
 }
 
@@ -76,7 +90,7 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
   // Every row gets the same arithmetic whatever its chunk; a chunk has more than 16 rows when T has, so its
   // GEMMs take T's path and the codes int8_attention_group wrote are in the form they multiply (flip).
   const int64_t chunks = std::max<int64_t>(1, T_ / kFfnRows);
-  const Int8Scratch g8{q8.q + T_ * H, q8.scale + T_, q8.zp + T_};  // a chunk's GELU output, quantized
+  const Int8Scratch g8 = codes_from(q8, T_, H);  // a chunk's GELU output, quantized
   float* act = inner;  // a chunk's GELU output: the same rows of the buffer for every chunk, so they stay in L2
   for (int64_t part = 0; part < chunks; ++part) {
     int64_t r0, r1;
@@ -176,10 +190,7 @@ static void fp32_attention_block(const float* x, const int32_t* cu, int64_t batc
                                  const AttnBias* bias, float* mid) {
   const int64_t H = c.hidden, d = H / c.heads;
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
-  for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
-    b1 = group_end(cu, batch, b0, kQkvRows);
-    const int64_t t0 = cu[b0], rows = cu[b1] - t0;
-    if (rows == 0) continue;
+  for_each_group(cu, batch, kQkvRows, [&](int64_t b0, int64_t b1, int64_t t0, int64_t rows) {
     const GroupView view(cu, b0, b1, bias, c.heads);  // the group's q, k, v and ctx in the buffers' first rows
     {
       profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
@@ -194,7 +205,7 @@ static void fp32_attention_block(const float* x, const int32_t* cu, int64_t batc
     profile::Scope timed(profile::kAttnOut, 2 * rows * H * H);
     linear_packed<float>(ctx, H, static_cast<const float*>(w.attn_out.packed), w.attn_out.bias, x + t0 * H,
                          H, rows, H, H, Activation::None, mid + t0 * H, H);
-  }
+  });
 }
 
 template <typename T>
@@ -243,22 +254,14 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
       // stay in L2 from one op to the next and from one group to the next; only x, out and the codes carried
       // between layers (x_codes, out_codes) are the layer's T rows. Every op is per row or per sequence, so a
       // row's bits do not depend on its group.
-      for (int64_t b0 = 0, b1; b0 < batch; b0 = b1) {
-        b1 = group_end(cu_seqlens, batch, b0, kInt8GroupRows);
-        const int64_t t0 = cu_seqlens[b0], rows = cu_seqlens[b1] - t0;
-        if (rows == 0) continue;
+      return for_each_group(cu_seqlens, batch, kInt8GroupRows, [&](int64_t b0, int64_t b1, int64_t t0, int64_t rows) {
         const GroupView view(cu_seqlens, b0, b1, bias, c.heads);
-        const Int8Scratch in_codes = x_codes != nullptr ? Int8Scratch{x_codes->q + t0 * H, x_codes->scale + t0,
-                                                                      x_codes->zp + t0}
-                                                        : Int8Scratch{};
-        const Int8Scratch out8 = out_codes != nullptr ? Int8Scratch{out_codes->q + t0 * H, out_codes->scale + t0,
-                                                                    out_codes->zp + t0}
-                                                      : Int8Scratch{};
+        const Int8Scratch in_codes = x_codes != nullptr ? codes_from(*x_codes, t0, H) : Int8Scratch{};
+        const Int8Scratch out8 = out_codes != nullptr ? codes_from(*out_codes, t0, H) : Int8Scratch{};
         int8_attention_group(x + t0 * H, view, b1 - b0, scale, w, c, qkv, ctx, q8, mid,
                              x_codes != nullptr ? &in_codes : nullptr);
         int8_ffn(mid, rows, w, c, inner, q8, out + t0 * H, out_codes != nullptr ? &out8 : nullptr);
-      }
-      return;
+      });
     }
     fp32_attention_block(x, cu_seqlens, batch, scale, w, c, qkv, ctx, bias, mid);
   } else {
