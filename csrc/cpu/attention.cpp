@@ -5,8 +5,10 @@
 // are widened to fp32 once and reused by all its query blocks; all math is fp32. bf16 with head_dim <= 64
 // on a CPU with AMX runs the two products on tiles instead (attention_amx: same tiling, bf16 operands,
 // fp32 accumulation and softmax); fp32 inputs with bf16 products (the int8 path) on AVX-512 BF16 without AMX run
-// them on vdpbf16ps where the layer has no position bias or window (attention_avx512bf16). An optional relative position bias (MPNet's table, or DeBERTa-v2's c2p / p2c,
-// `AttnBias`) is added to each score tile between the product and the softmax, on every tier, the AMX tiles included.
+// them on vdpbf16ps where the layer has no position bias or window (attention_avx512bf16), and on AVX-512 VNNI
+// without AVX-512 BF16 on int16 codes (attention_avx512int16). An optional relative position bias (MPNet's table, or
+// DeBERTa-v2's c2p / p2c, `AttnBias`) is added to each score tile between the product and the softmax, on every tier,
+// the AMX tiles included.
 //
 // Sliding window (window > 0, ModernBERT's local layers): query t sees key u iff |t - u| <= window. A query
 // block visits only the key tiles that meet its rows' windows, its diagonal tile first (it holds every row's
@@ -20,8 +22,8 @@
 //
 // The files: attention_impl.h (tiles, work items, scratch, the fp32-math driver attention_thread),
 // attention_portable.cpp, attention_avx2.cpp and attention_avx512.cpp (the fp32-math tiers' blocks),
-// attention_avx512bf16.cpp (the int8 path's bf16 products on AVX-512 BF16), attention_amx.cpp (bf16 products on AMX
-// tiles); this one chooses.
+// attention_avx512bf16.cpp (the int8 path's bf16 products on AVX-512 BF16), attention_avx512int16.cpp (its int16
+// products on AVX-512 VNNI without BF16), attention_amx.cpp (bf16 products on AMX tiles); this one chooses.
 #include <omp.h>
 
 #include <algorithm>
@@ -32,6 +34,16 @@ namespace bertfast {
 namespace cpu {
 
 using namespace attention_detail;
+
+// int16 products on AVX-512 VNNI without AVX-512 BF16 (attention_avx512int16.cpp): fp32 q, k, v, head_dim <= 64, no
+// position bias, no window.
+#if BF_X86
+namespace attention_detail {
+BF_TARGET_VNNI void attention_avx512int16(const float* q, const float* k, const float* v, const AttnStrides& st,
+                                          const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
+                                          float scale, float* out, std::atomic<int64_t>* next);
+}  // namespace attention_detail
+#endif
 
 Scratch& attention_detail::thread_scratch() {
   static thread_local Scratch sc;
@@ -87,6 +99,14 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
     });
     return;
   }
+  if constexpr (sizeof(T) == 4) {
+    if (bf16_products && attention_int16(head_dim, bias != nullptr || window > 0)) {
+      parallel_for(nt, nt, [&](int64_t) {
+        attention_avx512int16(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
+      });
+      return;
+    }
+  }
 #endif
   parallel_for(nt, nt, [&](int64_t) {
     BF_DISPATCH(attention, q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
@@ -96,6 +116,15 @@ void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const i
 bool attention_from_bf16(int64_t head_dim, bool bias_or_window) {
 #if BF_X86
   return head_dim <= 64 && !bias_or_window && active_isa() == Isa::Avx512Vnni && has_avx512_bf16();
+#else
+  (void)head_dim, (void)bias_or_window;
+  return false;
+#endif
+}
+
+bool attention_int16(int64_t head_dim, bool bias_or_window) {
+#if BF_X86
+  return head_dim <= 64 && !bias_or_window && active_isa() == Isa::Avx512Vnni && !has_avx512_bf16();
 #else
   (void)head_dim, (void)bias_or_window;
   return false;

@@ -35,7 +35,8 @@ void layernorm(const T* x, const T* residual, const T* gamma, const T* beta, flo
 // Varlen attention: q/k/v element (t, h, e) at ptr[t * row_stride + h * head_stride + e];
 // out: [T, heads * head_dim] contiguous. bf16_products: fp32 inputs may run the two products on bf16
 // operands (AMX; or AVX-512 BF16 without a position bias or window, P rounded once; fp32 accumulation and softmax)
-// where the CPU has it (the int8 path asks for it). bf16 inputs run their products on bf16 operands wherever the CPU
+// where the CPU has it, or on AVX-512 VNNI without AVX-512 BF16 on int16 codes of 12-13 bits (no position bias or
+// window; attention_avx512int16.cpp): the int8 path asks for it. bf16 inputs run their products on bf16 operands wherever the CPU
 // has them (AMX tiles, or AVX-512 BF16 without a position bias), P in two bf16 parts.
 struct AttnStrides {
   int64_t q_row, q_head, k_row, k_head, v_row, v_head;
@@ -45,6 +46,9 @@ struct AttnStrides {
 // takes the bf16 dtype's window); then attention_bf16_products takes q, k, v already rounded to bf16
 // (int8_linear_bf16's output) into fp32 rows: the same arithmetic on the same bf16 values.
 bool attention_from_bf16(int64_t head_dim, bool bias_or_window);
+// Whether fp32 attention with bf16_products runs the int16 products (attention_avx512int16.cpp) for a layer of this
+// head_dim with or without a position bias or window.
+bool attention_int16(int64_t head_dim, bool bias_or_window);
 // An additive relative position bias (MPNet): score(t, u) += table[h * width + (width - 1) / 2 + pos[u] - pos[t]]
 // for tokens t, u of one sequence, pos: (T,) the tokens' positions, table: (heads, width) fp32 per distance,
 // width odd and covering every distance within a sequence (checked at the boundary): linear in length.

@@ -359,7 +359,8 @@ def test_attention(isa, dtype, lengths, heads, d):
 ])
 def test_attention_bf16_products_on_fp32_inputs(isa, lengths, heads, d):
     """fp32 q/k/v with bf16_products (the int8 path): fp32 output, within bf16 attention's error; exact fp32
-    where the products stay fp32 (head_dim > 64, or a tier without AMX or AVX-512 BF16)."""
+    where the products stay fp32 (head_dim > 64, or a tier below avx512_vnni). avx512_vnni without AVX-512 BF16 runs
+    them on int16 codes (test_attention_int16.py)."""
     gen = torch.Generator().manual_seed(sum(lengths) + d + 1)
     (q, k, v), (q32, k32, v32), cu = qkv_views(lengths, heads, d, torch.float32, gen)
     scale = 1.0 / math.sqrt(d)
@@ -370,10 +371,10 @@ def test_attention_bf16_products_on_fp32_inputs(isa, lengths, heads, d):
     ref_low = reference.attention(*low, cu, max(lengths), scale)
     check(ours, ref_low, ref_hi, torch.bfloat16)
     exact = _C.attention(q32, k32, v32, cu, max(lengths), scale)
-    if not (d <= 64 and (isa in ("amx", "amx_emulated") or _C.isa() == "avx512_vnni" and _C.has_avx512_bf16())):
+    if not (d <= 64 and (isa in ("amx", "amx_emulated") or _C.isa() == "avx512_vnni")):
         assert torch.equal(ours, exact)
     else:
-        assert not torch.equal(ours, exact)  # the bf16 products ran
+        assert not torch.equal(ours, exact)  # the bf16 (or int16) products ran
 
 
 @pytest.mark.parametrize("dtype,products", [
