@@ -156,9 +156,11 @@ BF_TARGET_VNNI __attribute__((noinline)) void accumulate(Int16Scratch& sc, const
 // K's rows as codes on their own scales (ks), rows past len zero up to a multiple of 16; whether any value is not
 // finite (then every output of the item is NaN: the codes do not matter). 16 rows at a time: their largest magnitudes
 // transposed into one vector (no horizontal reduction a row).
-BF_TARGET_VNNI bool quantize_keys(Int16Scratch& sc, const float* k, int64_t k_row, int64_t len, int64_t d,
-                                  int64_t dp) {
-  const int64_t dw = dp / 2, rows16 = (len + 15) / 16 * 16, vecs = dp / 16;
+// kV: vectors of 16 dims a row (dp = 16 kV); dm: their lanes below head_dim.
+template <int kV>
+BF_TARGET_VNNI bool quantize_keys(Int16Scratch& sc, const float* k, int64_t k_row, int64_t len, const __mmask16* dm) {
+  constexpr int64_t dp = 16 * kV, dw = dp / 2;
+  const int64_t rows16 = (len + 15) / 16 * 16;
   const __m512 range = _mm512_set1_ps(float(qk_range(dp)));
   sc.k2.resize(rows16 * dw);
   sc.ks.resize(rows16);
@@ -167,8 +169,8 @@ BF_TARGET_VNNI bool quantize_keys(Int16Scratch& sc, const float* k, int64_t k_ro
     __m512 top[16];
     for (int i = 0; i < 16; ++i) {
       __m512i m = _mm512_setzero_si512();
-      for (int64_t c = 0; c < vecs && j0 + i < len; ++c)
-        m = _mm512_max_epu32(m, magnitude(load16(k + (j0 + i) * k_row + 16 * c, tail_mask(d - 16 * c))));
+      if (j0 + i < len)
+        for (int c = 0; c < kV; ++c) m = _mm512_max_epu32(m, magnitude(load16(k + (j0 + i) * k_row + 16 * c, dm[c])));
       top[i] = _mm512_castsi512_ps(m);
     }
     transpose16(top);
@@ -182,12 +184,11 @@ BF_TARGET_VNNI bool quantize_keys(Int16Scratch& sc, const float* k, int64_t k_ro
                                                             _mm512_castsi512_ps(largest), range));
     for (int i = 0; i < 16; ++i) {
       const float* row = k + (j0 + i) * k_row;
-      const int64_t left = j0 + i < len ? d : 0;
-      for (int64_t c = 0; c < vecs; c += 2) {
-        const __m256i lo = _mm512_cvtepi32_epi16(codes(load16(row + 16 * c, tail_mask(left - 16 * c)),
-                                                       _mm512_set1_ps(inv[i])));
-        const __m256i hi = _mm512_cvtepi32_epi16(codes(load16(row + 16 * c + 16, tail_mask(left - 16 * c - 16)),
-                                                       _mm512_set1_ps(inv[i])));
+      const __mmask16 live = j0 + i < len ? 0xffff : 0;
+      const __m512 iv_i = _mm512_set1_ps(inv[i]);
+      for (int c = 0; c < kV; c += 2) {
+        const __m256i lo = _mm512_cvtepi32_epi16(codes(load16(row + 16 * c, dm[c] & live), iv_i));
+        const __m256i hi = _mm512_cvtepi32_epi16(codes(load16(row + 16 * c + 16, dm[c + 1] & live), iv_i));
         _mm512_storeu_si512(sc.k2.data() + (j0 + i) * dw + 8 * c,
                             _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
       }
@@ -198,16 +199,17 @@ BF_TARGET_VNNI bool quantize_keys(Int16Scratch& sc, const float* k, int64_t k_ro
 
 // V's columns as codes on their own scales over the item's keys, in pairs of keys (an odd last key paired with zero);
 // vscale: each column's scale (NaN for a column with a non-finite value).
-BF_TARGET_VNNI void quantize_values(Int16Scratch& sc, const float* v, int64_t v_row, int64_t len, int64_t d,
-                                    int64_t dp, __m512* vscale) {
-  const int64_t vecs = dp / 16;
-  __m512i largest[kMaxDims / 16];
-  __m512 inv[kMaxDims / 16];
-  for (int64_t c = 0; c < vecs; ++c) largest[c] = _mm512_setzero_si512();
+template <int kV>
+BF_TARGET_VNNI void quantize_values(Int16Scratch& sc, const float* v, int64_t v_row, int64_t len, const __mmask16* dm,
+                                    __m512* vscale) {
+  constexpr int64_t dp = 16 * kV;
+  __m512i largest[kV];
+  __m512 inv[kV];
+  for (int c = 0; c < kV; ++c) largest[c] = _mm512_setzero_si512();
   for (int64_t j = 0; j < len; ++j)
-    for (int64_t c = 0; c < vecs; ++c)
-      largest[c] = _mm512_max_epu32(largest[c], magnitude(load16(v + j * v_row + 16 * c, tail_mask(d - 16 * c))));
-  for (int64_t c = 0; c < vecs; ++c) {
+    for (int c = 0; c < kV; ++c)
+      largest[c] = _mm512_max_epu32(largest[c], magnitude(load16(v + j * v_row + 16 * c, dm[c])));
+  for (int c = 0; c < kV; ++c) {
     inv[c] = code_inverse(largest[c], kRangeV);
     const __mmask16 coded = _mm512_cmp_ps_mask(inv[c], _mm512_setzero_ps(), _CMP_GT_OQ);
     vscale[c] = _mm512_mask_mov_ps(
@@ -218,37 +220,37 @@ BF_TARGET_VNNI void quantize_values(Int16Scratch& sc, const float* v, int64_t v_
   sc.v2.resize(key_pairs * dp);
   for (int64_t p = 0; p < key_pairs; ++p) {
     const float* v0 = v + 2 * p * v_row;
-    for (int64_t c = 0; c < vecs; ++c) {
-      const __mmask16 m = tail_mask(d - 16 * c);
-      const __m512i b = 2 * p + 1 < len ? codes(load16(v0 + v_row + 16 * c, m), inv[c]) : _mm512_setzero_si512();
-      _mm512_storeu_si512(sc.v2.data() + p * dp + 16 * c, words(codes(load16(v0 + 16 * c, m), inv[c]), b));
-    }
+    const __mmask16 second = 2 * p + 1 < len ? 0xffff : 0;
+    for (int c = 0; c < kV; ++c)
+      _mm512_storeu_si512(sc.v2.data() + p * dp + 16 * c, words(codes(load16(v0 + 16 * c, dm[c]), inv[c]),
+                                                                codes(load16(v0 + v_row + 16 * c, dm[c] & second),
+                                                                      inv[c])));
   }
 }
 
 // Queries [q0, q0 + qn) (qv vectors) transposed and quantized into qt, each on its own scale: qsc, with scale (in log2
 // units), 0 for a query with a non-finite value, which `bad` marks.
+template <int kV>
 BF_TARGET_VNNI void quantize_queries(Int16Scratch& sc, const float* q, int64_t q_row, int64_t q0, int64_t qn, int qv,
-                                     int64_t d, int64_t dp, float scale2, __m512* qsc, __mmask16* bad) {
+                                     const __mmask16* dm, float scale2, __m512* qsc, __mmask16* bad) {
+  constexpr int64_t dp = 16 * kV;
   const int32_t range = qk_range(dp);
   for (int c = 0; c < qv; ++c) {
-    for (int64_t e0 = 0; e0 < dp; e0 += 16) {
-      __m512 r[16];
-      for (int i = 0; i < 16; ++i) {
-        const int64_t row = 16 * c + i;
-        r[i] = row < qn ? load16(q + (q0 + row) * q_row + e0, tail_mask(d - e0)) : _mm512_setzero_ps();
-      }
-      transpose16(r);
-      for (int e = 0; e < 16; ++e) _mm512_store_ps(sc.qf + (e0 + e) * kBlock + 16 * c, r[e]);
-    }
     __m512i largest = _mm512_setzero_si512();
-    for (int64_t e = 0; e < d; ++e)
-      largest = _mm512_max_epu32(largest, magnitude(_mm512_load_ps(sc.qf + e * kBlock + 16 * c)));
+    for (int e0 = 0; e0 < kV; ++e0) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = load16(q + (q0 + 16 * c + i) * q_row + 16 * e0, 16 * c + i < qn ? dm[e0] : 0);
+      transpose16(r);
+      for (int e = 0; e < 16; ++e) {
+        _mm512_store_ps(sc.qf + (16 * e0 + e) * kBlock + 16 * c, r[e]);
+        largest = _mm512_max_epu32(largest, magnitude(r[e]));
+      }
+    }
     bad[c] = not_finite(largest);
     const __m512 inv = code_inverse(largest, range);
     const __mmask16 coded = _mm512_cmp_ps_mask(inv, _mm512_setzero_ps(), _CMP_GT_OQ);
     qsc[c] = _mm512_maskz_mul_ps(coded, _mm512_castsi512_ps(largest), _mm512_set1_ps(scale2 / float(range)));
-    for (int64_t w = 0; w < dp / 2; ++w)
+    for (int w = 0; w < dp / 2; ++w)
       _mm512_store_si512(sc.qt + w * kBlock + 16 * c, words(codes(_mm512_load_ps(sc.qf + 2 * w * kBlock + 16 * c), inv),
                                                             codes(_mm512_load_ps(sc.qf + (2 * w + 1) * kBlock + 16 * c),
                                                                   inv)));
@@ -273,20 +275,24 @@ int64_t work_units(int64_t len, int64_t d) {
   return units;
 }
 
-// One (sequence, head) item: q, k, v and out at its first row.
+// One (sequence, head) item: q, k, v and out at its first row; kV = dp / 16 (2 or 4).
+template <int kV>
 BF_TARGET_VNNI void item(Int16Scratch& sc, const float* q, const float* k, const float* v, const AttnStrides& st,
                          int64_t len, int64_t d, float scale, float* out, int64_t H, RowPrefetch& pf) {
-  const int64_t dp = (d + 31) / 32 * 32, dw = dp / 2, pairs = (d + 1) / 2;
+  constexpr int64_t dp = 16 * kV, dw = dp / 2;
+  const int64_t pairs = (d + 1) / 2;
+  __mmask16 dm[kV];  // lanes below head_dim of each vector of a row
+  for (int c = 0; c < kV; ++c) dm[c] = tail_mask(d - 16 * c);
   pf.pace(work_units(len, d));
-  const bool k_bad = quantize_keys(sc, k, st.k_row, len, d, dp);
-  __m512 vscale[kMaxDims / 16];
-  quantize_values(sc, v, st.v_row, len, d, dp, vscale);
+  const bool k_bad = quantize_keys<kV>(sc, k, st.k_row, len, dm);
+  __m512 vscale[kV];
+  quantize_values<kV>(sc, v, st.v_row, len, dm, vscale);
   for (int64_t q0 = 0; q0 < len; q0 += kBlock) {
     const int64_t qn = std::min<int64_t>(kBlock, len - q0);
     const int qv = int((qn + 15) / 16);  // query vectors
     __m512 qsc[4];
     __mmask16 q_bad[4];
-    quantize_queries(sc, q, st.q_row, q0, qn, qv, d, dp, scale * kLog2e, qsc, q_bad);
+    quantize_queries<kV>(sc, q, st.q_row, q0, qn, qv, dm, scale * kLog2e, qsc, q_bad);
     __m512 m[4], l[4];
     for (int c = 0; c < 4; ++c) m[c] = _mm512_set1_ps(-INFINITY), l[c] = _mm512_setzero_ps();
     for (int64_t k0 = 0; k0 < len; k0 += kKBlock) {
@@ -340,12 +346,10 @@ BF_TARGET_VNNI void item(Int16Scratch& sc, const float* q, const float* k, const
       const uint32_t* v2 = sc.v2.data() + (k0 / 2) * dp;
       const int64_t tile_pairs = (kn + 1) / 2;
       constexpr int kRows = 8;  // rows a register block: 16 accumulators for head_dim <= 32, 32 up to 64 (4 rows)
-      for (int64_t i = 0; i < qn; i += dp == 32 ? kRows : kRows / 2) {
-        pf.work(tile_pairs * kRows * (dp / 16) / 2);
-        if (dp == 32)
-          accumulate<kRows, 2>(sc, v2, i, int(std::min<int64_t>(kRows, qn - i)), tile_pairs, first);
-        else
-          accumulate<kRows / 2, 4>(sc, v2, i, int(std::min<int64_t>(kRows / 2, qn - i)), tile_pairs, first);
+      constexpr int kR = kV == 2 ? kRows : kRows / 2;
+      for (int64_t i = 0; i < qn; i += kR) {
+        pf.work(tile_pairs * kRows * kV / 2);
+        accumulate<kR, kV>(sc, v2, i, int(std::min<int64_t>(kR, qn - i)), tile_pairs, first);
       }
     }
     // 1 / the sum of P's codes, NaN for a query (or every query, for a key) with a non-finite value.
@@ -356,9 +360,9 @@ BF_TARGET_VNNI void item(Int16Scratch& sc, const float* q, const float* k, const
     for (int64_t i = 0; i < qn; ++i) {
       const __m512 iv = _mm512_set1_ps(inv[i]);
       float* o = out + (q0 + i) * H;
-      for (int64_t e0 = 0; e0 < d; e0 += 16)
-        store16(o + e0, _mm512_mul_ps(_mm512_mul_ps(_mm512_load_ps(sc.acc + i * dp + e0), iv), vscale[e0 / 16]),
-                tail_mask(d - e0));
+      for (int c = 0; c < kV; ++c)
+        store16(o + 16 * c, _mm512_mul_ps(_mm512_mul_ps(_mm512_load_ps(sc.acc + i * dp + 16 * c), iv), vscale[c]),
+                dm[c]);
     }
   }
 }
@@ -381,8 +385,13 @@ BF_TARGET_VNNI void attention_avx512int16(const float* q, const float* k, const 
     RowPrefetch pf;
     have = items.claim(&h_next, &start_next, &len_next);
     if (have) pf.start(q, k, v, out, st, heads, d, h_next, start_next, len_next);
-    item(sc, q + start * st.q_row + h * st.q_head, k + start * st.k_row + h * st.k_head,
-         v + start * st.v_row + h * st.v_head, st, len, d, scale, out + start * H + h * d, H, pf);
+    const float *qi = q + start * st.q_row + h * st.q_head, *ki = k + start * st.k_row + h * st.k_head;
+    const float* vi = v + start * st.v_row + h * st.v_head;
+    float* oi = out + start * H + h * d;
+    if (d <= 32)
+      item<2>(sc, qi, ki, vi, st, len, d, scale, oi, H, pf);
+    else
+      item<4>(sc, qi, ki, vi, st, len, d, scale, oi, H, pf);
   }
 }
 
