@@ -4,7 +4,7 @@ dynamic quantization), `Encoder.encode` and `bertfast embed` (reading, tokenizin
 Parquet shards; its peak RSS in its own process) in each of --dtypes (fp32, int8, bf16).
 
     python benchmarks/bench_embed.py [--texts 20000] [--rows st,onnx,encode,embed] [--dtypes fp32,int8,bf16]
-                                     [--json benchmarks/results/embed-cpu/embed-20k.json] [--profile]
+                                     [--rounds 1] [--json benchmarks/results/embed-cpu/embed-20k.json] [--profile]
 
 The corpus is deterministic (`corpus`: 1-60 words from a fixed vocabulary). Every row's output is checked
 against SentenceTransformer.encode (torch, fp32) on the first SAMPLE texts, by the rule for its kind
@@ -12,6 +12,11 @@ against SentenceTransformer.encode (torch, fp32) on the first SAMPLE texts, by t
 `bertfast embed` on the first rows its timed run wrote. A row that fails the check stops the run. The ONNX
 rows need optimum-onnx[onnxruntime] (`pip install "sentence-transformers[onnx]"`); where it is missing or
 does not import they are skipped with the reason printed (optimum-onnx 0.1.0 requires transformers < 4.58).
+
+--rounds N runs every row N times in turn (SentenceTransformer's first in each round) and divides each row by that
+round's SentenceTransformer rate: on a host whose speed drifts between minutes (a shared VM) a ratio within a round
+holds where one run's rows, minutes apart, do not. The table then gives each row's median over the rounds and the
+range of its ratios; the JSON keeps every round's rows.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import random
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +43,7 @@ WORDS = ("the a cat dog sat on mat quick brown fox jumps over lazy river mountai
          "bread recipe starter home kitchen city train station ticket weather forecast rain sunny").split()
 SAMPLE = 200  # texts every row is checked on
 BATCH = 32  # SentenceTransformer.encode's default, for the in-process rows
+ST_ROW = "SentenceTransformer.encode (torch)"  # every ratio's base
 
 # One rule per kind of row, against SentenceTransformer.encode (torch, fp32) on the sample. A row doing the
 # same fp32 arithmetic agrees to rounding; ONNX Runtime's fused fp32 kernels add up in another order; bf16
@@ -99,7 +106,7 @@ def st_torch(path: str, texts: list[str], timed: bool):
     ref = st.encode(texts[:SAMPLE], batch_size=BATCH)
     if not timed:
         return ref, []
-    return ref, [in_process_row("SentenceTransformer.encode (torch)", "fp32", "fp32",
+    return ref, [in_process_row(ST_ROW, "fp32", "fp32",
                                 lambda t: st.encode(t, batch_size=BATCH), texts, ref)]
 
 
@@ -218,6 +225,7 @@ def main() -> int:
     parser.add_argument("--texts", type=int, default=20000)
     parser.add_argument("--rows", default="st,onnx,encode,embed")
     parser.add_argument("--dtypes", default="fp32,int8,bf16")
+    parser.add_argument("--rounds", type=int, default=1, help="every row this many times in turn (ratios per round)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and the machine here")
     parser.add_argument("--profile", action="store_true", help="then one `bertfast embed --profile` run per dtype: "
                         "where its time goes, each GEMM against this CPU's ceiling (benchmarks/bench_peak.py)")
@@ -228,6 +236,8 @@ def main() -> int:
             parser.error(f"unknown {sorted(set(value) - known)}: use some of {sorted(known)}")
     if args.texts < SAMPLE:
         parser.error(f"--texts must be >= {SAMPLE} (the rows are checked on the first {SAMPLE})")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     import torch
 
     import bertfast
@@ -238,50 +248,31 @@ def main() -> int:
     print(f"cpu: {info['cpu']}, tier {info['active']}, torch threads {torch.get_num_threads()}, "
           f"load {os.getloadavg()[0]:.1f}; corpus {len(texts)} texts, "
           f"{sum(len(t.split()) for t in texts) / len(texts):.1f} words/text", flush=True)
-    ref, results = st_torch(path, texts, timed="st" in rows)
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
-        if "onnx" in rows:
-            reason = onnx_missing()
-            if reason:
-                print(f"skip SentenceTransformer.encode (onnx, onnx int8): {reason}", flush=True)
-                skipped = [("onnx", "fp32")] + ([("onnx int8", "int8")] if "int8" in dtypes else [])
-                results += [{"name": f"SentenceTransformer.encode ({label})", "dtype": dtype, "skipped": reason}
-                            for label, dtype in skipped]
-            else:
-                results += onnx_rows(path, dtypes, texts, ref, tmp, info["flags"])
-        if "encode" in rows:
-            for dtype in dtypes:
-                enc = bertfast.Encoder.from_pretrained(path, dtype=dtype)
-                results.append(in_process_row("Encoder.encode", dtype, dtype, lambda t: enc.encode(
-                    t, batch_size=BATCH, convert_to_numpy=True), texts, ref))
-                del enc
-        if "embed" in rows:
-            src = os.path.join(tmp, "corpus.txt")
-            with open(src, "w", encoding="utf-8") as f:
-                f.writelines(t + "\n" for t in texts)
-            for dtype in dtypes:
-                results.append(embed_row(dtype, src, os.path.join(tmp, f"out-{dtype}"), ref))
+        for rnd in range(args.rounds):
+            if args.rounds > 1:
+                print(f"round {rnd + 1} of {args.rounds}", flush=True)
+            round_tmp = os.path.join(tmp, f"round-{rnd}")
+            os.makedirs(round_tmp)
+            round_rows = one_round(path, texts, rows, dtypes, round_tmp, info)
+            base = next((r["texts_per_s"] for r in round_rows if r["name"] == ST_ROW), None)
+            for r in round_rows:
+                r["round"] = rnd
+                if "skipped" not in r:
+                    r["ratio_vs_st_torch"] = r["texts_per_s"] / base if base else None
+            results += round_rows
         profiles = []
         if args.profile:
             import bench_peak
 
             src = os.path.join(tmp, "corpus.txt")
-            if not os.path.exists(src):
-                with open(src, "w", encoding="utf-8") as f:
-                    f.writelines(t + "\n" for t in texts)
+            with open(src, "w", encoding="utf-8") as f:
+                f.writelines(t + "\n" for t in texts)
             peak_rows = bench_peak.measure_best(0.3, 3)
             profiles = [profile_row(dtype, src, os.path.join(tmp, f"prof-{dtype}"), info, peak_rows)
                         for dtype in dtypes]
-    base = next((r["texts_per_s"] for r in results if r["name"] == "SentenceTransformer.encode (torch)"), None)
-    print(f"\n{'row':<48} {'dtype':<6} {'texts/s':>9} {'vs ST':>7} {'peak RSS':>9}")
-    for r in results:
-        if "skipped" in r:
-            print(f"{r['name']:<48} {r['dtype']:<6} skipped (reason above)")
-            continue
-        r["ratio_vs_st_torch"] = r["texts_per_s"] / base if base else None
-        ratio = f"x{r['ratio_vs_st_torch']:.2f}" if base else "-"
-        peak = f"{r['peak_rss_mib']:.0f} MiB" if r["peak_rss_mib"] else "-"
-        print(f"{r['name']:<48} {r['dtype']:<6} {r['texts_per_s']:>9.1f} {ratio:>7} {peak:>9}")
+    print_table(results, args.rounds)
     own_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\nthis process: peak RSS {own_peak:.0f} MiB")
     if args.json:
@@ -290,13 +281,62 @@ def main() -> int:
         env = environment("cpu")  # machine (cpu_info: the ISA tier the kernels ran), library versions
         env["versions"].update({d: version(d) for d in ("sentence-transformers", "optimum-onnx", "pyarrow")})
         report = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **env,
-                  "settings": {"texts": len(texts), "rows": rows, "dtypes": dtypes, "sample": SAMPLE,
-                               "batch_size": BATCH, "rules": RULES, "model_dir": path},
+                  "settings": {"texts": len(texts), "rows": rows, "dtypes": dtypes, "rounds": args.rounds,
+                               "sample": SAMPLE, "batch_size": BATCH, "rules": RULES, "model_dir": path},
                   "rows": results, "profiles": profiles, "peak_rss_mib_this_process": own_peak}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
         print(f"wrote {args.json}")
     return 0
+
+
+def one_round(path: str, texts: list[str], rows: list[str], dtypes: list[str], tmp: str, info: dict) -> list[dict]:
+    """Every row once, each checked on the reference (SentenceTransformer's, timed as its row where asked)."""
+    import bertfast
+
+    ref, results = st_torch(path, texts, timed="st" in rows)
+    if "onnx" in rows:
+        reason = onnx_missing()
+        if reason:
+            print(f"skip SentenceTransformer.encode (onnx, onnx int8): {reason}", flush=True)
+            skipped = [("onnx", "fp32")] + ([("onnx int8", "int8")] if "int8" in dtypes else [])
+            results += [{"name": f"SentenceTransformer.encode ({label})", "dtype": dtype, "skipped": reason}
+                        for label, dtype in skipped]
+        else:
+            results += onnx_rows(path, dtypes, texts, ref, tmp, info["flags"])
+    if "encode" in rows:
+        for dtype in dtypes:
+            enc = bertfast.Encoder.from_pretrained(path, dtype=dtype)
+            results.append(in_process_row("Encoder.encode", dtype, dtype, lambda t: enc.encode(
+                t, batch_size=BATCH, convert_to_numpy=True), texts, ref))
+            del enc
+    if "embed" in rows:
+        src = os.path.join(tmp, "corpus.txt")
+        with open(src, "w", encoding="utf-8") as f:
+            f.writelines(t + "\n" for t in texts)
+        for dtype in dtypes:
+            results.append(embed_row(dtype, src, os.path.join(tmp, f"out-{dtype}"), ref))
+    return results
+
+
+def print_table(results: list[dict], rounds: int) -> None:
+    """Each row's texts/s (its median over the rounds) and its ratio to SentenceTransformer's (median, range)."""
+    print(f"\n{'row':<48} {'dtype':<6} {'texts/s':>9} {'vs ST':>7} {'range':>13} {'peak RSS':>9}")
+    keys = list(dict.fromkeys((r["name"], r["dtype"]) for r in results))
+    for name, dtype in keys:
+        runs = [r for r in results if (r["name"], r["dtype"]) == (name, dtype)]
+        if any("skipped" in r for r in runs):
+            print(f"{name:<48} {dtype:<6} skipped (reason above)")
+            continue
+        ratios = sorted(r["ratio_vs_st_torch"] for r in runs if r["ratio_vs_st_torch"] is not None)
+        ratio = f"x{statistics.median(ratios):.2f}" if ratios else "-"
+        spread = f"x{ratios[0]:.2f}-x{ratios[-1]:.2f}" if len(ratios) > 1 else ""
+        peaks = [r["peak_rss_mib"] for r in runs if r["peak_rss_mib"]]
+        peak = f"{max(peaks):.0f} MiB" if peaks else "-"
+        rate = statistics.median(r["texts_per_s"] for r in runs)
+        print(f"{name:<48} {dtype:<6} {rate:>9.1f} {ratio:>7} {spread:>13} {peak:>9}")
+    if rounds > 1:
+        print(f"(median of {rounds} rounds; range: the lowest and highest ratio of a round)")
 
 
 if __name__ == "__main__":

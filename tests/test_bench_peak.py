@@ -80,3 +80,26 @@ def test_embed_ceiling_is_the_instruction_the_tier_runs():
     assert [module.gemm_ceiling(rows, d, vnni) for d in ("fp32", "bf16", "int8")] == [330.0, 190.0, 1340.0]
     assert module.gemm_ceiling(rows, "bf16", nobf16) == 330.0
     assert module.gemm_ceiling(rows, "fp32", {"active": "avx2", "flags": ()}) == 186.0
+
+
+def test_embed_rounds_table(capsys):
+    """bench_embed --rounds: each row's median texts/s and its ratio to SentenceTransformer's of the same round (the
+    median and the range over the rounds), a skipped row said once."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_embed", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_embed.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    st, embed = module.ST_ROW, "bertfast embed"
+    results = []
+    for rnd, (base, rate) in enumerate(((100.0, 400.0), (150.0, 450.0), (120.0, 480.0))):
+        results += [{"name": st, "dtype": "fp32", "texts_per_s": base, "peak_rss_mib": None, "round": rnd,
+                     "ratio_vs_st_torch": 1.0},
+                    {"name": embed, "dtype": "int8", "texts_per_s": rate, "peak_rss_mib": 400.0 + rnd, "round": rnd,
+                     "ratio_vs_st_torch": rate / base},
+                    {"name": "SentenceTransformer.encode (onnx)", "dtype": "fp32", "skipped": "no onnx", "round": rnd}]
+    module.print_table(results, 3)
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if line.startswith(embed)).split()
+    assert row[-5:] == ["450.0", "x4.00", "x3.00-x4.00", "402", "MiB"]
+    assert sum("skipped" in line for line in lines) == 1
+    assert lines[-1].startswith("(median of 3 rounds")
