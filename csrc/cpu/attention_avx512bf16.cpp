@@ -245,18 +245,13 @@ BF_TARGET_AVX512BF16 void attention_avx512bf16(const T* q, const T* k, const T* 
   if (!tls) tls = std::make_unique<Bf16Scratch>();
   Bf16Scratch& sc = *tls.get();
   WorkItems items{next, cu_seqlens, batch * heads, heads};
-  int64_t h, start, len, h_next = 0, start_next = 0, len_next = 0;
-  // One item claimed ahead, so its rows can be prefetched while this one computes.
-  for (bool have = items.claim(&h, &start, &len); have; h = h_next, start = start_next, len = len_next) {
-    RowPrefetch pf;
-    have = items.claim(&h_next, &start_next, &len_next);
-    if (have) pf.start(q, k, v, out, st, heads, d, h_next, start_next, len_next);
+  for_each_item(items, q, k, v, out, st, d, [&](int64_t h, int64_t start, int64_t len, RowPrefetch& pf) {
     const int64_t runs = ((len + kQBlock - 1) / kQBlock) * ((len + kKBlock - 1) / kKBlock);
-    const int64_t rows_per_run = have ? (len_next + runs - 1) / runs : 0;
+    const int64_t rows_per_run = (pf.rows + runs - 1) / runs;  // the next item's rows (none after the last)
     item<T, O, kSplit>(sc, q + start * st.q_row + h * st.q_head, k + start * st.k_row + h * st.k_head,
             v + start * st.v_row + h * st.v_head, st, len, d, scale, out + start * H + h * d, H, pf, rows_per_run,
             window < len - 1 ? window : 0);  // a window reaching every key is no window
-  }
+  });
 }
 
 template BF_TARGET_AVX512BF16 void attention_avx512bf16<float, float, false>(

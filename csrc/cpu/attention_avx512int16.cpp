@@ -380,12 +380,7 @@ BF_TARGET_VNNI void attention_avx512int16(const float* q, const float* k, const 
   if (!tls) tls = std::make_unique<Int16Scratch>();
   Int16Scratch& sc = *tls.get();
   WorkItems items{next, cu_seqlens, batch * heads, heads};
-  int64_t h, start, len, h_next = 0, start_next = 0, len_next = 0;
-  // One item claimed ahead, so its rows can be prefetched while this one computes.
-  for (bool have = items.claim(&h, &start, &len); have; h = h_next, start = start_next, len = len_next) {
-    RowPrefetch pf;
-    have = items.claim(&h_next, &start_next, &len_next);
-    if (have) pf.start(q, k, v, out, st, heads, d, h_next, start_next, len_next);
+  for_each_item(items, q, k, v, out, st, d, [&](int64_t h, int64_t start, int64_t len, RowPrefetch& pf) {
     const float *qi = q + start * st.q_row + h * st.q_head, *ki = k + start * st.k_row + h * st.k_head;
     const float* vi = v + start * st.v_row + h * st.v_head;
     float* oi = out + start * H + h * d;
@@ -393,7 +388,7 @@ BF_TARGET_VNNI void attention_avx512int16(const float* q, const float* k, const 
       item<2>(sc, qi, ki, vi, st, len, d, scale, oi, H, pf);
     else
       item<4>(sc, qi, ki, vi, st, len, d, scale, oi, H, pf);
-  }
+  });
 }
 
 }  // namespace attention_detail

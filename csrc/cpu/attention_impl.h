@@ -1,5 +1,5 @@
-// Internals shared by the attention's files (attention*.cpp): tile sizes, the work items and their row
-// prefetch, the per-thread scratch, the position bias and window of a tile, and attention_thread, the driver
+// Internals shared by the attention's files (attention*.cpp): tile sizes, the work items (attention_items.h), the
+// per-thread scratch, the position bias and window of a tile, and attention_thread, the driver
 // of the fp32-math tiers over a tier's `Block`; each tier's entry point (the dispatch is attention.cpp).
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "attention_items.h"
 #include "isa.h"
 #include "kernels.h"
 #include "scalar_math.h"
@@ -22,86 +23,6 @@ namespace attention_detail {
 constexpr int64_t kQBlock = 32;
 constexpr int64_t kKBlock = 64;
 static_assert(kKBlock % kQBlock == 0, "a query block lies inside one key tile (its diagonal tile)");
-
-// The (sequence, head) work items of one call, claimed from a counter the threads share until none are
-// left: a dynamic schedule, since sequences differ in length and so items in cost. Empty sequences are
-// skipped.
-struct WorkItems {
-  std::atomic<int64_t>* next;
-  const int32_t* cu_seqlens;
-  int64_t total, heads;
-  bool claim(int64_t* h, int64_t* start, int64_t* len) {
-    for (;;) {
-      const int64_t w = next->fetch_add(1, std::memory_order_relaxed);
-      if (w >= total) return false;
-      const int64_t b = w / heads;
-      *h = w % heads;
-      *start = cu_seqlens[b];
-      *len = cu_seqlens[b + 1] - *start;
-      if (*len > 0) return true;
-    }
-  }
-};
-
-// Pulls the q, k, v and output rows of the item a thread claimed next toward L2, a few rows per call of
-// step() while the current item computes: they come from a [T, 3H] tensor larger than L2, one head's
-// slice of each row at a time, which the hardware prefetchers do not follow.
-struct RowPrefetch {
-  const char* src[4];
-  int64_t stride[4];  // bytes between rows
-  int64_t bytes = 0, out_bytes = 0, rows = 0, next = 0;
-
-  template <typename T, typename O>  // q, k, v of T, out of O
-  void start(const T* q, const T* k, const T* v, O* out, const AttnStrides& st, int64_t heads, int64_t d,
-             int64_t h, int64_t row0, int64_t len) {
-    const T* base[3] = {q + row0 * st.q_row + h * st.q_head, k + row0 * st.k_row + h * st.k_head,
-                        v + row0 * st.v_row + h * st.v_head};
-    const int64_t strides[3] = {st.q_row, st.k_row, st.v_row};
-    for (int i = 0; i < 3; ++i) {
-      src[i] = reinterpret_cast<const char*>(base[i]);
-      stride[i] = strides[i] * int64_t(sizeof(T));
-    }
-    src[3] = reinterpret_cast<const char*>(out + row0 * heads * d + h * d);
-    stride[3] = heads * d * int64_t(sizeof(O));
-    bytes = d * int64_t(sizeof(T));
-    out_bytes = d * int64_t(sizeof(O));
-    rows = len;
-    next = 0;
-  }
-
-  BF_INLINE void step(int64_t n) {
-    for (const int64_t end = std::min(rows, next + n); next < end; ++next) {
-      for (int i = 0; i < 3; ++i) lines<0>(src[i] + next * stride[i], bytes);
-      lines<1>(src[3] + next * stride[3], out_bytes);
-    }
-  }
-
-  // Paced (item_by_key): the rows spread over the item's work instead of a run's share at each run. pace(units)
-  // before the item, with the units of work it will report; work(u) as it goes prefetches the rows due for u units,
-  // a row or two at a time, so the lines in flight stay within the core's fill buffers (a run's rows at once, 160
-  // lines for a MiniLM item, stalled it on them: ~30% of its time with its rows in L3, on a Cascade Lake).
-  float rate = 0.f, credit = 0.f;
-
-  void pace(int64_t units) {
-    rate = units > 0 ? float(rows) / float(units) : 0.f;
-    credit = 0.f;
-  }
-
-  BF_INLINE void work(int64_t units) {
-    credit += float(units) * rate;
-    if (credit >= 1.f) {
-      const int64_t n = int64_t(credit);
-      credit -= float(n);
-      step(n);
-    }
-  }
-
-  template <int kWrite>
-  BF_INLINE void lines(const char* row, int64_t n) const {
-    const char* line = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row) & ~uintptr_t(63));
-    for (; line < row + n; line += 64) __builtin_prefetch(line, kWrite, 2);
-  }
-};
 
 // Buffers of one thread, in fp32. d_pad = head_dim rounded up to 16 (zero columns): no tail handling along head_dim.
 struct Scratch {
@@ -319,18 +240,13 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
   sc.acc.resize(qrows * dp);
   sc.s.resize(qrows * kKBlock);
   WorkItems items{next, cu_seqlens, batch * heads, heads};
-  int64_t h, start, len, h_next = 0, start_next = 0, len_next = 0;
-  // One item claimed ahead, so its rows can be prefetched while this one computes.
-  for (bool have = items.claim(&h, &start, &len); have; h = h_next, start = start_next, len = len_next) {
-    RowPrefetch pf;
-    have = items.claim(&h_next, &start_next, &len_next);
-    if (have) pf.start(q, k, v, out, st, heads, d, h_next, start_next, len_next);
+  for_each_item(items, q, k, v, out, st, d, [&](int64_t h, int64_t start, int64_t len, RowPrefetch& pf) {
     const int64_t tiles = (len + kKBlock - 1) / kKBlock;
     const int64_t w = window < len - 1 ? window : 0;  // a window reaching every key is no window
     int64_t runs = 0;  // (query block, key tile) pairs this item computes
     for (int64_t q0 = 0; q0 < len; q0 += kQBlock)
       runs += TileWalk(q0, std::min<int64_t>(kQBlock, len - q0), len, w).count();
-    const int64_t rows_per_run = have ? (len_next + runs - 1) / runs : 0;
+    const int64_t rows_per_run = (pf.rows + runs - 1) / runs;  // the next item's rows (none after the last)
     // A tier whose Block computes the scores by key (Block::kByKey) does so for every item without a position
     // bias or a window: which items take it depends on the model and the item's own length, not on the batch.
     const bool by_key = Block::kByKey && bias == nullptr && w == 0;
@@ -354,7 +270,7 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
         Block::template item_by_key<T>(sc, q + start * st.q_row + h * st.q_head, st.q_row,
                                        k + start * st.k_row + h * st.k_head, st.k_row, len, d, dp, scale,
                                        out + start * H + h * d, H, pf);
-        continue;
+        return;
       }
     }
     for (int64_t q0 = 0; q0 < len; q0 += kQBlock) {
@@ -389,7 +305,7 @@ BF_INLINE void attention_thread(const T* q, const T* k, const T* v, const AttnSt
         for (int64_t e = 0; e < d; ++e) o[e] = from_float<T>(a[e] * inv);
       }
     }
-  }
+  });
 }
 
 // The tiers' entry points: one thread's share of the (sequence, head) items, claimed from `next`.
