@@ -237,14 +237,7 @@ struct Avx512Block {
           m[c] = mx;
           _mm512_store_ps(alpha + 16 * c, a);
         }
-        if (!first) {
-          for (int64_t i = 0; i < qn; ++i) {
-            float* acc = sc.acc.data() + i * dp;
-            const __m512 av = _mm512_set1_ps(alpha[i]);
-            for (int64_t e = 0; e < dp; e += 16)
-              _mm512_storeu_ps(acc + e, _mm512_mul_ps(_mm512_loadu_ps(acc + e), av));
-          }
-        }
+        if (!first) rescale_rows(sc.acc.data(), alpha, qn, dp);
         accumulate_rows<true>(sc, sc.vf.data() + k0 * dp, qn, kn, dp, first, &pf);
       }
       alignas(64) float inv[kQBlockByKey];

@@ -337,13 +337,7 @@ BF_TARGET_VNNI void item(Int16Scratch& sc, const float* q, const float* k, const
         m[c] = mx;
         _mm512_store_ps(alpha + 16 * c, a);
       }
-      if (!first) {
-        for (int64_t i = 0; i < qn; ++i) {
-          const __m512 av = _mm512_set1_ps(alpha[i]);
-          for (int64_t e = 0; e < dp; e += 16)
-            _mm512_store_ps(sc.acc + i * dp + e, _mm512_mul_ps(_mm512_load_ps(sc.acc + i * dp + e), av));
-        }
-      }
+      if (!first) rescale_rows(sc.acc, alpha, qn, dp);
       const uint32_t* v2 = sc.v2.data() + (k0 / 2) * dp;
       const int64_t tile_pairs = (kn + 1) / 2;
       constexpr int kRows = 8;  // rows a register block: 16 accumulators for head_dim <= 32, 32 up to 64 (4 rows)

@@ -141,6 +141,16 @@ BF_TARGET_AVX512 BF_INLINE void transpose16(__m512 r[16]) {
   }
 }
 
+// The online softmax's rescale for a new maximum: rows [0, qn) of acc (dp floats apart, dp a multiple of 16) times
+// their queries' alpha.
+BF_TARGET_AVX512 BF_INLINE void rescale_rows(float* acc, const float* alpha, int64_t qn, int64_t dp) {
+  for (int64_t i = 0; i < qn; ++i) {
+    const __m512 av = _mm512_set1_ps(alpha[i]);
+    for (int64_t e = 0; e < dp; e += 16)
+      _mm512_storeu_ps(acc + i * dp + e, _mm512_mul_ps(_mm512_loadu_ps(acc + i * dp + e), av));
+  }
+}
+
 // DeBERTa-v2's terms on 16 lanes where the tile is affine: its queries' and keys' positions consecutive and the index
 // one column per distance over the distances between them, so c(i, j) = c0 + i - j. Then a query's c2p entries for
 // 16 keys are 16 consecutive floats (reversed) and 16 keys' p2c entries for 16 queries one 16 x 16 block (rows
