@@ -20,10 +20,10 @@
 // kernel runs depends on the layer (dtype, head_dim), never on the lengths in the call: a row's bits do not
 // depend on its batch.
 //
-// The files: attention_impl.h (tiles, work items, scratch, the fp32-math driver attention_thread),
-// attention_portable.cpp, attention_avx2.cpp and attention_avx512.cpp (the fp32-math tiers' blocks),
-// attention_avx512bf16.cpp (the int8 path's bf16 products on AVX-512 BF16), attention_avx512int16.cpp (its int16
-// products on AVX-512 VNNI without BF16), attention_amx.cpp (bf16 products on AMX tiles); this one chooses.
+// The files: attention_items.h (the work items, their row prefetch), attention_impl.h (tiles, scratch, the fp32-math
+// driver attention_thread), attention_portable.cpp, attention_avx2.cpp and attention_avx512.cpp (the fp32-math tiers'
+// blocks), attention_avx512bf16.cpp (the int8 path's bf16 products on AVX-512 BF16), attention_avx512int16.cpp (its
+// int16 products on AVX-512 VNNI without BF16), attention_amx.cpp (bf16 products on AMX tiles); this one chooses.
 #include <omp.h>
 
 #include <algorithm>
