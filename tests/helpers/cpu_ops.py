@@ -40,10 +40,15 @@ def check(ours, ref_low, ref_hi, dtype, floor=1e-6):
         torch.testing.assert_close(ours, ref_hi, atol=TABLE[dtype] * scale, rtol=TABLE[dtype])
 
 
+def cu_seqlens(lengths):
+    """The int32 cu_seqlens of sequences of these lengths."""
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+
+
 def qkv_views(lengths, heads, d, dtype, gen):
     """q, k, v as views of one packed (T, 3H) projection, like the backend's qkv op returns."""
     T = sum(lengths)
     qkv = rounded(torch.randn(T, 3 * heads * d, generator=gen, dtype=torch.float64), dtype)
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    cu = cu_seqlens(lengths)
     split = lambda t: t.view(T, 3, heads, d).unbind(1)  # noqa: E731
     return split(qkv), split(qkv.to(dtype)), cu

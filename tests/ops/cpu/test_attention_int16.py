@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bertfast import reference
-from helpers.cpu_ops import qkv_views
+from helpers.cpu_ops import cu_seqlens as _cu, qkv_views
 
 try:
     from bertfast import _C
@@ -33,10 +33,6 @@ def int16_tier(isa):
     if _C.isa() != "avx512_vnni" or _C.has_avx512_bf16():
         pytest.skip(f"the int16 products run on avx512_vnni without AVX-512 BF16, not on {isa}")
     return isa
-
-
-def _cu(lengths):
-    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
 
 
 LENGTHS = [

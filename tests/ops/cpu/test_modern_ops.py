@@ -23,7 +23,7 @@ from bertfast.backends import AttentionBias, Rotary
 from bertfast.backends.weights import EmbeddingWeights
 from bertfast.kernels import activation
 from bertfast.accuracy import TABLE
-from helpers.cpu_ops import DTYPES, check, qkv_views, rounded
+from helpers.cpu_ops import DTYPES, check, cu_seqlens as _cu, qkv_views, rounded
 
 try:
     from bertfast import _C
@@ -43,10 +43,6 @@ def _rotary(tokens, d, gen, theta=10000.0):
     inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     angles = positions[:, None] * inv_freq[None, :]
     return Rotary(angles.cos().float(), angles.sin().float())
-
-
-def _cu(lengths):
-    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
 
 
 # ----------------------------------------------------------------------------------------------
