@@ -6,12 +6,51 @@ layernorm and embedding)."""
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 import triton
 import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _interpreter_index_fix() -> bool:
+    """Lets the interpreter of Triton 3.6 and earlier run loops with tensor bounds under NumPy >= 2.4.
+
+    Such an interpreter turns a scalar tensor used as a Python index (`range(lo, seq_len, BLOCK)` with a loaded
+    `seq_len`) into an int by `int(data)` on a one-element array, which NumPy 2.4 refuses ("only 0-dimensional
+    arrays can be converted to Python scalars"): every kernel with a runtime loop bound failed. Triton fixed it
+    upstream (triton-lang/triton#9171; 3.9's interpreter takes the element out first). Where the installed
+    interpreter has the old conversion, its tensor patch is wrapped to install the fixed one after it (restored
+    with the rest where the interpreter restores its patches). Returns whether it did."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    try:
+        source = inspect.getsource(patch) if patch is not None else ""
+    except (OSError, TypeError):
+        return False
+    if re.search(r"int\(self\.handle\.data\)", source) is None:
+        return False
+
+    def index(self):
+        return int(self.handle.data.reshape(-1)[0])
+
+    def patch_lang_tensor(tensor, *scope):  # Triton 3.6 passes a scope that restores what it set; earlier ones not
+        patch(tensor, *scope)
+        if scope:
+            scope[0].set_attr(tensor, "__index__", index)
+        else:
+            tensor.__index__ = index
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    return True
+
+
+INTERPRETER_INDEX_FIXED = INTERPRET and _interpreter_index_fix()
 
 # Dtypes the kernels compute in. The interpreter holds bf16 as raw bits and cannot do arithmetic
 # on it, so on CPU only fp32/fp16 are accepted.
