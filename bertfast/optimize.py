@@ -6,7 +6,8 @@ inside `BertForSequenceClassification`) changes class, to a thin subclass of its
 `forward` sends supported calls to the engine and returns the same output type. Calls the engine
 does not serve (training mode, `output_attentions`, `head_mask`, `inputs_embeds`, cross-attention,
 caches, left padding under a pooler or a head reading position 0, `output_hidden_states` given as
-indices) run the original modules after a one-time warning, or raise under `strict=True`: never a
+indices, or the hidden states transformers 4 gives otherwise than 5: ModernBERT's, ALBERT's with inner
+groups) run the original modules after a one-time warning, or raise under `strict=True`: never a
 silently different answer.
 
 A sentence-transformers `SentenceTransformer` is accelerated the same way: the Hugging Face model
@@ -46,6 +47,15 @@ OUTPUT_CLASS = {
 # Arguments the engine serves; any other argument given a non-default value means fallback.
 SERVED = {"input_ids", "attention_mask", "token_type_ids", "position_ids", "output_hidden_states",
           "return_dict", "use_cache", "output_attentions"}
+# What transformers 4's ModernBertFor* heads pass their base model: the padded input's shape (served when it is).
+PADDED_SHAPE = {"batch_size": 0, "seq_len": 1}
+
+
+def _transformers_major() -> int:
+    """The major version of the transformers an optimized model comes from (imported already)."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
 
 
 class EngineUnsupported(RuntimeError):
@@ -88,10 +98,18 @@ class _EngineForward:
         hidden = self._bertfast_want_hidden(call)
         if not isinstance(hidden, bool):  # transformers 5 also takes indices: the states to keep
             return f"output_hidden_states={hidden!r} (a selection, not True/False)"
-        if (hidden and getattr(cfg, "tie_last_hidden_states", None) is False
-                and self._bertfast_encoder.engine.weights.final_ln_weight is not None):
-            return "tie_last_hidden_states=False (the last hidden state before the final norm)"
+        if hidden:  # the engine gives transformers 5's hidden states; 4.x differs in two cases
+            v4 = _transformers_major() < 5
+            tied = getattr(cfg, "tie_last_hidden_states", None)
+            if ((tied is False or (tied is None and v4))
+                    and self._bertfast_encoder.engine.weights.final_ln_weight is not None):
+                return ("the last hidden state before the final norm (" +
+                        ("tie_last_hidden_states=False)" if tied is False else "transformers 4's hidden states)"))
+            if v4 and getattr(cfg, "inner_group_num", 1) > 1:
+                return "output_hidden_states with ALBERT's inner_group_num > 1 (transformers 4: a state per group)"
         for name, value in call.items():
+            if name in PADDED_SHAPE and value == call["input_ids"].shape[PADDED_SHAPE[name]]:
+                continue
             if name not in SERVED and value is not None and value is not False:
                 return f"argument {name!r} is set"
         mask = call.get("attention_mask")

@@ -32,6 +32,14 @@ CONFIGS = {
 FAMILY_OF = {name: name.split("-")[0] for name in CONFIGS}
 
 
+def require_reference(name: str, *classes: str) -> None:
+    """Skips, naming them, where the installed transformers lacks the reference's classes (5.17 has no Gte*)."""
+    transformers = pytest.importorskip("transformers")
+    missing = [n for n in classes if not hasattr(transformers, n)]
+    if missing:
+        pytest.skip(f"transformers {transformers.__version__} has no {', '.join(missing)} (the reference for {name})")
+
+
 def build(name: str, task: str = "Model", seed: int = 0, attn: str = "eager", **overrides):
     """transformers' `<Family><task>` for config `name` of CONFIGS, random weights, fp32, eval."""
     transformers = pytest.importorskip("transformers")
@@ -39,9 +47,7 @@ def build(name: str, task: str = "Model", seed: int = 0, attn: str = "eager", **
     kw = {**kw, "vocab_size": VOCAB, **overrides}
     if prefix == "ModernBert":  # its default special ids lie past a small vocabulary
         kw = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2, **kw}
-    missing = [n for n in (prefix + "Config", prefix + task) if not hasattr(transformers, n)]
-    if missing:  # the reference itself: transformers 5.17 has no Gte* classes
-        pytest.skip(f"transformers {transformers.__version__} has no {', '.join(missing)} (the reference for {name})")
+    require_reference(name, prefix + "Config", prefix + task)
     config = getattr(transformers, prefix + "Config")(**kw, attn_implementation=attn)
     torch.manual_seed(seed)
     model = getattr(transformers, prefix + task)(config).eval()

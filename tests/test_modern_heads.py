@@ -5,6 +5,7 @@ tokens every other layer), ragged batches with a 1-token row and rows longer tha
 """
 
 import json
+import sys
 import warnings
 
 import pytest
@@ -56,6 +57,8 @@ def test_head_matches_transformers(tmp_path, family, task, variant, backend):
 def test_every_transformers_head_of_the_families_is_listed():
     ours, names = set(supported_architectures()), dir(transformers)
     for family, prefix in PREFIX.items():
+        if not hasattr(transformers, prefix + "Model"):
+            continue
         theirs = {n for n in names if n.startswith(prefix + "For")}
         assert theirs | {prefix + "Model"} == set(supported_architectures(family)), family
         assert set(supported_architectures(family)) <= ours
@@ -170,27 +173,64 @@ def test_optimized_model_matches_original(family, cls_name, backend):
     assert list(model.state_dict()) == keys_before
 
 
-def test_hidden_states_the_engine_cannot_give_fall_back():
+def test_hidden_states_given_as_a_selection_fall_back():
     model = build("modernbert", "ModernBertModel")
     kwargs, mask = inputs_for(model)
     with torch.no_grad():
         selected = model(**kwargs, output_hidden_states=[0, -1]).hidden_states
-        model.config.tie_last_hidden_states = False  # the last state before the final norm
-        untied = model(**kwargs, output_hidden_states=True).hidden_states
+    if len(selected) < 3 or selected[1] is not None or selected[-1] is None:  # 4.x: a list is True; 5.17: no last
+        pytest.skip(f"transformers {transformers.__version__} does not select hidden states by index as 5.24 does")
     bertfast.optimize(model, backend="torch", strict=True)
     with pytest.raises(bertfast.EngineUnsupported, match="a selection"):
         model(**kwargs, output_hidden_states=[0, -1])
-    with pytest.raises(bertfast.EngineUnsupported, match="tie_last_hidden_states"):
-        model(**kwargs, output_hidden_states=True)
-    model.config.tie_last_hidden_states = None
     bertfast.optimize(model, backend="torch")  # non-strict: the original modules answer
     with pytest.warns(UserWarning, match="a selection"), torch.no_grad():
         out = model(**kwargs, output_hidden_states=[0, -1]).hidden_states
     assert out[1] is None and rel_err(out[0], selected[0], mask) == 0 and rel_err(out[-1], selected[-1], mask) == 0
+
+
+@pytest.mark.parametrize("major", [4, 5])
+def test_the_last_state_before_the_final_norm_falls_back(major, monkeypatch):
+    """transformers 5 gives the normed last state (as the engine) unless tie_last_hidden_states=False; transformers 4
+    always the state before the norm. The engine serves only the first: whatever the version, never another answer."""
+    monkeypatch.setattr(sys.modules["bertfast.optimize"], "_transformers_major", lambda: major)
+    model = build("modernbert", "ModernBertModel")
+    kwargs, mask = inputs_for(model)
     model.config.tie_last_hidden_states = False
+    with torch.no_grad():
+        untied = model(**kwargs, output_hidden_states=True).hidden_states
+    bertfast.optimize(model, backend="torch", strict=True)
+    with pytest.raises(bertfast.EngineUnsupported, match="tie_last_hidden_states=False"):
+        model(**kwargs, output_hidden_states=True)
+    del model.config.tie_last_hidden_states  # the default: tied in transformers 5, never in 4
+    if major == 4:
+        with pytest.raises(bertfast.EngineUnsupported, match="transformers 4's hidden states"):
+            model(**kwargs, output_hidden_states=True)
+    else:
+        with torch.no_grad():
+            model(**kwargs, output_hidden_states=True)
+    with torch.no_grad():
+        model(**kwargs)  # without hidden states either version is served
+    model.config.tie_last_hidden_states = False
+    bertfast.optimize(model, backend="torch")  # non-strict: the original modules answer
     with pytest.warns(UserWarning, match="tie_last_hidden_states"), torch.no_grad():
         out = model(**kwargs, output_hidden_states=True).hidden_states
     assert rel_err(out[-1], untied[-1], mask) == 0
+
+
+def test_the_padded_shape_transformers_4_passes_is_served():
+    """transformers 4's ModernBertFor* heads pass batch_size and seq_len (the padded input's shape) to the base."""
+    model = build("modernbert", "ModernBertModel")
+    kwargs, mask = inputs_for(model)
+    batch, seq = kwargs["input_ids"].shape
+    with torch.no_grad():
+        ref = model(**kwargs).last_hidden_state
+    bertfast.optimize(model, backend="torch", strict=True)
+    with torch.no_grad():
+        out = model(**kwargs, batch_size=batch, seq_len=seq).last_hidden_state
+    assert rel_err(out, ref, mask) < 1e-5
+    with pytest.raises(bertfast.EngineUnsupported, match="'seq_len' is set"):
+        model(**kwargs, batch_size=batch, seq_len=seq + 1)
 
 
 @pytest.mark.parametrize("family, cls_name, kw", [

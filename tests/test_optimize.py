@@ -1,5 +1,6 @@
 """`bertfast.optimize`: task models of every family keep their class, outputs and heads."""
 
+import sys
 import warnings
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 import bertfast
 from conftest import rel_err
 from helpers.families import COMMON, CPU_BACKENDS, NO_TYPES, batch_for
+from helpers.families import build as build_family
 from helpers.outputs import compare
 
 transformers = pytest.importorskip("transformers")
@@ -99,6 +101,25 @@ def test_unsupported_calls_fall_back_with_one_warning():
     messages = [str(w.message) for w in caught if "bertfast" in str(w.message)]
     assert len(messages) == 1 and "output_attentions" in messages[0]
     assert len(out.attentions) == len(ref.attentions) and torch.allclose(out.logits, ref.logits)
+
+
+@pytest.mark.parametrize("major", [4, 5])
+def test_albert_inner_groups_hidden_states_follow_the_installed_transformers(major, monkeypatch):
+    """transformers 5 gives a hidden state per inner layer of an ALBERT group (as the engine), transformers 4 one per
+    group: under 4 the engine serves the call only without hidden states."""
+    monkeypatch.setattr(sys.modules["bertfast.optimize"], "_transformers_major", lambda: major)
+    model = build_family("albert-inner2")
+    kwargs, mask = batch_for(model, [9, 4])
+    with torch.no_grad():
+        ref = model(**kwargs, output_hidden_states=True)
+    bertfast.optimize(model, backend="torch", strict=True)
+    with torch.no_grad():
+        assert rel_err(model(**kwargs).last_hidden_state, ref.last_hidden_state, mask) <= 1e-5
+        if major == 5:
+            compare(model(**kwargs, output_hidden_states=True), ref, mask)
+        else:
+            with pytest.raises(bertfast.EngineUnsupported, match="inner_group_num"):
+                model(**kwargs, output_hidden_states=True)
 
 
 def test_strict_mode_raises_and_training_falls_back():

@@ -12,6 +12,7 @@ import torch
 
 import bertfast
 from helpers.families import batch_for
+from modern_models import require_reference
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,6 +38,7 @@ def config(family, **kw):
 
 def build(family, cls_name, seed=0, **kw):
     """transformers' `cls_name` (e.g. "GteForMaskedLM") on `config(family, **kw)`, random weights, fp32, eval."""
+    require_reference(family, PREFIX[family] + "Config", cls_name)
     torch.manual_seed(seed)
     model = getattr(transformers, cls_name)(config(family, **kw)).eval()
     with torch.no_grad():  # random init leaves norms at identity and biases at zero
