@@ -149,14 +149,22 @@ def test_gpu_test_files_and_junit_counts(tmp_path):
 
 
 def test_every_family_builds_with_limit_rows_and_one_token_rows():
+    import transformers
+
+    skipped = set()
     for family in parity.FAMILIES:
-        model = parity.build_model(family)
+        try:
+            model = parity.build_model(family)
+        except parity.FamilySkipped:  # the reference itself is missing from this transformers (5.17: no Gte*)
+            skipped.add(family)
+            continue
         assert model.config.model_type.replace("-", "_") == family.replace("-", "_")
         lengths = parity.batch_lengths(126)
         assert lengths[0].count(1) == 2 and 126 in lengths[0] and lengths[1] == [1]
         inputs, mask = parity.make_inputs(model, lengths[0])
         pad = model.config.pad_token_id or 0
         assert bool((inputs["input_ids"][mask.bool()] != pad).all()) and mask.sum(1).tolist() == lengths[0]
+    assert skipped == {f for f, (prefix, _) in parity.FAMILIES.items() if not hasattr(transformers, prefix + "Model")}
 
 
 def test_parity_suite_passes_on_the_cpu_backend():
