@@ -50,7 +50,8 @@ def _interpreter_index_fix() -> bool:
     return True
 
 
-INTERPRETER_INDEX_FIXED = INTERPRET and _interpreter_index_fix()
+if INTERPRET:
+    _interpreter_index_fix()
 
 # Dtypes the kernels compute in. The interpreter holds bf16 as raw bits and cannot do arithmetic
 # on it, so on CPU only fp32/fp16 are accepted.

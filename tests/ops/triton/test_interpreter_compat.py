@@ -18,26 +18,7 @@ from triton.runtime import interpreter  # noqa: E402
 from bertfast.kernels.triton import _common  # noqa: E402
 
 
-class Scope:
-    """What Triton 3.6's `_LangPatchScope` does: set attributes, put them back on restore."""
-
-    def __init__(self):
-        self.changes = []
-
-    def set_attr(self, obj, name, value):
-        self.changes.append((obj, name, obj.__dict__.get(name)))
-        setattr(obj, name, value)
-
-    def restore(self):
-        while self.changes:
-            obj, name, original = self.changes.pop()
-            if original is None:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, original)
-
-
-def patch_3_6(tensor, scope):  # Triton 3.5-3.6's form (a scope that restores)
+def patch_3_6(tensor, scope):  # Triton 3.6's form (a scope that restores)
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
 
 
@@ -62,7 +43,7 @@ def fake_tensor_class():
 def test_wraps_the_scoped_form_and_restores_with_it(monkeypatch):
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch_3_6)
     assert _common._interpreter_index_fix()
-    tensor, scope = fake_tensor_class(), Scope()
+    tensor, scope = fake_tensor_class(), interpreter._LangPatchScope()  # the scope Triton 3.6 and 3.9 restore with
     interpreter._patch_lang_tensor(tensor, scope)
     assert operator.index(tensor()) == 7 and list(range(tensor())) == list(range(7))
     scope.restore()
@@ -86,7 +67,7 @@ def test_leaves_a_fixed_interpreter_alone(monkeypatch):
 @pytest.mark.skipif(tuple(int(p) for p in np.__version__.split(".")[:2]) < (2, 4),
                     reason="NumPy before 2.4 still converts a one-element array to an int")
 def test_the_unwrapped_form_fails_under_this_numpy():
-    tensor, scope = fake_tensor_class(), Scope()
-    patch_3_6(tensor, scope)
+    tensor = fake_tensor_class()
+    patch_3_4(tensor)
     with pytest.raises(TypeError, match="0-dimensional"):
         operator.index(tensor())
