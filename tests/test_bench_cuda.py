@@ -21,7 +21,7 @@ def test_cuda_rows_are_the_gpu_contenders():
     names, skipped = providers.default_providers("cuda")
     assert names == list(providers.CUDA_PROVIDERS) and skipped == {}
     assert {"bertfast-triton", "bertfast-triton-eager", "hf-sdpa", "hf-fa2", "torch-compile", "torch-compile-max",
-            "onnxruntime"} <= set(names)
+            "torch-varlen", "onnxruntime"} <= set(names)
     assert not set(names) & set(providers.INT8_PROVIDERS)
     for name in names:
         providers.factory_of(name)  # every row has a factory

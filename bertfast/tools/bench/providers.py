@@ -3,16 +3,19 @@
 Rows: `bertfast-<backend>` (one per registered backend; on CUDA `bertfast-triton` replays CUDA graphs and
 `bertfast-triton-eager` launches each kernel), `hf-eager`, `hf-sdpa` (the baseline), `hf-fa2` (transformers'
 flash_attention_2, CUDA), `onnxruntime` (CPU, or CUDA with onnxruntime-gpu), `torch-compile` (default mode) and
-`torch-compile-max` (mode="max-autotune"), `openvino` (CPU: fp32, and bf16 where the CPU has it natively), and the
-int8 rows `bertfast-int8`, `onnxruntime-int8`, `ctranslate2-int8`, `openvino-int8` (int8 GEMM operands, fp32
-activations: run in the fp32 pass). The default rows differ by device (`default_providers`). A provider that is
-not installed, cannot run this dtype or device, or fails to build raises `ProviderSkipped` with the reason, reported
-as a skipped row. Each factory works on deep copies of the reference (`source.Source`) and times its own build
-(`Provider.build_s`). The rows that run a converted model (ONNX Runtime, CTranslate2, OpenVINO) live in `exported`.
+`torch-compile-max` (mode="max-autotune"), `torch-varlen` (CUDA, fp16/bf16: text-embeddings-inference's
+padding-free recipe, cuBLAS GEMMs on packed tokens and torch's varlen flash attention, `varlen_peer`), `openvino`
+(CPU: fp32, and bf16 where the CPU has it natively), and the int8 rows `bertfast-int8`, `onnxruntime-int8`,
+`ctranslate2-int8`, `openvino-int8` (int8 GEMM operands, fp32 activations: run in the fp32 pass). The default rows
+differ by device (`default_providers`). A provider that is not installed, cannot run this dtype or device, or fails
+to build raises `ProviderSkipped` with the reason, reported as a skipped row. Each factory works on deep copies of
+the reference (`source.Source`) and times its own build (`Provider.build_s`). The rows that run a converted model
+(ONNX Runtime, CTranslate2, OpenVINO) live in `exported`.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import time
@@ -27,6 +30,7 @@ from bertfast.tools.bench.exported import (_ctranslate2_int8_factory, _onnxrunti
                                            _openvino_factory)
 from bertfast.tools.bench.rows import Provider, ProviderSkipped
 from bertfast.tools.bench.source import Source
+from bertfast.tools.bench.varlen_peer import FAMILIES as VARLEN_FAMILIES, VarlenEncoder
 from bertfast.tools.workloads import Batch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,8 +39,8 @@ FIXED_PROVIDERS = ("hf-eager", "hf-sdpa", "onnxruntime", "openvino", "torch-comp
 INT8_PROVIDERS = ("bertfast-int8", "onnxruntime-int8", "ctranslate2-int8", "openvino-int8")
 # The rows of `bench --device cuda`: the engine with and without CUDA graphs against what a GPU user would run.
 CUDA_PROVIDERS = ("bertfast-triton", "bertfast-triton-eager", "hf-sdpa", "hf-fa2", "torch-compile",
-                  "torch-compile-max", "onnxruntime")
-CUDA_ONLY = ("hf-fa2",)
+                  "torch-compile-max", "torch-varlen", "onnxruntime")
+CUDA_ONLY = ("hf-fa2", "torch-varlen")
 BASELINE = "hf-sdpa"  # the row every speedup is relative to (same dtype)
 EAGER_BASELINE = "hf-eager"  # the baseline of a model transformers runs eager only (DeBERTa-v2, MPNet: no SDPA)
 
@@ -129,6 +133,19 @@ def _torch_compile_factory(mode: str | None = None):
     return factory
 
 
+def _torch_varlen_factory(source: Source, dtype: torch.dtype) -> Provider:
+    """TEI's GPU recipe in torch (`varlen_peer.VarlenEncoder`): unpad, F.linear GEMMs, varlen flash attention, pad."""
+    t0 = time.perf_counter()
+    model = VarlenEncoder(source.reference, source.config, dtype, source.device)
+    build = time.perf_counter() - t0
+
+    def fn(b: Batch):
+        return model(**b.inputs())
+
+    return Provider("torch-varlen", dtype, fn, build, {"attention": "torch.nn.attention.varlen.varlen_attn",
+                                                       "gemm": "F.linear on packed tokens"})
+
+
 # Fixed providers; `bertfast-<backend>` names are added from the backend registry.
 FACTORIES: dict[str, Callable[[Source, torch.dtype], Provider]] = {
     "hf-eager": _hf_factory("eager"),
@@ -137,6 +154,7 @@ FACTORIES: dict[str, Callable[[Source, torch.dtype], Provider]] = {
     "onnxruntime": _onnxruntime_factory,
     "torch-compile": _torch_compile_factory(),
     "torch-compile-max": _torch_compile_factory("max-autotune"),
+    "torch-varlen": _torch_varlen_factory,
     "bertfast-triton-eager": _bertfast_factory("triton", graphs=False),
     "bertfast-int8": _bertfast_factory("cpu", quantize="int8"),
     "onnxruntime-int8": _onnxruntime_int8_factory,
@@ -178,6 +196,8 @@ def check_runnable(provider: str, source: Source, dtype: torch.dtype) -> None:
         raise ProviderSkipped(f"wired for BERT checkpoints only here (this is {source.config.family})")
     if provider == "onnxruntime":
         _check_onnxruntime(cuda, dtype)
+    if provider == "torch-varlen":
+        _check_torch_varlen(source, dtype)
     if provider == "openvino":
         if cuda:
             raise ProviderSkipped("a CPU row (OpenVINO's CPU plugin; no GPU path is wired in this bench)")
@@ -211,6 +231,21 @@ def _check_onnxruntime(cuda: bool, dtype: torch.dtype) -> None:
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise ProviderSkipped(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider here (a CPU build): "
                               "pip install onnxruntime-gpu")
+
+
+def _check_torch_varlen(source: Source, dtype: torch.dtype) -> None:
+    try:
+        varlen = importlib.import_module("torch.nn.attention.varlen")
+    except ImportError:
+        varlen = None
+    if not hasattr(varlen, "varlen_attn"):
+        raise ProviderSkipped(f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn "
+                              "(the row's attention): a newer torch has it")
+    if source.config.family not in VARLEN_FAMILIES:
+        raise ProviderSkipped(f"wired for {', '.join(VARLEN_FAMILIES)} only (absolute positions, post-LayerNorm; "
+                              f"this is {source.config.family})")
+    if dtype == torch.float32:
+        raise ProviderSkipped("fp16 and bf16 only (varlen flash attention, varlen_attn, has no fp32 kernel)")
 
 
 def setup(provider: str, source: Source, dtype: torch.dtype) -> Provider:
