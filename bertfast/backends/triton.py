@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from ..kernels import activation
 from . import gemm_choice
 from .contract import Backend, Precision
 
@@ -70,7 +71,47 @@ class TritonBackend(Backend):
             raise ValueError(f"backend 'triton' on CPU (Triton interpreter) supports float32 and float16, "
                              f"not {weights.dtype}; load with dtype='fp16' or 'fp32', or run on CUDA")
         self._gemm = gemm_choice.for_device(weights.device)
+        self._device = weights.device
+        self._whole = self._whole_layer_shape(weights)
         return weights
+
+    def _whole_layer_shape(self, weights):
+        """(heads, eps, act, layers) where every layer may run as one persistent kernel (`kernels.triton.layer`):
+        post-LayerNorm BERT layers with every bias, a plain FFN and no position bias, with no GEMM routed to cuBLAS
+        (the kernel matches the Triton kernels' bits, not cuBLAS's); else None."""
+        cfg = weights.config
+        if (cfg.norm_first or cfg.rotary or cfg.gated_ffn or cfg.disentangled or bool(self._gemm)
+                or weights.embeddings.relative_bias is not None or cfg.activation not in activation.LAYER_IDS
+                or cfg.hidden_size > self._ops.layer.MAX_HIDDEN):
+            return None
+        for layer in weights.layers:
+            if any(t is None for t in (layer.qkv_bias, layer.attn_out_bias, layer.attn_ln_weight, layer.ffn_in_bias,
+                                       layer.ffn_out_bias, layer.ffn_ln_weight)):
+                return None
+        return cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation, len(weights.layers)
+
+    def whole_layer(self, x, layer):
+        """The persistent one-launch layer for a call of at most `layer.MAX_TOKENS` tokens (the same bits as the ops
+        composed, so the token count that picks it never changes a row), else None."""
+        shape = getattr(self, "_whole", None)
+        if shape is None or not self._ops.layer.fits(x.shape[0], x.shape[1], shape[0], x.dtype) \
+                or not x.is_contiguous():
+            return None
+        heads, eps, act, _ = shape
+
+        def run(x, cu_seqlens, max_seqlen, scale, bias, carry=None):
+            work = carry.next() if carry is not None else torch.zeros(1 + self._ops.layer.PHASES, dtype=torch.int32,
+                                                                      device=x.device)
+            return self._ops.layer.bert_layer(x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, work)
+
+        return run
+
+    def layer_carry(self):
+        """The work counters of a forward's persistent layers, zeroed once for all of them (one memset, not one per
+        layer), or None where no layer runs whole."""
+        shape = getattr(self, "_whole", None)
+        return None if shape is None else _WorkCounters(shape[3], self._ops.layer.PHASES, self._device)
+
 
     def _cublas(self, op, x, weight) -> bool:
         """The one GEMM routing rule of this backend: cuBLAS where the measured table says so for this shape on this
@@ -112,3 +153,19 @@ class TritonBackend(Backend):
 
     def layernorm(self, x, weight, bias, eps):
         return self._ops.layernorm.layernorm(x, weight, bias, eps)
+
+
+class _WorkCounters:
+    """Each persistent layer's counters (`kernels.triton.layer`), handed out in turn from one buffer zeroed when the
+    first layer of the forward asks (a forward of op-by-op layers zeroes none)."""
+
+    def __init__(self, layers: int, phases: int, device):
+        self._shape, self._device = (layers, 1 + phases), device
+        self._work, self._next = None, 0
+
+    def next(self) -> torch.Tensor:
+        if self._work is None or self._next == self._shape[0]:
+            self._work = torch.zeros(self._shape, dtype=torch.int32, device=self._device)
+            self._next = 0
+        self._next += 1
+        return self._work[self._next - 1]

@@ -11,7 +11,8 @@ re-exported here, where names like `linear` would shadow the modules of the same
 
 from __future__ import annotations
 
-from . import attention, disentangled, embedding, layernorm, linear, qkv
+from . import attention, disentangled, embedding, layer, layernorm, linear, qkv
 from ._common import INTERPRET, INTERPRETER_DTYPES
 
-__all__ = ["attention", "disentangled", "embedding", "layernorm", "linear", "qkv", "INTERPRET", "INTERPRETER_DTYPES"]
+__all__ = ["attention", "disentangled", "embedding", "layer", "layernorm", "linear", "qkv", "INTERPRET",
+           "INTERPRETER_DTYPES"]

@@ -80,6 +80,109 @@ _CONFIGS = MMA_CONFIGS + FMA_CONFIGS
 _INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=1)
 
 
+@triton.jit
+def _attention_block(
+    b, h, pid_m, q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, cu_seqlens_ptr, bias_ptr, positions_ptr, c2p_ptr, p2c_ptr,
+    seqlen, head_dim, num_heads, scale_log2, window, bias_width, stride_bias_h, rel_cols,
+    stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh, stride_os, stride_od, stride_mb, stride_ms,
+    IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Query rows [pid_m * BLOCK_M, +BLOCK_M) of sequence b, head h (nothing past the sequence's end): the attention
+    kernel's program, also one work item of the persistent layer (`layer.py`), so both compute a row alike."""
+    if IS_VARLEN:
+        seq_start = tl.load(cu_seqlens_ptr + b)
+        seq_len = tl.load(cu_seqlens_ptr + b + 1) - seq_start
+        # int64: the packed row offset times its stride passes 2^31 for long packed batches.
+        row0 = seq_start.to(tl.int64)
+    else:
+        seq_len = seqlen
+        row0 = 0
+    if pid_m * BLOCK_M < seq_len:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_m = offs_m < seq_len
+        mask_d = offs_d < head_dim
+        q_base = q_ptr + b.to(tl.int64) * stride_qb + h * stride_qh + row0 * stride_qs
+        k_base = k_ptr + b.to(tl.int64) * stride_kb + h * stride_kh + row0 * stride_ks
+        v_base = v_ptr + b.to(tl.int64) * stride_vb + h * stride_vh + row0 * stride_vs
+        o_base = o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + row0 * stride_os
+
+        q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+                    mask=mask_m[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+        if HAS_BIAS:
+            # Table column of distance 0, shifted by each query's position: column = base_m[t] + pos[u].
+            pos_m = tl.load(positions_ptr + row0 + offs_m, mask=mask_m, other=0)  # [BLOCK_M] int32
+            base_m = (bias_width - 1) // 2 - pos_m
+            bias_row = bias_ptr + h * stride_bias_h
+        if HAS_C2P or HAS_P2C:
+            # DeBERTa-v2: index entry of distance 0, shifted by each query's position: entry = base_m[t] - pos[u];
+            # the tables' rows are (token, head) pairs of rel_cols columns.
+            pos_m = tl.load(positions_ptr + row0 + offs_m, mask=mask_m, other=0)  # [BLOCK_M] int32
+            base_m = (bias_width - 1) // 2 + pos_m
+            c2p_rows = c2p_ptr + ((row0 + offs_m) * num_heads + h) * rel_cols  # [BLOCK_M] pointers
+        m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+
+        lo = 0
+        hi = seq_len
+        if HAS_WINDOW:
+            # Key tiles that reach the window of at least one row of this query tile: [first row - w, last row + w].
+            lo = (tl.maximum(pid_m * BLOCK_M - window, 0) // BLOCK_N) * BLOCK_N
+            hi = tl.minimum(seq_len, (pid_m + 1) * BLOCK_M + window)
+        for start_n in range(lo, hi, BLOCK_N):
+            cols = start_n + offs_n
+            mask_n = cols < seq_len
+            kt = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None] * stride_kd,
+                         mask=mask_d[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
+            s = tl.dot(q, kt, input_precision=INPUT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+            if HAS_BIAS:
+                pos_n = tl.load(positions_ptr + row0 + cols, mask=mask_n, other=0)  # [BLOCK_N] int32
+                # Clamped like the reference's dense form; real tokens of one sequence always fall inside.
+                column = tl.minimum(tl.maximum(base_m[:, None] + pos_n[None, :], 0), bias_width - 1)
+                bias = tl.load(bias_row + column, mask=mask_m[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_M, BLOCK_N]
+                s += bias * 1.4426950408889634  # to log2 units, as scale_log2 is
+            if HAS_C2P or HAS_P2C:
+                pos_n = tl.load(positions_ptr + row0 + cols, mask=mask_n, other=0)  # [BLOCK_N] int32
+                mask_mn = mask_m[:, None] & mask_n[None, :]
+                entry = tl.minimum(tl.maximum(base_m[:, None] - pos_n[None, :], 0), bias_width - 1)
+                c = tl.load(bias_ptr + entry, mask=mask_mn, other=0)  # [BLOCK_M, BLOCK_N] int32 columns
+                term = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                if HAS_C2P:
+                    term += tl.load(c2p_rows[:, None] + c, mask=mask_mn, other=0.0)
+                if HAS_P2C:
+                    p2c_rows = p2c_ptr + ((row0 + cols) * num_heads + h) * rel_cols  # [BLOCK_N] pointers
+                    term += tl.load(p2c_rows[None, :] + c, mask=mask_mn, other=0.0)
+                s += term * 1.4426950408889634
+            if HAS_MASK:
+                keep = tl.load(mask_ptr + b.to(tl.int64) * stride_mb + cols * stride_ms, mask=mask_n, other=0)
+                s = tl.where((keep != 0)[None, :], s, MASKED)
+            if HAS_WINDOW:
+                # MASKED, not -inf: a row may see no key of its window in this tile (m_new stays finite); what such
+                # keys add is scaled by alpha = exp2(MASKED - real max) = 0 once the row meets its own window,
+                # which always holds the row's own token.
+                in_window = (cols[None, :] >= (offs_m - window)[:, None]) & (cols[None, :] <= (offs_m + window)[:, None])
+                s = tl.where(in_window, s, MASKED)
+            s = tl.where(mask_n[None, :], s, float("-inf"))
+            # Every tile holds at least one in-range key, so m_new is finite and alpha well defined.
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+            m_i = m_new
+
+        acc = acc / l_i[:, None]
+        tl.store(o_base + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od,
+                 acc.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
 @triton.autotune(configs=configs_for_mode(_CONFIGS, _INTERPRETER_CONFIG),
                  key=["seqlen_bucket", "BLOCK_D", "IS_VARLEN", "HAS_WINDOW", "HAS_BIAS", "HAS_C2P", "HAS_P2C"],
                  prune_configs_by={"early_config_prune": _prune_configs})
@@ -101,97 +204,12 @@ def _attention_kernel(
     pid_m = tl.program_id(1)
     b = pid_bh // num_heads
     h = pid_bh % num_heads
-    if IS_VARLEN:
-        seq_start = tl.load(cu_seqlens_ptr + b)
-        seq_len = tl.load(cu_seqlens_ptr + b + 1) - seq_start
-        # int64: the packed row offset times its stride passes 2^31 for long packed batches.
-        row0 = seq_start.to(tl.int64)
-    else:
-        seq_len = seqlen
-        row0 = 0
-    if pid_m * BLOCK_M >= seq_len:
-        return
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_m = offs_m < seq_len
-    mask_d = offs_d < head_dim
-    q_base = q_ptr + b.to(tl.int64) * stride_qb + h * stride_qh + row0 * stride_qs
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + h * stride_kh + row0 * stride_ks
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + h * stride_vh + row0 * stride_vs
-    o_base = o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + row0 * stride_os
-
-    q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
-                mask=mask_m[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-    if HAS_BIAS:
-        # Table column of distance 0, shifted by each query's position: column = base_m[t] + pos[u].
-        pos_m = tl.load(positions_ptr + row0 + offs_m, mask=mask_m, other=0)  # [BLOCK_M] int32
-        base_m = (bias_width - 1) // 2 - pos_m
-        bias_row = bias_ptr + h * stride_bias_h
-    if HAS_C2P or HAS_P2C:
-        # DeBERTa-v2: index entry of distance 0, shifted by each query's position: entry = base_m[t] - pos[u];
-        # the tables' rows are (token, head) pairs of rel_cols columns.
-        pos_m = tl.load(positions_ptr + row0 + offs_m, mask=mask_m, other=0)  # [BLOCK_M] int32
-        base_m = (bias_width - 1) // 2 + pos_m
-        c2p_rows = c2p_ptr + ((row0 + offs_m) * num_heads + h) * rel_cols  # [BLOCK_M] pointers
-    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-
-    lo = 0
-    hi = seq_len
-    if HAS_WINDOW:
-        # Key tiles that reach the window of at least one row of this query tile: [first row - w, last row + w].
-        lo = (tl.maximum(pid_m * BLOCK_M - window, 0) // BLOCK_N) * BLOCK_N
-        hi = tl.minimum(seq_len, (pid_m + 1) * BLOCK_M + window)
-    for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        mask_n = cols < seq_len
-        kt = tl.load(k_base + cols[None, :] * stride_ks + offs_d[:, None] * stride_kd,
-                     mask=mask_d[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
-        s = tl.dot(q, kt, input_precision=INPUT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
-        if HAS_BIAS:
-            pos_n = tl.load(positions_ptr + row0 + cols, mask=mask_n, other=0)  # [BLOCK_N] int32
-            # Clamped like the reference's dense form; real tokens of one sequence always fall inside.
-            column = tl.minimum(tl.maximum(base_m[:, None] + pos_n[None, :], 0), bias_width - 1)
-            bias = tl.load(bias_row + column, mask=mask_m[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_M, BLOCK_N]
-            s += bias * 1.4426950408889634  # to log2 units, as scale_log2 is
-        if HAS_C2P or HAS_P2C:
-            pos_n = tl.load(positions_ptr + row0 + cols, mask=mask_n, other=0)  # [BLOCK_N] int32
-            mask_mn = mask_m[:, None] & mask_n[None, :]
-            entry = tl.minimum(tl.maximum(base_m[:, None] - pos_n[None, :], 0), bias_width - 1)
-            c = tl.load(bias_ptr + entry, mask=mask_mn, other=0)  # [BLOCK_M, BLOCK_N] int32 columns
-            term = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if HAS_C2P:
-                term += tl.load(c2p_rows[:, None] + c, mask=mask_mn, other=0.0)
-            if HAS_P2C:
-                p2c_rows = p2c_ptr + ((row0 + cols) * num_heads + h) * rel_cols  # [BLOCK_N] pointers
-                term += tl.load(p2c_rows[None, :] + c, mask=mask_mn, other=0.0)
-            s += term * 1.4426950408889634
-        if HAS_MASK:
-            keep = tl.load(mask_ptr + b.to(tl.int64) * stride_mb + cols * stride_ms, mask=mask_n, other=0)
-            s = tl.where((keep != 0)[None, :], s, MASKED)
-        if HAS_WINDOW:
-            # MASKED, not -inf: a row may see no key of its window in this tile (m_new stays finite); what such
-            # keys add is scaled by alpha = exp2(MASKED - real max) = 0 once the row meets its own window,
-            # which always holds the row's own token.
-            in_window = (cols[None, :] >= (offs_m - window)[:, None]) & (cols[None, :] <= (offs_m + window)[:, None])
-            s = tl.where(in_window, s, MASKED)
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        # Every tile holds at least one in-range key, so m_new is finite and alpha well defined.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + cols[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
-
-    acc = acc / l_i[:, None]
-    tl.store(o_base + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od,
-             acc.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+    _attention_block(
+        b, h, pid_m, q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, cu_seqlens_ptr, bias_ptr, positions_ptr, c2p_ptr, p2c_ptr,
+        seqlen, head_dim, num_heads, scale_log2, window, bias_width, stride_bias_h, rel_cols,
+        stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_kd,
+        stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh, stride_os, stride_od, stride_mb, stride_ms,
+        IS_VARLEN, HAS_MASK, HAS_WINDOW, HAS_BIAS, HAS_C2P, HAS_P2C, BLOCK_D, INPUT_PRECISION, BLOCK_M, BLOCK_N)
 
 
 def _check_qkv(op: str, q, k, v, ndim: int):

@@ -11,11 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import ROW_CONFIGS, _layernorm_row, check_device, check_float, check_shape, next_pow2, row_warps_prune
+from ._common import ROW_CONFIGS, _layernorm_row, check_device, check_float, check_shape, next_pow2
 
 ID_DTYPES = (torch.int64, torch.int32)
 
-@triton.autotune(configs=ROW_CONFIGS, key=["BLOCK_N"], prune_configs_by={"early_config_prune": row_warps_prune})
+@triton.autotune(configs=ROW_CONFIGS, key=["BLOCK_N"])
 @triton.jit
 def _embedding_kernel(
     ids_ptr, pos_ids_ptr, type_ids_ptr, word_ptr, pos_ptr, type_ptr, w_ptr, b_ptr, out_ptr,
@@ -121,4 +121,4 @@ def aot_variants(dtype: torch.dtype = torch.float16, hidden: int = 768):
             "w_ptr": t, "b_ptr": t, "out_ptr": t, "N": hidden, "eps": 1e-12, "stride_word": hidden,
             "stride_pos": hidden, "stride_type": hidden, "stride_om": hidden, "HAS_TOKEN_TYPE": True,
             "HAS_POSITION": True, "BLOCK_N": block_n},
-           row_warps_prune(ROW_CONFIGS, {}, BLOCK_N=block_n))
+           ROW_CONFIGS)

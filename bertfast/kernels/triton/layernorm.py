@@ -12,10 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import ROW_CONFIGS, _layernorm_row, check_device, check_float, check_shape, next_pow2, row_warps_prune
+from ._common import ROW_CONFIGS, _layernorm_row, check_device, check_float, check_shape, next_pow2
 
 
-@triton.autotune(configs=ROW_CONFIGS, key=["BLOCK_N"], prune_configs_by={"early_config_prune": row_warps_prune})
+@triton.autotune(configs=ROW_CONFIGS, key=["BLOCK_N"])
 @triton.jit
 def _layernorm_kernel(
     x_ptr, res_ptr, w_ptr, b_ptr, out_ptr,
@@ -78,4 +78,4 @@ def aot_variants(dtype: torch.dtype = torch.float16, hidden: int = 768):
            {"x_ptr": t, "res_ptr": t, "w_ptr": t, "b_ptr": t, "out_ptr": t, "N": hidden, "eps": 1e-12,
             "stride_xm": hidden, "stride_xn": 1, "stride_rm": hidden, "stride_rn": 1, "stride_om": hidden,
             "HAS_RESIDUAL": True, "BLOCK_N": block_n},
-           row_warps_prune(ROW_CONFIGS, {}, BLOCK_N=block_n))
+           ROW_CONFIGS)
