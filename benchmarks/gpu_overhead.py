@@ -46,7 +46,7 @@ def _median_us(fn, calls: int) -> float:
 @torch.inference_mode()  # as Engine.forward: the graphs' static buffers are inference tensors
 def stages(enc: Encoder, inputs: dict, calls: int) -> dict:
     """Median microseconds of each stage of `enc(**inputs)` as `Encoder.forward` runs them on a GPU (synced after
-    each): the inputs to the host, checked and packed there, moved in two transfers, the layer stack, pad, pooler."""
+    each): the inputs to the host, checked and packed there, moved in one transfer, the layer stack, pad, pooler."""
     eng = enc.engine
     has_pooler = eng.weights.pooler_weight is not None
     host = to_host(inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids"))
