@@ -6,7 +6,9 @@ not the kernels'.
 
 Writes DIR/overhead.json (per workload: the median microseconds of each host stage, each followed by a device
 sync, and of the whole call; the median GPU time of the captured graph's replay, timed with CUDA events) and
-DIR/profile.txt (torch.profiler's table of 50 calls of the first workload, by self CPU time). Needs CUDA.
+DIR/profile.txt (torch.profiler's table of 50 calls of the first workload, by self CPU time). Needs CUDA, but for
+`--host-only`: the stages that run on the host whatever the device (inputs to the host, check_inputs, pack, the host
+side of the one copy to the device), timed on this CPU, each a median of --calls.
 """
 
 from __future__ import annotations
@@ -76,6 +78,44 @@ def stages(enc: Encoder, inputs: dict, calls: int) -> dict:
     return out
 
 
+@torch.inference_mode()
+def host_only(args) -> int:
+    """The host stages of a call, on this CPU (the torch backend's engine: the stages do not depend on it)."""
+    import platform
+
+    model = workloads.random_hf_model(args.config, 0, attn_implementation="eager")
+    enc = Encoder.from_hf(model, backend="torch", dtype=torch.float32)
+    eng = enc.engine
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    result = {"cpu": cpu, "torch": torch.__version__, "config": args.config, "calls": args.calls, "workloads": {}}
+    for name in args.workloads.split(","):
+        inputs = Workload.parse(name).make_batch(workloads.model_config(args.config), seed=0).inputs()
+        host = to_host(inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids"))
+        checked = check_inputs(enc.config, *host, None, eng.weights.pooler_weight is not None, "cpu")
+        packed, indices = eng.pack(*checked)
+
+        def median_us(fn):
+            times = []
+            for _ in range(args.calls):
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e6)
+            return round(statistics.median(times), 1)
+
+        row = {"inputs to host": median_us(lambda: to_host(inputs["input_ids"], inputs["attention_mask"],
+                                                             inputs.get("token_type_ids"))),
+               "check_inputs (host)": median_us(lambda: check_inputs(enc.config, *host, None, True, "cpu")),
+               "pack (host)": median_us(lambda: eng.pack(*checked)),
+               "to device (host side: one buffer)": median_us(lambda: to_device(packed, indices, "cpu"))}
+        row["sum"] = round(sum(row.values()), 1)
+        result["workloads"][name] = row
+        print(name, json.dumps(row), flush=True)
+    with open(os.path.join(args.out, "host_overhead.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
 def graph_gpu_us(enc: Encoder, inputs: dict, calls: int) -> float | None:
     """Median GPU microseconds of one replay of the graph this input's bucket captured (CUDA events)."""
     runner = enc.engine.run
@@ -101,11 +141,14 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="fp16", choices=tuple(DTYPES))
     parser.add_argument("--config", default="bert-base")
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--host-only", action="store_true", help="time only the host stages, on this CPU")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu_overhead: needs a CUDA device", file=sys.stderr)
+    if not torch.cuda.is_available() and not args.host_only:
+        print("gpu_overhead: needs a CUDA device (or --host-only)", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
+    if args.host_only:
+        return host_only(args)
     model = workloads.random_hf_model(args.config, 0, attn_implementation="eager")
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "config": args.config,
               "dtype": args.dtype, "calls": args.calls, "workloads": {}}
