@@ -1,11 +1,12 @@
 """The server's ASGI app: the Gate in front of a FastAPI app whose routes are routers over one `Service`.
 
-Routers: TEI's embedding routes (`routes_tei`: /embed, /embed_all, /embed_sparse, /tokenize; bertfast's
-/embed_multi), its classifier and reranker routes (`routes_tasks`: /predict, /rerank), OpenAI's (`routes_openai`:
-/v1/embeddings, /v1/models) and the server's own (`routes_ops`: /health, /info, /metrics). The Service holds the
-served models by name, each with its engine thread and limits (`service`). Responses are serialized by orjson (the
-float32 results widened to float64 first: the same numbers `tolist()` gives, an order of magnitude faster than
-`json.dumps`). Every error is one `ApiError` response, whichever layer raises it.
+Routers: TEI's embedding routes (`routes_tei`: /embed, /embed_all, /embed_sparse, /similarity, /tokenize, /decode;
+bertfast's /embed_multi), its classifier and reranker routes (`routes_tasks`: /predict, /rerank), OpenAI's
+(`routes_openai`: /v1/embeddings and TEI's alias /embeddings, /v1/models), the server's own (`routes_ops`: /health
+and TEI's aliases GET / and /ping, /info, /metrics) and TEI's default route (`routes_default`: POST / and
+/invocations, the route of the model's kind). The Service holds the served models by name, each with its engine
+thread and limits (`service`). Responses are serialized by orjson (the float32 results widened to float64 first: the
+same numbers `tolist()` gives, an order of magnitude faster than `json.dumps`). Every error is one `ApiError` response, whichever layer raises it.
 """
 
 from __future__ import annotations
@@ -18,19 +19,20 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from . import routes_ops, routes_openai, routes_tasks, routes_tei
+from . import routes_default, routes_ops, routes_openai, routes_tasks, routes_tei
 from .gate import Gate
 from .model import ServedModel
-from .schemas import (ApiError, EmbedAllRequest, EmbedMultiRequest, EmbedRequest, EmbedSparseRequest, ErrorBody,
-                      OpenAIEmbeddingRequest, PredictRequest, RerankRequest, TokenizeRequest)
+from .schemas import (ApiError, DecodeRequest, EmbedAllRequest, EmbedMultiRequest, EmbedRequest, EmbedSparseRequest,
+                      ErrorBody, OpenAIEmbeddingRequest, PredictRequest, RerankRequest, SimilarityRequest,
+                      TokenizeRequest, invalid_request)
 from .service import Limits, Service
 
 __all__ = ["Limits", "Service", "create_app"]
 
 SCHEMAS = {"/embed": EmbedRequest, "/embed_all": EmbedAllRequest, "/embed_sparse": EmbedSparseRequest,
-           "/embed_multi": EmbedMultiRequest,
-           "/tokenize": TokenizeRequest, "/v1/embeddings": OpenAIEmbeddingRequest,
-           "/predict": PredictRequest, "/rerank": RerankRequest}
+           "/embed_multi": EmbedMultiRequest, "/similarity": SimilarityRequest,
+           "/tokenize": TokenizeRequest, "/decode": DecodeRequest, "/v1/embeddings": OpenAIEmbeddingRequest,
+           "/embeddings": OpenAIEmbeddingRequest, "/predict": PredictRequest, "/rerank": RerankRequest}
 ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 405, 413, 422, 424, 429, 503)}
 
 
@@ -77,14 +79,15 @@ def create_app(models: ServedModel | list[ServedModel], limits: Limits | list[Li
                               "own engine thread.")
     app.state.service = service
     install_error_handlers(app)
-    routers = [m.router for m in (routes_tei, routes_tasks, routes_openai, routes_ops)]
+    routers = [m.router for m in (routes_tei, routes_tasks, routes_openai, routes_ops, routes_default)]
     for router in routers:
         app.include_router(router)
     # The Gate names a request by its route's template: the routers' routes (FastAPI may keep an included router
     # as one entry of app.routes, without a path of its own) and the app's own (/openapi.json, /docs).
     routes = [r for router in routers for r in router.routes] + [r for r in app.routes if hasattr(r, "path")]
-    direct = {"/embed": direct_route(EmbedRequest, routes_tei.embed, service),
-              "/v1/embeddings": direct_route(OpenAIEmbeddingRequest, routes_openai.embeddings, service)}
+    openai = direct_route(OpenAIEmbeddingRequest, routes_openai.embeddings, service)
+    direct = {"/embed": direct_route(EmbedRequest, routes_tei.embed, service), "/v1/embeddings": openai,
+              "/embeddings": openai}
     return Gate(app, max_body=service.limits.max_body_bytes, api_key=api_key, metrics=service.metrics,
                 routes=routes, direct=direct)
 
@@ -99,21 +102,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, e: RequestValidationError):
-        errors = e.errors()
-        first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": ""}
-        if first["type"] == "json_invalid":
-            return ApiError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}",
-                            field="body").response()
-        loc = [str(p) for p in first["loc"] if p != "body"]
-        field = loc[0] if loc else "body"
-        schema = SCHEMAS.get(request.url.path)
-        hint = schema.model_fields[field].description if schema and field in schema.model_fields else None
-        message = f"{field} must be {hint}" if hint else f"{field}: {first['msg']}"
-        if first["type"] == "missing":
-            message = f"{field} is required" + (f": {hint}" if hint else "")
-        elif not loc:
-            message = "the body must be a JSON object"
-        return ApiError(422, message, field=field).response()
+        return invalid_request(e.errors(), SCHEMAS.get(request.url.path)).response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):

@@ -23,8 +23,8 @@ from starlette.routing import Match
 from .schemas import ApiError
 
 access_log = logging.getLogger("bertfast.serve.access")
-# Reachable without the API key: liveness probes and the schema.
-OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+# Reachable by GET without the API key: liveness probes (TEI's /health, / and /ping) and the schema.
+OPEN_PATHS = frozenset({"/health", "/", "/ping", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
 
 
 class Gate:
@@ -81,7 +81,7 @@ class Gate:
                     "ms": round(seconds * 1e3, 2), "bytes_in": size[0]}).decode())
 
     def authorize(self, scope) -> ApiError | None:
-        if self.api_key is None or scope["path"] in OPEN_PATHS:
+        if self.api_key is None or (scope["path"] in OPEN_PATHS and scope["method"] in ("GET", "HEAD")):
             return None
         headers = dict(scope["headers"])
         given = headers.get(b"authorization", b"").decode("latin-1")

@@ -30,6 +30,9 @@ COLBERT, BGEM3 = "colbert", "bge-m3"
 ROUTES = {EMBEDDING: ("/embed", "/embed_all", "/v1/embeddings"), CLASSIFIER: ("/predict",),
           RERANKER: ("/rerank", "/predict"), SPARSE: ("/embed_sparse",), COLBERT: ("/embed_multi",),
           BGEM3: ("/embed", "/embed_sparse", "/embed_multi")}
+# The route each kind answers at POST / and /invocations, as TEI's router picks it by model type (ColBERT: its one).
+DEFAULT_ROUTE = {EMBEDDING: "/embed", CLASSIFIER: "/predict", RERANKER: "/rerank", SPARSE: "/embed_sparse",
+                 COLBERT: "/embed_multi", BGEM3: "/embed"}
 # Batch keys of classifier rows: probabilities (the TaskModel's softmax/sigmoid) or the raw logits. Both
 # are computed on the engine thread: torch ops on another thread would start a second OpenMP team.
 SCORES, LOGITS = ("scores",), ("logits",)
@@ -194,17 +197,17 @@ class ServedModel:
         return (text, prompt_length(self.encoder.tokenizer, text)) if text else (None, None)
 
     def tokenize(self, texts: list, *, truncate: bool = False, direction: str = "right",
-                 field: str = "inputs", add_special_tokens: bool = True):
+                 field: str | list[str] = "inputs", add_special_tokens: bool = True):
         """Texts or pairs (text_a, text_b) -> their encodings (tokenizers.Encoding, unpadded; a pair's
-        `type_ids` mark its second text); 413 naming field[i] for an input over the model's limit unless
-        truncate (a pair is truncated longest text first)."""
+        `type_ids` mark its second text); 413 naming field[i] (or field[i] itself, a list of one name per text) for
+        an input over the model's limit unless truncate (a pair is truncated longest text first)."""
         encodings = self.tokenizers[direction.lower()].encode_batch(texts, add_special_tokens=add_special_tokens)
         if not truncate:
             self._check_length(texts, [bool(e.overflowing) for e in encodings], field)
         return encodings
 
     def text_ids(self, texts: list[str], *, truncate: bool = False, direction: str = "right",
-                 field: str = "inputs") -> list[list[int]]:
+                 field: str | list[str] = "inputs") -> list[list[int]]:
         """Texts -> their token id rows, as `tokenize(...)`'s ids (413 the same way): ASCII texts by the native
         WordPiece where the model's tokenizer has one (`NativeWordPiece`), the others by the tokenizers library."""
         if self.native is None or not all(isinstance(t, str) for t in texts):
@@ -214,13 +217,14 @@ class ServedModel:
             self._check_length(texts, over, field)
         return rows
 
-    def _check_length(self, texts: list, over: list[bool], field: str):
-        """413 naming field[i] for the first input over the model's limit."""
+    def _check_length(self, texts: list, over: list[bool], field: str | list[str]):
+        """413 naming field[i] (or field[i] of a list of names) for the first input over the model's limit."""
         if any(over):
             i = over.index(True)
+            where = field[i] if isinstance(field, list) else f"{field}[{i}]"
             pair = " (its two texts together)" if isinstance(texts[i], tuple) else ""
-            raise ApiError(413, f"{field}[{i}] has more than {self.limit} tokens{pair}, the model's limit: "
-                           "shorten it or send truncate=true", field=f"{field}[{i}]", limit=self.limit)
+            raise ApiError(413, f"{where} has more than {self.limit} tokens{pair}, the model's limit: "
+                           "shorten it or send truncate=true", field=where, limit=self.limit)
 
     def multi_rows(self, texts: list[str], *, is_query: bool | None, truncate: bool = False,
                    field: str = "inputs") -> list[list[int]]:
@@ -273,6 +277,21 @@ class ServedModel:
                                field=where, limit=vocab)
         return rows
 
+    def decode(self, rows: list[list[int]], skip_special_tokens: bool, field: str = "ids") -> list[str]:
+        """Token id lists -> their texts (the tokenizer's decode: /tokenize's inverse); 422 naming field[i] for an
+        empty list or an id outside the tokenizer's vocabulary (added tokens included)."""
+        tok = self.encoder.tokenizer
+        vocab = tok.get_vocab_size(with_added_tokens=True)
+        for i, r in enumerate(rows):
+            where = f"{field}[{i}]" if len(rows) > 1 else field
+            if not r:
+                raise ApiError(422, f"{where} is an empty list of token ids", field=where)
+            bad = next((t for t in r if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ApiError(422, f"{where} holds token id {bad}, outside the vocabulary [0, {vocab})",
+                               field=where, limit=vocab)
+        return tok.decode_batch(rows, skip_special_tokens=skip_special_tokens)
+
     def info(self) -> dict:
         import bertfast
 
@@ -287,7 +306,8 @@ class ServedModel:
         elif self.kind == BGEM3:
             token_dimension, pooling = self.m3.colbert_dim, ["cls"]
         return dict(model_id=self.model_id, model_dir=self.path, model_type=self.kind, architecture=self.architecture,
-                    routes=list(ROUTES[self.kind]), labels=self.labels, dimension=self.dimension,
+                    routes=list(ROUTES[self.kind]), default_route=DEFAULT_ROUTE[self.kind], labels=self.labels,
+                    dimension=self.dimension,
                     max_input_length=limit, max_query_length=query_length, token_dimension=token_dimension,
                     pooling=pooling, normalizes=self.normalizes,
                     dtype="int8" if enc.quantize else str(enc.dtype).replace("torch.", ""), backend=enc.backend,

@@ -1,4 +1,5 @@
-"""OpenAI's routes: /v1/embeddings (texts or token ids; `dimensions`, `encoding_format`, `precision`) and /v1/models
+"""OpenAI's routes: /v1/embeddings (texts or token ids; `dimensions`, `encoding_format`, `precision`; also at
+/embeddings, TEI's alias, which an OpenAI client with the server's root as its base_url posts to) and /v1/models
 (the served models, OpenAI's list shape). The request's `model` picks the model; with several served, an unknown
 one is a 404 in OpenAI's error shape."""
 
@@ -8,13 +9,14 @@ import base64
 
 from fastapi import APIRouter, Depends
 
-from .schemas import ApiError, ModelCard, ModelList, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse, json_response
+from .schemas import ModelCard, ModelList, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse, json_response
 from .service import Service, service_of
 
-router = APIRouter(prefix="/v1", tags=["OpenAI"])
+router = APIRouter(tags=["OpenAI"])
 
 
-@router.post("/embeddings", response_model=OpenAIEmbeddingResponse, summary="OpenAI: embeddings")
+@router.post("/v1/embeddings", response_model=OpenAIEmbeddingResponse, summary="OpenAI: embeddings")
+@router.post("/embeddings", response_model=OpenAIEmbeddingResponse, summary="OpenAI: embeddings (TEI's alias)")
 async def embeddings(req: OpenAIEmbeddingRequest, service: Service = Depends(service_of)):
     engine = service.engine(req.model, openai=True)
     model = engine.model
@@ -23,9 +25,7 @@ async def embeddings(req: OpenAIEmbeddingRequest, service: Service = Depends(ser
     if isinstance(given, list) and given and isinstance(given[0], int):
         given = [given]  # one text as token ids
     dims = req.dimensions
-    if dims is not None and not 1 <= dims <= model.dimension:
-        raise ApiError(422, f"dimensions must be in [1, {model.dimension}] (the model's dimension), got {dims}",
-                       field="dimensions", limit=model.dimension)
+    engine.check_dimensions(dims)
     async with engine.admitted():
         if isinstance(given, list) and given and isinstance(given[0], list):
             engine.check_count(len(given), "input")
@@ -50,12 +50,12 @@ def card(service: Service, name: str) -> dict:
     return ModelCard(id=name, created=service.created, owned_by="bertfast").model_dump()
 
 
-@router.get("/models", response_model=ModelList, summary="OpenAI: the served models (the first is the default)")
+@router.get("/v1/models", response_model=ModelList, summary="OpenAI: the served models (the first is the default)")
 async def models(service: Service = Depends(service_of)):
     return {"object": "list", "data": [card(service, name) for name in service.engines]}
 
 
-@router.get("/models/{model:path}", response_model=ModelCard, summary="OpenAI: one served model")
+@router.get("/v1/models/{model:path}", response_model=ModelCard, summary="OpenAI: one served model")
 async def model(model: str, service: Service = Depends(service_of)):
     if model not in service.engines:
         raise service.unknown(model, openai=True)

@@ -1,5 +1,6 @@
-"""The server's own routes: /health (every engine thread running), /info (a model: what it is, the backend, the
-limits) and /metrics (Prometheus)."""
+"""The server's own routes: /health (every engine thread running; also at GET / and /ping, TEI's aliases for the
+inference-API and SageMaker probes), /info (a model: what it is, the backend, the limits) and /metrics
+(Prometheus)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ router = APIRouter(tags=["server"])
 
 
 @router.get("/health", summary="200 once every model is loaded and warmed up")
+@router.get("/", summary="health (TEI's alias)")
+@router.get("/ping", summary="health (TEI's alias: SageMaker's probe)")
 async def health(service: Service = Depends(service_of)):
     if not service.alive:
         raise ApiError(503, "the engine is not running", "unavailable")

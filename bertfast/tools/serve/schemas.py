@@ -41,10 +41,34 @@ class TextsRequest(Request):
 
 
 class EmbedRequest(TextsRequest):
-    """TEI's /embed. normalize None follows the checkpoint (its Normalize module), as Encoder.encode."""
+    """TEI's /embed. normalize None follows the checkpoint (its Normalize module), as Encoder.encode; with
+    `dimensions`, a normalizing model's prefix is renormalized (as /v1/embeddings)."""
 
     normalize: bool | None = Field(None, description="true, false or null (the model's own configuration)")
+    dimensions: int | None = Field(None, description="a positive integer, at most the model's dimension")
     precision: Precision = Field("float32", description=PRECISION)
+
+
+class SimilarityInput(Request):
+    source_sentence: str = Field(description="a non-empty string")
+    sentences: list[str] = Field(description="a list of non-empty strings")
+
+
+class SimilarityParameters(Request):
+    truncate: bool = Field(False, description="a boolean")
+    truncation_direction: Direction = Field("right", description=DIRECTION)
+    prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
+
+
+class SimilarityRequest(Request):
+    """TEI's /similarity (and Hugging Face's sentence-similarity task): each sentence's cosine similarity to the
+    source sentence."""
+
+    inputs: SimilarityInput = Field(description='an object {"source_sentence": a string, "sentences": a list of '
+                                                'strings}')
+    parameters: SimilarityParameters | None = Field(None, description="an object with truncate, "
+                                                                      "truncation_direction, prompt_name, or null")
+    model: str | None = Field(None, description=MODEL)
 
 
 class EmbedAllRequest(TextsRequest):
@@ -111,6 +135,14 @@ class TokenizeRequest(Request):
     model: str | None = Field(None, description=MODEL)
 
 
+class DecodeRequest(Request):
+    """TEI's /decode: token ids back to text, /tokenize's inverse."""
+
+    ids: Union[list[int], list[list[int]]] = Field(description="a list of token ids or a list of lists of them")
+    skip_special_tokens: bool = Field(True, description="a boolean")
+    model: str | None = Field(None, description=MODEL)
+
+
 class Token(BaseModel):
     id: int
     text: str
@@ -169,6 +201,7 @@ class Info(BaseModel):
     model_type: Literal["embedding", "classifier", "reranker", "sparse", "colbert", "bge-m3"]
     architecture: str | None
     routes: list[str]  # the model routes this model answers (every model answers /tokenize and the rest)
+    default_route: str  # what POST / and POST /invocations answer for this model (TEI's choice by model type)
     labels: list[str] | None  # classifier and reranker: label names in logit order
     dimension: int | None  # embedding models, BGE-M3 (dense); sparse: the vocabulary size; ColBERT: token vectors
     max_input_length: int  # ColBERT: its document_length
@@ -219,6 +252,23 @@ class OpenAIError(ApiError):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.field, "code": self.code}}
+
+
+def invalid_request(errors: list[dict], schema: type[BaseModel] | None) -> ApiError:
+    """pydantic's validation errors of a body (the first one) as the server's 400 (invalid JSON) or 422, naming the
+    field and, where `schema` describes it, what it must be."""
+    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": ""}
+    if first["type"] == "json_invalid":
+        return ApiError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}", field="body")
+    loc = [str(p) for p in first["loc"] if p != "body"]
+    field = loc[0] if loc else "body"
+    hint = schema.model_fields[field].description if schema and field in schema.model_fields else None
+    message = f"{field} must be {hint}" if hint else f"{field}: {first['msg']}"
+    if first["type"] == "missing":
+        message = f"{field} is required" + (f": {hint}" if hint else "")
+    elif not loc:
+        message = "the body must be a JSON object"
+    return ApiError(422, message, field=field)
 
 
 def json_response(content) -> Response:

@@ -32,7 +32,11 @@ NEEDS = {"/embed": "an embedding model or BGE-M3 (its dense vectors)", "/v1/embe
          "/embed_sparse": "a SPLADE model (a sentence-transformers SparseEncoder: a masked-LM head and SpladePooling) "
                           "or BGE-M3 (its lexical weights)",
          "/embed_multi": "a ColBERT model (PyLate: modules.json a Transformer then Dense projections) or BGE-M3 "
-                         "(sparse_linear.pt and colbert_linear.pt beside the model)"}
+                         "(sparse_linear.pt and colbert_linear.pt beside the model)",
+         "/similarity": "an embedding model or BGE-M3 (the cosine of its dense vectors)"}
+# Routes that answer wherever another does (the one `ROUTES` names): TEI's aliases and /similarity (over /embed's
+# vectors).
+SAME_AS = {"/embeddings": "/v1/embeddings", "/similarity": "/embed"}
 # Requests whose texts hold at most this many characters are tokenized on the event loop (tens of
 # microseconds); a worker thread's round trip costs more than that.
 INLINE_TOKENIZE_CHARS = 1024
@@ -75,8 +79,9 @@ class Engine:
     def serves(self, route: str) -> None:
         """424 unless this model's kind answers `route`."""
         model = self.model
-        if route not in ROUTES[model.kind]:
-            raise ApiError(424, f"this model is {model.description()}: {route} needs {NEEDS[route]}; "
+        if SAME_AS.get(route, route) not in ROUTES[model.kind]:
+            raise ApiError(424, f"this model is {model.description()}: {route} needs "
+                           f"{NEEDS.get(route) or NEEDS[SAME_AS[route]]}; "
                            f"this server answers {', '.join(ROUTES[model.kind])}", "model_type")
 
     def texts_of(self, inputs, field: str) -> list[str]:
@@ -96,6 +101,13 @@ class Engine:
         if n > limit:
             raise ApiError(413, f"{field} has {n} items, more than the limit of {limit} (--max-client-batch-size)",
                            field=field, limit=limit)
+
+    def check_dimensions(self, dims: int | None) -> None:
+        """422 unless `dimensions` is None or in [1, the model's dimension]."""
+        limit = self.model.dimension
+        if dims is not None and not 1 <= dims <= limit:
+            raise ApiError(422, f"dimensions must be in [1, {limit}] (the model's dimension), got {dims}",
+                           field="dimensions", limit=limit)
 
     @asynccontextmanager
     async def admitted(self):
