@@ -31,15 +31,21 @@ LN_ROWS = 4  # rows per LayerNorm item
 PHASES = 7
 
 
-def _tiles(dtype: torch.dtype) -> tuple[dict, int]:
+def _tiles(dtype: torch.dtype, tokens: int, arch: int) -> tuple[dict, int]:
     """(tile sizes, pipeline stages) of the same family as the op-by-op kernels' configs (linear/qkv
     `_common.CONFIGS`, attention's), so that a row's arithmetic matches theirs: under the interpreter their single
-    config. fp32 takes 32-row GEMM tiles: with 64 rows ptxas spills on sm_90 (`bertfast kernels --dtype fp32`)."""
+    config. WIDE_N tiles the QKV and FFN-in outputs, NARROW_N the two of width H: on Hopper (arch 90) at a few tokens,
+    narrower column tiles give more programs to stream the weights with, and a tensor-core tile's column count changes
+    no element's sum (sm_80 spills with two tile widths in one kernel). fp32 takes 32-row GEMM tiles: with 64 rows
+    ptxas spills on sm_90 (`bertfast kernels --dtype fp32`)."""
     if INTERPRET:
-        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=4, ATT_M=64, ATT_N=32), 1
+        return dict(BLOCK_M=64, WIDE_N=64, NARROW_N=64, BLOCK_K=64, GROUP_M=4, ATT_M=64, ATT_N=32), 1
     if dtype == torch.float32:
-        return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, ATT_M=64, ATT_N=16), 2
-    return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, ATT_M=64, ATT_N=64), 3
+        return dict(BLOCK_M=32, WIDE_N=64, NARROW_N=64, BLOCK_K=32, GROUP_M=8, ATT_M=64, ATT_N=16), 2
+    wide, narrow = 64, 64
+    if arch >= 90:
+        wide, narrow = (32, 16) if tokens <= 64 else (64, 32) if tokens <= 128 else (64, 64)
+    return dict(BLOCK_M=64, WIDE_N=wide, NARROW_N=narrow, BLOCK_K=64, GROUP_M=8, ATT_M=64, ATT_N=64), 3
 
 
 @triton.jit
@@ -97,16 +103,17 @@ def _bert_layer_kernel(
     qkv_ptr, ctx_ptr, sum1_ptr, x1_ptr, h_ptr, sum2_ptr, y_ptr, cu_seqlens_ptr, work_ptr,
     T, B, max_blocks, H, INTER, heads, head_dim, scale_log2, eps,
     ACTIVATION: tl.constexpr, INPUT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-    LN_ITEM_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    LN_ITEM_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, WIDE_N: tl.constexpr, NARROW_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, ATT_M: tl.constexpr, ATT_N: tl.constexpr,
 ):
     # work_ptr: int32 [1 + PHASES], zeroed before the launch: the next item, then each phase's finished items.
     m_tiles = tl.cdiv(T, BLOCK_M)
-    n_qkv = m_tiles * tl.cdiv(3 * H, BLOCK_N)
+    n_qkv = m_tiles * tl.cdiv(3 * H, WIDE_N)
     n_att = B * heads * max_blocks
-    n_out = m_tiles * tl.cdiv(H, BLOCK_N)
+    n_out = m_tiles * tl.cdiv(H, NARROW_N)
     n_ln = tl.cdiv(T, LN_ITEM_ROWS)
-    n_in = m_tiles * tl.cdiv(INTER, BLOCK_N)
+    n_in = m_tiles * tl.cdiv(INTER, WIDE_N)
     e_qkv = n_qkv
     e_att = e_qkv + n_att
     e_out = e_att + n_out
@@ -120,7 +127,7 @@ def _bert_layer_kernel(
                  + (item >= e_ln1).to(tl.int32) + (item >= e_in).to(tl.int32) + (item >= e_ffn).to(tl.int32))
         if phase == 0:
             _gemm_item(item, x_ptr, qkv_w, qkv_b, x_ptr, qkv_ptr, T, 3 * H, H, H, "none", False, True,
-                       INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                       INPUT_PRECISION, BLOCK_M, WIDE_N, BLOCK_K, GROUP_M)
         elif phase == 1:
             _wait_for(work_ptr + 1, n_qkv)
             i = item - e_qkv
@@ -136,18 +143,18 @@ def _bert_layer_kernel(
         elif phase == 2:
             _wait_for(work_ptr + 2, n_att)
             _gemm_item(item - e_att, ctx_ptr, out_w, out_b, x_ptr, sum1_ptr, T, H, H, H, "none", True, False,
-                       INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                       INPUT_PRECISION, BLOCK_M, NARROW_N, BLOCK_K, GROUP_M)
         elif phase == 3:
             _wait_for(work_ptr + 3, n_out)
             _layernorm_item(item - e_out, sum1_ptr, ln1_w, ln1_b, x1_ptr, T, H, eps, LN_ITEM_ROWS, BLOCK_H)
         elif phase == 4:
             _wait_for(work_ptr + 4, n_ln)
             _gemm_item(item - e_ln1, x1_ptr, in_w, in_b, x1_ptr, h_ptr, T, INTER, H, H, ACTIVATION, False, False,
-                       INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                       INPUT_PRECISION, BLOCK_M, WIDE_N, BLOCK_K, GROUP_M)
         elif phase == 5:
             _wait_for(work_ptr + 5, n_in)
             _gemm_item(item - e_in, h_ptr, ffn_w, ffn_b, x1_ptr, sum2_ptr, T, H, INTER, H, "none", True, False,
-                       INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                       INPUT_PRECISION, BLOCK_M, NARROW_N, BLOCK_K, GROUP_M)
         else:
             _wait_for(work_ptr + 6, n_out)
             _layernorm_item(item - e_ffn, sum2_ptr, ln2_w, ln2_b, y_ptr, T, H, eps, LN_ITEM_ROWS, BLOCK_H)
@@ -191,7 +198,11 @@ def bert_layer(x, layer, cu_seqlens, max_seqlen: int, heads: int, scale: float, 
         raise ValueError(f"{op}: the layer needs every weight and bias, contiguous")
     check_device(op, x, cu_seqlens, work, *weights)
     d = H // heads
-    tiles, stages = _tiles(x.dtype)
+    arch = 0
+    if x.device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(x.device)
+        arch = 10 * major + minor
+    tiles, stages = _tiles(x.dtype, T, arch)
     empty = lambda *shape: torch.empty(*shape, dtype=x.dtype, device=x.device)  # noqa: E731
     qkv, ctx, sum1, x1, h, sum2, y = empty(3, T, H), empty(T, H), empty(T, H), empty(T, H), empty(T, inter), \
         empty(T, H), empty(T, H)
@@ -204,16 +215,19 @@ def bert_layer(x, layer, cu_seqlens, max_seqlen: int, heads: int, scale: float, 
     return y
 
 
-def aot_variants(dtype: torch.dtype = torch.float16, tokens: int = 128, hidden: int = 768):
-    """The BERT-base layer (GELU, d = 64) for `bertfast kernels`: yields (name, jit_fn, {argument: value}, configs)."""
+def aot_variants(dtype: torch.dtype = torch.float16, hidden: int = 768):
+    """The BERT-base layer (GELU, d = 64) for `bertfast kernels`: yields (name, jit_fn, {argument: value}, configs,
+    min arch)."""
     t = torch.empty(16, dtype=dtype)  # stands for any 16-byte aligned buffer of this dtype
     ints = torch.empty(16, dtype=torch.int32)
-    tiles, stages = _tiles(dtype)
     names = ("x_ptr qkv_w qkv_b out_w out_b ln1_w ln1_b in_w in_b ffn_w ffn_b ln2_w ln2_b qkv_ptr ctx_ptr sum1_ptr "
              "x1_ptr h_ptr sum2_ptr y_ptr").split()
-    values = {name: t for name in names}
-    values.update(cu_seqlens_ptr=ints, work_ptr=ints, T=tokens, B=1, max_blocks=2, H=hidden, INTER=4 * hidden,
-                  heads=hidden // 64, head_dim=64, scale_log2=0.18, eps=1e-12, ACTIVATION="gelu",
-                  INPUT_PRECISION=dot_precision(dtype), BLOCK_D=64, BLOCK_H=next_pow2(hidden), LN_ITEM_ROWS=LN_ROWS,
-                  **tiles)
-    yield ("bert_layer", _bert_layer_kernel, values, [triton.Config({}, num_warps=4, num_stages=stages)])
+    # (name, tokens, the arch its tiles are for): Hopper's narrower column tiles at 16 and 128 tokens, built for sm_90.
+    for name, tokens, arch in (("bert_layer", 512, 0), ("bert_layer_s128", 128, 90), ("bert_layer_s16", 16, 90)):
+        tiles, stages = _tiles(dtype, tokens, arch)
+        values = {name: t for name in names}
+        values.update(cu_seqlens_ptr=ints, work_ptr=ints, T=tokens, B=1, max_blocks=2, H=hidden, INTER=4 * hidden,
+                      heads=hidden // 64, head_dim=64, scale_log2=0.18, eps=1e-12, ACTIVATION="gelu",
+                      INPUT_PRECISION=dot_precision(dtype), BLOCK_D=64, BLOCK_H=next_pow2(hidden),
+                      LN_ITEM_ROWS=LN_ROWS, **tiles)
+        yield (name, _bert_layer_kernel, values, [triton.Config({}, num_warps=4, num_stages=stages)], arch)
