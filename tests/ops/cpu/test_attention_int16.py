@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from bertfast import reference
+from bertfast.backends.cpu import isa as isa_module
+from helpers.caps import on_cap
 from helpers.cpu_ops import cu_seqlens as _cu, qkv_views
 
 try:
@@ -29,10 +31,16 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def int16_tier(isa):
-    if _C.isa() != "avx512_vnni" or _C.has_avx512_bf16():
-        pytest.skip(f"the int16 products run on avx512_vnni without AVX-512 BF16, not on {isa}")
-    return isa
+def int16_tier():
+    """The one cap the kernel runs under here: avx512_vnni-nobf16 where the CPU has AVX-512 BF16 to hide, else
+    avx512_vnni (skipped, with isa.unsupported's reason, on a CPU without AVX-512 VNNI)."""
+    cap = "avx512_vnni-nobf16" if isa_module.unsupported("avx512_vnni-nobf16") is None else "avx512_vnni"
+    reason = isa_module.unsupported(cap)
+    if reason is not None:
+        pytest.skip(reason)
+    with on_cap(cap):
+        assert _C.isa() == "avx512_vnni" and not _C.has_avx512_bf16()
+        yield cap
 
 
 LENGTHS = [
