@@ -34,7 +34,7 @@ FAMILY_OF = {name: name.split("-")[0] for name in CONFIGS}
 
 def require_reference(name: str, *classes: str) -> None:
     """Skips, naming them, where the installed transformers lacks the reference's classes (5.17 has no Gte*)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     missing = [n for n in classes if not hasattr(transformers, n)]
     if missing:
         pytest.skip(f"transformers {transformers.__version__} has no {', '.join(missing)} (the reference for {name})")
@@ -42,7 +42,7 @@ def require_reference(name: str, *classes: str) -> None:
 
 def build(name: str, task: str = "Model", seed: int = 0, attn: str = "eager", **overrides):
     """transformers' `<Family><task>` for config `name` of CONFIGS, random weights, fp32, eval."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     prefix, kw = CONFIGS[name]
     kw = {**kw, "vocab_size": VOCAB, **overrides}
     if prefix == "ModernBert":  # its default special ids lie past a small vocabulary

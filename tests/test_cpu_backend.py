@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 import bertfast
 from bertfast import Encoder
@@ -17,7 +18,6 @@ from bertfast.backends import available_backends
 from bertfast.accuracy import TABLE, within
 from conftest import rel_err
 
-transformers = pytest.importorskip("transformers")
 
 CPU_REASON = available_backends("cpu").get("cpu")
 pytestmark = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")

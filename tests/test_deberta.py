@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from bertfast import disentangled, reference
 from bertfast.config import ConfigError, ModelConfig
 from bertfast.loading import LoadError, assemble, load_hf_model, load_pretrained
 from conftest import rel_err
 from helpers.deberta import BASE, CONFIGS, LENGTHS, batch, build
-
-transformers = pytest.importorskip("transformers")
 
 
 def _compare(model, ids, mask, types=None, tol=1e-6):

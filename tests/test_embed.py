@@ -14,11 +14,11 @@ import re
 
 import numpy as np
 import pytest
+import pyarrow as pa
+from pyarrow import parquet as pq
 
 from conftest import corpus
 
-pa = pytest.importorskip("pyarrow", reason="bertfast embed needs pyarrow (the embed extra)")
-pq = pytest.importorskip("pyarrow.parquet")
 
 from bertfast import Encoder  # noqa: E402
 from bertfast.tokenization import token_budget_batches  # noqa: E402

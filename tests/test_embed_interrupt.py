@@ -20,8 +20,8 @@ import pytest
 
 from conftest import corpus
 
-pa = pytest.importorskip("pyarrow", reason="bertfast embed needs pyarrow (the embed extra)")
-pq = pytest.importorskip("pyarrow.parquet")
+import pyarrow as pa
+from pyarrow import parquet as pq
 
 from bertfast.tools.cli import main  # noqa: E402
 

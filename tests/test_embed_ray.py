@@ -8,12 +8,11 @@ import re
 
 import numpy as np
 import pytest
+import pyarrow as pa
+import ray
+import ray.data  # noqa: F401
 
 from conftest import corpus
-
-ray = pytest.importorskip("ray", reason="the Ray tests need the package ray (the ray extra)")
-pytest.importorskip("ray.data", reason="the Ray tests need ray[data]")
-pa = pytest.importorskip("pyarrow", reason="bertfast embed needs pyarrow (the embed extra)")
 
 from bertfast.ray import Embedder  # noqa: E402
 from bertfast.tools.cli import main  # noqa: E402

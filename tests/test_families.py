@@ -3,13 +3,12 @@ ragged batches."""
 
 import pytest
 import torch
+import transformers
 
 import bertfast
 from bertfast import Encoder
 from conftest import rel_err
 from helpers.families import COMMON, CPU_BACKENDS, FAMILIES, batch_for, build
-
-transformers = pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+import transformers
 
 import bertfast
 from bertfast.heads import TaskModel, load, supported_architectures
@@ -11,7 +12,6 @@ from conftest import rel_err
 from helpers.families import COMMON, CPU_BACKENDS, NO_TYPES, batch_for
 from helpers.outputs import check_against
 
-transformers = pytest.importorskip("transformers")
 
 PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
           "albert": "Albert", "distilbert": "DistilBert", "mpnet": "MPNet", "deberta-v2": "DebertaV2"}

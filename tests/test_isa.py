@@ -142,7 +142,6 @@ _FORWARDS = """
 @pytest.mark.parametrize("tier", CAPS)
 def test_no_reference_kernel(tier):
     """int8, fp32 and bf16 forwards of several hundred tokens never run a oneDNN reference primitive."""
-    pytest.importorskip("transformers")
     reason = isa.unsupported(tier)
     if reason is not None:
         pytest.skip(reason)

@@ -83,7 +83,7 @@ def test_legacy_layernorm_gamma_beta_names(tmp_path, model):
 
 
 def test_from_hf_task_model_and_dtype():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     base = hf_bert(seed=12)
     task = transformers.BertForSequenceClassification(base.config).eval()
     task.bert.load_state_dict(base.state_dict())

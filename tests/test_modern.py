@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 import torch
+import transformers
 
 import bertfast
 from bertfast import Encoder, reference
@@ -23,7 +24,6 @@ from bertfast.accuracy import within
 from conftest import rel_err
 from modern_models import CONFIGS, FAMILY_OF, batch, build
 
-transformers = pytest.importorskip("transformers")
 
 NAMES = list(CONFIGS)
 # modernbert's window is 8 (local_attention 16), modernbert-bias's 5: rows shorter than, at, one past and far

@@ -8,6 +8,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download; set before the 
 
 import pytest
 import torch
+import transformers
+import sentence_transformers as st
 
 import bertfast
 from bertfast import Encoder
@@ -15,8 +17,6 @@ from conftest import rel_err
 from helpers.modern_tasks import BACKENDS, PREFIX, build, inputs_for
 from helpers.sentences import max_diff, sentences
 
-transformers = pytest.importorskip("transformers")
-st = pytest.importorskip("sentence_transformers")
 try:
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 except ImportError:  # releases before 6.0

@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+import transformers
 
 import bertfast
 from bertfast.heads import TaskModel, load, supported_architectures
@@ -17,7 +18,6 @@ from conftest import rel_err
 from helpers.modern_tasks import BACKENDS, PREFIX, build, inputs_for
 from helpers.outputs import check_against, compare
 
-transformers = pytest.importorskip("transformers")
 
 TASKS = {"modernbert": ["SequenceClassification", "TokenClassification", "QuestionAnswering", "MultipleChoice",
                         "MaskedLM"],

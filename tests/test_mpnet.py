@@ -17,6 +17,7 @@ import warnings
 
 import pytest
 import torch
+import transformers
 
 import bertfast
 from bertfast import Encoder, reference, relative
@@ -26,7 +27,6 @@ from bertfast.accuracy import TABLE, within
 from conftest import rel_err
 from helpers.tokens import layout_mask
 
-transformers = pytest.importorskip("transformers")
 
 CPU_REASON = available_backends("cpu").get("cpu")
 needs_cpu = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")
@@ -294,7 +294,7 @@ def test_backend_listing_mpnet_is_not_picked_for_it(hf, monkeypatch):
 # --- sentence-transformers: all-mpnet-base-v2's stack (mean pooling, Normalize) ----------------------------------
 
 def test_encode_matches_sentence_transformers(tmp_path, minilm_path):
-    st = pytest.importorskip("sentence_transformers")
+    import sentence_transformers as st
     try:
         from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
     except ImportError:  # before sentence-transformers 6

@@ -5,14 +5,13 @@ import warnings
 
 import pytest
 import torch
+import transformers
 
 import bertfast
 from conftest import rel_err
 from helpers.families import COMMON, CPU_BACKENDS, NO_TYPES, batch_for
 from helpers.families import build as build_family
 from helpers.outputs import compare
-
-transformers = pytest.importorskip("transformers")
 
 
 def _config(family):

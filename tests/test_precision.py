@@ -7,11 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from sentence_transformers.util import quantization as st_quantization
 
 from bertfast import Encoder, quantization_ranges, quantize_embeddings
 from bertfast.precision import PRECISIONS
-
-st_quantization = pytest.importorskip("sentence_transformers.util.quantization")
 
 
 def _embeddings(n, d, seed, constant_dim=True):

@@ -134,7 +134,6 @@ def test_rest_and_shares_add_up():
 
 
 def test_embed_command_profile(tmp_path, tiny_text_model, capsys):
-    pytest.importorskip("pyarrow", reason="bertfast embed needs pyarrow (the embed extra)")
     from bertfast.tools.cli import main
 
     src = tmp_path / "in.txt"

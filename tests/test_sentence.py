@@ -10,13 +10,13 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download; set before the 
 
 import pytest
 import torch
+import sentence_transformers as st
 
 import bertfast
 from bertfast import ConfigError, Encoder
 from conftest import hf_bert
 from helpers.sentences import max_diff, sentences
 
-st = pytest.importorskip("sentence_transformers")
 try:
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
 except ImportError:  # releases before 6.0

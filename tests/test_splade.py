@@ -12,6 +12,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download; set before the 
 
 import pytest
 import torch
+import sentence_transformers as st
 
 import bertfast
 from bertfast import ConfigError, reference
@@ -20,7 +21,6 @@ from bertfast.backends import get_backend
 from helpers.sentences import sentences
 from helpers.splade import save_splade
 
-st = pytest.importorskip("sentence_transformers")
 
 def cu(lengths):
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)

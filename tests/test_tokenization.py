@@ -12,13 +12,13 @@ import string
 
 import numpy as np
 import pytest
+import tokenizers
 
 from bertfast.backends.cpu.ext import _C
 from bertfast.tokenization import NativeWordPiece, library_tokenize, load_tokenizer
 
 pytestmark = pytest.mark.skipif(_C is None, reason="the native extension is not built")
 
-tokenizers = pytest.importorskip("tokenizers")
 
 WHITESPACE = " \t\n\r\x0b\x0c"
 CONTROLS = "".join(map(chr, range(32))) + "\x7f"
@@ -144,7 +144,7 @@ def test_mpnet_tokenizer_as_transformers_converts_it(tmp_path):
     tokens here)."""
     import shutil
 
-    transformers = pytest.importorskip("transformers")
+    import transformers
     shutil.copy(os.path.join(_minilm_dir(), "vocab.txt"), tmp_path / "vocab.txt")
     tok = transformers.MPNetTokenizerFast.from_pretrained(str(tmp_path)).backend_tokenizer
     assert json.loads(tok.to_str())["post_processor"]["type"] == "RobertaProcessing"

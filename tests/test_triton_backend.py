@@ -21,7 +21,7 @@ from bertfast import Encoder, ModelConfig, reference  # noqa: E402
 from bertfast.backends.weights import EmbeddingWeights, LayerWeights, ModelWeights  # noqa: E402
 from bertfast.accuracy import rel_error, within  # noqa: E402
 
-_ops = pytest.importorskip("bertfast.kernels.triton")
+from bertfast.kernels import triton as _ops
 pytestmark = pytest.mark.skipif(not _ops.INTERPRET, reason="bertfast.kernels.triton was imported before TRITON_INTERPRET=1 "
                                 "was set in this process, so its kernels were built for GPU")
 
@@ -155,7 +155,7 @@ HF_CONFIGS = [pytest.param(312, 12, 2, id="H312-d26"), pytest.param(384, 12, 2, 
 
 @pytest.mark.parametrize("hidden,heads,layers", HF_CONFIGS)
 def test_fp32_matches_transformers(hidden, heads, layers):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     torch.manual_seed(7)
     cfg = transformers.BertConfig(vocab_size=41, hidden_size=hidden, num_hidden_layers=layers,
                                   num_attention_heads=heads, intermediate_size=2 * hidden,
@@ -176,7 +176,6 @@ def test_fp32_matches_transformers(hidden, heads, layers):
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "mpnet"])
 def test_each_family_matches_transformers(family):
-    pytest.importorskip("transformers")
     from helpers.families import batch_for, build
 
     model = build(family, seed=8)
@@ -192,7 +191,6 @@ def test_key_mask_matches_transformers():
     """ColBERT's query expansion: every token computed, the masked ones attended to by none (`engine.key_bias`: the
     p2c term of the attention), against transformers with an attention mask of 0 there, its outputs at every
     position; rows of 1, 13 and 20 keys."""
-    pytest.importorskip("transformers")
     from conftest import hf_bert
 
     model = hf_bert(max_position_embeddings=24)

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import string
 
-import pytest
 import torch
+import transformers
 
 from helpers.tokens import layout_mask
 
-transformers = pytest.importorskip("transformers")
 
 BASE = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
             max_position_embeddings=64, layer_norm_eps=1e-7, relative_attention=True, pad_token_id=0)

@@ -7,13 +7,12 @@ mistakes); `batch_for` keeps every row within the model's position limit and its
 
 from __future__ import annotations
 
-import pytest
 import torch
+import transformers
 
 import bertfast
 from conftest import ragged_batch
 
-transformers = pytest.importorskip("transformers")
 
 CPU_BACKENDS = [n for n, r in bertfast.available_backends("cpu").items() if r is None and n != "triton"]
 COMMON = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,

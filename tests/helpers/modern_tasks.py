@@ -7,14 +7,13 @@ moves every norm weight and bias off its init; LENGTHS holds a 1-token row and r
 
 from __future__ import annotations
 
-import pytest
 import torch
+import transformers
 
 import bertfast
 from helpers.families import batch_for
 from modern_models import require_reference
 
-transformers = pytest.importorskip("transformers")
 
 BACKENDS = ["torch"] + (["cpu"] if bertfast.backends.available_backends("cpu").get("cpu") is None else [])
 PREFIX = {"modernbert": "ModernBert", "nomic_bert": "NomicBert", "gte": "Gte"}
