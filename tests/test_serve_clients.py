@@ -31,9 +31,8 @@ pytest.importorskip("transformers")
 
 from helpers.bgem3 import save_bgem3  # noqa: E402
 from helpers.colbert import write_colbert  # noqa: E402
-from helpers.serve import TEXTS, TOL, Reference, Server, as_f32, ok  # noqa: E402
-# The classifier and reranker checkpoints of tests/test_serve_tasks.py (random, with MiniLM's tokenizer).
-from test_serve_tasks import LIMIT, checkpoint  # noqa: E402
+# LIMIT, checkpoint: the classifier and reranker checkpoints the task routes' tests use (random, MiniLM's tokenizer).
+from helpers.serve import LIMIT, TEXTS, TOL, Reference, Server, as_f32, checkpoint, ok  # noqa: E402
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

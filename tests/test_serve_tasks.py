@@ -12,8 +12,6 @@ routes of another kind of model answer 424 naming what the model is.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import threading
 
 import numpy as np
@@ -27,9 +25,9 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 from conftest import corpus, rel_err  # noqa: E402
-from helpers.serve import TOL, Reference, Server, check_predictions, join, ok, post, start_threads  # noqa: E402
+from helpers.serve import (LIMIT, TOL, Reference, Server, check_predictions, checkpoint, join, ok, post,  # noqa: E402
+                           start_threads)
 
-LIMIT = 64  # max_position_embeddings of the test checkpoints: the served input limit
 MAX_INPUTS = 6  # --max-client-batch-size
 TEXTS = ["hello world", "A man is eating food.", "x", "The quick brown fox jumps over the lazy dog",
          "Ünïcödé テキスト and emoji 🙂", "Paris is the capital of France."]
@@ -37,26 +35,6 @@ PAIRS = [("what is the capital of france?", "Paris is the capital of France."),
          ("how do cats sleep", "a much longer sentence about cats, dogs and other animals that live in houses"),
          ("q", "a")]
 LONG = "one two three four five six seven eight nine ten " * 12  # ~120 tokens, over LIMIT
-
-
-def checkpoint(path, minilm_path, num_labels: int, seed: int, **config) -> str:
-    """A random 2-layer BertForSequenceClassification (hidden 64, LIMIT positions) with the default
-    model's tokenizer. LayerNorms and biases are perturbed and the classifier scaled so scores spread."""
-    torch.manual_seed(seed)
-    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=96, max_position_embeddings=LIMIT, num_labels=num_labels,
-                                  id2label={i: f"label-{i}" for i in range(num_labels)}, **config)
-    model = transformers.BertForSequenceClassification(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "LayerNorm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
-        model.bert.pooler.dense.weight.mul_(20)
-        model.classifier.weight.mul_(5)
-    model.save_pretrained(path)
-    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(os.path.join(minilm_path, name), path)
-    return str(path)
 
 
 def serve(path, budget: int = 48):

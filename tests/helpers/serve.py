@@ -6,6 +6,7 @@ caller stops the server in `finally`.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ TEXTS = ["hello world", "A man is eating food.", "x", "The quick brown fox jumps
          "Ünïcödé テキスト and emoji 🙂", "a much longer sentence about cats, dogs and other animals that live in houses",
          "short", "Paris is the capital of France."]
 TOL = 1e-5  # /predict and /rerank scores against transformers' fp32 logits
+LIMIT = 64  # max_position_embeddings of the task checkpoints: the served input limit
 
 
 def free_port() -> int:
@@ -86,7 +88,6 @@ def join(threads, timeout: float = 120) -> None:
     assert not any(t.is_alive() for t in threads), "a client thread hung"
 
 
-
 def as_f32(vectors) -> np.ndarray:
     """JSON floats as float32 (through float64: the values the server wrote)."""
     return np.asarray(vectors, dtype=np.float64).astype(np.float32)
@@ -135,3 +136,26 @@ def check_predictions(got, expect, labels) -> None:
     by_label = {p["label"]: p["score"] for p in got}
     ours = torch.tensor([by_label[label] for label in labels], dtype=torch.float64)
     assert (ours - expect.double()).abs().max() <= TOL, (ours, expect)
+
+
+def checkpoint(path, minilm_path, num_labels: int, seed: int, **config) -> str:
+    """A random 2-layer BertForSequenceClassification (hidden 64, LIMIT positions) with the default
+    model's tokenizer. LayerNorms and biases are perturbed and the classifier scaled so scores spread."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=96, max_position_embeddings=LIMIT, num_labels=num_labels,
+                                  id2label={i: f"label-{i}" for i in range(num_labels)}, **config)
+    model = transformers.BertForSequenceClassification(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+        model.bert.pooler.dense.weight.mul_(20)
+        model.classifier.weight.mul_(5)
+    model.save_pretrained(path)
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(os.path.join(minilm_path, name), path)
+    return str(path)
