@@ -9,15 +9,15 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download; set before the 
 import numpy as np
 import pytest
 import torch
+import transformers
 
 import bertfast
 from bertfast import ConfigError
 from bertfast.accuracy import rel_error, within
 from conftest import hf_bert
-from helpers.colbert import oracle, pylate_unavailable, save_with_pylate, write_colbert
+from helpers.colbert import oracle, pylate_missing, pylate_unavailable, save_with_pylate, write_colbert
 from helpers.sentences import sentences
 
-transformers = pytest.importorskip("transformers")
 # texts of 1 to 420 words (documents past document_length, queries past query_length), an empty one, punctuation only
 TEXTS = sentences(40, seed=3) + ["", "  ...!!  ", "word, word; word.", "x" * 3]
 PYLATE_REASON = pylate_unavailable()
@@ -178,6 +178,14 @@ def test_output_forms(written_model):
     assert np.array_equal(with_prompt[1], ours.encode(["search: " + TEXTS[1]])[0])
 
 
+def _maxsim_case():
+    """Unit queries of 32 vectors and ragged documents (3, 40, 17 and 1 vectors), the documents zero-padded."""
+    g = torch.Generator().manual_seed(0)
+    queries = [torch.nn.functional.normalize(torch.randn(n, 16, generator=g), dim=1) for n in (32, 32, 32)]
+    docs = [torch.nn.functional.normalize(torch.randn(n, 16, generator=g), dim=1) for n in (3, 40, 17, 1)]
+    return queries, docs, torch.nn.utils.rnn.pad_sequence(docs, batch_first=True)
+
+
 def test_colbert_scores_match_pylate_rule():
     """MaxSim as pylate.scores.colbert_scores (its docstring's example: masked tokens score 0), ragged lists as the
     same tensors zero-padded, pairwise as the diagonal."""
@@ -187,19 +195,21 @@ def test_colbert_scores_match_pylate_rule():
     qm = torch.tensor([[1., 1., 1., 1.], [1., 1., 1., 1.], [1., 1., 0., 1.]])
     expected = torch.tensor([[10., 10., 1000.], [20., 20., 2000.], [0., 0., 0.]])
     assert torch.equal(bertfast.colbert_scores(q, d, qm, dm), expected)
-    g = torch.Generator().manual_seed(0)
-    queries = [torch.nn.functional.normalize(torch.randn(n, 16, generator=g), dim=1) for n in (32, 32, 32)]
-    docs = [torch.nn.functional.normalize(torch.randn(n, 16, generator=g), dim=1) for n in (3, 40, 17, 1)]
-    padded = torch.nn.utils.rnn.pad_sequence(docs, batch_first=True)
+    queries, docs, padded = _maxsim_case()
     full = torch.einsum("ash,bth->abst", torch.stack(queries), padded).amax(-1).sum(-1)
     ours = bertfast.colbert_scores([q.numpy() for q in queries], docs)
     assert ours.shape == (3, 4) and torch.allclose(ours, full, rtol=1e-6, atol=1e-6)
     pairs = bertfast.colbert_scores_pairwise(queries, docs[:3])
     assert torch.allclose(pairs, torch.stack([(q @ d.T).amax(-1).sum() for q, d in zip(queries, docs)]), rtol=1e-6)
-    try:
-        from pylate import scores
-    except Exception:  # noqa: BLE001 - the rule above is pylate's; its own function only where it imports
-        return
+
+
+@pytest.mark.skipif(pylate_missing() is not None, reason=str(pylate_missing()))
+def test_colbert_scores_match_pylate_scores():
+    """The same ragged case against pylate.scores.colbert_scores itself, wherever pylate is installed."""
+    from pylate import scores
+
+    queries, docs, padded = _maxsim_case()
+    ours = bertfast.colbert_scores([q.numpy() for q in queries], docs)
     assert torch.allclose(ours, scores.colbert_scores(torch.stack(queries), padded), rtol=1e-6, atol=1e-6)
 
 

@@ -8,6 +8,7 @@ to one text at a time with transformers' tokenizer and model: nothing is downloa
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import os
@@ -52,18 +53,27 @@ def base_model(path, tokenizer_dir: str, seed: int = 0, vocab_size: int = 30522,
     return model
 
 
+def pylate_missing() -> str | None:
+    """None when pylate is installed, else why it is not: the version fact (PyLate pins sentence-transformers 5.3,
+    the test extra asks for 6.2 or later), so the skip names it."""
+    if importlib.util.find_spec("pylate") is not None:
+        return None
+    import sentence_transformers
+
+    return (f"PyLate pins sentence-transformers 5.3.0 and this environment has sentence-transformers "
+            f"{sentence_transformers.__version__} (the test extra asks >= 6.2): no pylate here")
+
+
 def pylate_unavailable() -> str | None:
-    """None when PyLate can build a ColBERT here, else why not (it pins sentence-transformers 5.3)."""
-    try:
-        from pylate import models  # noqa: F401
-        from sentence_transformers.models import Transformer  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure means the same: no PyLate here
-        return f"pylate is not importable: {type(e).__name__}: {e}"
+    """None when PyLate can build a ColBERT here (sentence-transformers 5.x), else why not."""
     import sentence_transformers
 
     if not sentence_transformers.__version__.startswith("5."):
-        return (f"pylate builds models with sentence-transformers 5.x only (it pins 5.3.0); this environment has "
-                f"{sentence_transformers.__version__}")
+        return (f"PyLate builds models with sentence-transformers 5.x only (it pins 5.3.0); this environment has "
+                f"sentence-transformers {sentence_transformers.__version__} (the test extra asks >= 6.2)")
+    if pylate_missing() is not None:
+        return pylate_missing()
+    from pylate import models  # noqa: F401 - installed beside sentence-transformers 5.x: it must import
     return None
 
 
