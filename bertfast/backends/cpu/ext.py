@@ -4,7 +4,8 @@ from __future__ import annotations
 
 try:
     from ... import _C
-except ImportError as e:  # not built (BERTFAST_NO_EXT=1, or a source checkout without build_ext)
+except ImportError as e:  # not built (BERTFAST_NO_EXT=1, a checkout without build_ext), or built and not loading
+    # (an undefined symbol, another torch's ABI): the product runs without it; the reason is kept for the tests
     _C = None
     IMPORT_ERROR: str | None = str(e)
 else:
