@@ -1,12 +1,18 @@
 """Eager reference: the exact math of Hugging Face's `BertModel`, in plain torch, in any dtype.
 
-This module is the oracle (the torch backend wraps its ops; it imports nothing of the engine it checks: its
-position ids are its own). Its op functions (`embeddings`, `qkv`, `attention`, `linear`, `linear_glu`, `linear_gelu`,
-`linear_residual`, `layernorm`, `pooler`, `disentangled`, `sparse_pool`) define what every backend's op must compute
-(the engine composes them into a layer once, `engine.compose_layer`), and `forward` runs the whole padded model the
-way `transformers` does (additive key-padding mask, position ids ``0..S-1`` or from the ids; MPNet's relative
-position bias; DeBERTa-v2's disentangled attention). Tests check `forward` against `transformers` itself; kernels and
-backends are checked against the op functions. Nothing here is tuned for speed.
+This module is the oracle (the torch backend wraps its ops). Its op functions (`embeddings`, `qkv`, `attention`,
+`linear`, `linear_glu`, `linear_gelu`, `linear_residual`, `layernorm`, `pooler`, `disentangled`, `sparse_pool`) define
+what every backend's op must compute (the engine composes them into a layer once, `engine.compose_layer`), and
+`forward` runs the whole padded model the way `transformers` does (additive key-padding mask, position ids
+``0..S-1`` or from the ids; MPNet's relative position bias; DeBERTa-v2's disentangled attention; RoPE). Tests check
+`forward` against `transformers` itself; kernels and backends are checked against the op functions.
+
+It imports none of the engine's math: position ids, MPNet's buckets, DeBERTa-v2's log buckets, RoPE tables and the
+activations are written here from transformers' formulas (tests/test_reference_independent.py parses the imports and
+checks each against transformers and the engine's own module). What remains from bertfast is data: the backend
+contract's NamedTuples (`AttentionBias`, `DisentangledBias`, `Rotary`: the ops' argument types) and the weights
+dataclasses, read by field (`ModelConfig` likewise, through `weights.config`, by its stored fields only). Nothing
+here is tuned for speed.
 """
 
 from __future__ import annotations
@@ -16,14 +22,89 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import disentangled as dis, relative, rotary as rope
-from .kernels import activation as act_table
-from .backends import AttentionBias, DisentangledBias, Rotary
+from .backends.contract import AttentionBias, DisentangledBias, Rotary
 from .backends.weights import EmbeddingWeights, LayerWeights, ModelWeights
 
+
+# ----------------------------------------------------------------------------------------------
+# Activations and positions, from transformers' formulas.
+
+def _gelu(x):  # transformers' GELUActivation (gelu_python spells it out; F.gelu is the same function)
+    return x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def _gelu_tanh(x):  # transformers' NewGELUActivation (gelu_pytorch_tanh is the same function in C)
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+ACTIVATIONS = {"none": lambda x: x, "gelu": _gelu, "gelu_tanh": _gelu_tanh, "relu": torch.relu, "tanh": torch.tanh,
+               "silu": lambda x: x * torch.sigmoid(x)}
+# transformers' ACT2FN names -> the ids above (the ids are the ops' `act`; `forward` reads config.hidden_act)
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                  "gelu_python_tanh": "gelu_tanh", "relu": "relu", "tanh": "tanh", "silu": "silu", "swish": "silu",
+                  "linear": "none"}
+
+
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
-    """kind: 'gelu' (exact erf), 'gelu_tanh' (tanh approximation) or 'relu' (also 'tanh', 'none')."""
-    return act_table.apply(x, kind)
+    """kind(x) in float64, rounded once to x's dtype: one of ACTIVATIONS ('gelu' erf, 'gelu_tanh', 'relu', 'tanh',
+    'silu', 'none')."""
+    if kind not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {kind!r} (expected one of {', '.join(ACTIVATIONS)})")
+    return ACTIVATIONS[kind](x.double()).to(x.dtype)
+
+
+def relative_bucket(relative_position: torch.Tensor, num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+    """MPNet's T5-style bidirectional bucket of each key-minus-query distance (transformers'
+    MPNetEncoder.relative_position_bucket): int64 (any shape) -> int64 in [0, num_buckets). Half the buckets per
+    sign, the nearest quarter exact, the rest log-spaced up to max_distance. The log runs in float32 as
+    transformers' does, whatever the model's dtype: its rounding decides the buckets at their edges."""
+    half = num_buckets // 2
+    exact = half // 2
+    n = -relative_position
+    magnitude = n.abs()
+    spaced = torch.log(magnitude.to(torch.float32) / exact) / math.log(max_distance / exact) * (half - exact)
+    far = (exact + spaced.to(torch.int64)).clamp(max=half - 1)
+    return (n < 0).to(torch.int64) * half + torch.where(magnitude < exact, magnitude, far)
+
+
+def log_bucket(relative: torch.Tensor, buckets: int, max_position: int) -> torch.Tensor:
+    """DeBERTa-v2's make_log_bucket_position: distances up to buckets / 2 kept, farther ones log-spaced (ceil) so
+    that max_position - 1 lands on bucket buckets - 1, sign kept. relative: int64 -> int64. float32 as in
+    transformers: in float64, 256 buckets over 512 positions would move |r| = 65317 one bucket."""
+    mid = buckets // 2
+    magnitude = relative.abs()
+    kept = magnitude <= mid
+    ratio = torch.where(kept, mid, magnitude).to(torch.float32) / mid  # the kept ones' log stays finite (unused)
+    span = torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32, device=relative.device))
+    far = (torch.ceil(torch.log(ratio) / span * (mid - 1)) + mid).to(torch.int64)
+    return torch.where(kept, relative, far * torch.sign(relative))
+
+
+def deberta_span(config) -> int:
+    """transformers' pos_ebd_size: position_buckets when > 0, else max_relative_positions."""
+    return config.position_buckets if config.position_buckets > 0 else config.max_relative_positions
+
+
+def rotary_tables(positions: torch.Tensor, theta: float, head_dim: int):
+    """RoPE's (cos, sin), (..., head_dim / 2) float32 each, for positions (...) int: the angle of frequency i is
+    position * theta^(-2i / head_dim) (transformers' default RoPE, ModernBertRotaryEmbedding), in float32 as
+    transformers computes it for every model dtype (float64 angles would differ by up to ~1e-7 * position)."""
+    exponents = torch.arange(0, head_dim, 2, device=positions.device).to(torch.float32) / head_dim
+    angles = positions[..., None].to(torch.float32) * (1.0 / (theta ** exponents))
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """transformers' rotate_half: halves [a | b] -> [-b | a]."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb in fp32, rounded once to x's dtype: x * cos + rotate_half(x) * sin, the
+    half-width cos/sin repeated over both halves (broadcast against x)."""
+    xf = x.float()
+    return (xf * torch.cat((cos, cos), -1) + rotate_half(xf) * torch.cat((sin, sin), -1)).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -42,14 +123,6 @@ def embeddings(input_ids, position_ids, token_type_ids, emb: EmbeddingWeights, e
     if emb.position is not None:  # rotary models (ModernBERT, NomicBERT, GTE) have no position table
         x = x + emb.position[position_ids]
     return F.layer_norm(x, (x.shape[-1],), emb.ln_weight, emb.ln_bias, eps)
-
-
-def _rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The half-split rotation in fp32, rounded once to x's dtype; cos/sin broadcast against x's halves."""
-    half = x.shape[-1] // 2
-    xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 def rotate(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
@@ -95,18 +168,40 @@ def attention_padded(q, k, v, key_mask, scale: float, bias=None, window: int = 0
 
 
 def disentangled(q, k, pos_key, pos_query, scale: float):
-    """DeBERTa-v2's per-token position terms (c2p, p2c), (T, heads, R) each or None (`disentangled.tables`)."""
-    return dis.tables(q, k, pos_key, pos_query, scale)
+    """DeBERTa-v2's per-token position terms: c2p[t, h, r] = scale * q[t, h] . pos_key[r, h] and p2c[t, h, r] =
+    scale * k[t, h] . pos_query[r, h]. q, k: (T, heads, d); pos_key, pos_query: (R, heads * d) or None. Returns
+    (c2p, p2c), (T, heads, R) each or None, in float32 (float64 for float64 inputs)."""
+    heads, d = q.shape[1], q.shape[2]
+    dtype = torch.promote_types(q.dtype, torch.float32)
+
+    def table(x, pos):
+        if pos is None:
+            return None
+        return (torch.einsum("thd,rhd->thr", x.to(dtype), pos.to(dtype).view(-1, heads, d)) * scale).contiguous()
+
+    return table(q, pos_key), table(k, pos_query)
 
 
-def _dense(bias, positions, dtype, pad=None):
-    """The dense (..., heads, S, S) form of an AttentionBias or DisentangledBias for tokens at `positions`
-    (..., S); pad(t) moves a per-token tensor to that layout (None: it already is)."""
+def _dense(bias, positions, dtype, rows=None):
+    """The dense (..., heads, S, S) score bias in `dtype` of an AttentionBias or DisentangledBias (their contract's
+    definitions) for tokens at `positions` (..., S) int; rows(t) moves a per-token table to that layout (None: it
+    already is). Distances off the table (padding) are clamped."""
+    pos = positions.long()
     if isinstance(bias, DisentangledBias):
-        move = pad or (lambda t: t)
-        tables = [None if t is None else move(t) for t in (bias.c2p, bias.p2c)]
-        return dis.dense_bias(DisentangledBias(*tables, bias.index, positions), positions, positions, dtype)
-    return relative.dense_bias(bias, positions, positions, dtype)
+        width = bias.index.shape[0]
+        r = (pos[..., :, None] - pos[..., None, :] + (width - 1) // 2).clamp(0, width - 1)  # query - key
+        cols = bias.index.long()[r].unsqueeze(-3)  # (..., 1, Sq, Sk)
+        move = rows or (lambda t: t)
+        out = 0
+        if bias.c2p is not None:  # query i's row, column cols[i, j]
+            out = out + torch.take_along_dim(move(bias.c2p).movedim(-2, -3), cols, dim=-1)
+        if bias.p2c is not None:  # key j's row, column cols[i, j]
+            p2c = move(bias.p2c).movedim(-2, -3)  # (..., heads, Sk, R)
+            out = out + torch.take_along_dim(p2c, cols.transpose(-1, -2), dim=-1).transpose(-1, -2)
+        return out.to(dtype) if torch.is_tensor(out) else None
+    width = bias.table.shape[1]
+    r = (pos[..., None, :] - pos[..., :, None] + (width - 1) // 2).clamp(0, width - 1)  # key - query
+    return bias.table[:, r].movedim(0, -3).to(dtype)
 
 
 def attention(q, k, v, cu_seqlens, max_seqlen: int, scale: float,
@@ -162,14 +257,21 @@ def linear(x, weight, bias) -> torch.Tensor:
     return F.linear(x, weight, bias)
 
 
+def glu(h: torch.Tensor, act: str) -> torch.Tensor:
+    """A gated FFN's gate (transformers' ModernBertMLP: input, gate = Wi(x).chunk(2)): h (..., 2N) with halves
+    [a | b] -> act(a) * b, (..., N)."""
+    a, b = h.chunk(2, dim=-1)
+    return activation(a, act) * b
+
+
 def linear_glu(x, weight, bias, act: str) -> torch.Tensor:
     """A gated FFN's first GEMM: act(x @ a.T + bias_a) * (x @ b.T + bias_b) for weight rows [a; b] (2N, K) and
     bias (2N,) or None. Returns (T, N)."""
-    return act_table.glu(F.linear(x, weight, bias), act)
+    return glu(F.linear(x, weight, bias), act)
 
 
 def linear_gelu(x, weight, bias, act: str = "gelu") -> torch.Tensor:
-    """activation(x @ weight.T + bias); act in activation.LAYER_IDS."""
+    """activation(x @ weight.T + bias); act one of ACTIVATIONS."""
     return activation(F.linear(x, weight, bias), act)
 
 
@@ -217,16 +319,39 @@ def sparse_pool(x, weight, bias, cu_seqlens, pooling: str = "max", activation: s
 # The whole model, padded, exactly as transformers computes it.
 
 
+# RoBERTa, XLM-R and MPNet count positions from a pad id (`create_position_ids_from_input_ids`); MPNet's embeddings
+# fix that id at 1 whatever the config says (MPNetEmbeddings.padding_idx), the others take pad_token_id.
+_COUNT_FROM_PAD = {"roberta": None, "xlm-roberta": None, "mpnet": 1}
+
+
 def _position_ids(config, input_ids):
-    """transformers' default position ids: 0..S-1 per row; for the models that count from the pad id
-    (RoBERTa, XLM-R, MPNet: `create_position_ids_from_input_ids`), pad + the running count of non-pad tokens at
-    real tokens and pad at pad tokens."""
+    """transformers' default position ids: 0..S-1 per row; for the models that count from the pad id, pad + the
+    running count of non-pad tokens at real tokens and pad at pad tokens."""
     B, S = input_ids.shape
-    if not config.positions_from_input_ids:
+    if config.family not in _COUNT_FROM_PAD:
         return torch.arange(S, device=input_ids.device)[None, :].repeat(B, 1)
-    pad = config.position_padding_idx
+    pad = _COUNT_FROM_PAD[config.family]
+    pad = config.pad_token_id if pad is None else pad
     not_pad = (input_ids != pad).to(torch.int64)
     return not_pad.cumsum(dim=1) * not_pad + pad
+
+
+def deberta_relative(relative: torch.Tensor, config) -> torch.Tensor:
+    """transformers' build_relative_position values: query-minus-key distances (int64), log-bucketed when the
+    config buckets (position_buckets > 0)."""
+    if config.position_buckets > 0 and config.max_relative_positions > 0:
+        return log_bucket(relative, config.position_buckets, config.max_relative_positions)
+    return relative
+
+
+def deberta_rows(relative: torch.Tensor, config):
+    """The rows of the position projections that transformers' disentangled_attention_bias gathers for a (S, S)
+    matrix of query-minus-key distances `relative`: (c2p_pos, p2c_pos), (S, S) int64 each, entry [i, j] the row for
+    query i and key j. c2p_pos = clamp(rel + span), p2c_pos = clamp(-rel + span) of the transposed matrix (transformers
+    gathers p2c at key j, query i and transposes), both in [0, 2 span)."""
+    span = deberta_span(config)
+    rel = deberta_relative(relative, config)
+    return (rel + span).clamp(0, 2 * span - 1), (-rel.transpose(-1, -2) + span).clamp(0, 2 * span - 1)
 
 
 def rotate_padded(x, cos, sin):
@@ -236,33 +361,40 @@ def rotate_padded(x, cos, sin):
 
 def layer_forward(x, mask, layer: LayerWeights, num_heads: int, act: str, eps: float, bias=None, *, cos_sin=None,
                   window: int = 0, gated: bool = False, norm_first: bool = False, scale: float | None = None,
-                  distances: dis.DistanceIndex | None = None):
+                  position_rows=None):
     """One encoder layer on a padded batch. x: (B, S, H); mask: (B, S) bool; bias: (1, heads, S, S) or None;
     cos_sin: RoPE tables (B, S, d/2) each, or None; window, gated, norm_first: as `layer`; scale: of q.k (None:
-    1/sqrt(d)); distances: DeBERTa-v2's columns of the batch's distances (its c2p / p2c terms from this layer's
-    q and k and the layer's pos_key / pos_query), or None."""
+    1/sqrt(d)); position_rows: DeBERTa-v2's (c2p_pos, p2c_pos) of `deberta_rows` (the c2p / p2c terms from this
+    layer's q and k and its pos_key / pos_query), or None."""
     B, S, H = x.shape
     d = H // num_heads
     scale = 1.0 / math.sqrt(d) if scale is None else scale
+
+    def position_terms(q, k):  # transformers' disentangled_attention_bias, (B, heads, S, S)
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        c2p_pos, p2c_pos = position_rows
+        out = 0
+        if layer.pos_key is not None:  # q_i . pos_key[c2p_pos[i, j]]
+            pos = layer.pos_key.to(dtype).view(-1, num_heads, d).transpose(0, 1)  # (heads, 2 span, d)
+            out = out + torch.take_along_dim(q.to(dtype) @ pos.transpose(-1, -2), c2p_pos[None, None], dim=-1) * scale
+        if layer.pos_query is not None:  # k_j . pos_query[p2c_pos[i, j]]
+            pos = layer.pos_query.to(dtype).view(-1, num_heads, d).transpose(0, 1)
+            at_keys = torch.take_along_dim(k.to(dtype) @ pos.transpose(-1, -2), p2c_pos.t()[None, None], dim=-1)
+            out = out + at_keys.transpose(-1, -2) * scale
+        return out.to(q.dtype) if torch.is_tensor(out) else None
 
     def attend(h):
         q, k, v = (t.reshape(B, S, num_heads, d).transpose(1, 2)
                    for t in F.linear(h, layer.qkv_weight, layer.qkv_bias).split(H, dim=-1))
         if cos_sin is not None:
             q, k = rotate_padded(q, *cos_sin), rotate_padded(k, *cos_sin)
-        rel = bias
-        if distances is not None:
-            rows = [None if t is None else t[distances.lo:distances.hi] for t in (layer.pos_key, layer.pos_query)]
-            flat = [t.transpose(1, 2).reshape(B * S, num_heads, d) for t in (q, k)]
-            tables = [None if t is None else t.view(B, S, num_heads, -1) for t in disentangled(*flat, *rows, scale)]
-            columns = torch.arange(S, device=x.device)
-            rel = dis.dense_bias(DisentangledBias(*tables, distances.index, columns), columns, columns, q.dtype)
+        rel = bias if position_rows is None else position_terms(q, k)
         ctx = attention_padded(q, k, v, mask, scale, rel, window)
         return linear(ctx.transpose(1, 2).reshape(B, S, H), layer.attn_out_weight, layer.attn_out_bias)
 
     def ffn(h):
         h = F.linear(h, layer.ffn_in_weight, layer.ffn_in_bias)
-        h = act_table.glu(h, act) if gated else activation(h, act)
+        h = glu(h, act) if gated else activation(h, act)
         return linear(h, layer.ffn_out_weight, layer.ffn_out_bias)
 
     if norm_first:
@@ -291,6 +423,9 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
         token_type_ids = torch.zeros(B, S, dtype=torch.long, device=dev)
     if position_ids is None:
         position_ids = _position_ids(cfg, input_ids)
+    if cfg.hidden_act not in HF_ACTIVATIONS:
+        raise ValueError(f"hidden_act {cfg.hidden_act!r} is not one of the oracle's ({', '.join(HF_ACTIVATIONS)})")
+    act = HF_ACTIVATIONS[cfg.hidden_act]
     mask = attention_mask.bool()
     emb = weights.embeddings
     x = embeddings(input_ids, position_ids, token_type_ids if emb.token_type is not None else None, emb,
@@ -298,24 +433,28 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
     if emb.projection_weight is not None:
         x = linear(x, emb.projection_weight, emb.projection_bias)
     hidden = [x]
+    columns = torch.arange(S, device=dev)
     bias = None
-    if emb.relative_bias is not None:  # transformers' MPNet: columns' relative positions, (1, heads, S, S)
-        columns = torch.arange(S, device=dev)
-        table = AttentionBias(relative.bias_table(emb.relative_bias, S), columns)
-        bias = relative.dense_bias(table, columns, columns, x.dtype)[None]
+    if emb.relative_bias is not None:  # MPNet: the columns' key-minus-query buckets (its position ids play no part)
+        buckets = relative_bucket(columns[None, :] - columns[:, None])  # (S, S)
+        bias = emb.relative_bias[buckets].permute(2, 0, 1)[None].to(x.dtype)  # (1, heads, S, S)
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    # transformers' DeBERTa-v2 divides q.k by sqrt(d * (1 + len(pos_att_type))); every other family by sqrt(d)
+    scale = 1.0 / math.sqrt(head_dim * (1 + len(cfg.pos_att_type)))
+    position_rows = None
+    if cfg.relative_attention and cfg.pos_att_type:  # DeBERTa-v2: query-minus-key column distances
+        position_rows = deberta_rows(columns[:, None] - columns[None, :], cfg)
+    windows = cfg.layer_windows or (0,) * len(weights.layers)
     tables = {}
-    if cfg.rotary:  # transformers: angles position * inv_freq in fp32, per base (ModernBERT: global, local)
-        for theta in {cfg.rope_base(i) for i in range(len(weights.layers))}:
-            angles = position_ids.float()[..., None] * rope.inverse_frequencies(theta, cfg.head_dim, dev)
-            tables[theta] = (angles.cos(), angles.sin())
-    distances = dis.distance_index(cfg, S, str(dev)) if cfg.disentangled else None
     for i, layer in enumerate(weights.layers):
-        modern = dict(scale=cfg.attention_scale, distances=distances)
-        if cfg.rotary:
-            modern.update(cos_sin=tables[cfg.rope_base(i)], window=cfg.window(i), gated=cfg.gated_ffn,
-                          norm_first=cfg.norm_first)
-        x = layer_forward(x, mask, layer, cfg.num_attention_heads, cfg.activation, cfg.layer_norm_eps, bias,
-                          **modern)
+        extra = {}
+        if cfg.rope_theta > 0:  # ModernBERT's sliding-window layers have their own base
+            theta = cfg.local_rope_theta if windows[i] and cfg.local_rope_theta else cfg.rope_theta
+            if theta not in tables:
+                tables[theta] = rotary_tables(position_ids, theta, head_dim)
+            extra = dict(cos_sin=tables[theta], window=windows[i], gated=cfg.gated_ffn, norm_first=cfg.norm_first)
+        x = layer_forward(x, mask, layer, cfg.num_attention_heads, act, cfg.layer_norm_eps, bias, scale=scale,
+                          position_rows=position_rows, **extra)
         hidden.append(x)
     if weights.final_ln_weight is not None:  # transformers' last hidden state is the normed one
         x = hidden[-1] = layernorm(x, weights.final_ln_weight, weights.final_ln_bias, cfg.layer_norm_eps)
