@@ -79,9 +79,13 @@ def _model_type(path: str) -> str | None:
 def split_quantization(dtype):
     """dtype argument -> (float dtype to load the weights in, quantization scheme or None).
 
-    "int8" / torch.int8 means: weights loaded in fp32, then quantized by the backend at load."""
+    "int8" / torch.int8 means: weights loaded in fp32, then quantized by the backend at load (cpu backend). "fp8" /
+    torch.float8_e4m3fn: weights loaded in fp16, the layers' four GEMM weights then quantized to e4m3 per output
+    channel and their activations per token at run time (triton backend, sm_89+ on CUDA)."""
     if dtype in ("int8", torch.int8):
         return torch.float32, "int8"
+    if dtype in ("fp8", torch.float8_e4m3fn):
+        return torch.float16, "fp8"
     return dtype, None
 
 
@@ -131,8 +135,9 @@ class Encoder(nn.Module):
                         graphs: bool | None = None):
         """Load a Hugging Face model directory. dtype None keeps the checkpoint's dtype; "auto" picks the
         backend's fastest dtype within the fidelity rule (`choose_dtype`); "int8" quantizes the GEMM
-        weights at load (backends that offer it) with fp32 activations. graphs: CUDA-graph replay per token
-        bucket (None: where the backend can, i.e. triton on CUDA; True: required; False: eager launches)."""
+        weights at load (backends that offer it) with fp32 activations; "fp8" runs the layers' GEMMs on e4m3
+        operands (triton backend, sm_89+), everything else fp16 (`split_quantization`). graphs: CUDA-graph replay
+        per token bucket (None: where the backend can, i.e. triton on CUDA; True: required; False: eager launches)."""
         path = os.fspath(path)
         dtype, quantize = split_quantization(dtype)
         engine_backend = get_backend(backend, "cpu", quantize, family=_model_type(path))

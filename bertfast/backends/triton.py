@@ -27,6 +27,10 @@ def _triton_import_error() -> str | None:
 class TritonBackend(Backend):
     name = "triton"
     dtypes = (torch.float32, torch.float16, torch.bfloat16)  # tl.dot has no fp64 path worth having
+    # "fp8": the layers' four GEMMs on e4m3 codes (sm_89+; `kernels.triton.fp8`), everything else fp16.
+    quantizations = ("fp8",)
+    FP8_GEMMS = ("qkv_weight", "attn_out_weight", "ffn_in_weight", "ffn_out_weight")
+    _fp8 = None  # the fp8 kernels' module once `prepare` has quantized the weights
 
     @classmethod
     def unavailable_reason(cls, device):
@@ -71,6 +75,27 @@ class TritonBackend(Backend):
             raise ValueError(f"backend 'triton' on CPU (Triton interpreter) supports float32 and float16, "
                              f"not {weights.dtype}; load with dtype='fp16' or 'fp32', or run on CUDA")
         self._gemm = gemm_choice.for_device(weights.device)
+        if self.quantize == "fp8":  # the four GEMM weights per output channel; no whole-layer kernel then
+            import dataclasses
+
+            from ..kernels.triton import fp8
+
+            cfg = weights.config
+            if weights.dtype != torch.float16:
+                raise ValueError(f"fp8 quantization starts from float16 weights (dtype='fp8' loads them so), got "
+                                 f"{weights.dtype}")
+            if cfg.rotary or cfg.gated_ffn:
+                raise ValueError(f"dtype='fp8' on backend 'triton' runs layers with a plain QKV projection and an "
+                                 f"ungated FFN; {cfg.family} has {'rotary embeddings' if cfg.rotary else 'a gated FFN'}"
+                                 ": load it with dtype='fp16'")
+            fp8.check_arch(weights.device)
+            self._fp8 = fp8
+            seen = {}  # shared layers (ALBERT) stay shared
+            for layer in weights.layers:
+                if id(layer) not in seen:
+                    seen[id(layer)] = dataclasses.replace(
+                        layer, **{name: fp8.quantize_weight(getattr(layer, name)) for name in self.FP8_GEMMS})
+            return dataclasses.replace(weights, layers=[seen[id(layer)] for layer in weights.layers])
         self._device = weights.device
         self._whole = self._whole_layer_shape(weights)
         return weights
@@ -124,6 +149,8 @@ class TritonBackend(Backend):
         return self._ops.embedding.embeddings(input_ids, position_ids, token_type_ids, emb, eps, check_ids=False)
 
     def qkv(self, x, weight, bias, num_heads, rotary=None):
+        if self._fp8 is not None and isinstance(weight, self._fp8.Fp8Weight):  # rotary refused in `prepare`
+            return self._fp8.qkv(x, weight, bias, num_heads)
         # RoPE is the QKV GEMM's epilogue (q and k rotated before they are stored).
         if rotary is None and self._cublas("qkv", x, weight):
             return gemm_choice.cublas_qkv(x, weight, bias, num_heads)
@@ -143,6 +170,8 @@ class TritonBackend(Backend):
                                                     window=window, bias=bias)
 
     def linear(self, x, weight, bias, act="none", residual=None, gated=False):
+        if self._fp8 is not None and isinstance(weight, self._fp8.Fp8Weight):  # gated refused in `prepare`
+            return self._fp8.linear(x, weight, bias, activation=act, residual=residual)
         if gated:
             if residual is not None:
                 raise ValueError("backend 'triton': a gated linear takes no residual")
