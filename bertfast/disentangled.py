@@ -22,8 +22,8 @@ from .backends.contract import DisentangledBias
 
 
 def tables(q, k, pos_key, pos_query, scale: float):
-    """The reference `disentangled` op (the oracle's and the torch backend's; `_C.position_scores` and the Triton
-    `position_scores` on the cpu and triton backends): c2p[t, h, r] = scale * q[t, h] . pos_key[r, h], p2c[t, h, r]
+    """The engine's plain `disentangled` op (what `_C.position_scores` and the Triton `position_scores` compute on the
+    cpu and triton backends; the oracle writes its own, `reference.disentangled`): c2p[t, h, r] = scale * q[t, h] . pos_key[r, h], p2c[t, h, r]
     = scale * k[t, h] . pos_query[r, h]. q, k: (T, heads, d); pos_key, pos_query: (R, heads * d) or None. Returns
     (c2p, p2c), each (T, heads, R) in float32 (float64 for float64 inputs) or None."""
     heads, d = q.shape[1], q.shape[2]

@@ -29,13 +29,16 @@ from transformers.models.modernbert import modeling_modernbert as hf_modern  # n
 from transformers.models.mpnet.modeling_mpnet import MPNetEncoder  # noqa: E402
 
 REFERENCE = Path(reference.__file__)
+FORMULAS = REFERENCE.with_name("reference_formulas.py")  # the oracle's activations and positions, split off it
 # Modules outside bertfast the oracle may import: the standard library's math and torch itself.
 EXTERNAL = {"__future__", "math", "torch", "torch.nn.functional", "typing"}
 # bertfast modules it may import, and the names: data containers with no math the oracle calls. The contract's
 # NamedTuples are the ops' argument types (fields only); the weights dataclasses hold tensors and the ModelConfig,
 # read by field (their `map` / `to` converters are not called; test_config_read_by_stored_fields_only).
 ALLOWED = {"bertfast.backends.contract": {"AttentionBias", "DisentangledBias", "Rotary"},
-           "bertfast.backends.weights": {"EmbeddingWeights", "LayerWeights", "ModelWeights"}}
+           "bertfast.backends.weights": {"EmbeddingWeights", "LayerWeights", "ModelWeights"},
+           "bertfast.reference_formulas": {"HF_ACTIVATIONS", "_rotate_halves", "activation", "deberta_span",
+                                           "log_bucket", "relative_bucket", "rotary_tables", "rotate_half"}}
 
 
 def _imports(source: str) -> list[tuple[str, set[str]]]:
@@ -71,6 +74,8 @@ def _violations(source: str) -> list[str]:
 
 def test_reference_imports_no_engine_math():
     assert _violations(REFERENCE.read_text()) == []
+    formulas = FORMULAS.read_text()  # its own formulas import nothing of bertfast at all
+    assert _violations(formulas) == [] and not [m for m, _ in _imports(formulas) if m.startswith("bertfast")]
 
 
 @pytest.mark.parametrize("line", [
@@ -91,7 +96,7 @@ def test_config_read_by_stored_fields_only():
     att_span, rope_base, ...): those are the engine's own arithmetic."""
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     read = set()
-    for node in ast.walk(ast.parse(REFERENCE.read_text())):
+    for node in ast.walk(ast.parse(REFERENCE.read_text() + FORMULAS.read_text())):
         if isinstance(node, ast.Attribute):
             owner = node.value
             if (isinstance(owner, ast.Name) and owner.id in ("cfg", "config")) or \
