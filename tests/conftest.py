@@ -2,7 +2,7 @@
 its environment: the run fails, rather than skips, where a user would be hit.
 
 - At the start, when the native extension bertfast._C does not import (unless BERTFAST_NO_EXT=1 says it is not
-  built), or a library of pyproject.toml's `test` extra is missing, at a version outside the extra's, or (the parity
+  built), or a dependency or library of pyproject.toml's `test` extra is missing, at another version, or (the parity
   tests' references: transformers, sentence-transformers, FlagEmbedding) fails to import, checked once the tests
   are collected. BERTFAST_ALLOW_MISSING=1 lets a developer run a subset without the extras; .ci/run sets neither.
 - At the end, when a test was skipped for a reason that is not a fact of the machine (helpers/environment.py's

@@ -1,11 +1,11 @@
 """What the suite requires of its environment, and the skips it accepts (the hooks are in tests/conftest.py).
 
-A run fails, rather than skips, where a user would be hit: the native extension not importing, a library of
-pyproject.toml's `test` extra missing, at the wrong version or failing to import, or a test skipped for a reason
-that is not a fact of the machine (no CUDA GPU, a CPU without an ISA tier, a library version the test names, the
-Triton interpreter imported in the wrong order, a platform without /proc or a compiler). Two environment variables
-say a gap is meant: BERTFAST_NO_EXT=1 (as for `pip install`: the extension is not built) and
-BERTFAST_ALLOW_MISSING=1 (a developer running a subset without the extras); .ci/run sets neither.
+A run fails, rather than skips, where a user would be hit: the native extension not importing, a dependency or
+a library of pyproject.toml's `test` extra missing, at another version or failing to import, or a test skipped
+for a reason that is not a fact of the machine (no CUDA GPU, a CPU without an ISA tier, a library version the
+test names, the Triton interpreter imported in the wrong order, a platform without /proc or a compiler). Two
+environment variables say a gap is meant: BERTFAST_NO_EXT=1 (as for `pip install`: the extension is not built)
+and BERTFAST_ALLOW_MISSING=1 (a developer running a subset without the extras); .ci/run sets neither.
 """
 
 from __future__ import annotations
@@ -33,14 +33,17 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def extra_requirements() -> list[str]:
-    """The requirements of pyproject.toml's `test` extra (the installed metadata's where there is no tomllib)."""
+def requirements() -> list[str]:
+    """bertfast's dependencies and its `test` extra, as pyproject.toml lists them (the installed metadata's where
+    there is no tomllib)."""
     try:
         import tomllib
     except ImportError:  # Python 3.10
-        return [r for r in metadata.requires("bertfast") or [] if re.search(r'extra\s*==\s*"test"', r)]
+        return [r for r in metadata.requires("bertfast") or []
+                if "extra" not in r or re.search(r'extra\s*==\s*"test"', r)]
     with open(PYPROJECT, "rb") as f:
-        return tomllib.load(f)["project"]["optional-dependencies"]["test"]
+        project = tomllib.load(f)["project"]
+    return project["dependencies"] + project["optional-dependencies"]["test"]
 
 
 def _unmet(text: str, extra: str, seen: set) -> list[str]:
@@ -54,20 +57,21 @@ def _unmet(text: str, extra: str, seen: set) -> list[str]:
     try:
         version = metadata.version(req.name)
     except metadata.PackageNotFoundError:
-        return [f"{req.name} is not installed (the test extra asks {req})"]
+        return [f"{req.name} is not installed (pyproject.toml asks {req})"]
     if not req.specifier.contains(version, prereleases=True):
-        return [f"{req.name} {version} is installed; the test extra asks {req}"]
+        return [f"{req.name} {version} is installed; pyproject.toml asks {req}"]
     return [p for sub in sorted(req.extras) for r in metadata.requires(req.name) or [] for p in _unmet(r, sub, seen)]
 
 
 def missing_requirements() -> list[str]:
-    """Each library of the test extra that is not installed, at the wrong version, or whose modules are not found."""
+    """Each dependency or library of the test extra that is not installed, at another version than pyproject.toml
+    asks, or whose modules are not found."""
     modules: dict[str, list[str]] = {}
     for module, dists in metadata.packages_distributions().items():
         for dist in dists:
             modules.setdefault(_canonical(dist), []).append(module)
     problems, seen = [], set()
-    for text in extra_requirements():
+    for text in requirements():
         unmet = _unmet(text, "test", seen)
         problems += unmet
         req = Requirement(text)
