@@ -3,8 +3,10 @@
 For each kernel variant (BERT-base constexprs: hidden 768, head dim 64, fp16 unless --dtype) and
 each autotune config that survives its filter for that shape, the kernel goes through Triton's
 whole pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin) for each `--arch`; `ptxas -v` then reports
-registers, spill bytes and the PTX is searched for Hopper `wgmma` instructions. Exit status is 1
-on any compile error or any spill, which is what CI checks.
+registers, spill bytes and the PTX is searched for Hopper's `wgmma` (`wgmma.mma_async`) and TMA
+(`cp.async.bulk.tensor`) instructions. Exit status is 1 on any compile error or any spill, which is what CI checks.
+A kernel module may name the oldest architecture its kernels are for (`AOT_MIN_ARCH = 90`), and a variant its own
+(a fifth item, the arch as an int): below it the build is skipped and listed as such, not failed.
 
 The kernels must be built as compiled (not interpreted) functions: under TRITON_INTERPRET=1 the
 command re-runs itself in a subprocess with the interpreter off.
@@ -37,15 +39,32 @@ def add_arguments(parser) -> None:
                         help="build only the first surviving autotune config per kernel (faster)")
 
 
+def kernel_modules() -> list:
+    """The kernel modules that declare `aot_variants`, in build order; fp8 only where it exists (it may not yet)."""
+    import importlib
+
+    from bertfast.kernels.triton import attention, disentangled, embedding, layernorm, linear, linear_tma, qkv
+
+    modules = [embedding, qkv, disentangled, attention, linear, linear_tma, layernorm]
+    try:
+        modules.append(importlib.import_module("bertfast.kernels.triton.fp8"))
+    except ModuleNotFoundError as e:
+        if e.name != "bertfast.kernels.triton.fp8":  # fp8 exists but something it imports does not: a real error
+            raise
+    return modules
+
+
 def variants(dtype: str = "fp16"):
-    """All (name, jit_fn, {argument: representative value}, configs) the ops declare for BERT-base."""
+    """All (name, jit_fn, {argument: representative value}, configs, min_arch) the ops declare for BERT-base: min_arch
+    is the larger of the module's AOT_MIN_ARCH and the variant's own fifth item (0 when neither is given)."""
     import torch
 
-    from bertfast.kernels.triton import attention, disentangled, embedding, layernorm, linear, qkv
-
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-    for module in (embedding, qkv, disentangled, attention, linear, layernorm):
-        yield from module.aot_variants(torch_dtype)
+    for module in kernel_modules():
+        module_min = int(getattr(module, "AOT_MIN_ARCH", 0))
+        for variant in module.aot_variants(torch_dtype):
+            name, fn, values, configs = variant[:4]
+            yield name, fn, values, configs, max(module_min, int(variant[4]) if len(variant) > 4 else 0)
 
 
 def _parse_ptxas(log: str) -> dict:
@@ -118,7 +137,8 @@ def compile_one(fn, values: dict, config, capability: int) -> dict:
     ptx = compiled.asm["ptx"]
     report = ptxas_report(ptx, capability)
     report.update({"shared_bytes": int(compiled.metadata.shared), "compile_s": round(seconds, 2),
-                   "uses_dot": "tt.dot" in compiled.asm["ttir"], "wgmma": "wgmma.mma_async" in ptx})
+                   "uses_dot": "tt.dot" in compiled.asm["ttir"], "wgmma": "wgmma.mma_async" in ptx,
+                   "tma": "cp.async.bulk.tensor" in ptx, "warps": int(compiled.metadata.num_warps)})
     return report
 
 
@@ -126,7 +146,9 @@ _SHORT = {"BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K", "GROUP_M": "G"}
 
 
 def _config_text(config) -> str:
-    parts = [f"{_SHORT.get(k, k)}{v}" for k, v in config.kwargs.items()]
+    parts = [f"{_SHORT.get(k, k)}{v}" for k, v in config.kwargs.items() if k != "WARP_SPECIALIZE"]
+    if config.kwargs.get("WARP_SPECIALIZE"):
+        parts.append("ws")
     parts += [f"w{config.num_warps}", f"s{config.num_stages}"]
     if config.maxnreg is not None:
         parts.append(f"r{config.maxnreg}")
@@ -136,7 +158,7 @@ def _config_text(config) -> str:
 def _build(job) -> dict:
     """Worker: build variant `index`, config `config_index` for `arch` (runs in a subprocess)."""
     dtype, index, config_index, arch = job
-    name, fn, values, configs = list(variants(dtype))[index]
+    name, fn, values, configs, _ = list(variants(dtype))[index]
     config = configs[config_index]
     row = {"kernel": name, "arch": arch, "dtype": dtype, "config": _config_text(config)}
     try:
@@ -148,21 +170,35 @@ def _build(job) -> dict:
     return row
 
 
-def build_report(archs: list[str], dtype: str, only: set[str] | None, first_config: bool,
-                 jobs: int = 1) -> list[dict]:
-    """Build every selected (kernel, config, arch); rows in a fixed order, printed as they come."""
-    work = []
-    for index, (name, _, _, configs) in enumerate(variants(dtype)):
+def plan(archs: list[str], dtype: str, only: set[str] | None, first_config: bool):
+    """The builds to run, (dtype, variant index, config index, arch), and those skipped below their variant's min
+    arch, {kernel, arch, reason}."""
+    work, skipped = [], []
+    for index, (name, _, _, configs, min_arch) in enumerate(variants(dtype)):
         if only is not None and name not in only:
             continue
-        for config_index in range(1 if first_config else len(configs)):
-            work += [(dtype, index, config_index, arch) for arch in archs]
+        for arch in archs:
+            if ARCHS[arch] < min_arch:
+                skipped.append({"kernel": name, "arch": arch, "reason": f"needs sm_{min_arch} or later"})
+                continue
+            work += [(dtype, index, config_index, arch) for config_index in range(1 if first_config else len(configs))]
+    work.sort(key=lambda job: (job[1], job[2], archs.index(job[3])))  # kernel, config, arch: the table's order
+    return work, skipped
+
+
+def build_report(archs: list[str], dtype: str, only: set[str] | None, first_config: bool,
+                 jobs: int = 1) -> tuple[list[dict], list[dict]]:
+    """Build every selected (kernel, config, arch) at or above its min arch; rows in a fixed order, printed as they
+    come, and the skipped (kernel, arch) pairs."""
+    work, skipped = plan(archs, dtype, only, first_config)
+    for s in skipped:
+        print(f"{s['kernel']:<{_KERNEL_W}} {s['arch']:<6} skipped: {s['reason']}", flush=True)
     if jobs <= 1 or len(work) <= 1:
         rows = []
         for job in work:
             rows.append(_build(job))
             _print_row(rows[-1])
-        return rows
+        return rows, skipped
     import concurrent.futures
     import multiprocessing
 
@@ -174,22 +210,27 @@ def build_report(archs: list[str], dtype: str, only: set[str] | None, first_conf
         for row in pool.map(_build, work):
             rows.append(row)
             _print_row(row)
-    return rows
+    return rows, skipped
 
 
-_HEADER = (f"{'kernel':<18} {'arch':<6} {'config':<24} {'regs':>5} {'spill':>7} {'smem KB':>8} {'wgmma':>6} "
-           f"{'build s':>8}")
+_KERNEL_W, _CONFIG_W = 22, 26
+_HEADER = (f"{'kernel':<{_KERNEL_W}} {'arch':<6} {'config':<{_CONFIG_W}} {'regs':>5} {'spill':>7} {'smem KB':>8} "
+           f"{'wgmma':>6} {'TMA':>4} {'build s':>8}")
 
 
 def _print_row(row: dict) -> None:
+    head = f"{row['kernel']:<{_KERNEL_W}} {row['arch']:<6} {row['config']:<{_CONFIG_W}}"
     if row["error"]:
-        print(f"{row['kernel']:<18} {row['arch']:<6} {row['config']:<24} ERROR {row['error']}", flush=True)
+        print(f"{head} ERROR {row['error']}", flush=True)
         return
     spill = row["spill_stores"] + row["spill_loads"]
-    # wgmma is Hopper's tensor-core path; exact fp32 ("ieee") dots run on FMA units by design.
-    wgmma = ("yes" if row["wgmma"] else "no") if row["arch"] == "sm_90" and row["uses_dot"] else "-"
-    print(f"{row['kernel']:<18} {row['arch']:<6} {row['config']:<24} {row['registers']:>5} {spill:>7} "
-          f"{row['shared_bytes'] / 1024:>8.1f} {wgmma:>6} {row['compile_s']:>8.1f}", flush=True)
+    # wgmma is Hopper's tensor-core path; exact fp32 ("ieee") dots run on FMA units by design. TMA is a Hopper
+    # copy engine: "-" below sm_90, where no kernel can use it.
+    hopper = ARCHS[row["arch"]] >= 90
+    wgmma = ("yes" if row["wgmma"] else "no") if hopper and row["uses_dot"] else "-"
+    tma = ("yes" if row["tma"] else "no") if hopper else "-"
+    print(f"{head} {row['registers']:>5} {spill:>7} {row['shared_bytes'] / 1024:>8.1f} {wgmma:>6} {tma:>4} "
+          f"{row['compile_s']:>8.1f}", flush=True)
 
 
 def _rerun_without_interpreter(args) -> int:
@@ -227,11 +268,12 @@ def run(args) -> int:
             return 2
     print(f"Triton AOT build, {args.dtype}, BERT-base constexprs (hidden 768, head dim 64), archs {', '.join(archs)}")
     print(_HEADER)
-    rows = build_report(archs, args.dtype, only, args.first_config, max(1, args.jobs))
+    rows, skipped = build_report(archs, args.dtype, only, args.first_config, max(1, args.jobs))
     errors = [r for r in rows if r["error"]]
     spills = [r for r in rows if not r["error"] and r["spill_stores"] + r["spill_loads"] > 0]
-    print(f"{len(rows)} builds, {len(errors)} errors, {len(spills)} with spills")
+    print(f"{len(rows)} builds, {len(errors)} errors, {len(spills)} with spills, {len(skipped)} skipped below their "
+          "min arch")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"dtype": args.dtype, "archs": archs, "builds": rows}, f, indent=1)
+            json.dump({"dtype": args.dtype, "archs": archs, "builds": rows, "skipped": skipped}, f, indent=1)
     return 1 if errors or spills else 0
