@@ -137,7 +137,6 @@ class TritonBackend(Backend):
         shape = getattr(self, "_whole", None)
         return None if shape is None else _WorkCounters(shape[3], self._ops.layer.PHASES, self._device)
 
-
     def _cublas(self, op, x, weight) -> bool:
         """The one GEMM routing rule of this backend: cuBLAS where the measured table says so for this shape on this
         GPU (`backends.gemm_choice`), else the fused Triton kernel."""
@@ -152,6 +151,9 @@ class TritonBackend(Backend):
         if self._fp8 is not None and isinstance(weight, self._fp8.Fp8Weight):  # rotary refused in `prepare`
             return self._fp8.qkv(x, weight, bias, num_heads)
         # RoPE is the QKV GEMM's epilogue (q and k rotated before they are stored).
+        tile = self._gemm.tma("qkv", *weight.shape, x.dtype) if rotary is None else None
+        if tile is not None:
+            return gemm_choice.tma_qkv(x, weight, bias, num_heads, tile)
         if rotary is None and self._cublas("qkv", x, weight):
             return gemm_choice.cublas_qkv(x, weight, bias, num_heads)
         return self._ops.qkv.qkv(x, weight, bias, num_heads, rotary=rotary)
@@ -176,7 +178,11 @@ class TritonBackend(Backend):
             if residual is not None:
                 raise ValueError("backend 'triton': a gated linear takes no residual")
             return self._ops.linear.linear_gated(x, weight, bias, act)
-        if self._cublas(gemm_choice.op_name(act, residual is not None), x, weight):
+        op = gemm_choice.op_name(act, residual is not None)
+        tile = self._gemm.tma(op, *weight.shape, x.dtype)
+        if tile is not None:  # measured faster on this GPU for this shape, at every M (`gemm_choice`)
+            return gemm_choice.tma_linear(x, weight, bias, act, residual, tile)
+        if self._cublas(op, x, weight):
             return gemm_choice.cublas_linear(x, weight, bias, act, residual)
         return self._ops.linear.linear(x, weight, bias, activation=act, residual=residual)
 

@@ -40,18 +40,11 @@ def add_arguments(parser) -> None:
 
 
 def kernel_modules() -> list:
-    """The kernel modules that declare `aot_variants`, in build order; fp8 only where it exists (it may not yet)."""
-    import importlib
+    """The kernel modules that declare `aot_variants`, in build order."""
+    from bertfast.kernels.triton import (attention, disentangled, embedding, fp8, layer, layernorm, linear, linear_tma,
+                                         qkv)
 
-    from bertfast.kernels.triton import attention, disentangled, embedding, layernorm, linear, linear_tma, qkv
-
-    modules = [embedding, qkv, disentangled, attention, linear, linear_tma, layernorm]
-    try:
-        modules.append(importlib.import_module("bertfast.kernels.triton.fp8"))
-    except ModuleNotFoundError as e:
-        if e.name != "bertfast.kernels.triton.fp8":  # fp8 exists but something it imports does not: a real error
-            raise
-    return modules
+    return [embedding, qkv, disentangled, attention, linear, linear_tma, layernorm, layer, fp8]
 
 
 def variants(dtype: str = "fp16"):

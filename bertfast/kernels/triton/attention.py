@@ -144,7 +144,8 @@ def _attention_block(
                 pos_n = tl.load(positions_ptr + row0 + cols, mask=mask_n, other=0)  # [BLOCK_N] int32
                 # Clamped like the reference's dense form; real tokens of one sequence always fall inside.
                 column = tl.minimum(tl.maximum(base_m[:, None] + pos_n[None, :], 0), bias_width - 1)
-                bias = tl.load(bias_row + column, mask=mask_m[:, None] & mask_n[None, :], other=0.0)  # [BLOCK_M, BLOCK_N]
+                bias = tl.load(bias_row + column, mask=mask_m[:, None] & mask_n[None, :],
+                               other=0.0)  # [BLOCK_M, BLOCK_N]
                 s += bias * 1.4426950408889634  # to log2 units, as scale_log2 is
             if HAS_C2P or HAS_P2C:
                 pos_n = tl.load(positions_ptr + row0 + cols, mask=mask_n, other=0)  # [BLOCK_N] int32
@@ -165,7 +166,8 @@ def _attention_block(
                 # MASKED, not -inf: a row may see no key of its window in this tile (m_new stays finite); what such
                 # keys add is scaled by alpha = exp2(MASKED - real max) = 0 once the row meets its own window,
                 # which always holds the row's own token.
-                in_window = (cols[None, :] >= (offs_m - window)[:, None]) & (cols[None, :] <= (offs_m + window)[:, None])
+                in_window = ((cols[None, :] >= (offs_m - window)[:, None])
+                             & (cols[None, :] <= (offs_m + window)[:, None]))
                 s = tl.where(in_window, s, MASKED)
             s = tl.where(mask_n[None, :], s, float("-inf"))
             # Every tile holds at least one in-range key, so m_new is finite and alpha well defined.

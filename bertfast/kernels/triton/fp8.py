@@ -25,7 +25,7 @@ from ._common import INTERPRET, _program_tile, check_device, check_shape, config
 from .linear import _apply_activation
 
 AOT_MIN_ARCH = 89  # `bertfast kernels` builds these variants only for sm_89 / sm_90: fp8 tensor cores
-E4M3_MAX = 448.0
+E4M3_MAX = tl.constexpr(448.0)  # a jit function reads it: a constexpr, or the compiler refuses the global
 CODE_DTYPE = torch.float8_e4m3fn  # Triton's float8e4nv
 ACTIVATION_DTYPES = (torch.float16, torch.float32)  # bf16 too on CUDA (the interpreter computes no bf16)
 

@@ -20,7 +20,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..activation import IDS as ACTIVATIONS
-from ._common import check_device, check_float, check_shape, dot_precision
+from ._common import _tile_of, check_device, check_float, check_shape, dot_precision
 from .linear import _apply_activation
 
 # TMA loads rows that start on 16 bytes: N and K multiples of 16 keep every row of x, weight and out so in any dtype.
@@ -46,17 +46,6 @@ FMA_TILE = triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M"
 INTERPRETER_PROGRAMS = 3
 
 
-@triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Tile `tile_id` -> (pid_m, pid_n), GROUP_M row tiles at a time (weight tiles shared in L2), as `_program_tile`."""
-    group_size = GROUP_M * num_pid_n
-    first_m = (tile_id // group_size) * GROUP_M
-    rows_in_group = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (tile_id % group_size) % rows_in_group
-    pid_n = (tile_id % group_size) // rows_in_group
-    return pid_m, pid_n
-
-
 @triton.jit(do_not_specialize=["M", "q_scale"])
 def _linear_tma_kernel(
     x_desc, w_desc, b_ptr, res_ptr, out_ptr,
@@ -75,14 +64,14 @@ def _linear_tma_kernel(
     # loads ahead of this tile's epilogue, and must not share one value between them (as Triton's persistent tutorial).
     tile_id_c = tl.program_id(0) - num_programs
     for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_programs, flatten=not WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _tile_of(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in tl.range(k_tiles, warp_specialize=WARP_SPECIALIZE):  # k = 0, BLOCK_K, ... in order, one accumulator
             x = x_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])  # [BLOCK_M, BLOCK_K]
             w = w_desc.load([pid_n * BLOCK_N, ki * BLOCK_K])  # [BLOCK_N, BLOCK_K]
             acc = tl.dot(x, w.T, acc, input_precision=INPUT_PRECISION)
         tile_id_c += num_programs
-        pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _tile_of(tile_id_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
