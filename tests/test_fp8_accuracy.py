@@ -39,6 +39,7 @@ SENTENCES = ["The cat sat on the mat.", "A quick brown fox jumps over the lazy d
 # The issue's rule for sentence embeddings. The scheme it specifies (e4m3, weights per output channel, activations per
 # token, symmetric amax / 448) reaches mean cosine 0.9975 here (a torch emulation of it: 0.9977 over the 202 sentences
 # of bertfast/tools/validate/sentences.py), so this holds as the regression bar below and the rule is kept as xfail.
+# Finer activation scales (1x128 blocks), SmoothQuant and FFN-out in fp16 stay below 0.999 too: docs/backends.md.
 ISSUE_MEAN_COSINE = 0.999
 MEAN_COSINE = 0.997
 MIN_COSINE = 0.995
