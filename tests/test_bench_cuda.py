@@ -20,14 +20,30 @@ def _source(device):
 def test_cuda_rows_are_the_gpu_contenders():
     names, skipped = providers.default_providers("cuda")
     assert names == list(providers.CUDA_PROVIDERS) and skipped == {}
-    assert {"bertfast-triton", "bertfast-triton-eager", "hf-sdpa", "hf-fa2", "torch-compile", "torch-compile-max",
-            "torch-varlen", "onnxruntime"} <= set(names)
+    assert {"bertfast-triton", "bertfast-triton-eager", "bertfast-triton-fp8", "hf-sdpa", "hf-fa2", "torch-compile",
+            "torch-compile-max", "torch-varlen", "onnxruntime"} <= set(names)
     assert not set(names) & set(providers.INT8_PROVIDERS)
     for name in names:
         providers.factory_of(name)  # every row has a factory
     assert set(names) <= set(providers.known_providers())
     cpu_names, _ = providers.default_providers("cpu")
     assert "hf-fa2" not in cpu_names and "torch-compile-max" not in cpu_names
+    assert "bertfast-triton-fp8" not in cpu_names and "bertfast-triton-fp8" in providers.CUDA_ONLY
+
+
+@pytest.mark.parametrize("capability, dtype, reason", [
+    ((9, 0), torch.float32, "fp8 rows run in the fp16 pass"),
+    ((8, 0), torch.float16, r"fp8 GEMMs need sm_89 or later \(this GPU is sm_80\)"),
+    ((9, 0), torch.float16, None),
+])
+def test_the_fp8_row_runs_in_the_fp16_pass_from_sm_89(monkeypatch, capability, dtype, reason):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    if reason is None:
+        providers.check_runnable("bertfast-triton-fp8", _source("cuda"), dtype)  # the triton backend is there
+    else:
+        with pytest.raises(providers.ProviderSkipped, match=reason):
+            providers.check_runnable("bertfast-triton-fp8", _source("cuda"), dtype)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reasons given without CUDA")

@@ -1,7 +1,8 @@
 """The named rows of `bertfast bench`: `setup(provider, source, dtype)` builds one, ready to time.
 
 Rows: `bertfast-<backend>` (one per registered backend; on CUDA `bertfast-triton` replays CUDA graphs and
-`bertfast-triton-eager` launches each kernel), `hf-eager`, `hf-sdpa` (the baseline), `hf-fa2` (transformers'
+`bertfast-triton-eager` launches each kernel; `bertfast-triton-fp8`, CUDA sm_89+, runs its GEMMs on e4m3 in the fp16
+pass), `hf-eager`, `hf-sdpa` (the baseline), `hf-fa2` (transformers'
 flash_attention_2, CUDA), `onnxruntime` (CPU, or CUDA with onnxruntime-gpu), `torch-compile` (default mode) and
 `torch-compile-max` (mode="max-autotune"), `torch-varlen` (CUDA, fp16/bf16: text-embeddings-inference's
 padding-free recipe, cuBLAS GEMMs on packed tokens and torch's varlen flash attention, `varlen_peer`), `openvino`
@@ -38,9 +39,9 @@ FIXED_PROVIDERS = ("hf-eager", "hf-sdpa", "onnxruntime", "openvino", "torch-comp
                    "onnxruntime-int8", "ctranslate2-int8", "openvino-int8")
 INT8_PROVIDERS = ("bertfast-int8", "onnxruntime-int8", "ctranslate2-int8", "openvino-int8")
 # The rows of `bench --device cuda`: the engine with and without CUDA graphs against what a GPU user would run.
-CUDA_PROVIDERS = ("bertfast-triton", "bertfast-triton-eager", "hf-sdpa", "hf-fa2", "torch-compile",
-                  "torch-compile-max", "torch-varlen", "onnxruntime")
-CUDA_ONLY = ("hf-fa2", "torch-varlen")
+CUDA_PROVIDERS = ("bertfast-triton", "bertfast-triton-eager", "bertfast-triton-fp8", "hf-sdpa", "hf-fa2",
+                  "torch-compile", "torch-compile-max", "torch-varlen", "onnxruntime")
+CUDA_ONLY = ("hf-fa2", "torch-varlen", "bertfast-triton-fp8")
 BASELINE = "hf-sdpa"  # the row every speedup is relative to (same dtype)
 EAGER_BASELINE = "hf-eager"  # the baseline of a model transformers runs eager only (DeBERTa-v2, MPNet: no SDPA)
 
@@ -58,11 +59,12 @@ def baseline_of(source: Source) -> str:
 def _bertfast_factory(backend: str, quantize: str | None = None, graphs: bool | None = None):
     """bertfast on `backend` (int8: the cpu backend's int8 GEMMs on fp32 weights, in the fp32 pass; graphs=False:
     eager launches where the engine would replay CUDA graphs)."""
-    name = "bertfast-int8" if quantize else f"bertfast-{backend}" + ("-eager" if graphs is False else "")
+    name = (f"bertfast-{backend}-{quantize}" if quantize == "fp8" else "bertfast-int8" if quantize
+            else f"bertfast-{backend}" + ("-eager" if graphs is False else ""))
 
     def factory(source: Source, dtype: torch.dtype) -> Provider:
         t0 = time.perf_counter()
-        load_dtype = torch.float32 if quantize else dtype
+        load_dtype = dtype if quantize == "fp8" else torch.float32 if quantize else dtype  # fp8: from fp16 weights
         # From the checkpoint files when there are some (the user's path), else from the model.
         if source.model_dir is not None:
             weights = load_pretrained(source.model_dir, load_dtype)
@@ -157,6 +159,7 @@ FACTORIES: dict[str, Callable[[Source, torch.dtype], Provider]] = {
     "torch-varlen": _torch_varlen_factory,
     "bertfast-triton-eager": _bertfast_factory("triton", graphs=False),
     "bertfast-int8": _bertfast_factory("cpu", quantize="int8"),
+    "bertfast-triton-fp8": _bertfast_factory("triton", quantize="fp8"),
     "onnxruntime-int8": _onnxruntime_int8_factory,
     "ctranslate2-int8": _ctranslate2_int8_factory,
     "openvino": _openvino_factory(),
@@ -187,6 +190,11 @@ def check_runnable(provider: str, source: Source, dtype: torch.dtype) -> None:
         raise ProviderSkipped("int8 rows run in the fp32 pass (int8 GEMM operands, fp32 activations)")
     if provider in INT8_PROVIDERS and cuda:
         raise ProviderSkipped("an int8 row of the CPU (no CUDA path is wired in this bench)")
+    if provider == "bertfast-triton-fp8" and dtype != torch.float16:
+        raise ProviderSkipped("fp8 rows run in the fp16 pass (e4m3 GEMM operands, fp16 activations)")
+    if provider == "bertfast-triton-fp8" and cuda and torch.cuda.get_device_capability() < (8, 9):
+        major, minor = torch.cuda.get_device_capability()
+        raise ProviderSkipped(f"fp8 GEMMs need sm_89 or later (this GPU is sm_{major}{minor})")
     if provider in CUDA_ONLY and not cuda:
         raise ProviderSkipped("needs a CUDA device (--device cuda)")
     if provider in ("hf-sdpa", "hf-fa2") and not has_sdpa(source):
@@ -210,7 +218,8 @@ def check_runnable(provider: str, source: Source, dtype: torch.dtype) -> None:
             raise ProviderSkipped("flash_attn is not installed (transformers' flash_attention_2 needs it: "
                                   "pip install flash-attn)")
     if provider.startswith("bertfast-"):
-        backend = "cpu" if provider == "bertfast-int8" else provider[len("bertfast-"):].removesuffix("-eager")
+        backend = ("cpu" if provider == "bertfast-int8"
+                   else provider[len("bertfast-"):].removesuffix("-eager").removesuffix("-fp8"))
         reason = available_backends(source.device).get(backend, f"unknown backend {backend!r}")
         if reason is not None:
             raise ProviderSkipped(reason)

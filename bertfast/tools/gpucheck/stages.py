@@ -27,8 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 # ragged cases, fp16, and the providers that build in seconds.
 BENCH_WORKLOADS = "b1xs16,b1xs128,b8xs128,b32xs512,b32xs512-ragged64"
 BENCH_QUICK_WORKLOADS = "b1xs16,b8xs128,b32xs512-ragged64"
-BENCH_PROVIDERS = ("bertfast-triton,bertfast-triton-eager,hf-sdpa,hf-fa2,torch-varlen,torch-compile,"
-                   "torch-compile-max,onnxruntime")
+BENCH_PROVIDERS = ("bertfast-triton,bertfast-triton-eager,bertfast-triton-fp8,hf-sdpa,hf-fa2,torch-varlen,"
+                   "torch-compile,torch-compile-max,onnxruntime")
 BENCH_QUICK_PROVIDERS = "bertfast-triton,bertfast-triton-eager,hf-sdpa"  # torch.compile takes minutes per shape
 
 
