@@ -2,8 +2,9 @@
 
 Every route and every documented error, vectors bitwise equal to `Encoder.encode` on the cpu backend
 (also when requests are merged into one batch and split by the token budget), overload answered
-429 at once, and SIGTERM with requests in flight answering every accepted one. Waits are bounded and
-the server is killed in `finally`.
+429 at once, and SIGTERM with requests in flight answering every accepted one (both with the engine thread held on
+the server's test gate, so the queue fills the same way on every run). Waits are bounded and the server is killed in
+`finally`.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ pytest.importorskip("uvicorn", reason="bertfast serve needs the serve extra (uvi
 pytest.importorskip("prometheus_client", reason="bertfast serve needs the serve extra (prometheus-client)")
 httpx = pytest.importorskip("httpx", reason="the serve tests' HTTP client, httpx, is in the test extra")
 
-from helpers.serve import ROOT, TEXTS, Server, as_f32, free_port, join, start_threads  # noqa: E402
+from helpers.serve import ROOT, TEXTS, WAIT, Server, as_f32, free_port, join, start_threads  # noqa: E402
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -271,45 +272,42 @@ def test_concurrent_clients_bitwise(server, client, encoder):
 
 
 def test_overload_and_graceful_shutdown(encoder):
-    """2 request places: a burst of 16 gets 200s and 429s only, never a hang or another error; then
-    SIGTERM while 2 heavy requests are in flight answers both before the process exits 0."""
+    """2 request places, the engine thread held before its first batch: of 16 requests sent at once exactly 2 are
+    accepted and 14 answered 429 at once (nothing can free a place while the engine is held). Then SIGTERM; once the
+    server says it is shutting down the engine is released, and both accepted requests are answered 200 with
+    encode's vectors before the process exits."""
     heavy = ["one two three four five six seven eight nine ten " * 25] * 8  # 8 texts x 256 tokens
-    expect = encoder.encode(heavy[:1]).numpy()
-    srv = Server("--max-concurrent-requests", "2", "--max-batch-tokens", "512")
+    expect = np.repeat(encoder.encode(heavy[:1]).numpy(), 8, axis=0)
+    srv = Server("--max-concurrent-requests", "2", "--max-batch-tokens", "512", gated=True)
     try:
-        statuses, lock = [], threading.Lock()
+        srv.hold()
+        answers = queue.Queue()
 
-        def send(out):
-            r = httpx.post(srv.url + "/embed", json={"inputs": heavy, "truncate": True}, timeout=120)
-            ok = r.status_code != 200 or np.array_equal(as_f32(r.json()), np.repeat(expect, 8, axis=0))
-            with lock:
-                out.append((r.status_code, ok, r.json().get("error_type") if r.status_code != 200 else None))
+        def send(_):
+            r = httpx.post(srv.url + "/embed", json={"inputs": heavy, "truncate": True}, timeout=WAIT)
+            if r.status_code == 200:
+                answers.put((200, np.array_equal(as_f32(r.json()), expect)))
+            else:
+                answers.put((r.status_code, r.json().get("error_type")))
 
-        join(start_threads(send, [statuses] * 16))
-        assert {s for s, _, _ in statuses} <= {200, 429} and all(ok for _, ok, _ in statuses), statuses
-        assert any(s == 429 for s, _, _ in statuses) and any(s == 200 for s, _, _ in statuses)
-        assert all(kind == "overloaded" for s, _, kind in statuses if s == 429)
+        senders = start_threads(send, range(16))
+        refused = [answers.get(timeout=WAIT) for _ in range(14)]
+        assert refused == [(429, "overloaded")] * 14
+        assert "bertfast_requests_in_flight 2.0" in httpx.get(srv.url + "/metrics", timeout=WAIT).text
+        assert answers.empty()  # the accepted two wait for the engine
 
-        in_flight = []
-        senders = start_threads(send, [in_flight] * 2)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # both admitted
-            metrics = httpx.get(srv.url + "/metrics", timeout=10).text
-            if "bertfast_requests_in_flight 2.0" in metrics:
-                break
-            time.sleep(0.01)
-        else:
-            pytest.fail("the two requests were never in flight together")
         srv.proc.send_signal(signal.SIGTERM)
-        join(senders)
-        assert sorted(in_flight) == [(200, True, None)] * 2
+        srv.wait_for("Shutting down")
+        srv.release()
+        join(senders, timeout=WAIT)
+        assert [answers.get_nowait() for _ in range(2)] == [(200, True)] * 2
         # uvicorn re-raises the signal once it has shut down gracefully: killed by SIGTERM, after the log line
-        assert srv.proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert srv.proc.wait(timeout=WAIT) in (0, -signal.SIGTERM)
     finally:
         log = srv.stop()
     assert "Application shutdown complete" in log
     access = [json.loads(line) for line in log.splitlines() if line.startswith('{"ts"')]
-    assert {a["status"] for a in access if a["path"] == "/embed"} == {200, 429}
+    assert sorted(a["status"] for a in access if a["path"] == "/embed") == [200] * 2 + [429] * 14
 
 
 def test_bad_model_directory_exits_with_a_message(tmp_path):

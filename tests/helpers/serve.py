@@ -24,6 +24,7 @@ TEXTS = ["hello world", "A man is eating food.", "x", "The quick brown fox jumps
          "short", "Paris is the capital of France."]
 TOL = 1e-5  # /predict and /rerank scores against transformers' fp32 logits
 LIMIT = 64  # max_position_embeddings of the task checkpoints: the served input limit
+WAIT = 120  # seconds for any one wait on the server: generous for a loaded 2-core machine, still bounded
 
 
 def free_port() -> int:
@@ -34,42 +35,110 @@ def free_port() -> int:
 
 
 class Server:
-    """`python -m bertfast serve ...` in a child process; `url` once /health answers 200 (60 s at most).
-    Its output goes to a pipe read at `stop()`, or to the file `log` (many requests: a pipe nobody
-    reads fills up with access lines and blocks the server)."""
+    """`python -m bertfast serve ...` in a child process; `url` once uvicorn says it is running (WAIT s at most).
+    A thread reads its output as it comes (`wait_for`, `stop`), copied to the file `log` if given, so no pipe fills.
 
-    def __init__(self, *args, log: str | None = None):
+    gated: the engine thread can be held before each batch (`hold`, `release`): requests are admitted and queued,
+    none is answered until the release. The gate is open at start."""
+
+    def __init__(self, *args, log: str | None = None, gated: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        out = subprocess.PIPE if log is None else open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "bertfast", "serve", "--port", str(self.port),
-                                      "--backend", "cpu", *args], env=env, cwd=ROOT,
-                                     stdout=out, stderr=subprocess.STDOUT, text=True)
-        if log is not None:
-            out.close()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode}):\n{self.stop()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("the server did not become healthy within 60 s")
+        self.lines: list[str] = []
+        self._read = threading.Condition()
+        self._ended = False
+        path = [ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
+        command, fds, self._gate = [sys.executable, "-m", "bertfast"], (), None
+        if gated:
+            self._gate, theirs = socket.socketpair()
+            self._gate.settimeout(WAIT)
+            fds = (theirs.fileno(),)
+            command = [sys.executable, "-c", f"from helpers.serve import serve_gated; serve_gated({fds[0]})"]
+        self.proc = subprocess.Popen([*command, "serve", "--port", str(self.port), "--backend", "cpu", *args],
+                                     env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     pass_fds=fds)
+        if gated:
+            theirs.close()
+        self._reader = threading.Thread(target=self._read_output, name="server-output", daemon=True)
+        self._reader.start()
+        try:
+            self.wait_for("Uvicorn running on")  # logged once every model is loaded and the port is bound
+        except BaseException:
+            self.stop()
+            raise
+
+    def _read_output(self) -> None:
+        sink = open(self.log, "w") if self.log is not None else None
+        for line in self.proc.stdout:
+            if sink is not None:
+                sink.write(line)
+            with self._read:
+                self.lines.append(line)
+                self._read.notify_all()
+        if sink is not None:
+            sink.close()
+        with self._read:
+            self._ended = True
+            self._read.notify_all()
+
+    def wait_for(self, text: str, timeout: float = WAIT) -> None:
+        """Until a line of the server's output holds `text`; fails if the output ends first or after `timeout` s."""
+        seen = 0
+
+        def found():
+            nonlocal seen
+            hit = any(text in line for line in self.lines[seen:])
+            seen = len(self.lines)
+            return hit or self._ended
+
+        with self._read:
+            if not self._read.wait_for(found, timeout) or not any(text in line for line in self.lines):
+                pytest.fail(f"no {text!r} in the server's output within {timeout} s:\n{''.join(self.lines)[-4000:]}")
+
+    def hold(self) -> None:
+        """Close the gate: from now on the engine thread waits before each batch (a gated Server)."""
+        self._command(b"h")
+
+    def release(self) -> None:
+        """Open the gate: the held batch and every later one run."""
+        self._command(b"r")
+
+    def _command(self, command: bytes) -> None:
+        self._gate.sendall(command)
+        assert self._gate.recv(1) == command, "the server did not acknowledge the gate command"  # WAIT s at most
 
     def stop(self) -> str:
+        """Kill the server if it still runs; its whole output."""
         if self.proc.poll() is None:
             self.proc.kill()
-        out, _ = self.proc.communicate(timeout=30)
-        if self.log is not None:
-            with open(self.log) as f:
-                return f.read()
-        return out
+        self.proc.wait(timeout=30)
+        self._reader.join(30)
+        if self._gate is not None:
+            self._gate.close()
+        return "".join(self.lines)
+
+
+def serve_gated(fd: int) -> None:
+    """The child of a gated Server: `bertfast serve` (this process's arguments) whose engine thread waits, before each
+    batch, while the gate is closed. On the socket `fd`: b"h" closes it, b"r" opens it, each echoed once done (so the
+    test knows); the socket's end opens it for good."""
+    from bertfast.tools.cli import main
+    from bertfast.tools.serve import batcher
+
+    sock, gate = socket.socket(fileno=fd), threading.Event()
+    gate.set()
+
+    def commands():
+        while command := sock.recv(1):
+            (gate.clear if command == b"h" else gate.set)()
+            sock.sendall(command)
+        gate.set()
+
+    threading.Thread(target=commands, name="test-gate", daemon=True).start()
+    batcher._test_hook = gate.wait
+    sys.exit(main(sys.argv[1:]))
 
 
 def start_threads(target, args) -> list[threading.Thread]:

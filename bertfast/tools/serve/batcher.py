@@ -60,6 +60,9 @@ class Job:
 RunBatch = Callable[[tuple, list[list[int]], list[list[int] | None]], np.ndarray]
 # on_batch(rows, tokens, seconds): statistics hook, called on the engine thread after each batch.
 OnBatch = Callable[[int, int, float], None]
+# Tests only: called with no argument on the engine thread before each batch runs (no lock held), so a test can
+# hold the engine there and fill the queue deterministically.
+_test_hook: Callable[[], None] | None = None
 
 
 class Batcher:
@@ -177,6 +180,8 @@ class Batcher:
                 key, picked = self._take()
             rows = [job.rows[i] for job, i in picked]
             types = [None if job.types is None else job.types[i] for job, i in picked]
+            if _test_hook is not None:
+                _test_hook()
             start = time.perf_counter()
             try:
                 out = self._run(key, rows, types)
