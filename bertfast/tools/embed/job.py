@@ -20,6 +20,9 @@ from bertfast.profiling import stage
 CHUNK = 1024  # texts per embed call: sort window for token batching, bounded tokenizer memory
 TAIL_PIECE = 16  # the smallest chunk of a stream's tail (see piece_size)
 EXAMPLES = 10  # bad rows listed in the report
+# Tests only: called with a shard's index on the job's thread right after the shard is committed (a test stops the
+# job there, between two commits, on every run alike).
+_test_hook = None
 
 
 class BadRow(ValueError):
@@ -171,6 +174,8 @@ def run(rows, writer, embed_chunks, *, shard_rows: int, total: int | None = None
                 with stage("write"):
                     shard.commit()
                 shard, parts, lo = None, 0, 0
+                if _test_hook is not None:
+                    _test_hook(index)
         if failed:
             raise failed[0]
     finally:
