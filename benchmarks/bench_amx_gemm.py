@@ -1,5 +1,5 @@
 """The AMX GEMMs against oneDNN's at BERT-base shapes: our bf16 and int8 linears under each AMX kernel (streaming,
-blocked: csrc/cpu/amx_gemm.h) and torch's bf16 GEMMs (oneDNN on AMX), GFLOP/s per token count.
+blocked: csrc/cpu/gemm/amx_gemm.h) and torch's bf16 GEMMs (oneDNN on AMX), GFLOP/s per token count.
 
     taskset -c 0,1 python benchmarks/bench_amx_gemm.py --threads 2 --out amx_gemm.json
 

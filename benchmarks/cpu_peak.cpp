@@ -9,7 +9,7 @@
 // AMX rows: the same 12 steps a loop, as tdpbf16ps / tdpbssd on full 16 x 64-byte tiles (16 x 16 x 32 bf16 or
 // 16 x 16 x 64 int8 multiply-adds each) into 6 accumulator tiles (tmm0-5, 6 x 16 cycles between dependent steps,
 // more than the instruction's latency) from an A and a B tile that stay put (tmm6, tmm7): the TMUL unit's rate with
-// no tile loads, the ceiling of the AMX GEMMs (csrc/cpu/amx_gemm.h). Listed as missing where the CPU lacks the
+// no tile loads, the ceiling of the AMX GEMMs (csrc/cpu/gemm/amx_gemm.h). Listed as missing where the CPU lacks the
 // tiles or Linux does not grant this process their state.
 #include <immintrin.h>
 #include <omp.h>

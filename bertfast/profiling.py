@@ -8,8 +8,8 @@ Stages: the pipeline's (`read`, `tokenize`, `pooling`, `write`, ... through `sta
 profile), the engine's ops (the backend's op methods wrapped for the profile's duration: `embeddings`, `gemm qkv`,
 `position scores` (DeBERTa), `attention`, `gemm attn-out`, `layernorm`, `gemm ffn-in`, `gemm ffn-out`, `gemm pooler`,
 `gemm other`), and inside the native layer (`_C.Layer`, one call per layer on the cpu backend) the same op names from
-its own timers (csrc/cpu/profile.h), plus `quantize rows` (int8) and `bf16 operands` (bf16: the fp32 stream rounded
-for a GEMM). `forward: rest` is what the forward spends outside its ops (unpad, pad, Python), `rest` what the run
+its own timers (csrc/cpu/layer/profile.h), plus `quantize rows` (int8) and `bf16 operands` (bf16: the fp32 stream
+rounded for a GEMM). `forward: rest` is what the forward spends outside its ops (unpad, pad, Python), `rest` what the run
 spends outside every stage. GEMM rows carry their rate (GFLOP/s).
 Worker threads (`bertfast.workers`: several batches at once, each on its share of the cores) time their stages
 each: the seconds are then thread-seconds, shared out of `wall x workers`, the rest of which is `rest` (a worker's

@@ -5,7 +5,7 @@ a Transformer with transformer_task "fill-mask" (or the legacy MLMTransformer), 
 encoder runs on the engine, the MLM head's transform (dense, activation, LayerNorm) on the backend's ops, and the
 vocabulary GEMM on the backend's `sparse_pool`, which reduces each sequence's log1p(relu(logits)) (max or sum over
 its tokens) as it goes: the (tokens x vocab) logits are never held (cpu backend: in the GEMM's epilogue,
-csrc/cpu/sparse_pool.cpp). A row's vector does not depend on its batch (cpu backend: bit for bit). The vocabulary
+csrc/cpu/gemm/sparse_pool.cpp). A row's vector does not depend on its batch (cpu backend: bit for bit). The vocabulary
 GEMM runs in fp32 whatever the encoder's dtype.
 """
 

@@ -108,8 +108,8 @@ def token_budget_batches(lengths, batch_tokens: int) -> list[list[int]]:
 
 class NativeWordPiece:
     """A `load_tokenizer` tokenizer's padded (input_ids, attention_mask, token_type_ids) with its ASCII texts
-    tokenized by `_C.WordPiece` (csrc/cpu/wordpiece.cpp): the ids the tokenizers library gives, in ~1/30 of its CPU
-    time on bench_embed's corpus (docs/embed.md). Built by `of` only for BERT's pipeline (BertNormalizer with
+    tokenized by `_C.WordPiece` (csrc/cpu/text/wordpiece.cpp): the ids the tokenizers library gives, in ~1/30 of its
+    CPU time on bench_embed's corpus (docs/embed.md). Built by `of` only for BERT's pipeline (BertNormalizer with
     clean_text, optionally after a Lowercase; BertPreTokenizer; WordPiece; one special token before and after the
     text, type 0: BERT's and MPNet's tokenizers); texts that are not ASCII or hold an added token's content go to the
     library, in the same call. BERTFAST_NATIVE_TOKENIZER=0 turns it off."""

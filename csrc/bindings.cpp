@@ -2,14 +2,13 @@
 // (device, dtype, shape, strides, index ranges) and raises ValueError with a message before any kernel
 // runs, then calls the kernels in csrc/cpu/ on raw pointers with the GIL released.
 //
-// Ops and their kernels (csrc/cpu/): embeddings (embeddings.cpp), layernorm (layernorm.cpp), attention (attention*.cpp),
-// rotary_ (rotary.cpp), glu (glu.cpp),
-// pack_linear and linear (linear_pack.cpp, linear*.cpp), Layer (layer.cpp), quantize_rows (quantize_rows.cpp),
-// pack_int8 and quant_linear (int8_linear*.cpp, after quantize_rows), sparse_pool (sparse_pool.cpp),
-// pool_rows (pool_rows.cpp), WordPiece (wordpiece.cpp; bindings/wordpiece.h),
+// Ops and their kernels (csrc/cpu/<folder>/): embeddings, layernorm, rotary_, glu, Layer, pool_rows (layer/: the
+// file of that name), attention (attention/attention*.cpp), pack_linear and linear (gemm/linear_pack.cpp,
+// gemm/linear*.cpp), sparse_pool (gemm/sparse_pool.cpp), quantize_rows, pack_int8 and quant_linear
+// (int8/quantize_rows.cpp, int8/int8_linear*.cpp), WordPiece (text/wordpiece.cpp; bindings/wordpiece.h),
 // isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni / set_avx_vnni
-// (isa.cpp), amx_gemm / set_amx_gemm / amx_blocking / set_amx_blocking
-// (amx_gemm.cpp), bf16_conversions (amx_emulation.cpp), num_threads (parallel.h).
+// (common/isa.cpp), amx_gemm / set_amx_gemm / amx_blocking / set_amx_blocking (gemm/amx_gemm.cpp),
+// bf16_conversions (common/amx_emulation.cpp), num_threads (common/parallel.h).
 //
 // The files: bindings/checks.h (the input checks), bindings/ops.h and ops.cpp (the op wrappers), bindings/layer.h
 // (Layer), bindings/alloc.h and alloc.cpp (huge pages for packed weights); this one only binds. Only this file
@@ -22,8 +21,8 @@
 #include "bindings/layer.h"
 #include "bindings/ops.h"
 #include "bindings/wordpiece.h"
-#include "cpu/isa.h"
-#include "cpu/parallel.h"
+#include "cpu/common/isa.h"
+#include "cpu/common/parallel.h"
 
 using namespace bertfast::bindings;
 

@@ -1,4 +1,4 @@
-"""The AMX GEMMs' two kernels (csrc/cpu/amx_gemm.h): the blocked kernel is the streaming kernel bit for bit, bf16
+"""The AMX GEMMs' two kernels (csrc/cpu/gemm/amx_gemm.h): the blocked kernel is the streaming kernel bit for bit, bf16
 and int8, on the amx_emulated tier (the tile instructions emulated, any CPU with AVX-512 BF16) and on the amx tier.
 
 Shapes cross every edge of the blocked kernel: 16-row tile blocks and 32-row pairs with their tails, work items of

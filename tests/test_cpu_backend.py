@@ -214,7 +214,7 @@ def test_whole_layer_equals_op_by_op(dtype, hidden, heads, inter, act, lengths):
 def test_whole_layer_position_bias_by_groups(isa, quantize):
     """MPNet's relative position bias through `_C.Layer` on batches of several groups (fp32's of up to 192 rows,
     int8's of up to 96): each group's attention reads the bias of its own tokens (positions from the group's first
-    token, csrc/cpu/layer.cpp GroupView), so the whole layer equals the ops composed one by one, bit for bit."""
+    token, csrc/cpu/layer/layer.cpp GroupView), so the whole layer equals the ops composed one by one, bit for bit."""
     from bertfast.backends.contract import AttentionBias
 
     backend, layer, cfg = _prepared_layer(torch.float32, 96, 3, 384, quantize=quantize)

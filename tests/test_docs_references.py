@@ -2,8 +2,8 @@
 dropped flag fails here, not in a reader's hands.
 
 Scanned: README.md, docs/*.md, benchmarks/README.md, and the comments and docstrings of bertfast/, csrc/,
-benchmarks/ and tests/. Checked: (a) repository paths (`csrc/cpu/layer.cpp`, `docs/int8.md#scheme`,
-`tests/test_tiers.py::test_batch_invariance`, globs such as `csrc/cpu/int8_linear*.cpp`) exist, with their
+benchmarks/ and tests/. Checked: (a) repository paths (`csrc/cpu/layer/layer.cpp`, `docs/int8.md#scheme`,
+`tests/test_tiers.py::test_batch_invariance`, globs such as `csrc/cpu/int8/int8_linear*.cpp`) exist, with their
 anchor or test; a name with neither an extension nor a trailing slash is read as words ("fp32/bf16"), not a
 path; (b) `bertfast.` dotted names resolve by import and getattr; (c) `bertfast <command> ... --flag` names a
 flag the command's parser defines (parsers built from `bertfast.tools.cli.COMMANDS`); (d) Markdown links

@@ -1,4 +1,5 @@
-"""Int8 dynamic quantization (bertfast/backends/cpu/quant.py and its native kernels, csrc/cpu/quantize_rows.cpp, int8_*.cpp).
+"""Int8 dynamic quantization (bertfast/backends/cpu/quant.py and its native kernels, csrc/cpu/int8/quantize_rows.cpp,
+int8_*.cpp).
 
 Quantize/dequantize round trips; the native per-token quantization bitwise equal to its torch
 definition (both ISAs); the int8 GEMM with every epilogue against an fp64 evaluation of the same

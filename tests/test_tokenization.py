@@ -1,4 +1,4 @@
-"""The native WordPiece (`NativeWordPiece`, csrc/cpu/wordpiece.cpp) against the tokenizers library: the same padded
+"""The native WordPiece (`NativeWordPiece`, csrc/cpu/text/wordpiece.cpp) against the tokenizers library: the same padded
 ids, mask and types on generated texts of every ASCII character class, with words from the vocabulary, pieces, words
 no entry covers, words past max_input_chars_per_word, added tokens' texts, non-ASCII texts (the library's rows, spliced
 in) and truncation inside a word; tokenizers of another shape get no twin."""

@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <string>
 
-#include "cpu/activation.h"
-#include "cpu/kernels.h"
+#include "cpu/common/activation.h"
+#include "cpu/common/kernels.h"
 
 namespace bertfast {
 namespace bindings {

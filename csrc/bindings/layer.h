@@ -13,7 +13,7 @@
 #include "bindings/alloc.h"
 #include "bindings/checks.h"
 #include "bindings/ops.h"
-#include "cpu/kernels.h"
+#include "cpu/common/kernels.h"
 
 namespace bertfast {
 // Hidden, as pybind11's own types are: a class bound by pybind11 must not be more visible than they.
@@ -47,7 +47,7 @@ struct LayerCarry {
   }
 };
 
-// One encoder layer on packed weights, run whole in C++ (csrc/cpu/layer.cpp): the weights are checked
+// One encoder layer on packed weights, run whole in C++ (csrc/cpu/layer/layer.cpp): the weights are checked
 // once here, each call checks only its input.
 class Layer {
  public:

@@ -7,11 +7,11 @@
 #include "bindings/alloc.h"
 #include "bindings/checks.h"
 #include "bindings/ops.h"
-#include "cpu/amx_gemm.h"
-#include "cpu/amx_tiles.h"
-#include "cpu/isa.h"
-#include "cpu/kernels.h"
-#include "cpu/profile.h"
+#include "cpu/gemm/amx_gemm.h"
+#include "cpu/common/amx_tiles.h"
+#include "cpu/common/isa.h"
+#include "cpu/common/kernels.h"
+#include "cpu/layer/profile.h"
 
 namespace bertfast {
 namespace bindings {

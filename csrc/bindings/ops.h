@@ -8,7 +8,7 @@
 #include <string>
 #include <tuple>
 
-#include "cpu/types.h"
+#include "cpu/common/types.h"
 
 namespace py = pybind11;
 

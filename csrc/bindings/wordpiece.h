@@ -1,4 +1,4 @@
-// `_C.WordPiece` (bertfast/tokenization.py builds it): the ASCII WordPiece tokenizer of csrc/cpu/wordpiece.cpp on a
+// `_C.WordPiece` (bertfast/tokenization.py builds it): the ASCII WordPiece tokenizer of csrc/cpu/text/wordpiece.cpp on a
 // list of Python strings, read in place (an ASCII str's characters are its UTF-8 bytes) and encoded with the GIL
 // released; bound in csrc/bindings.cpp.
 #pragma once
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "bindings/checks.h"
-#include "cpu/wordpiece.h"
+#include "cpu/text/wordpiece.h"
 
 namespace py = pybind11;
 

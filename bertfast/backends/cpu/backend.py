@@ -6,7 +6,7 @@ relative position bias), SPLADE's pooling in the vocabulary GEMM (`_C.sparse_poo
 right after the QKV GEMM), the GLU gate and LayerNorm
 run in C++ (code per ISA tier, `isa`). GEMMs run on the extension's kernel at every token count, on weights
 packed once in `prepare` (`linear.PackedLinear`, or `quant.QuantLinear` under int8). A plain BERT layer runs
-whole in C++ (`_C.Layer`, csrc/cpu/layer.cpp): the same kernels in the same order, without the Python between
+whole in C++ (`_C.Layer`, csrc/cpu/layer/layer.cpp): the same kernels in the same order, without the Python between
 them. fp32 and bf16; with quantize="int8" (`dtype="int8"`) the four per-layer
 GEMMs run int8 (docs/int8.md), everything else fp32.
 """
@@ -115,7 +115,7 @@ class CpuBackend(Backend):
         return linear.PackedLinear(weight.contiguous())
 
     def sparse_pool(self, x, weight, bias, cu_seqlens, pooling: str = "max", activation: str = "relu"):
-        """The native kernel (`_C.sparse_pool`, csrc/cpu/sparse_pool.cpp): the pooling in the vocabulary GEMM's
+        """The native kernel (`_C.sparse_pool`, csrc/cpu/gemm/sparse_pool.cpp): the pooling in the vocabulary GEMM's
         epilogue, batch-invariant bit for bit; fp32 (x, weight and bias)."""
         w = linear.packed(weight)
         if x.dtype != torch.float32 or w.dtype != torch.float32:
@@ -146,7 +146,7 @@ class CpuBackend(Backend):
 
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias=None, window: int = 0):
         # Under int8 the products run on bf16 operands where AMX is present (docs/int8.md#what-stays-fp32), with a
-        # position bias (MPNet, DeBERTa-v2) or a window too (csrc/cpu/attention.cpp).
+        # position bias (MPNet, DeBERTa-v2) or a window too (csrc/cpu/attention/attention.cpp).
         return _C.attention(q, k, v, cu_seqlens, int(max_seqlen), float(scale),
                             bf16_products=self.quantize == "int8", window=int(window), **_bias_args(bias))
 

@@ -5,7 +5,7 @@ float32 tables the varlen attention gathers per score tile (`bertfast.disentangl
 Batch invariance by construction: one fixed tile per dtype and head dim (no autotuning, nothing keyed on T), so each
 entry is the same dot products over the head's channels in the same order whatever the token count, the row's place
 in the batch or the entry's column (the batch's width moves a projection row to another column). The mirror of
-`_C.position_scores` (csrc/cpu/disentangled.cpp).
+`_C.position_scores` (csrc/cpu/attention/disentangled.cpp).
 """
 
 from __future__ import annotations

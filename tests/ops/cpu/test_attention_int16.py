@@ -1,5 +1,5 @@
-"""The int8 path's attention on AVX-512 VNNI without AVX-512 BF16 (csrc/cpu/attention_avx512int16.cpp): both products
-on int16 codes. Runs where that kernel does: the avx512_vnni tier on a CPU without AVX-512 BF16, and the
+"""The int8 path's attention on AVX-512 VNNI without AVX-512 BF16 (csrc/cpu/attention/attention_avx512int16.cpp):
+both products on int16 codes. Runs where that kernel does: the avx512_vnni tier on a CPU without AVX-512 BF16, and the
 avx512_vnni-nobf16 cap on one with it (so on every AVX-512 VNNI machine); the other tiers' `bf16_products` are
 tests/ops/cpu/test_ops.py's.
 

@@ -124,7 +124,7 @@ def test_errors_raise_value_error(call, message):
 
 
 # ----------------------------------------------------------------------------------------------
-# Sliding-window attention (query blocks of 32 rows, key tiles of 64 keys in csrc/cpu/attention_impl.h)
+# Sliding-window attention (query blocks of 32 rows, key tiles of 64 keys in csrc/cpu/attention/attention_impl.h)
 
 
 WINDOW_CASES = [

@@ -1,0 +1,156 @@
+// Varlen fused attention on packed tokens: softmax(q k^T * scale) v per sequence and head, tiled over
+// queries (kQBlock rows) and keys (kKBlock keys) with an online softmax, so no score buffer is larger
+// than one [kQBlock, kKBlock] tile. Q/K/V are read in place through row/head strides (views of the
+// fused [T, 3H] QKV output). A work item is one (sequence, head): its K (transposed, per key tile) and V
+// are widened to fp32 once and reused by all its query blocks; all math is fp32. bf16 with head_dim <= 64
+// on a CPU with AMX runs the two products on tiles instead (attention_amx: same tiling, bf16 operands,
+// fp32 accumulation and softmax); fp32 inputs with bf16 products (the int8 path) on AVX-512 BF16 without AMX run
+// them on vdpbf16ps where the layer has no position bias or window (attention_avx512bf16), and on AVX-512 VNNI
+// without AVX-512 BF16 on int16 codes (attention_avx512int16). An optional relative position bias (MPNet's table, or
+// DeBERTa-v2's c2p / p2c, `AttnBias`) is added to each score tile between the product and the softmax, on every tier,
+// the AMX tiles included.
+//
+// Sliding window (window > 0, ModernBERT's local layers): query t sees key u iff |t - u| <= window. A query
+// block visits only the key tiles that meet its rows' windows, its diagonal tile first (it holds every row's
+// own key, so each row's running max is finite from then on); in a boundary tile the scores outside the window
+// are set to -inf before the softmax and their probabilities to 0 after it. Work is linear in length then,
+// like the memory (K and V widened once per (sequence, head), nothing quadratic). A window reaching the whole
+// sequence (window >= len - 1) is no window for that sequence: the same tiles in the same order as global
+// attention. The AMX tiles take windowed calls too (they skip the key blocks outside the windows as well), so which
+// kernel runs depends on the layer (dtype, head_dim), never on the lengths in the call: a row's bits do not
+// depend on its batch.
+//
+// The files: attention_items.h (the work items, their row prefetch), attention_impl.h (tiles, scratch, the fp32-math
+// driver attention_thread), attention_portable.cpp, attention_avx2.cpp and attention_avx512.cpp (the fp32-math tiers'
+// blocks), attention_avx512bf16.cpp (the int8 path's bf16 products on AVX-512 BF16), attention_avx512int16.cpp (its
+// int16 products on AVX-512 VNNI without BF16), attention_amx.cpp (bf16 products on AMX tiles); this one chooses.
+#include <omp.h>
+
+#include <algorithm>
+
+#include "cpu/attention/attention_impl.h"
+
+namespace bertfast {
+namespace cpu {
+
+using namespace attention_detail;
+
+// int16 products on AVX-512 VNNI without AVX-512 BF16 (attention_avx512int16.cpp): fp32 q, k, v, head_dim <= 64, no
+// position bias, no window.
+#if BF_X86
+namespace attention_detail {
+BF_TARGET_VNNI void attention_avx512int16(const float* q, const float* k, const float* v, const AttnStrides& st,
+                                          const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t d,
+                                          float scale, float* out, std::atomic<int64_t>* next);
+}  // namespace attention_detail
+#endif
+
+Scratch& attention_detail::thread_scratch() {
+  static thread_local Scratch sc;
+  return sc;
+}
+
+// The threads a call takes (0: nothing to compute). Work items are whole (sequence, head) pairs: worth a second
+// thread from a few of them on.
+static int attention_threads(const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t head_dim,
+                             int64_t window) {
+  int64_t work = 0;  // score elements computed (about: boundary tiles are computed whole)
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
+    work += len * (window > 0 ? std::min(len, 2 * window + 1) : len);
+  }
+  return work == 0 ? 0 : int(std::min<int64_t>(batch * heads, threads_for(work * heads * head_dim)));
+}
+
+template <typename T>
+void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
+               int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products,
+               const AttnBias* bias, int64_t window) {
+  // Judged on the layer alone (dtype, head_dim), never on the call's lengths: a sequence runs on the same kernel
+  // alone and beside others.
+  const bool tiles = (sizeof(T) == 2 || bf16_products) && head_dim <= 64;
+  const int nt = attention_threads(cu_seqlens, batch, heads, head_dim, window);
+  if (nt == 0) return;
+  // Every thread claims (sequence, head) items from one counter until none are left.
+  std::atomic<int64_t> next{0};
+#if BF_X86
+  const Isa isa = active_isa();
+  if (tiles && amx_kernels(isa)) {
+    parallel_for(nt, nt, [&](int64_t) {
+      isa == Isa::Amx
+          ? attention_amx(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window)
+          : attention_amx_emulated(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
+    });
+    return;
+  }
+  // bf16 products without AMX: judged on the layer too (its bias, its window), not on the lengths. The int8 path's
+  // (fp32 q, k, v, P rounded once: its output is quantized next; no window), and the bf16 dtype's (P in two parts, as
+  // the amx tiers carry it: within its accuracy target; with its window, so that a window reaching every key stays
+  // global attention bit for bit).
+  const bool takes_window = sizeof(T) == 2;
+  if ((sizeof(T) == 2 || bf16_products) &&
+      attention_from_bf16(head_dim, bias != nullptr || (!takes_window && window > 0))) {
+    parallel_for(nt, nt, [&](int64_t) {
+      if constexpr (sizeof(T) == 4)
+        attention_avx512bf16<float, float, false>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, 0);
+      else
+        attention_avx512bf16<bf16, bf16, true>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next,
+                                               window);
+    });
+    return;
+  }
+  if constexpr (sizeof(T) == 4) {
+    if (bf16_products && attention_int16(head_dim, bias != nullptr || window > 0)) {
+      parallel_for(nt, nt, [&](int64_t) {
+        attention_avx512int16(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
+      });
+      return;
+    }
+  }
+#endif
+  parallel_for(nt, nt, [&](int64_t) {
+    BF_DISPATCH(attention, q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
+  });
+}
+
+bool attention_from_bf16(int64_t head_dim, bool bias_or_window) {
+#if BF_X86
+  return head_dim <= 64 && !bias_or_window && active_isa() == Isa::Avx512Vnni && has_avx512_bf16();
+#else
+  (void)head_dim, (void)bias_or_window;
+  return false;
+#endif
+}
+
+bool attention_int16(int64_t head_dim, bool bias_or_window) {
+#if BF_X86
+  return head_dim <= 64 && !bias_or_window && active_isa() == Isa::Avx512Vnni && !has_avx512_bf16();
+#else
+  (void)head_dim, (void)bias_or_window;
+  return false;
+#endif
+}
+
+void attention_bf16_products(const bf16* q, const bf16* k, const bf16* v, const AttnStrides& s,
+                             const int32_t* cu_seqlens, int64_t batch, int64_t heads, int64_t head_dim, float scale,
+                             float* out) {
+#if BF_X86
+  const int nt = attention_threads(cu_seqlens, batch, heads, head_dim, 0);
+  if (nt == 0) return;
+  std::atomic<int64_t> next{0};
+  parallel_for(nt, nt, [&](int64_t) {
+    attention_avx512bf16<bf16, float, false>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, 0);
+  });
+#else
+  (void)q, (void)k, (void)v, (void)s, (void)cu_seqlens, (void)batch, (void)heads, (void)head_dim, (void)scale,
+      (void)out;
+#endif
+}
+
+template void attention<float>(const float*, const float*, const float*, const AttnStrides&, const int32_t*,
+                               int64_t, int64_t, int64_t, float, float*, bool, const AttnBias*, int64_t);
+template void attention<bf16>(const bf16*, const bf16*, const bf16*, const AttnStrides&, const int32_t*, int64_t,
+                              int64_t, int64_t, float, bf16*, bool, const AttnBias*, int64_t);
+
+}  // namespace cpu
+}  // namespace bertfast

@@ -1,0 +1,138 @@
+// The blocked AMX GEMM's loop nest (amx_gemm.h), written once for the bf16 (linear_amx.cpp) and the int8
+// (int8_linear_amx.cpp) kernels, each compiled twice (AMX tiles, emulated tiles: amx_tiles.h). The including file
+// defines BF_AMX_BLOCKED_TARGET as its kernels' target attribute (the template is force-inlined into them: GCC
+// inlines a targeted function only into one with the same target) and supplies a `Gemm` with:
+//   Acc                                the C tiles' element (float, int32_t)
+//   steps()                            tile steps along K
+//   groups(u)                          16-column groups of unit u (3, fewer in int8's last unit)
+//   a_tile(m, s), a_ld()               row m's A tile row at step s, and the bytes between rows
+//   b_tile(u, j, s), b_ld()            group j of unit u at step s: 16 rows of 64 bytes, b_ld apart
+//   dp(two_rows, two_cols)             the step's multiply-adds: tmm0 += tmm4 tmm6, tmm1 += tmm4 tmm7,
+//                                      tmm2 += tmm5 tmm6, tmm3 += tmm5 tmm7 (those the pair has)
+//   store(c, mr, m0, u, groups)        the epilogue of rows [m0, m0 + mr) of unit u from c (rows 48 apart)
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu/gemm/amx_gemm.h"
+#include "cpu/common/amx_tiles.h"
+
+#ifndef BF_AMX_BLOCKED_TARGET
+#error "define BF_AMX_BLOCKED_TARGET (the kernels' BF_TARGET_TILES_*) before including amx_blocked.h"
+#endif
+
+#if BF_X86
+namespace bertfast {
+namespace cpu {
+namespace amx_blocked_detail {
+
+// tmm0-3: C of [row block 0, 1] x [column group 0, 1] of the pair; tmm4-5: A of row block 0, 1; tmm6-7: B of column
+// group 0, 1. Row block 0 has rows0 rows, block 1 rows1 (0: none; its tiles then take rows0 and stay unused).
+// Reconfigured (which zeroes the tiles) only when the pair's rows change: at the item's last pair.
+static BF_TARGET_TILES BF_INLINE void configure_pair(int rows0, int rows1, int* configured) {
+  const int key = rows0 * 32 + rows1;
+  if (key == *configured) return;
+  *configured = key;
+  if (rows1 == 0) rows1 = rows0;
+  AmxTileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  const int rows[8] = {rows0, rows0, rows1, rows1, rows0, rows1, 16, 16};
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = uint8_t(rows[t]);
+    cfg.colsb[t] = 64;
+  }
+  BF_TILE_LOADCONFIG(&cfg);
+}
+
+// The next weight sub-panel (the next K block, or the next unit's first) pulled into L2 while this one is
+// computed, a few lines per tile step: `lines` lines, in (step, group, tile row) order, over `calls` calls of step().
+// No divisions: a step is ~64 cycles of multiply-adds.
+template <typename Gemm>
+struct NextBlock {
+  const Gemm& g;
+  int64_t u, s, groups, lines, calls, credit = 0;
+  int j = 0, r = 0;
+
+  BF_INLINE void step() {
+    for (credit += lines; credit >= calls; credit -= calls) {
+      _mm_prefetch(reinterpret_cast<const char*>(g.b_tile(u, j, s)) + r * g.b_ld(), _MM_HINT_T1);
+      if (++r == 16) {
+        r = 0;
+        if (++j == groups) j = 0, ++s;
+      }
+    }
+  }
+};
+
+}  // namespace amx_blocked_detail
+
+// Output rows [r0, r0 + rows) (rows <= kAmxMaxItemRows) x units [u0, u1): for each unit, K block by K block, every
+// 32-row pair of the rows against the block's weights (in L1 after the first pair), its C tiles resumed from and
+// saved to `c`; after the last K block the epilogue per 16-row block.
+template <typename Gemm>
+BF_AMX_BLOCKED_TARGET BF_INLINE void amx_blocked_item(const Gemm& g, int64_t r0, int64_t rows, int64_t u0,
+                                                      int64_t u1) {
+  using Acc = typename Gemm::Acc;
+  constexpr int64_t ldc = 48 * sizeof(Acc);  // bytes between the scratch's rows
+  alignas(64) Acc c[kAmxMaxItemRows * 48];
+  const int64_t steps = g.steps(), block_steps = amx_blocking().steps;
+  const int64_t blocks = (steps + block_steps - 1) / block_steps;
+  const int64_t pairs = (rows + kAmxPairRows - 1) / kAmxPairRows;
+  int configured = -1;
+  for (int64_t u = u0; u < u1; ++u) {
+    const int groups = g.groups(u);
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      const int64_t s0 = kb * block_steps, s1 = std::min(steps, s0 + block_steps);
+      // The next sub-panel: this unit's next K block, or the next unit's first; none after the run's last.
+      const bool last = kb + 1 == blocks;
+      const int64_t nu = last ? u + 1 : u, ns0 = last ? 0 : s1;
+      const int64_t next_groups = nu < u1 ? g.groups(nu) : 0;
+      amx_blocked_detail::NextBlock<Gemm> next{g, nu, ns0, next_groups,
+                                               next_groups * 16 * (std::min(steps, ns0 + block_steps) - ns0),
+                                               pairs * ((groups + 1) / 2) * (s1 - s0)};
+      for (int64_t i = 0; i < rows; i += kAmxPairRows) {
+        const int ra = int(std::min<int64_t>(16, rows - i)), rb = int(std::clamp<int64_t>(rows - i - 16, 0, 16));
+        amx_blocked_detail::configure_pair(ra, rb, &configured);
+        const int64_t m = r0 + i;
+        for (int j = 0; j < groups; j += 2) {
+          const bool two_cols = j + 1 < groups, two_rows = rb > 0;
+          Acc* c0 = c + i * 48 + 16 * j;  // row block 0, group j; the other tiles 16 columns and 16 rows on
+          if (kb == 0) {
+            BF_TILE_ZERO(0);
+            BF_TILE_ZERO(1);
+            BF_TILE_ZERO(2);
+            BF_TILE_ZERO(3);
+          } else {
+            BF_TILE_LOADD(0, c0, ldc);
+            if (two_cols) BF_TILE_LOADD(1, c0 + 16, ldc);
+            if (two_rows) BF_TILE_LOADD(2, c0 + 16 * 48, ldc);
+            if (two_rows && two_cols) BF_TILE_LOADD(3, c0 + 16 * 48 + 16, ldc);
+          }
+          for (int64_t s = s0; s < s1; ++s) {
+            next.step();
+            BF_TILE_LOADD(4, g.a_tile(m, s), g.a_ld());
+            if (two_rows) BF_TILE_LOADD(5, g.a_tile(m + 16, s), g.a_ld());
+            BF_TILE_LOADD(6, g.b_tile(u, j, s), g.b_ld());
+            if (two_cols) BF_TILE_LOADD(7, g.b_tile(u, j + 1, s), g.b_ld());
+            g.dp(two_rows, two_cols);
+          }
+          BF_TILE_STORED(0, c0, ldc);
+          if (two_cols) BF_TILE_STORED(1, c0 + 16, ldc);
+          if (two_rows) BF_TILE_STORED(2, c0 + 16 * 48, ldc);
+          if (two_rows && two_cols) BF_TILE_STORED(3, c0 + 16 * 48 + 16, ldc);
+          // The tile intrinsics are asm without a memory clobber: tell the compiler `c` changed before the
+          // epilogue reads it.
+          asm volatile("" ::: "memory");
+        }
+      }
+    }
+    for (int64_t i = 0; i < rows; i += 16) g.store(c + i * 48, int(std::min<int64_t>(16, rows - i)), r0 + i, u, groups);
+  }
+  if (configured >= 0) BF_TILE_RELEASE();
+}
+
+}  // namespace cpu
+}  // namespace bertfast
+#endif

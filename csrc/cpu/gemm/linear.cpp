@@ -1,0 +1,117 @@
+// GEMM on prepacked weights: out = act(x w^T + bias) + residual.
+//
+// At small M (a handful of tokens) a linear layer is bound by reading its weights once from memory; the
+// packed layout makes that read one sequential stream per panel of kPanel output columns, and threads
+// share the panels out so that each streams one contiguous stretch (MeetInTheMiddle, parallel.h). With
+// more rows the same panels feed a compute-bound blocked GEMM (fp32: linear_blocked_f32 on AVX-512,
+// linear_blocked_generic on the portable tier; bf16 on AVX-512 without AVX-512 BF16: linear_blocked_bf16);
+// the AVX2 kernel streams at every M.
+// fp32 weights: [panels][K][kPanel]. bf16 weights: [panels][ceil(K/2)][kPanel][2], pairs along K as
+// AVX-512 BF16 dot products (vdpbf16ps) and AMX tiles want them. Accumulation is fp32; bias, activation and
+// residual are applied to the fp32 accumulator and the result is rounded once.
+//
+// The files: linear_pack.cpp (the packed layout), linear_stream.cpp and linear_stream_avx2.cpp (streaming,
+// small M), linear_blocked.cpp (larger M: fp32 on AVX-512 and portable, widened bf16), linear_amx.cpp (bf16 on
+// AMX tiles); this one chooses.
+#include <omp.h>
+
+#include <algorithm>
+
+#include "cpu/gemm/amx_gemm.h"
+#include "cpu/gemm/linear_impl.h"
+
+namespace bertfast {
+namespace cpu {
+
+using namespace linear_detail;
+
+namespace {
+
+// The items of an M x N output: row blocks of equal size (a multiple of 8, at most kBlockRows) times
+// `runs` equal runs of panels (one per thread: each packs a block of x once for its whole run).
+struct BlockedItems {
+  int64_t rows_per, row_blocks, panels, runs;
+  BlockedItems(int64_t M, int64_t panels_, int64_t runs_) : panels(panels_), runs(runs_) {
+    row_blocks = (M + kBlockRows - 1) / kBlockRows;
+    rows_per = ((M + row_blocks - 1) / row_blocks + kMaxRows - 1) / kMaxRows * kMaxRows;
+    row_blocks = (M + rows_per - 1) / rows_per;
+  }
+  int64_t count() const { return row_blocks * runs; }
+  int64_t first_panel(int64_t run) const { return panels * run / runs; }
+};
+
+}  // namespace
+
+// The GEMM of linear_packed / linear_packed_wide: the regime, its threads and items; `ep` says where results go.
+template <typename T>
+void run_linear(const T* x, int64_t ldx, const T* packed, int64_t m, int64_t n, int64_t k, const Epilogue& ep) {
+  if (m == 0 || n == 0) return;
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  const int nt = int(std::min<int64_t>(panels, threads_for(m * n * k / 4)));
+  const Isa isa = active_isa();
+#if BF_X86
+  const bool amx = sizeof(T) == 2 && amx_kernels(isa) && k % kAmxK == 0;
+  if constexpr (sizeof(T) == 2)
+    if (amx && amx_blocked(m, false)) return linear_amx_blocked_gemm(x, ldx, packed, m, n, k, ep, nt, isa != Isa::Amx);
+#endif
+  // Past kPackPasses passes (portable fp32: kPortablePackPasses), the blocked regime where the tier has one:
+  // fp32 on AVX-512 and portable, bf16 on AVX-512 without AVX-512 BF16 (widened; with it, bf16 streams or runs on
+  // the AMX tiles). AVX2 streams at every M.
+  const int64_t passes = (m + kMaxRows - 1) / kMaxRows;
+  const bool blocked = sizeof(T) == 4 ? (isa >= Isa::Avx512Vnni && passes > kPackPasses) ||
+                                            (isa == Isa::Portable && passes > kPortablePackPasses)
+                                      : isa == Isa::Avx512Vnni && !has_avx512_bf16() && passes > kPackPasses;
+  if (blocked) {
+    const BlockedItems items(m, panels, nt);
+    parallel_for(nt, items.count(), [&](int64_t i) {
+      const int64_t rb = i / items.runs, run = i % items.runs, r0 = rb * items.rows_per;
+      const int64_t rows = std::min(items.rows_per, m - r0);
+      const int64_t q0 = items.first_panel(run), q1 = items.first_panel(run + 1);
+      if constexpr (sizeof(T) == 2) {
+#if BF_X86
+        linear_blocked_bf16(x, ldx, packed, n, k, ep, r0, rows, q0, q1);
+#endif
+      } else {
+#if BF_X86
+        if (isa >= Isa::Avx512Vnni) return linear_blocked_f32(x, ldx, packed, m, n, k, ep, r0, rows, q0, q1);
+#endif
+        linear_blocked_generic(x, ldx, packed, n, k, ep, r0, rows, q0, q1);
+      }
+    });
+    return;
+  }
+  // One part per thread: each streams a contiguous stretch of panels, meeting its partner's.
+  const MeetInTheMiddle shared(panels, nt);
+  parallel_for(nt, nt, [&](int64_t part) {
+    MeetInTheMiddle::Walker mine = shared.walker(int(part));
+#if BF_X86
+    if constexpr (sizeof(T) == 2) {
+      if (amx) {
+        isa == Isa::Amx ? linear_amx(x, ldx, packed, m, n, k, ep, mine)
+                        : linear_amx_emulated(x, ldx, packed, m, n, k, ep, mine);
+        return;
+      }
+    }
+#endif
+    BF_DISPATCH(linear_stream, x, ldx, packed, m, n, k, ep, mine);
+  });
+}
+
+template <typename T>
+void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
+                    int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo) {
+  run_linear<T>(x, ldx, packed, m, n, k, Epilogue{bias, residual, ldr, act, out, ldo});
+}
+
+void linear_packed_wide(const bf16* x, int64_t ldx, const bf16* packed, const bf16* bias, const float* residual,
+                        int64_t ldr, int64_t m, int64_t n, int64_t k, Activation act, float* out, int64_t ldo) {
+  run_linear<bf16>(x, ldx, packed, m, n, k, Epilogue{bias, residual, ldr, act, out, ldo, true});
+}
+
+template void linear_packed<float>(const float*, int64_t, const float*, const float*, const float*, int64_t,
+                                    int64_t, int64_t, int64_t, Activation, float*, int64_t);
+template void linear_packed<bf16>(const bf16*, int64_t, const bf16*, const bf16*, const bf16*, int64_t, int64_t,
+                                   int64_t, int64_t, Activation, bf16*, int64_t);
+
+}  // namespace cpu
+}  // namespace bertfast

@@ -1,0 +1,114 @@
+// The GEMM on AMX tiles: bf16 with K a multiple of kAmxK on the Amx tier, any M; a streaming kernel and a blocked
+// one, bit-identical, chosen by M (amx_gemm.h). Compiled a second time, the tiles emulated, with
+// -DBF_AMX_EMULATED=1 (setup.py; the amx_emulated tier: amx_tiles.h).
+#include <omp.h>
+
+#include <algorithm>
+
+#include "cpu/common/amx_tiles.h"
+#include "cpu/gemm/linear_impl.h"
+
+#define BF_AMX_BLOCKED_TARGET BF_TARGET_TILES_BF16
+#include "cpu/gemm/amx_blocked.h"
+
+namespace bertfast {
+namespace cpu {
+namespace linear_detail {
+
+#if BF_X86
+// ---- AMX (bf16, K a multiple of 32): 16 rows x 48 columns per sweep in three tile accumulators ----
+//
+// At small M the GEMM is bound by streaming the weights, and AMX leaves the cores nearly idle while the
+// stream runs (one TDPBF16PS does 16 x 16 x 32 multiply-adds). The packed bf16 panel is already AMX's B
+// layout: 16 consecutive k pairs of 16 columns are 16 rows of 64 bytes, kPanel * 4 bytes apart. K steps of
+// kAmxK (linear_impl.h).
+constexpr int kAmxRows = 16;
+constexpr int64_t kAmxPrefetch = 2 * 16 * kPanel * 4;  // bytes ahead in the weight stream: two steps
+
+BF_TARGET_TILES_BF16 void BF_TILES(linear_amx)(const bf16* x, int64_t ldx, const bf16* packed, int64_t M,
+                                                int64_t N, int64_t K, const Epilogue& ep,
+                                                MeetInTheMiddle::Walker& panels) {
+  static_assert(kPanel == 48, "the AMX kernel holds a panel in three 16-column tiles");
+  DenormalGuard ftz;
+  const int64_t panel_bytes = K * kPanel * 2;  // K is even here
+  alignas(64) float tile[kAmxRows * kPanel];
+  int configured = -1;
+  for (int64_t p = panels.claim(); p >= 0; p = panels.claim()) {
+    const int64_t nvalid = std::min<int64_t>(kPanel, N - p * kPanel);
+    const bf16* wp = packed + p * (panel_bytes / 2);
+    const int64_t p_next = panels.peek();
+    const char* here = reinterpret_cast<const char*>(wp);
+    const char* next = p_next >= 0 ? reinterpret_cast<const char*>(packed) + p_next * panel_bytes : nullptr;
+    for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {
+      const int mr = int(std::min<int64_t>(kAmxRows, M - m0));
+      amx_begin_block(mr, &configured);
+      const bf16* xa = x + m0 * ldx;
+      for (int64_t k0 = 0; k0 < K; k0 += kAmxK) {
+        const bf16* b = wp + (k0 / 2) * kPanel * 2;  // 16 k pairs x kPanel columns x 2
+        // Two steps ahead along the thread's stream.
+        const char* pf = stream_at(here, next, panel_bytes, k0 * kPanel * 2 + kAmxPrefetch);
+        if (pf != nullptr)
+          for (int l = 0; l < 16 * kPanel * 4; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+        BF_TILE_LOADD(3, xa + k0, ldx * 2);
+        BF_TILE_LOADD(4, b, kPanel * 4);
+        BF_TILE_LOADD(5, b + 32, kPanel * 4);
+        BF_TILE_LOADD(6, b + 64, kPanel * 4);
+        BF_TILE_DPBF16PS(0, 3, 4);
+        BF_TILE_DPBF16PS(1, 3, 5);
+        BF_TILE_DPBF16PS(2, 3, 6);
+      }
+      BF_TILE_STORED(0, tile, kPanel * 4);
+      BF_TILE_STORED(1, tile + 16, kPanel * 4);
+      BF_TILE_STORED(2, tile + 32, kPanel * 4);
+      store_tile<bf16, true>(tile, mr, m0, p * kPanel, nvalid, ep);
+    }
+  }
+  if (configured >= 0) BF_TILE_RELEASE();
+}
+
+// ---- AMX, blocked (amx_blocked.h): the same tile steps and epilogue as above, per 32-row pair ----
+namespace {
+
+// The bf16 GEMM as amx_blocked_item reads it: a unit is one packed panel (B layout as above), steps of kAmxK.
+struct Bf16Tiles {
+  using Acc = float;
+  const bf16* x;
+  int64_t ldx;
+  const bf16* packed;
+  int64_t N, K;
+  const Epilogue& ep;
+
+  BF_INLINE int64_t steps() const { return K / kAmxK; }
+  BF_INLINE int groups(int64_t) const { return kPanel / 16; }
+  BF_INLINE const bf16* a_tile(int64_t m, int64_t s) const { return x + m * ldx + s * kAmxK; }
+  BF_INLINE int64_t a_ld() const { return ldx * 2; }
+  BF_INLINE const bf16* b_tile(int64_t u, int j, int64_t s) const {
+    return packed + u * K * kPanel + s * (kAmxK * kPanel) + 32 * j;
+  }
+  BF_INLINE int64_t b_ld() const { return kPanel * 4; }
+  BF_TARGET_TILES_BF16 BF_INLINE void dp(bool two_rows, bool two_cols) const {
+    BF_TILE_DPBF16PS(0, 4, 6);
+    if (two_cols) BF_TILE_DPBF16PS(1, 4, 7);
+    if (two_rows) BF_TILE_DPBF16PS(2, 5, 6);
+    if (two_rows && two_cols) BF_TILE_DPBF16PS(3, 5, 7);
+  }
+  // The streaming kernel's epilogue call, on the same fp32 sums.
+  BF_TARGET_TILES_BF16 BF_INLINE void store(const float* c, int mr, int64_t m0, int64_t u, int) const {
+    store_tile<bf16, true>(c, mr, m0, u * kPanel, std::min<int64_t>(kPanel, N - u * kPanel), ep);
+  }
+};
+
+}  // namespace
+
+BF_TARGET_TILES_BF16 void BF_TILES(linear_amx_blocked)(const bf16* x, int64_t ldx, const bf16* packed, int64_t N,
+                                                        int64_t K, const Epilogue& ep, int64_t r0, int64_t rows,
+                                                        int64_t p0, int64_t p1) {
+  DenormalGuard ftz;
+  amx_blocked_item(Bf16Tiles{x, ldx, packed, N, K, ep}, r0, rows, p0, p1);
+}
+
+#endif
+
+}  // namespace linear_detail
+}  // namespace cpu
+}  // namespace bertfast

@@ -1,4 +1,0 @@
-// The amx_emulated tier's int8 GEMM: int8_linear_amx.cpp's kernel itself, compiled with the tile instructions emulated
-// (amx_tiles.h, amx_emulation.cpp).
-#define BF_AMX_EMULATED 1
-#include "int8_linear_amx.cpp"
