@@ -1,5 +1,5 @@
-// The AMX GEMMs' kernel choice (BERTFAST_AMX_GEMM, set_amx_gemm: amx_gemm.h) and the blocked kernels' calls: the
-// work items (a block of rows x a run of units) shared out to the threads.
+// The AMX GEMMs' kernel choice (BERTFAST_AMX_GEMM, set_amx_gemm: amx_gemm.h) and the bf16 blocked kernel's call: its
+// work items (a block of rows x a run of units) shared out to the threads (amx_for_items; int8's: int8_linear.cpp).
 #include "cpu/gemm/amx_gemm.h"
 
 #include <atomic>
@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cpu/int8/int8_linear_impl.h"
 #include "cpu/gemm/linear_impl.h"
 
 namespace bertfast {
@@ -66,42 +65,17 @@ bool parse_amx_gemm(const char* name, AmxGemm* mode) {
 const char* amx_gemm_name(AmxGemm mode) { return kNames[static_cast<int>(mode)]; }
 
 #if BF_X86
-namespace {
-
-// f(r0, rows, u0, u1) for every work item of an M x `units` call (AmxItems), on nt threads.
-template <typename F>
-void for_items(int64_t M, int64_t units, int nt, const F& f) {
-  const AmxItems items(M, units, nt);
-  parallel_for(nt, items.count(), [&](int64_t i) {
-    const int64_t rb = i / items.runs, run = i % items.runs, r0 = rb * items.rows_per;
-    f(r0, std::min(items.rows_per, M - r0), items.first_unit(run), items.first_unit(run + 1));
-  });
-}
-
-}  // namespace
-
 namespace linear_detail {
 
 void linear_amx_blocked_gemm(const bf16* x, int64_t ldx, const bf16* packed, int64_t M, int64_t N, int64_t K,
                              const Epilogue& ep, int nt, bool emulated) {
-  for_items(M, (N + kPanel - 1) / kPanel, nt, [&](int64_t r0, int64_t rows, int64_t p0, int64_t p1) {
+  amx_for_items(M, (N + kPanel - 1) / kPanel, nt, [&](int64_t r0, int64_t rows, int64_t p0, int64_t p1) {
     emulated ? linear_amx_blocked_emulated(x, ldx, packed, N, K, ep, r0, rows, p0, p1)
              : linear_amx_blocked(x, ldx, packed, N, K, ep, r0, rows, p0, p1);
   });
 }
 
 }  // namespace linear_detail
-
-namespace int8_detail {
-
-// Units of three 16-column panels: the 48 columns of the bf16 kernel's unit, in three tile groups.
-void int8_amx_blocked_gemm(const Int8Args& a, int nt, bool emulated) {
-  for_items(a.M, ((a.N + 15) / 16 + 2) / 3, nt, [&](int64_t r0, int64_t rows, int64_t u0, int64_t u1) {
-    emulated ? panels_amx_blocked_emulated(a, r0, rows, u0, u1) : panels_amx_blocked(a, r0, rows, u0, u1);
-  });
-}
-
-}  // namespace int8_detail
 #endif
 
 }  // namespace cpu

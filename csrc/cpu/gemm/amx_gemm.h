@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cpu/common/parallel.h"
+
 namespace bertfast {
 namespace cpu {
 
@@ -75,6 +77,17 @@ struct AmxItems {
   int64_t count() const { return row_blocks * runs; }
   int64_t first_unit(int64_t run) const { return units * run / runs; }
 };
+
+// f(r0, rows, u0, u1) for every work item of an M x `units` call (AmxItems), on nt threads: how both blocked
+// kernels' calls (bf16: amx_gemm.cpp, int8: int8_linear.cpp) share out their items.
+template <typename F>
+void amx_for_items(int64_t M, int64_t units, int nt, const F& f) {
+  const AmxItems items(M, units, nt);
+  parallel_for(nt, items.count(), [&](int64_t i) {
+    const int64_t rb = i / items.runs, run = i % items.runs, r0 = rb * items.rows_per;
+    f(r0, std::min(items.rows_per, M - r0), items.first_unit(run), items.first_unit(run + 1));
+  });
+}
 
 }  // namespace cpu
 }  // namespace bertfast

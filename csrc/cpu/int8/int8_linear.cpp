@@ -120,7 +120,11 @@ void run_int8(const Int8Args& a, bool x_unsigned, const RowsThen* then) {
   // Threads split the output columns in groups of 4 panels (64 columns), so each streams its own weights.
   if (path == Int8Path::Amx) {
     if (amx_blocked(M, true)) {
-      int8_amx_blocked_gemm(a, nt, isa != Isa::Amx);
+      // Units of three 16-column panels: the 48 columns of the bf16 kernel's unit, in three tile groups.
+      amx_for_items(M, (panels + 2) / 3, nt, [&](int64_t r0, int64_t rows, int64_t u0, int64_t u1) {
+        isa == Isa::Amx ? panels_amx_blocked(a, r0, rows, u0, u1)
+                        : panels_amx_blocked_emulated(a, r0, rows, u0, u1);
+      });
     } else {
       parallel_for(nt, groups, [&](int64_t g) {
         const int64_t p0 = g * 4, p1 = std::min(panels, g * 4 + 4);

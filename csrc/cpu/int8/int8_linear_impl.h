@@ -179,11 +179,10 @@ BF_TARGET_VNNI void item_vnni(const Int8Args& a, const uint8_t* xu, int64_t ldu,
 BF_TARGET_AMX_INT8 void panels_amx(const Int8Args& a, int64_t p0, int64_t p1);
 BF_TARGET_VNNI void panels_amx_emulated(const Int8Args& a, int64_t p0, int64_t p1);
 // AMX-int8 blocked (int8_linear_amx.cpp, amx_gemm.h): rows [r0, r0 + rows) x units [u0, u1) of three panels, the
-// same int32 sums and epilogue as panels_amx; and with the tiles emulated. int8_amx_blocked_gemm (amx_gemm.cpp) runs
-// a whole call on nt threads.
+// same int32 sums and epilogue as panels_amx; and with the tiles emulated. int8_linear.cpp runs a whole call's items
+// on nt threads (amx_for_items, amx_gemm.h).
 BF_TARGET_AMX_INT8 void panels_amx_blocked(const Int8Args& a, int64_t r0, int64_t rows, int64_t u0, int64_t u1);
 BF_TARGET_VNNI void panels_amx_blocked_emulated(const Int8Args& a, int64_t r0, int64_t rows, int64_t u0, int64_t u1);
-void int8_amx_blocked_gemm(const Int8Args& a, int nt, bool emulated);
 #endif
 
 }  // namespace int8_detail
