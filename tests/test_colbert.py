@@ -1,6 +1,10 @@
 """ColBERT late interaction: `bertfast.ColBERT` against PyLate's `models.ColBERT.encode` on random checkpoints PyLate
-saved (skipped where PyLate cannot build one), against an oracle of PyLate's rules on checkpoints written here in its
-format, the engine's key mask against transformers, batch invariance, MaxSim against `pylate.scores`, and errors."""
+saved, against an oracle of PyLate's rules on checkpoints written here in its format, the engine's key mask against
+transformers, batch invariance, MaxSim against `pylate.scores`, and errors.
+
+PyLate runs in one child process per module on the side environment `bash install.sh --test` builds (PyLate pins
+sentence-transformers 5.3, the test extra asks >= 6.2: tests/helpers/pylate_side.py); without it those tests fail
+with the command to run (BERTFAST_ALLOW_MISSING=1: skipped)."""
 
 import os
 
@@ -15,13 +19,21 @@ import bertfast
 from bertfast import ConfigError
 from bertfast.accuracy import rel_error, within
 from conftest import hf_bert
-from helpers.colbert import oracle, pylate_missing, pylate_unavailable, save_with_pylate, write_colbert
+from helpers import environment
+from helpers.colbert import oracle, write_colbert
+from helpers.pylate_side import load_ragged, run, save_ragged, side_missing
 from helpers.sentences import sentences
 
 # texts of 1 to 420 words (documents past document_length, queries past query_length), an empty one, punctuation only
 TEXTS = sentences(40, seed=3) + ["", "  ...!!  ", "word, word; word.", "x" * 3]
-PYLATE_REASON = pylate_unavailable()
-needs_pylate = pytest.mark.skipif(PYLATE_REASON is not None, reason=str(PYLATE_REASON))
+# the checkpoints PyLate builds besides its defaults (seed 0): test_pylate_options' cases, each with seed 1
+PYLATE_OPTIONS = {
+    "attend-expansion": dict(attend_to_expansion_tokens=True),
+    "no-expansion": dict(do_query_expansion=False),
+    "short-custom-skiplist": dict(query_length=12, document_length=20, skiplist_words=["the", "notaword", ","]),
+    "stanford-prefixes": dict(query_prefix="[unused0]", document_prefix="[unused1]"),
+    "modernbert": dict(family="modernbert"),
+}
 
 
 def check(ours, theirs, tol=1e-5):
@@ -33,10 +45,27 @@ def check(ours, theirs, tol=1e-5):
 
 
 @pytest.fixture(scope="module")
-def pylate_model(tmp_path_factory, minilm_path):
-    if PYLATE_REASON is not None:
-        pytest.skip(PYLATE_REASON)
-    return save_with_pylate(tmp_path_factory.mktemp("colbert") / "model", minilm_path)
+def pylate_run(tmp_path_factory, minilm_path):
+    """PyLate's child, run once: every checkpoint of this module built, saved and encoded by PyLate, its MaxSim on
+    the ragged case and on its own vectors, and an in-memory model through from_pylate and optimize."""
+    reason = side_missing()
+    if reason is not None:
+        (pytest.skip if environment.ALLOW_MISSING else pytest.fail)(reason)
+    out = tmp_path_factory.mktemp("pylate")
+    queries, docs, _ = _maxsim_case()
+    save_ragged(out / "maxsim-query.npz", queries)
+    save_ragged(out / "maxsim-document.npz", docs)
+    models = {"defaults": dict(seed=0, options={})}
+    models.update({name: dict(seed=1, options=options) for name, options in PYLATE_OPTIONS.items()})
+    job = dict(tokenizer=minilm_path, texts=TEXTS, batch_size=7, models=models, from_pylate="defaults",
+               scores=[["maxsim-query", "maxsim-document"], ["defaults-query", "defaults-document"]])
+    report = run(job, out)
+    assert report["versions"]["sentence_transformers"].startswith("5."), report
+    return out, report
+
+
+def pylate_encoded(out, name, is_query):
+    return load_ragged(out / f"{name}-{'query' if is_query else 'document'}.npz")
 
 
 @pytest.fixture(scope="module")
@@ -44,57 +73,33 @@ def written_model(tmp_path_factory, minilm_path):
     return write_colbert(tmp_path_factory.mktemp("colbert") / "written", minilm_path)
 
 
-def pylate_model_of(path):
-    import warnings
-
-    from pylate import models
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return models.ColBERT(path, device="cpu")
-
-
-def pylate_encode(path, texts, is_query, batch_size=7):
-    return pylate_model_of(path).encode(texts, is_query=is_query, batch_size=batch_size)
-
-
-@needs_pylate
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 @pytest.mark.parametrize("is_query", [True, False], ids=["query", "document"])
-def test_matches_pylate(pylate_model, backend, is_query):
-    ours = bertfast.ColBERT.from_pretrained(pylate_model, backend=backend)
-    check(ours.encode(TEXTS, is_query=is_query, batch_size=5), pylate_encode(pylate_model, TEXTS, is_query))
+def test_matches_pylate(pylate_run, backend, is_query):
+    out, _ = pylate_run
+    ours = bertfast.ColBERT.from_pretrained(str(out / "defaults"), backend=backend)
+    check(ours.encode(TEXTS, is_query=is_query, batch_size=5), pylate_encoded(out, "defaults", is_query))
 
 
-@needs_pylate
-def test_from_pylate_and_optimize(pylate_model):
-    """An in-memory PyLate model: `ColBERT.from_pylate` matches it; `bertfast.optimize` refuses it (the engine would
-    leave its unattended expansion tokens at 0) and leaves it running unchanged."""
-    model = pylate_model_of(pylate_model)
-    ours = bertfast.ColBERT.from_pylate(model, backend="cpu")
+def test_from_pylate_and_optimize(pylate_run):
+    """An in-memory PyLate model (in PyLate's child): `ColBERT.from_pylate` matches it; `bertfast.optimize` refuses
+    it (the engine would leave its unattended expansion tokens at 0) and leaves it running unchanged."""
+    out, report = pylate_run
     for is_query in (True, False):
-        check(ours.encode(TEXTS, is_query=is_query), model.encode(TEXTS, is_query=is_query))
-    with pytest.raises(bertfast.EngineUnsupported, match="from_pylate"):
-        bertfast.optimize(model, strict=True)
-    with pytest.warns(UserWarning, match="query expansion"):
-        assert bertfast.optimize(model) is model
-    check(model.encode(TEXTS[:4]), ours.encode(TEXTS[:4]))
+        check(pylate_encoded(out, "from_pylate", is_query), pylate_encoded(out, "defaults", is_query))
+    result = report["from_pylate"]
+    assert result["strict_error"] is not None and "from_pylate" in result["strict_error"], result
+    assert result["returned_model"], result
+    assert any(w.startswith("UserWarning") and "query expansion" in w for w in result["warnings"]), result
+    check(load_ragged(out / "after_optimize.npz"), load_ragged(out / "from_pylate-first4.npz"))
 
 
-@needs_pylate
-@pytest.mark.parametrize("options", [
-    pytest.param(dict(attend_to_expansion_tokens=True), id="attend-expansion"),
-    pytest.param(dict(do_query_expansion=False), id="no-expansion"),
-    pytest.param(dict(query_length=12, document_length=20, skiplist_words=["the", "notaword", ","]),
-                 id="short-custom-skiplist"),
-    pytest.param(dict(query_prefix="[unused0]", document_prefix="[unused1]"), id="stanford-prefixes"),
-    pytest.param(dict(family="modernbert"), id="modernbert"),
-])
-def test_pylate_options(tmp_path, minilm_path, options):
-    path = save_with_pylate(tmp_path / "m", minilm_path, seed=1, **options)
-    ours = bertfast.ColBERT.from_pretrained(path, backend="cpu")
+@pytest.mark.parametrize("name", list(PYLATE_OPTIONS))
+def test_pylate_options(pylate_run, name):
+    out, _ = pylate_run
+    ours = bertfast.ColBERT.from_pretrained(str(out / name), backend="cpu")
     for is_query in (True, False):
-        check(ours.encode(TEXTS, is_query=is_query), pylate_encode(path, TEXTS, is_query))
+        check(ours.encode(TEXTS, is_query=is_query), pylate_encoded(out, name, is_query))
 
 
 @pytest.mark.parametrize("options", [
@@ -203,14 +208,23 @@ def test_colbert_scores_match_pylate_rule():
     assert torch.allclose(pairs, torch.stack([(q @ d.T).amax(-1).sum() for q, d in zip(queries, docs)]), rtol=1e-6)
 
 
-@pytest.mark.skipif(pylate_missing() is not None, reason=str(pylate_missing()))
-def test_colbert_scores_match_pylate_scores():
-    """The same ragged case against pylate.scores.colbert_scores itself, wherever pylate is installed."""
-    from pylate import scores
-
-    queries, docs, padded = _maxsim_case()
+def test_colbert_scores_match_pylate_scores(pylate_run):
+    """pylate.scores' colbert_scores (documents zero-padded, with their mask) and colbert_scores_pairwise itself:
+    on the same ragged case, and on PyLate's own query and document vectors against bertfast's."""
+    out, _ = pylate_run
+    queries, docs, _ = _maxsim_case()
     ours = bertfast.colbert_scores([q.numpy() for q in queries], docs)
-    assert torch.allclose(ours, scores.colbert_scores(torch.stack(queries), padded), rtol=1e-6, atol=1e-6)
+    theirs = torch.from_numpy(np.load(out / "maxsim-query-maxsim-document-scores.npy"))
+    assert ours.shape == (3, 4) and torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+    pairs = bertfast.colbert_scores_pairwise(queries, docs[:3])
+    assert torch.allclose(pairs, torch.from_numpy(np.load(out / "maxsim-query-maxsim-document-pairwise.npy")),
+                          rtol=1e-6, atol=1e-6)
+    model = bertfast.ColBERT.from_pretrained(str(out / "defaults"), backend="cpu")
+    q, d = (model.encode(TEXTS, is_query=is_query) for is_query in (True, False))
+    theirs = torch.from_numpy(np.load(out / "defaults-query-defaults-document-scores.npy")).double()
+    assert rel_error(bertfast.colbert_scores(q, d), theirs) <= 1e-5
+    pairs = torch.from_numpy(np.load(out / "defaults-query-defaults-document-pairwise.npy")).double()
+    assert rel_error(bertfast.colbert_scores_pairwise(q, d), pairs) <= 1e-5
 
 
 def test_errors(written_model, tiny_text_model, tmp_path, minilm_path):

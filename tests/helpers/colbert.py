@@ -1,14 +1,14 @@
 """Random ColBERT checkpoints in PyLate's format, and an oracle of its rules, for tests/test_colbert.py.
 
-`save_with_pylate` has PyLate build and save one (from a random BertModel and the default model's tokenizer);
-`write_colbert` writes the same files without PyLate (the prefix tokens added to the tokenizer, the embeddings grown
-to match, modules.json, the Dense projection, config_sentence_transformers.json); `oracle` applies PyLate's rules
-to one text at a time with transformers' tokenizer and model: nothing is downloaded.
+`save_with_pylate` has PyLate build and save one (from a random BertModel and the default model's tokenizer), in
+PyLate's child process (tests/helpers/pylate_side.py); `write_colbert` writes the same files without PyLate (the
+prefix tokens added to the tokenizer, the embeddings grown to match, modules.json, the Dense projection,
+config_sentence_transformers.json); `oracle` applies PyLate's rules to one text at a time with transformers'
+tokenizer and model: nothing is downloaded.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import os
@@ -51,30 +51,6 @@ def base_model(path, tokenizer_dir: str, seed: int = 0, vocab_size: int = 30522,
         if os.path.isfile(os.path.join(tokenizer_dir, name)):
             shutil.copy(os.path.join(tokenizer_dir, name), path)
     return model
-
-
-def pylate_missing() -> str | None:
-    """None when pylate is installed, else why it is not: the version fact (PyLate pins sentence-transformers 5.3,
-    the test extra asks for 6.2 or later), so the skip names it."""
-    if importlib.util.find_spec("pylate") is not None:
-        return None
-    import sentence_transformers
-
-    return (f"PyLate pins sentence-transformers 5.3.0 and this environment has sentence-transformers "
-            f"{sentence_transformers.__version__} (the test extra asks >= 6.2): no pylate here")
-
-
-def pylate_unavailable() -> str | None:
-    """None when PyLate can build a ColBERT here (sentence-transformers 5.x), else why not."""
-    import sentence_transformers
-
-    if not sentence_transformers.__version__.startswith("5."):
-        return (f"PyLate builds models with sentence-transformers 5.x only (it pins 5.3.0); this environment has "
-                f"sentence-transformers {sentence_transformers.__version__} (the test extra asks >= 6.2)")
-    if pylate_missing() is not None:
-        return pylate_missing()
-    from pylate import models  # noqa: F401 - installed beside sentence-transformers 5.x: it must import
-    return None
 
 
 def save_with_pylate(path, tokenizer_dir: str, *, seed: int = 0, embedding_size: int = 32, family: str = "bert",
