@@ -330,12 +330,13 @@ def test_npy_output_and_resume(tmp_path, tiny_text_model, expected, monkeypatch)
     (["{txt}", "{out}", "--batch-tokens", "0"], "--batch-tokens must be >= 1"),
     (["{txt}", "{out}", "--shard-rows", "-3"], "--shard-rows must be >= 1"),
     (["{txt}", "{out}", "--pooling", "mean,median"], "unknown pooling mode 'median'"),
-    (["{txt}", "{out}", "--dtype", "fp8"], "dtype 'fp8' is not supported"),
+    (["{txt}", "{out}", "--dtype", "fp4"], "dtype 'fp4' is not supported"),
+    (["{txt}", "{out}", "--dtype", "fp8"], "no backend is available for device 'cpu' with 'fp8' quantization"),
     (["{txt}", "{bad_suffix}"], "is a file"),
     (["{txt}", "{not_empty}"], "is not an embed output"),
     (["{txt}", "{out}", "--prompt-name", "nope"], "prompt name 'nope'"),
 ], ids=["missing", "suffix", "empty-dir", "txt-id", "npy-id", "batch-tokens", "shard-rows", "pooling",
-        "dtype", "output-file", "output-not-empty", "prompt-name"])
+        "dtype", "dtype-fp8-cpu", "output-file", "output-not-empty", "prompt-name"])
 def test_clear_errors(tmp_path, tiny_text_model, capsys, argv, message):
     (tmp_path / "empty_dir").mkdir()
     (tmp_path / "not_empty").mkdir()
