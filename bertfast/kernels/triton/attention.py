@@ -223,6 +223,31 @@ def _check_qkv(op: str, q, k, v, ndim: int):
                          f"{tuple(v.shape)}")
 
 
+def check_varlen(op: str, cu_seqlens, max_seqlen) -> None:
+    """cu_seqlens a 1-D int32 (B+1,) tensor, B >= 0, and max_seqlen a non-negative int (their values are checked
+    apart, with a device-to-host copy, where the caller asks)."""
+    if not torch.is_tensor(cu_seqlens) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
+        desc = (f"{cu_seqlens.dtype} tensor of shape {tuple(cu_seqlens.shape)}" if torch.is_tensor(cu_seqlens)
+                else type(cu_seqlens).__name__)
+        raise ValueError(f"{op}: cu_seqlens must be a 1-D int32 tensor (B+1,), got {desc}")
+    if cu_seqlens.numel() < 1:
+        raise ValueError(f"{op}: cu_seqlens must hold at least one element (B+1 with B >= 0)")
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise ValueError(f"{op}: max_seqlen must be a non-negative int, got {max_seqlen!r}")
+
+
+def check_varlen_values(op: str, cu_seqlens: torch.Tensor, max_seqlen: int, T: int) -> None:
+    """cu_seqlens starts at 0, never decreases and ends at T, and no sequence is longer than max_seqlen (one read
+    back from the device)."""
+    bounds = cu_seqlens.tolist()
+    lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    if bounds[0] != 0 or bounds[-1] != T or any(n < 0 for n in lengths):
+        raise ValueError(f"{op}: cu_seqlens must start at 0, be non-decreasing and end at T = {T}; "
+                         f"got {bounds[:8]}{'...' if len(bounds) > 8 else ''}")
+    if lengths and max(lengths) > max_seqlen:
+        raise ValueError(f"{op}: max_seqlen = {max_seqlen} but a sequence has {max(lengths)} tokens")
+
+
 def _check_bias(op: str, bias, T: int, heads: int):
     """A relative position bias (table (heads, width) float32, rows contiguous; positions (T,) int32); returns it."""
     if not isinstance(bias, tuple) or len(bias) != 2:
@@ -310,14 +335,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     """
     op = "attention"
     _check_qkv(op, q, k, v, 3)
-    if not torch.is_tensor(cu_seqlens) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
-        desc = (f"{cu_seqlens.dtype} tensor of shape {tuple(cu_seqlens.shape)}" if torch.is_tensor(cu_seqlens)
-                else type(cu_seqlens).__name__)
-        raise ValueError(f"{op}: cu_seqlens must be a 1-D int32 tensor (B+1,), got {desc}")
-    if cu_seqlens.numel() < 1:
-        raise ValueError(f"{op}: cu_seqlens must hold at least one element (B+1 with B >= 0)")
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
-        raise ValueError(f"{op}: max_seqlen must be a non-negative int, got {max_seqlen!r}")
+    check_varlen(op, cu_seqlens, max_seqlen)
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise ValueError(f"{op}: window must be a non-negative int (0 = no window), got {window!r}")
     T, heads, d = q.shape
@@ -330,13 +348,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         tensors += list(_check_bias(op, bias, T, heads))
     check_device(op, *tensors)
     if validate:
-        bounds = cu_seqlens.tolist()
-        lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
-        if bounds[0] != 0 or bounds[-1] != T or any(n < 0 for n in lengths):
-            raise ValueError(f"{op}: cu_seqlens must start at 0, be non-decreasing and end at T = {T}; "
-                             f"got {bounds[:8]}{'...' if len(bounds) > 8 else ''}")
-        if lengths and max(lengths) > max_seqlen:
-            raise ValueError(f"{op}: max_seqlen = {max_seqlen} but a sequence has {max(lengths)} tokens")
+        check_varlen_values(op, cu_seqlens, max_seqlen, T)
     out = torch.empty(T, heads, d, dtype=q.dtype, device=q.device)
     batch = cu_seqlens.numel() - 1
     if T > 0 and batch > 0 and max_seqlen > 0:

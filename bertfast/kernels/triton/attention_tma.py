@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .attention import MMA_CONFIGS, _check_qkv
+from .attention import MMA_CONFIGS, _check_qkv, check_varlen, check_varlen_values
 from ._common import check_device
 
 # Where the key step comes from: `_attention_block`'s tensor-core family steps 64 keys at a time, and a row's bits
@@ -175,26 +175,13 @@ def attention_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
         raise ValueError(f"{op}: fp16 or bf16 inputs only (tensor cores), got {q.dtype} (use attention_varlen)")
     if d not in HEAD_DIMS:
         raise ValueError(f"{op}: head_dim must be one of {HEAD_DIMS}, got {d} (use attention.attention_varlen)")
-    if not torch.is_tensor(cu_seqlens) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
-        desc = (f"{cu_seqlens.dtype} tensor of shape {tuple(cu_seqlens.shape)}" if torch.is_tensor(cu_seqlens)
-                else type(cu_seqlens).__name__)
-        raise ValueError(f"{op}: cu_seqlens must be a 1-D int32 tensor (B+1,), got {desc}")
-    if cu_seqlens.numel() < 1:
-        raise ValueError(f"{op}: cu_seqlens must hold at least one element (B+1 with B >= 0)")
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
-        raise ValueError(f"{op}: max_seqlen must be a non-negative int, got {max_seqlen!r}")
+    check_varlen(op, cu_seqlens, max_seqlen)
     check_device(op, q, k, v, cu_seqlens)
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tma(op, name, t)
     check_arch(q.device)
     if validate:
-        bounds = cu_seqlens.tolist()
-        lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
-        if bounds[0] != 0 or bounds[-1] != T or any(n < 0 for n in lengths):
-            raise ValueError(f"{op}: cu_seqlens must start at 0, be non-decreasing and end at T = {T}; "
-                             f"got {bounds[:8]}{'...' if len(bounds) > 8 else ''}")
-        if lengths and max(lengths) > max_seqlen:
-            raise ValueError(f"{op}: max_seqlen = {max_seqlen} but a sequence has {max(lengths)} tokens")
+        check_varlen_values(op, cu_seqlens, max_seqlen, T)
     config = config_for(d, q.dtype, tile)
     out = torch.empty(T, heads, d, dtype=q.dtype, device=q.device)
     batch = cu_seqlens.numel() - 1
