@@ -47,8 +47,11 @@ def test_ordered_map_in_order_on_its_own_threads():
     native = _native()
     before = (native.num_threads(), torch.get_num_threads())
     seen = {}
+    together = threading.Barrier(2, timeout=60)  # items 0 and 1 run at once, so on two workers, however fast
 
     def fn(i):
+        if i < 2:
+            together.wait()
         time.sleep(0.002 * ((i * 7) % 5))  # finish out of order
         torch.ones(64, 64).sum()  # a torch op first: its per-thread setup must not undo the worker's count
         seen[i] = (threading.current_thread().name, native.num_threads(), torch.get_num_threads())
