@@ -8,8 +8,8 @@ for that case.
 Invariant: a row's output bits do not depend on its batch, and equal `attention._attention_block`'s: the same online
 softmax in the same order (log2 units, exp2, the running max and sum updated as there, p rounded to the input dtype
 before the PV dot), keys BLOCK_N = 64 at a time from key 0 up, and a tile config that is a function of (head_dim,
-dtype, tile name) only. A TMA box runs past a sequence's end into the next sequence's rows (or the zero fill past T): those
-keys get a -inf score (p = 0 exactly) and those query rows are never stored. Their V rows still enter the PV dot,
+dtype, tile name) only. A TMA box runs past a sequence's end into the next sequence's rows (or the zero fill past T):
+those keys get a -inf score (p = 0 exactly) and those query rows are never stored. Their V rows still enter the PV dot,
 times p = 0: finite values add nothing, but a non-finite V in the next sequence would reach this one's rows, where
 `_attention_block` loads zeros instead.
 

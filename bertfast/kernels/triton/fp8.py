@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ..activation import IDS as ACTIVATIONS
 from ._common import INTERPRET, _program_tile, check_device, check_shape, configs_for_mode, next_pow2
-from .linear import _apply_activation
+from .linear import _gemm_epilogue
 
 AOT_MIN_ARCH = 89  # `bertfast kernels` builds these variants only for sm_89 / sm_90: fp8 tensor cores
 E4M3_MAX = tl.constexpr(448.0)  # a jit function reads it: a constexpr, or the compiler refuses the global
@@ -181,25 +181,8 @@ def _fp8_linear_kernel(
     x_scale = tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)  # [BLOCK_M] fp32
     w_scale = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)  # [BLOCK_N] fp32
     acc = acc * x_scale[:, None] * w_scale[None, :]
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)  # [BLOCK_N]
-        acc += bias[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_QKV:
-        plane = offs_n // hidden  # 0 = q, 1 = k, 2 = v
-        if SCALE_Q:
-            acc = tl.where((plane == 0)[None, :], acc * q_scale, acc)
-        col = offs_n - plane * hidden
-        # int64: 3 * M * hidden passes 2^31 at ~700k tokens of BERT-large.
-        offs_out = plane.to(tl.int64)[None, :] * M * hidden + offs_m.to(tl.int64)[:, None] * hidden + col[None, :]
-        tl.store(out_ptr + offs_out, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        acc = _apply_activation(acc, ACTIVATION)
-        if HAS_RESIDUAL:
-            res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn, mask=mask,
-                          other=0.0)  # [BLOCK_M, BLOCK_N]
-            acc += res.to(tl.float32)
-        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _gemm_epilogue(acc, offs_m, offs_n, M, N, b_ptr, res_ptr, stride_rm, stride_rn, out_ptr, N, hidden, q_scale,
+                   ACTIVATION, HAS_BIAS, HAS_RESIDUAL, SPLIT_QKV, SCALE_Q)
 
 
 def _check_gemm(op: str, x, weight, bias, n_rows: int | None = None):

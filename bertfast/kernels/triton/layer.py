@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ._common import INTERPRET, _gemm_tile, _layernorm_row, _tile_of, check_device, dot_precision, next_pow2
 from .attention import _attention_block
-from .linear import _apply_activation
+from .linear import _gemm_epilogue
 
 # The token counts a call runs through this kernel (more tokens: the op-by-op kernels, tuned for large GEMMs).
 MAX_TOKENS = 512
@@ -63,25 +63,12 @@ def _gemm_item(item, x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, M, N, K, hidden,
                INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                GROUP_M: tl.constexpr):
     """One output tile of act(x @ w.T + b) (+ residual), all row-major; QKV_OUT: stored as the q, k, v planes
-    [3, M, hidden] that `qkv.qkv` writes. The epilogue in linear's and qkv's order."""
+    [3, M, hidden] that `qkv.qkv` writes. linear's and qkv's own epilogue."""
     pid_m, pid_n = _tile_of(item, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc, offs_m, offs_n = _gemm_tile(x_ptr, w_ptr, M, N, K, K, 1, K, 1, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
                                      INPUT_PRECISION)
-    mask_n = offs_n < N
-    mask = (offs_m < M)[:, None] & mask_n[None, :]
-    bias = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)  # [BLOCK_N]
-    acc += bias[None, :]
-    acc = _apply_activation(acc, ACTIVATION)
-    if HAS_RESIDUAL:
-        res = tl.load(res_ptr + offs_m[:, None] * N + offs_n[None, :], mask=mask, other=0.0)  # [BLOCK_M, BLOCK_N]
-        acc += res.to(tl.float32)
-    if QKV_OUT:
-        plane = offs_n // hidden  # 0 = q, 1 = k, 2 = v
-        col = offs_n - plane * hidden
-        offs_out = plane.to(tl.int64)[None, :] * M * hidden + offs_m.to(tl.int64)[:, None] * hidden + col[None, :]
-    else:
-        offs_out = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    tl.store(out_ptr + offs_out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _gemm_epilogue(acc, offs_m, offs_n, M, N, b_ptr, res_ptr, N, 1, out_ptr, N, hidden, 1.0, ACTIVATION, True,
+                   HAS_RESIDUAL, QKV_OUT, False)
 
 
 @triton.jit

@@ -49,34 +49,55 @@ def _apply_activation(acc, ACTIVATION: tl.constexpr):
     return acc
 
 
+@triton.jit
+def _gemm_epilogue(acc, offs_m, offs_n, M, N, b_ptr, res_ptr, stride_rm, stride_rn, out_ptr, stride_om, hidden,
+                   q_scale, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                   SPLIT_QKV: tl.constexpr, SCALE_Q: tl.constexpr):
+    """The fused GEMMs' one epilogue, on the fp32 tile [BLOCK_M, BLOCK_N] of rows offs_m and columns offs_n: + bias,
+    then either the QKV split into the [3, M, hidden] planes q, k, v that attention reads (q times q_scale with
+    SCALE_Q), or the activation and + residual into out's rows of stride_om; one rounding to out's dtype. Every fused
+    GEMM kernel (linear, qkv, the persistent layer, the TMA and fp8 GEMMs) ends here, so a row's epilogue is the same
+    arithmetic whichever computed its tile."""
+    mask_n = offs_n < N
+    mask = (offs_m < M)[:, None] & mask_n[None, :]
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)  # [BLOCK_N]
+        acc += bias[None, :]
+    if SPLIT_QKV:
+        plane = offs_n // hidden  # 0 = q, 1 = k, 2 = v
+        if SCALE_Q:
+            acc = tl.where((plane == 0)[None, :], acc * q_scale, acc)
+        col = offs_n - plane * hidden
+        # int64: 3 * M * hidden passes 2^31 at ~700k tokens of BERT-large.
+        offs_out = plane.to(tl.int64)[None, :] * M * hidden + offs_m.to(tl.int64)[:, None] * hidden + col[None, :]
+    else:
+        acc = _apply_activation(acc, ACTIVATION)
+        if HAS_RESIDUAL:
+            res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn, mask=mask,
+                          other=0.0)  # [BLOCK_M, BLOCK_N]
+            acc += res.to(tl.float32)
+        offs_out = offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptr + offs_out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 @triton.autotune(configs=CONFIGS, key=["m_bucket", "N", "K"],
                  prune_configs_by={"early_config_prune": _prune_configs})
 @triton.jit(do_not_specialize=["M", "m_bucket"])
 def _linear_kernel(
     x_ptr, w_ptr, b_ptr, res_ptr, out_ptr,
     M, N, K, m_bucket,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om,
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # m_bucket (next power of two of M) keys the autotuner and M is not specialised on: a new token
-    # count reuses its bucket's tuned config and never recompiles.
+    # count reuses its bucket's tuned config and never recompiles. out_ptr: (M, N), unit stride along N.
     pid_m, pid_n = _program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc, offs_m, offs_n = _gemm_tile(x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk,
                                      pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
-    mask_n = offs_n < N
-    mask = (offs_m < M)[:, None] & mask_n[None, :]
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)  # [BLOCK_N]
-        acc += bias[None, :]
-    acc = _apply_activation(acc, ACTIVATION)
-    if HAS_RESIDUAL:
-        res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn, mask=mask,
-                      other=0.0)  # [BLOCK_M, BLOCK_N]
-        acc += res.to(tl.float32)
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
-             acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _gemm_epilogue(acc, offs_m, offs_n, M, N, b_ptr, res_ptr, stride_rm, stride_rn, out_ptr, stride_om, N, 1.0,
+                   ACTIVATION, HAS_BIAS, HAS_RESIDUAL, False, False)
 
 
 @triton.autotune(configs=PAIR_CONFIGS, key=["m_bucket", "N", "K"],
@@ -153,8 +174,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     _linear_kernel[grid](
         x, weight, bias if bias is not None else x, res, out,
         M, N, K, next_pow2(M),
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), res.stride(0), res.stride(1),
-        out.stride(0), out.stride(1),
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), res.stride(0), res.stride(1), out.stride(0),
         ACTIVATION=activation, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         INPUT_PRECISION=dot_precision(x.dtype),
     )
@@ -210,7 +230,7 @@ def aot_variants(dtype: torch.dtype = torch.float16, tokens: int = 1024, hidden:
     inter = 4 * hidden
     configs = _prune_configs(_CONFIGS, {"M": tokens, "x_ptr": t})
     common = {"x_ptr": t, "w_ptr": t, "b_ptr": t, "res_ptr": t, "out_ptr": t, "M": tokens,
-              "m_bucket": next_pow2(tokens), "stride_xk": 1, "stride_wk": 1, "stride_rn": 1, "stride_on": 1,
+              "m_bucket": next_pow2(tokens), "stride_xk": 1, "stride_wk": 1, "stride_rn": 1,
               "HAS_BIAS": True, "INPUT_PRECISION": dot_precision(dtype)}
     yield ("linear_gelu", _linear_kernel.fn,
            {**common, "N": inter, "K": hidden, "stride_xm": hidden, "stride_wn": hidden, "stride_rm": inter,

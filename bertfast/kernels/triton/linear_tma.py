@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..activation import IDS as ACTIVATIONS
 from ._common import _tile_of, check_device, check_float, check_shape, dot_precision
-from .linear import _apply_activation
+from .linear import _gemm_epilogue
 
 # TMA loads rows that start on 16 bytes: N and K multiples of 16 keep every row of x, weight and out so in any dtype.
 ALIGN = 16
@@ -74,26 +74,8 @@ def _linear_tma_kernel(
         pid_m, pid_n = _tile_of(tile_id_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        mask = (offs_m < M)[:, None] & mask_n[None, :]
-        if HAS_BIAS:
-            bias = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)  # [BLOCK_N]
-            acc += bias[None, :]
-        if SPLIT_QKV:
-            plane = offs_n // hidden  # 0 = q, 1 = k, 2 = v
-            if SCALE_Q:
-                acc = tl.where((plane == 0)[None, :], acc * q_scale, acc)
-            col = offs_n - plane * hidden
-            # int64: 3 * M * hidden passes 2^31 at ~700k tokens of BERT-large.
-            offs_out = plane.to(tl.int64)[None, :] * M * hidden + offs_m.to(tl.int64)[:, None] * hidden + col[None, :]
-        else:
-            acc = _apply_activation(acc, ACTIVATION)
-            if HAS_RESIDUAL:
-                res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn, mask=mask,
-                              other=0.0)  # [BLOCK_M, BLOCK_N]
-                acc += res.to(tl.float32)
-            offs_out = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-        tl.store(out_ptr + offs_out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        _gemm_epilogue(acc, offs_m, offs_n, M, N, b_ptr, res_ptr, stride_rm, stride_rn, out_ptr, N, hidden, q_scale,
+                       ACTIVATION, HAS_BIAS, HAS_RESIDUAL, SPLIT_QKV, SCALE_Q)
 
 
 def config_for(dtype: torch.dtype, tile: str = DEFAULT_TILE) -> triton.Config:

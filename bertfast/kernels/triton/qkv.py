@@ -22,6 +22,7 @@ import triton.language as tl
 from ._common import (_CONFIGS, _PAIR_CONFIGS, CONFIGS, PAIR_CONFIGS, _gemm_pair_tile, _gemm_tile, _program_tile,
                       _prune_configs, _prune_pair_configs, check_device, check_float, check_shape, dot_precision,
                       next_pow2)
+from .linear import _gemm_epilogue
 
 
 @triton.autotune(configs=CONFIGS, key=["m_bucket", "N", "K"],
@@ -38,18 +39,8 @@ def _qkv_kernel(
     pid_m, pid_n = _program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc, offs_m, offs_n = _gemm_tile(x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk,
                                      pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION)
-    mask_n = offs_n < N
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)  # [BLOCK_N]
-        acc += bias[None, :]
-    plane = offs_n // hidden  # 0 = q, 1 = k, 2 = v
-    if SCALE_Q:
-        acc = tl.where((plane == 0)[None, :], acc * q_scale, acc)
-    col = offs_n - plane * hidden
-    # int64: 3 * M * hidden passes 2^31 at ~700k tokens of BERT-large.
-    offs_out = plane.to(tl.int64)[None, :] * M * hidden + offs_m.to(tl.int64)[:, None] * hidden + col[None, :]
-    mask = (offs_m < M)[:, None] & mask_n[None, :]
-    tl.store(out_ptr + offs_out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _gemm_epilogue(acc, offs_m, offs_n, M, N, b_ptr, b_ptr, 0, 0, out_ptr, 0, hidden, q_scale, "none", HAS_BIAS, False,
+                   True, SCALE_Q)
 
 
 @triton.autotune(configs=PAIR_CONFIGS, key=["m_bucket", "P", "K", "HALF_DIM"],
