@@ -30,7 +30,7 @@ httpx = pytest.importorskip("httpx", reason="the serve tests' HTTP client, httpx
 torch = pytest.importorskip("torch")
 
 from conftest import hf_bert  # noqa: E402
-from helpers.serve import ROOT, TEXTS, Server, as_f32, free_port, join, ok, post, start_threads  # noqa: E402
+from helpers.serve import ROOT, TEXTS, WAIT, Server, as_f32, free_port, join, ok, post, start_threads  # noqa: E402
 
 LIMIT = 64  # max_position_embeddings of both models: the served input limit
 MAX_INPUTS = 8  # --max-client-batch-size
@@ -239,38 +239,43 @@ def test_model_names_on_the_command_line(models, tmp_path):
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr[-500:])
 
 
+def _until_in_flight(url: str, n: int) -> None:
+    """Until the server counts `n` requests in flight (admitted, not answered); fails after WAIT s."""
+    deadline = time.monotonic() + WAIT
+    while in_flight(url) != n:
+        assert time.monotonic() < deadline, f"{in_flight(url)} requests in flight, not {n}, after {WAIT} s"
+        time.sleep(0.01)
+
+
 def test_each_model_has_its_own_request_places(models, minilm_path):
-    """--max-concurrent-requests 1, each model: a burst of heavy requests to MiniLM gets 200s and 429s, while one
-    client's requests to the other model, sent meanwhile one at a time, all get 200 (a shared place would refuse
-    them), each its own model's vectors; afterwards nothing is in flight."""
+    """--max-concurrent-requests 1, each model, the engines held at their gate: one MiniLM request takes MiniLM's one
+    place and a second is refused at once (429 overloaded, limit 1), while a request to the other model is admitted
+    to a place of its own (a shared place would refuse it); released, both are answered, the other model's with its
+    own vectors, and nothing is left in flight."""
     _, beta = models["beta"]
-    heavy = ["one two three four five six seven eight nine ten " * 25] * 8  # 8 texts x 256 tokens
     srv = Server("--model", f"minilm={minilm_path}", "--model", f"beta={models['beta'][0]}",
-                 "--max-concurrent-requests", "1")
+                 "--max-concurrent-requests", "1", gated=True)
     try:
-        statuses, beta_answers, lock = [], [], threading.Lock()
-        stop = time.monotonic() + 60
+        srv.hold()
+        answers = {}
 
-        def burst(_):
-            with httpx.Client(base_url=srv.url, timeout=60) as c:
-                for _ in range(3):
-                    r = c.post("/embed", json={"inputs": heavy, "truncate": True})
-                    with lock:
-                        statuses.append((r.status_code, r.json().get("error_type") if r.status_code != 200 else None,
-                                         r.json().get("limit") if r.status_code != 200 else None))
+        def send(name, body):
+            with httpx.Client(base_url=srv.url, timeout=WAIT) as c:
+                answers[name] = c.post("/embed", json=body)
 
-        threads = start_threads(burst, range(6))
-        with httpx.Client(base_url=srv.url, timeout=60) as c:
-            for _ in range(200):  # while the burst runs
-                if not any(t.is_alive() for t in threads) or time.monotonic() > stop:
-                    break
-                r = c.post("/embed", json={"inputs": TEXTS[:2], "model": "beta"})
-                beta_answers.append((r.status_code, r.json()))
-        join(threads)
-        assert {s for s, _, _ in statuses} <= {200, 429} and (429, "overloaded", 1) in statuses, statuses
-        assert beta_answers and all(s == 200 for s, _ in beta_answers), beta_answers[:3]
-        expect = beta.embed(TEXTS[:2])
-        assert all(np.array_equal(as_f32(body), expect) for _, body in beta_answers)
+        first = threading.Thread(target=send, args=("minilm", {"inputs": TEXTS[:2]}))
+        first.start()
+        _until_in_flight(srv.url, 1)
+        refused = httpx.post(srv.url + "/embed", json={"inputs": TEXTS[:2]}, timeout=WAIT)
+        assert refused.status_code == 429, refused.text
+        assert (refused.json()["error_type"], refused.json()["limit"]) == ("overloaded", 1)
+        other = threading.Thread(target=send, args=("beta", {"inputs": TEXTS[:2], "model": "beta"}))
+        other.start()
+        _until_in_flight(srv.url, 2)
+        srv.release()
+        join([first, other])
+        assert answers["minilm"].status_code == 200 and answers["beta"].status_code == 200
+        assert np.array_equal(as_f32(answers["beta"].json()), beta.embed(TEXTS[:2]))
         assert in_flight(srv.url) == 0
     finally:
         srv.stop()
