@@ -103,11 +103,11 @@ class TritonBackend(Backend):
     def _whole_layer_shape(self, weights):
         """(heads, eps, act, layers) where every layer may run as one persistent kernel (`kernels.triton.layer`):
         post-LayerNorm BERT layers with every bias, a plain FFN and no position bias, with no GEMM routed to cuBLAS
-        (the kernel matches the Triton kernels' bits, not cuBLAS's); else None."""
+        (the kernel matches the Triton kernels' bits, not cuBLAS's); else None. Each call's own shape is `whole_layer`'s
+        to judge (`layer.fits`)."""
         cfg = weights.config
         if (cfg.norm_first or cfg.rotary or cfg.gated_ffn or cfg.disentangled or bool(self._gemm)
-                or weights.embeddings.relative_bias is not None or cfg.activation not in activation.LAYER_IDS
-                or cfg.hidden_size > self._ops.layer.MAX_HIDDEN):
+                or weights.embeddings.relative_bias is not None or cfg.activation not in activation.LAYER_IDS):
             return None
         for layer in weights.layers:
             if any(t is None for t in (layer.qkv_bias, layer.attn_out_bias, layer.attn_ln_weight, layer.ffn_in_bias,

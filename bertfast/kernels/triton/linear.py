@@ -148,6 +148,15 @@ def _check_operands(op: str, x, weight, bias, rows_per_n: int):
     return M, N, K
 
 
+def epilogue_operands(op: str, x, bias, residual, M: int, N: int) -> list:
+    """The epilogue's tensors that are given (bias, residual), a residual checked as (M, N) in x's dtype: what a
+    linear launcher hands `check_device` beside x and the weight."""
+    if residual is not None:
+        check_float(op, "residual", residual, 2, x.dtype)
+        check_shape(op, "residual", residual, (M, N))
+    return [t for t in (bias, residual) if t is not None]
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            activation: str = "none", residual: torch.Tensor | None = None) -> torch.Tensor:
     """``act(x @ weight.T + bias) + residual`` in one kernel, fp32 accumulation.
@@ -160,12 +169,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if activation not in ACTIVATIONS:
         raise ValueError(f"{op}: unknown activation {activation!r} (expected one of {', '.join(ACTIVATIONS)})")
     M, N, K = _check_operands(op, x, weight, bias, 1)
-    tensors = [x, weight] + ([bias] if bias is not None else [])
-    if residual is not None:
-        check_float(op, "residual", residual, 2, x.dtype)
-        check_shape(op, "residual", residual, (M, N))
-        tensors.append(residual)
-    check_device(op, *tensors)
+    check_device(op, x, weight, *epilogue_operands(op, x, bias, residual, M, N))
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return out

@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..activation import IDS as ACTIVATIONS
 from ._common import _tile_of, check_device, check_float, check_shape, dot_precision
-from .linear import _gemm_epilogue
+from .linear import _gemm_epilogue, epilogue_operands
 
 # TMA loads rows that start on 16 bytes: N and K multiples of 16 keep every row of x, weight and out so in any dtype.
 ALIGN = 16
@@ -158,12 +158,7 @@ def linear_tma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if activation not in ACTIVATIONS:
         raise ValueError(f"{op}: unknown activation {activation!r} (expected one of {', '.join(ACTIVATIONS)})")
     M, N, K = _check_weights(op, x, weight, bias)
-    tensors = [x, weight] + ([bias] if bias is not None else [])
-    if residual is not None:
-        check_float(op, "residual", residual, 2, x.dtype)
-        check_shape(op, "residual", residual, (M, N))
-        tensors.append(residual)
-    check_device(op, *tensors)
+    check_device(op, x, weight, *epilogue_operands(op, x, bias, residual, M, N))
     _check_tma(op, x, weight, N, K)
     config_for(x.dtype, tile)  # an unknown tile raises before anything is allocated
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
