@@ -26,7 +26,7 @@ PYPROJECT = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
 # The references the parity tests compare with: imported for real (a package can be installed and still fail to
 # import); the other libraries of the extra only have to be found. FlagEmbedding's package __init__ does not import
 # under transformers 5: its M3 embedder is imported as tests/test_bgem3.py imports it.
-REFERENCES = ("transformers", "sentence_transformers", "FlagEmbedding")
+REFERENCES = ("transformers", "sentence_transformers", "FlagEmbedding", "peft")
 
 
 def _canonical(name: str) -> str:
@@ -108,7 +108,7 @@ def reference_import_errors() -> list[str]:
 
 # The skip reasons the suite accepts: facts of the machine, matched in this order; the first two only where the
 # environment says the gap is meant.
-_LIBRARIES = "transformers|sentence-transformers|PyLate|FlagEmbedding|Triton|NumPy|torch|huggingface_hub|openai"
+_LIBRARIES = "transformers|sentence-transformers|PyLate|FlagEmbedding|PEFT|Triton|NumPy|torch|huggingface_hub|openai"
 _VERSION = rf"\b({_LIBRARIES})\b.*\b\d+\.(\d+|x)\b"
 SKIP_POLICY = (
     ("the native extension is not built (BERTFAST_NO_EXT=1)", NO_EXT,
