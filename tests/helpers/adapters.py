@@ -1,0 +1,85 @@
+"""PEFT LoRA adapters on the random-weight models of every family, and edits of saved adapters for the refusals.
+
+PEFT initialises lora_B to zeros (an adapter that changes nothing would hide every mapping mistake): `save_lora`
+draws both factors at random, at a scale where the deltas are comparable with the base weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+
+import peft
+import torch
+from safetensors.torch import load_file, save_file
+
+import modern_models
+from helpers import deberta, families
+
+ALL_BERT = ["query", "key", "value", "dense"]  # "dense": attention out, FFN in and out, the pooler
+# family case -> (builder of the random transformers model, target_modules covering every slot bertfast adapts)
+CASES = {
+    "bert": (lambda: families.build("bert"), ALL_BERT),
+    "roberta": (lambda: families.build("roberta"), ["query", "value", "intermediate.dense"]),  # no key: zero block
+    "xlm-roberta": (lambda: families.build("xlm-roberta"), ["key", "value", "attention.output.dense"]),
+    "electra": (lambda: families.build("electra"), ["key", "value", "output.dense"]),
+    "albert": (lambda: families.build("albert"), ["query", "key", "value", "dense", "ffn", "ffn_output", "pooler"]),
+    "distilbert": (lambda: families.build("distilbert"), ["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"]),
+    "mpnet": (lambda: families.build("mpnet"), ["q", "k", "v", "o", "intermediate.dense", "output.dense"]),
+    "deberta-v2": (lambda: deberta.build("v2"), ["query_proj", "key_proj", "value_proj", "pos_key_proj",
+                                                 "pos_query_proj", "dense"]),
+    "deberta-v3": (lambda: deberta.build("v3"), ["query_proj", "key_proj", "value_proj"]),  # shared position keys
+    "modernbert": (lambda: modern_models.build("modernbert", num_hidden_layers=2), ["Wqkv", "Wo", "Wi"]),
+    "nomic_bert": (lambda: modern_models.build("nomic_bert"), ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                               "up_proj", "down_proj"]),
+    "gte": (lambda: modern_models.build("gte"), ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]),
+}
+
+
+def save_lora(model, path, seed=0, **lora) -> peft.PeftModel:
+    """A LoRA PeftModel over a copy of `model` (lora: LoraConfig's fields), both factors random, saved to `path`."""
+    pm = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(**lora))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    pm.save_pretrained(path)
+    return pm.eval()
+
+
+def position_inputs(model) -> torch.Tensor | None:
+    """DeBERTa-v2's relative embeddings as its position projections see them (LayerNorm'd when norm_rel_ebd)."""
+    encoder = getattr(model, "encoder", None)
+    if encoder is None or not hasattr(encoder, "rel_embeddings"):
+        return None
+    rel = encoder.rel_embeddings.weight.detach().double()
+    if "layer_norm" in getattr(model.config, "norm_rel_ebd", "none"):
+        ln = encoder.LayerNorm
+        rel = torch.nn.functional.layer_norm(rel, rel.shape[-1:], ln.weight.double(), ln.bias.double(), ln.eps)
+    return rel
+
+
+def edited(src, dst, config=None, tensors=None, drop=()) -> str:
+    """A copy of adapter directory `src` at `dst`: config entries updated (None removes one), tensors updated
+    (name -> tensor) and names in `drop` removed."""
+    shutil.copytree(src, dst)
+    cfg_path, w_path = os.path.join(dst, "adapter_config.json"), os.path.join(dst, "adapter_model.safetensors")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    for k, v in (config or {}).items():
+        cfg.pop(k, None) if v is None else cfg.__setitem__(k, v)
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    sd = {k: v for k, v in load_file(w_path).items() if k not in drop}
+    save_file({**sd, **(tensors or {})}, w_path)
+    return dst
+
+
+def hidden_rows(n, width, seed=2) -> torch.Tensor:
+    return torch.randn(n, width, generator=torch.Generator().manual_seed(seed))
+
+
+__all__ = ["CASES", "save_lora", "position_inputs", "edited", "hidden_rows"]
