@@ -275,7 +275,7 @@ class Encoder(nn.Module):
                                       truncate_dim=truncate_dim, workers=workers)
         shape = (len(texts), self.embedding_dim(pooling, truncate_dim))
         # On the CPU the rows are gathered in NumPy: a torch op on this thread, which waits for the workers, leaves
-        # its OpenMP team spinning on their cores (x0.87 the texts/s of int8 MiniLM on 2 cores, Zen 5).
+        # its OpenMP team spinning on their cores.
         on_cpu = self.device.type == "cpu"
         emb = np.zeros(shape, dtype=np.float32) if on_cpu else torch.zeros(shape, device=self.device)
         bar = None
@@ -356,7 +356,7 @@ class Encoder(nn.Module):
         cfg = self.sentence_config
         if self.device.type == "cpu" and cfg.pools_packed(modes, prompt_length):
             # Pooled straight from the packed tokens, in one native call a mode: padding a batch back to (N, S, H)
-            # and pooling it in torch ops took 0.17 ms for MiniLM's ~1,000 tokens, this 0.03 ms (Zen 5).
+            # and pooling it in torch ops costs several times more.
             ids, mask, types, _ = check_inputs(self.config, input_ids, attention_mask, types, None, False,
                                                self.device)
             last, cu_seqlens = self.engine.forward_packed(ids, mask, types)

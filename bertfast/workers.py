@@ -6,9 +6,7 @@ one core wrote moving to the other's cache. Given many batches (`Encoder.encode`
 a Ray actor's `Embedder`), `workers` threads instead each run their own batches on `threads / workers` cores
 (one each by default), so that one worker's serial parts overlap another's forward and each batch stays in one
 core's caches. A vector is the same bits either way: the engine is batch-invariant and no kernel's arithmetic
-depends on how many threads run it (tests/test_workers.py). MiniLM, 6,000 texts, 2 cores, avx512_vnni (Zen 5),
-`bertfast embed`: int8 x1.26-1.32 the texts/s of one forward on both cores, bf16 x1.07-1.12, fp32 x1.05-1.07
-(docs/embed.md#worker-threads).
+depends on how many threads run it (tests/test_workers.py). The gain: docs/embed.md#worker-threads.
 """
 
 from __future__ import annotations

@@ -259,9 +259,9 @@ def _run(args, progress: _Progress) -> int:
         print(f"embedding {len(files)} file(s) into {args.output} ({args.model}, "
               f"{'Ray ' + args.ray if args.ray else 'this process'})", file=sys.stderr)
         # The model and the libraries are loaded: their objects (~200k: torch's, transformers', pyarrow's) leave
-        # the cyclic collector's generations, which the run's allocations made it walk again and again (int8 MiniLM
-        # on a Cascade Lake, 3 alternated pairs: 0.3-0.5 points of the wall time outside the GEMMs); back in them
-        # after the run (finally), where a cycle among them can be freed again.
+        # the cyclic collector's generations, which the run's allocations made it walk again and again
+        # (benchmarks/results/embed-cpu/README.md); back in them after the run (finally), where a cycle among them can
+        # be freed again.
         gc.freeze()
         with _profiled(args, embedder if args.ray is None else None) as prof:
             report = job.run(timed_iter(rows, "read") if prof else rows, writer, embed_chunks,

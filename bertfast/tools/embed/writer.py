@@ -66,10 +66,9 @@ def _write_tmp(path: str, write) -> str:
     return tmp
 
 
-# Snappy on float vectors saves <1% of the bytes at 2.4x the write time (10k x 384 fp32: 0.16 vs 0.07 s); ids and
-# texts keep it. Nor a dictionary for the vectors: Parquet's writer would build one for each column chunk until it
-# outgrows its page (a float vector repeats no value) and then write them plain anyway; 6,000 x 384 fp32: 32-85 ms
-# with it, 17-26 ms without (pyarrow warm), and 6% fewer bytes.
+# Snappy saves float vectors almost no bytes for much more write time; ids and texts keep it. Nor a dictionary for the
+# vectors: Parquet's writer would build one per column chunk until it outgrows its page (a float vector repeats no
+# value) and then write them plain anyway.
 COMPRESSION = {"id": "snappy", "embedding": "none", "text": "snappy"}
 DICTIONARY = ["id", "text"]
 

@@ -228,8 +228,7 @@ constexpr int64_t kFfnRows = 96;
 // fp32's QKV GEMM, attention and output GEMM run by groups of whole sequences of at most kQkvRows tokens, int8's
 // whole layer by groups of at most kInt8GroupRows (layer.cpp; one longer sequence in a group of its own). int8's are
 // smaller: its group's q, k, v (MiniLM: 96 x 1,152 fp32, 432 KiB) then stay in a 1 MiB L2 beside the QKV weights
-// (442 KiB); fp32's weights are 4x the bytes, read once a group. Cascade Lake, `bertfast embed` MiniLM int8, 3
-// alternated rounds: 192 -> 96 rows x0.98-0.99 the wall time (attention and quantizing), 64 no better than 96.
+// (442 KiB); fp32's weights are 4x the bytes, read once a group.
 constexpr int64_t kQkvRows = 192;
 constexpr int64_t kInt8GroupRows = 96;
 constexpr int64_t int8_codes_rows(int64_t tokens) {  // the operand's T rows, then a chunk's GELU output

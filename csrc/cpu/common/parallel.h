@@ -5,10 +5,8 @@
 // Always on OpenMP, the runtime torch's own GEMMs (MKL, oneDNN) and ops run on: one team for the whole
 // forward, whichever ops it mixes. After a parallel region libgomp's workers spin for a while before
 // they sleep, so the next region (ours or torch's) starts without a wake-up; a second thread pool
-// would compete with those spinning workers for the cores instead. Measured on 2 cores, interleaved
-// with Hugging Face in one process (BERT-base b1 x s16): int8 forward 8.0 ms on OpenMP vs 10.8 ms on a
-// helper pool of our own, fp32 28.6 vs 30.6 ms. Chunks are claimed dynamically, so a thread that joins
-// late takes fewer.
+// would compete with those spinning workers for the cores instead. Chunks are claimed dynamically, so a
+// thread that joins late takes fewer.
 #pragma once
 
 #include <omp.h>

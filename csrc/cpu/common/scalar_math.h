@@ -81,9 +81,7 @@ BF_INLINE float gelu_erf(float x) {
 // four 4-lane vectors (GCC/Clang vector extensions) whose steps alternate, so that four independent chains
 // of its ~150 cycles of dependent operations are in flight from the instruction order itself (the x86
 // compilers do not reorder for that). One chain at a time, as the vectorized loop over gelu_erf had it,
-// left the loop waiting on latency: the GELU epilogue of a 1024 x 3072 output took 8.5 ms on the portable
-// tier against 3.1 ms for torch's GELU (AMD EPYC Zen 4, 2 threads); 4 chains took x0.53 the time per
-// element alone, (1 chain 6.0 ns, 2 4.4, 3 3.6, 4 3.2; SSE2 build).
+// left the loop waiting on latency.
 BF_INLINE void gelu_erf16(float* v) {
   using f4 = float __attribute__((vector_size(16)));
   using i4 = int32_t __attribute__((vector_size(16)));

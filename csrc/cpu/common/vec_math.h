@@ -102,9 +102,8 @@ alignas(64) inline constexpr float kErfcPieces[6][16] = {
 // 0.5 x erfc for x < 0 (no cancellation in the negative tail). Past |x| / sqrt 2 = 4 erfc < 1.6e-8 is taken as 0: x
 // for x >= 0 (within half an ulp), -0 for x < 0 (|GELU| < 4.4e-8 there). Max |error| 2.4e-7 on [-10, 10] (at x =
 // 4.2, under one ulp of GELU there), where torch's fp32 GELU measures 1.3e-6. ~21 operations where the erfc fit of
-// Numerical Recipes that scalar_math.h's gelu_erf keeps took ~37 (a reciprocal and an exp): the FFN-in GEMM's GELU
-// epilogue cost x1.57 the GEMM's time at 1024 x 384 x 1536 in int8 (Zen 5). The other tiers keep gelu_erf; their
-// bits differ in the last place, as their sums' order does.
+// Numerical Recipes that scalar_math.h's gelu_erf keeps took ~37 (a reciprocal and an exp). The other tiers keep
+// gelu_erf; their bits differ in the last place, as their sums' order does.
 BF_TARGET_AVX512 BF_INLINE __m512 gelu_erf512(__m512 x) {
   const __m512 s = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(4.f * 0.70710678118654752f));  // 4 |x| / sqrt 2
   const __mmask16 near = _mm512_cmp_ps_mask(s, _mm512_set1_ps(16.f), _CMP_LT_OQ);  // NaN: not near
@@ -144,8 +143,8 @@ BF_TARGET_AVX2 BF_INLINE __m256 gelu_erf256(__m256 x) {
 }
 
 // activate() for the epilogues of the avx2 tier's GEMMs (store_tile<T, false, true>, the int8 kernels' finish_cols):
-// erf-GELU on 8 lanes (gelu_erf256), the other activations as activate(). The 4-lane gelu_erf16 held the FFN-in GEMM
-// at 38% of the AVX-VNNI ceiling in int8, 75% in fp32, where the other GEMMs ran at 81-92% (MiniLM, Zen 5).
+// erf-GELU on 8 lanes (gelu_erf256), the other activations as activate(): the 4-lane gelu_erf16 held back the FFN-in
+// GEMM.
 BF_TARGET_AVX2 inline void activate256(float* v, int64_t n, Activation act) {  // a call: its callers' targets vary
   if (act != Activation::Gelu) {
     activate(v, n, act);
@@ -163,8 +162,7 @@ BF_TARGET_AVX2 inline void activate256(float* v, int64_t n, Activation act) {  /
 
 // activate() for the epilogues of the AVX-512 kernels (store_tile<T, true>): erf-GELU on 16 lanes (gelu_erf512), the
 // other activations as activate(). Every bf16 GEMM of the AVX-512 tiers (streaming, blocked, AMX tiles) ends here
-// whatever M, so a row's bits do not depend on its batch; the 4-lane gelu_erf16 cost the FFN-in GEMM ~x1.8 its
-// time in bf16 (MiniLM, Zen 5).
+// whatever M, so a row's bits do not depend on its batch; the 4-lane gelu_erf16 held back the FFN-in GEMM.
 BF_TARGET_AVX512 inline void activate512(float* v, int64_t n, Activation act) {  // a call: store_tile has no target
   if (act != Activation::Gelu) {
     activate(v, n, act);

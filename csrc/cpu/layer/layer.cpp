@@ -3,14 +3,11 @@
 // FFN-out GEMM + residual, LayerNorm) as the cpu backend runs them (fp32, bf16, or int8 GEMMs), the
 // same kernels called in the same order on the same shapes (int8, and fp32's attention block: on groups of rows, whose
 // ops are per row or per sequence), so the result is bit-identical to calling them one by one from Python. What it
-// saves is the Python between them (paired runs, b1 x s16: BERT-base x0.93-0.95 the time in fp32, x0.92 bf16, x0.91
-// int8; MiniLM x0.84-0.90), and under int8 and fp32 the trips through L3 of the activations between ops.
+// saves is the Python between them, and under int8 and fp32 the trips through L3 of the activations between ops.
 //
 // The residual stream (x, the attention block's output, out) and the LayerNorms are fp32 in every dtype: in bf16
 // only the GEMMs' and attention's operands are bf16, rounded once from the stream (to_bf16) where a GEMM reads it.
-// Rounding the stream itself to bf16 after every residual add cost ~4x the error (BERT-base random weights, 12
-// layers, b8 x s128: max |bf16 - fp32| / max |fp32| 2.6e-2 with a bf16 stream, 6.0e-3 with an fp32 one;
-// docs/cpu-gemm.md#bf16-accuracy).
+// Rounding the stream itself to bf16 after every residual add cost ~4x the error (docs/bf16.md#bf16-accuracy).
 #include <algorithm>
 #include <vector>
 
@@ -85,8 +82,7 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
   // The FFN in chunks of kFfnRows to 2 x kFfnRows - 1 rows: a chunk's GELU output (at most 191 x I fp32, MiniLM's
   // 1.1 MiB) is quantized and multiplied from L2 rather than written out for all T rows and read back from L3; its
   // rows are quantized as the FFN-in GEMM finishes them (int8_linear_then: 48 rows, 288 KiB for MiniLM), since a
-  // whole chunk's no longer fits in a 1 MiB L2 beside the weights (on a Cascade Lake, quantizing it read the rows from
-  // L3: ~2/3 of the quantizing's time in its min / max pass).
+  // whole chunk's no longer fits in a 1 MiB L2 beside the weights.
   // Every row gets the same arithmetic whatever its chunk; a chunk has more than 16 rows when T has, so its
   // GEMMs take T's path and the codes int8_attention_group wrote are in the form they multiply (flip).
   const int64_t chunks = std::max<int64_t>(1, T_ / kFfnRows);
@@ -181,10 +177,8 @@ static void int8_attention_group(const float* x, const GroupView& view, int64_t 
 // fp32's attention block by the same groups of whole sequences as int8's (int8_attention_block): the QKV GEMM, the
 // attention, the output GEMM (+ the residual x) into mid, a group's q, k and v rows through L2 rather than written
 // out for all T rows and read back from L3. The GEMMs are per row whatever their row count and the attention per
-// sequence, so a row gets the same bits whatever its group. MiniLM's ~40-token texts, `bertfast embed` fp32 (Zen 5, 4
-// alternated runs): attention x0.85-0.88 the thread-seconds, the run x1.01-1.03 the texts/s. bf16 keeps one call per
-// op: by groups its streaming QKV GEMM read the weights once per group (x1.02-1.04 the time), for no attention gain at
-// its 512-token batches (the run x0.97-0.98).
+// sequence, so a row gets the same bits whatever its group. bf16 keeps one call per op: by groups its streaming QKV
+// GEMM would read the weights once per group, for no attention gain at its 512-token batches.
 static void fp32_attention_block(const float* x, const int32_t* cu, int64_t batch, float scale,
                                  const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
                                  const AttnBias* bias, float* mid) {

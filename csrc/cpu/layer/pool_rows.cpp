@@ -1,6 +1,5 @@
 // Sentence pooling on the packed tokens a forward leaves (bertfast/sentence.py's pool_packed, which it replaces on
-// the CPU): one call where the torch ops cost ~20 us each right after a forward (its caches cold to the Python
-// between them). The same numbers as pool_packed's torch formulation, bit for bit: a sequence's tokens are summed in
+// the CPU): one call where each torch op is slow right after a forward (its caches cold to the Python between them). The same numbers as pool_packed's torch formulation, bit for bit: a sequence's tokens are summed in
 // order in fp32 (as index_add_ adds them, one after another), then divided by the count (or its square root) as a
 // float; the first token copied for cls. A sequence's vector depends on its own tokens alone. (No
 // mean_sqrt_len_tokens: torch's sqrt of the count is not always the correctly rounded one, so pool_packed keeps that
