@@ -6,9 +6,9 @@ blocked: csrc/cpu/gemm/amx_gemm.h) and torch's bf16 GEMMs (oneDNN on AMX), GFLOP
 For each linear of a BERT-base layer (qkv 768->2304, attn_out 768->768 + residual, ffn_in 768->3072 + GELU,
 ffn_out 3072->768 + residual) and M in --m, one interleaved run (bertfast.tools.bench.measure) times:
   bf16-stream, bf16-blocked   _C.linear on a PackedLinear (bias and the layer's epilogue fused), the kernel forced
-                              with _C.set_amx_gemm (outside the timed call); with --blocking SxR,..., also
+                              with _C.testing.set_amx_gemm (outside the timed call); with --blocking SxR,..., also
                               bf16-blocked-SxR: the blocked kernel with K blocks of S tile steps and work items of
-                              at most R rows (_C.set_amx_blocking; the default geometry is _C.amx_blocking())
+                              at most R rows (_C.set_amx_blocking; the default geometry is _C.testing.amx_blocking())
   int8-stream, int8-blocked   quant.linear on a QuantLinear: the native call the int8 engine runs (quantize_rows,
                               the AMX-int8 GEMM, the dequantizing epilogue); int8-blocked-SxR as for bf16
   F.linear, addmm             torch.nn.functional.linear and torch.addmm in bf16 with the bias (oneDNN; no GELU or
@@ -60,12 +60,12 @@ def contenders(M: int, K: int, N: int, act: str, has_res: bool, seed: int, block
         "addmm": lambda: torch.addmm(bias_bf, x_bf, w_bf_t),
     }
 
-    default_blocking = _C.amx_blocking()
+    default_blocking = _C.testing.amx_blocking()
 
     def forced(mode, fn, blocking=default_blocking):
         def run():
-            _C.set_amx_gemm(mode)
-            _C.set_amx_blocking(*blocking)
+            _C.testing.set_amx_gemm(mode)
+            _C.testing.set_amx_blocking(*blocking)
             return time_once(fn)
         return run
 
@@ -76,7 +76,7 @@ def contenders(M: int, K: int, N: int, act: str, has_res: bool, seed: int, block
     for dtype in ("bf16", "int8"):
         outs = {}
         for mode in ("stream", "blocked"):
-            _C.set_amx_gemm(mode)
+            _C.testing.set_amx_gemm(mode)
             outs[mode] = fns[dtype]()
         if not torch.equal(outs["stream"], outs["blocked"]):
             errors[f"{dtype}-stream"] = errors[f"{dtype}-blocked"] = "stream and blocked outputs differ"
@@ -135,11 +135,11 @@ def main(argv=None) -> int:
     providers = PROVIDERS + tuple(f"{d}-blocked-{s}x{r}" for s, r in blockings for d in ("bf16", "int8"))
     info = isa.cpu_info()
     print(f"cpu {info['cpu']}, tier {tier}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"AMX GEMM default {_C.amx_gemm()}, blocking (steps, rows) {_C.amx_blocking()}")
+          f"AMX GEMM default {_C.testing.amx_gemm()}, blocking (steps, rows) {_C.testing.amx_blocking()}")
     if tier == isa.EMULATED:
         print("amx_emulated: the tiles are emulated, the times mean nothing")
     print(f"{'shape':>9} {'M':>5} " + " ".join(f"{h:>13}" for h in providers) + "   (ms / GFLOP/s)")
-    default, blocking, rows = _C.amx_gemm(), _C.amx_blocking(), []
+    default, blocking, rows = _C.testing.amx_gemm(), _C.testing.amx_blocking(), []
     per_shape = args.budget / (len(ms) * len(SHAPES))
     try:
         for M in ms:
@@ -165,8 +165,8 @@ def main(argv=None) -> int:
                 for p, e in errors.items():
                     print(f"  error {p}: {e}")
     finally:
-        _C.set_amx_gemm(default)
-        _C.set_amx_blocking(*blocking)
+        _C.testing.set_amx_gemm(default)
+        _C.testing.set_amx_blocking(*blocking)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"cpu_info": info, "tier": tier, "threads": torch.get_num_threads(), "torch": torch.__version__,

@@ -6,9 +6,12 @@
 // file of that name), attention (attention/attention*.cpp), pack_linear and linear (gemm/linear_pack.cpp,
 // gemm/linear*.cpp), sparse_pool (gemm/sparse_pool.cpp), quantize_rows, pack_int8 and quant_linear
 // (int8/quantize_rows.cpp, int8/int8_linear*.cpp), WordPiece (text/wordpiece.cpp; bindings/wordpiece.h),
-// isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni / set_avx_vnni
-// (common/isa.cpp), amx_gemm / set_amx_gemm / amx_blocking / set_amx_blocking (gemm/amx_gemm.cpp),
-// bf16_conversions (common/amx_emulation.cpp), num_threads (common/parallel.h).
+// isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni (common/isa.cpp),
+// num_threads (common/parallel.h), profile_enable / profile_counters (layer/profile.h: bertfast/profiling.py).
+// `bertfast._C.testing`, knobs for tests and measurement only: amx_gemm / set_amx_gemm / amx_blocking /
+// set_amx_blocking (gemm/amx_gemm.cpp), activation_cache_stats (bindings/alloc.cpp), bf16_conversions
+// (common/amx_emulation.cpp), set_avx_vnni (common/isa.cpp), and the choosers' answers on given arguments:
+// attention_path, gemm_path, int8_path (attention/attention.cpp, gemm/linear.cpp, int8/int8_linear.cpp).
 //
 // The files: bindings/checks.h (the input checks), bindings/ops.h and ops.cpp (the op wrappers), bindings/layer.h
 // (Layer), bindings/alloc.h and alloc.cpp (huge pages for packed weights); this one only binds. Only this file
@@ -130,20 +133,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "cap the kernels at an ISA tier (or choose amx_emulated); returns False if the CPU lacks it", py::arg("isa"));
   m.def("isa_supported", &isa_supported, "whether this CPU runs an ISA tier (amx_emulated: AVX-512 VNNI)",
         py::arg("isa"));
-  m.def("amx_gemm", &amx_gemm,
-        "the AMX GEMMs' kernel choice: 'auto' (by M), 'stream' or 'blocked', bit-identical (BERTFAST_AMX_GEMM at "
-        "load)");
-  m.def("set_amx_gemm", &set_amx_gemm, "choose the AMX GEMMs' kernel: 'auto', 'stream' or 'blocked'", py::arg("name"));
-  m.def("activation_cache_stats", &bertfast::bindings::activation_cache_stats,
-        "the native ops' block cache (bindings/alloc.cpp): (bytes cached now, cap in bytes, blocks reused, blocks "
-        "allocated)");
-  m.def("amx_blocking", &amx_blocking, "the blocked AMX kernel's (tile steps per K block, rows per work item at most)");
-  m.def("set_amx_blocking", &set_amx_blocking,
-        "set the blocked AMX kernel's geometry, for measurement (the bits do not change)", py::arg("steps"),
-        py::arg("rows"));
-  m.def("bf16_conversions", &bf16_conversions,
-        "fp32 -> bf16 bits (int16) as the amx_emulated tier converts them, and as VCVTNEPS2BF16 does (None where the "
-        "CPU lacks AVX-512 BF16): for tests", py::arg("x"));
   m.def("has_avx512_bf16", &bc::has_avx512_bf16,
         "whether the kernels use AVX-512 BF16 dot products (the CPU has them, not hidden)");
   m.def("set_avx512_bf16", &bc::set_avx512_bf16,
@@ -151,8 +140,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "restoring it where the CPU lacks it, or hiding it under the amx or amx_emulated tier where the CPU has it",
         py::arg("enabled"));
   m.def("has_avx_vnni", &bc::has_avx_vnni, "whether the avx2 tier's int8 GEMM uses AVX-VNNI (the CPU has it, not hidden)");
-  m.def("set_avx_vnni", &bc::set_avx_vnni, "hide (False) or restore (True) AVX-VNNI; False if the CPU lacks it",
-        py::arg("enabled"));
   m.def("num_threads", &bc::num_threads, "OpenMP threads the kernels (and torch's ops) use on the calling thread");
   m.def(
       "set_num_threads",
@@ -189,4 +176,37 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the same bits)",
         py::arg("x"), py::arg("packed"), py::arg("w_scale"), py::arg("colsum"), py::arg("bias") = py::none(),
         py::arg("act") = "none", py::arg("residual") = py::none(), py::arg("unsigned_codes") = true);
+
+  // Test and measurement knobs, none of which the product calls: kept out of the ops so none creeps in.
+  py::module_ t = m.def_submodule("testing", "test and measurement knobs of the native kernels (not for products)");
+  t.def("amx_gemm", &amx_gemm,
+        "the AMX GEMMs' kernel choice: 'auto' (by M), 'stream' or 'blocked', bit-identical (BERTFAST_AMX_GEMM at "
+        "load)");
+  t.def("set_amx_gemm", &set_amx_gemm, "choose the AMX GEMMs' kernel: 'auto', 'stream' or 'blocked'", py::arg("name"));
+  t.def("amx_blocking", &amx_blocking, "the blocked AMX kernel's (tile steps per K block, rows per work item at most)");
+  t.def("set_amx_blocking", &set_amx_blocking,
+        "set the blocked AMX kernel's geometry, for measurement (the bits do not change)", py::arg("steps"),
+        py::arg("rows"));
+  t.def("activation_cache_stats", &bertfast::bindings::activation_cache_stats,
+        "the native ops' block cache (bindings/alloc.cpp): (bytes cached now, cap in bytes, blocks reused, blocks "
+        "allocated)");
+  t.def("bf16_conversions", &bf16_conversions,
+        "fp32 -> bf16 bits (int16) as the amx_emulated tier converts them, and as VCVTNEPS2BF16 does (None where the "
+        "CPU lacks AVX-512 BF16)", py::arg("x"));
+  t.def("set_avx_vnni", &bc::set_avx_vnni, "hide (False) or restore (True) AVX-VNNI; False if the CPU lacks it",
+        py::arg("enabled"));
+  t.def("attention_path", &attention_path,
+        "choose_attention's path (its enum's name) for a layer: dtype 'float32' or 'bfloat16', bf16_products, "
+        "head_dim, has_bias, window (> 0: sliding), on `tier` with or without AVX-512 BF16",
+        py::arg("dtype"), py::arg("bf16_products"), py::arg("head_dim"), py::arg("has_bias"), py::arg("window"),
+        py::arg("tier"), py::arg("avx512_bf16") = true);
+  t.def("gemm_path", &gemm_path,
+        "choose_gemm's path (its enum's name) for an M x K call of `linear`: dtype 'float32' or 'bfloat16', on "
+        "`tier` with or without AVX-512 BF16, the AMX kernels' choice amx_gemm ('auto', 'stream', 'blocked')",
+        py::arg("dtype"), py::arg("m"), py::arg("k"), py::arg("tier"), py::arg("avx512_bf16") = true,
+        py::arg("amx_gemm") = "auto");
+  t.def("int8_path", &int8_path,
+        "choose_int8's path (its enum's name) for an M x K call of `quant_linear`, on `tier` with or without AVX-VNNI, "
+        "the AMX kernels' choice amx_gemm ('auto', 'stream', 'blocked')",
+        py::arg("m"), py::arg("k"), py::arg("tier"), py::arg("avx_vnni") = false, py::arg("amx_gemm") = "auto");
 }

@@ -35,18 +35,18 @@ def tiles(request):
     reason = isa_module.unsupported(request.param)
     if reason is not None:
         pytest.skip(reason)
-    mode, blocking = _C.amx_gemm(), _C.amx_blocking()
+    mode, blocking = _C.testing.amx_gemm(), _C.testing.amx_blocking()
     with on_cap(request.param):
         yield request.param
-    _C.set_amx_gemm(mode)
-    _C.set_amx_blocking(*blocking)
+    _C.testing.set_amx_gemm(mode)
+    _C.testing.set_amx_blocking(*blocking)
 
 
 def both_kernels(run):
     """run() under the streaming kernel, then under the blocked one."""
     outs = []
     for mode in ("stream", "blocked"):
-        _C.set_amx_gemm(mode)
+        _C.testing.set_amx_gemm(mode)
         outs.append(run())
     return outs
 
@@ -112,7 +112,7 @@ def test_int8_blocked_is_the_stream_kernel(tiles, m, n, k, act, has_bias, has_re
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "int8"])
 def test_a_row_alone_is_the_row_in_a_large_batch(tiles, dtype):
     """auto mode: one row takes the streaming kernel, 2 * THRESHOLD + 37 rows the blocked one; same bits."""
-    _C.set_amx_gemm("auto")
+    _C.testing.set_amx_gemm("auto")
     m, n, k = 2 * THRESHOLD + 37, 100, 576
     x, w, bias, res = _inputs(m, n, k, dtype, seed=21)
     if dtype == torch.bfloat16:
@@ -137,31 +137,31 @@ def test_any_blocking_gives_the_same_bits(tiles, steps, rows):
     x, w, bias, res = _inputs(m, n, k, torch.bfloat16, seed=5)
     xq, wq, bq, rq = _inputs(m, n, k, torch.float32, seed=6)
     packed, weight = _C.pack_linear(w), quant.QuantLinear.from_float(wq)
-    _C.set_amx_gemm("blocked")
+    _C.testing.set_amx_gemm("blocked")
     run = lambda: (_C.linear(x, packed, n, bias, "gelu", res), quant.linear(xq, weight, bq, "gelu", rq))  # noqa: E731
     default = run()
-    assert _C.set_amx_blocking(steps, rows) is None and _C.amx_blocking() == (steps, rows)
+    assert _C.testing.set_amx_blocking(steps, rows) is None and _C.testing.amx_blocking() == (steps, rows)
     ours = run()
     assert torch.equal(ours[0], default[0]) and torch.equal(ours[1], default[1])
 
 
 def test_set_amx_blocking_refuses_a_bad_geometry():
-    before = _C.amx_blocking()
+    before = _C.testing.amx_blocking()
     for steps, rows in [(0, 128), (65, 128), (8, 48), (8, 288)]:
         with pytest.raises(ValueError, match="AMX blocking"):
-            _C.set_amx_blocking(steps, rows)
-    assert _C.amx_blocking() == before
+            _C.testing.set_amx_blocking(steps, rows)
+    assert _C.testing.amx_blocking() == before
 
 
 def test_set_amx_gemm_refuses_an_unknown_kernel():
-    before = _C.amx_gemm()
+    before = _C.testing.amx_gemm()
     with pytest.raises(ValueError, match="expected auto, stream or blocked"):
-        _C.set_amx_gemm("fast")
-    assert _C.amx_gemm() == before
+        _C.testing.set_amx_gemm("fast")
+    assert _C.testing.amx_gemm() == before
 
 
 def test_the_environment_variable_chooses_at_load():
     env = dict(os.environ, BERTFAST_AMX_GEMM="blocked")
-    out = subprocess.run([sys.executable, "-c", "from bertfast import _C; print(_C.amx_gemm())"], env=env,
+    out = subprocess.run([sys.executable, "-c", "from bertfast import _C; print(_C.testing.amx_gemm())"], env=env,
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "blocked"

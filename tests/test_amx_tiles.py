@@ -294,7 +294,7 @@ def test_bf16_conversion_is_the_sdms():
                            dtype=torch.float32)
     bits = torch.randint(-2**31, 2**31, (4099,), generator=torch.Generator().manual_seed(0), dtype=torch.int64)
     x = torch.cat([special, bits.to(torch.int32).view(torch.float32)])
-    emulated, instruction = _C.bf16_conversions(x)
+    emulated, instruction = _C.testing.bf16_conversions(x)
     assert (emulated.to(torch.int64) & 0xFFFF).tolist() == _sdm_bf16(x)
     normal = x.isfinite() & (x.abs() >= torch.finfo(torch.float32).tiny)
     assert torch.equal(emulated[normal], x[normal].to(torch.bfloat16).view(torch.int16))  # torch's RNE there

@@ -324,11 +324,11 @@ def test_avx2_int8_same_bits_with_and_without_avx_vnni(M, K, N):
         for act in ACTS:
             x, weight, bias, residual = _linear_case(M, K, N, act, act == "none", seed=5)
             with_vnni = quant.linear(x, weight, bias, act, residual)
-            assert _C.set_avx_vnni(False) and not _C.has_avx_vnni()
+            assert _C.testing.set_avx_vnni(False) and not _C.has_avx_vnni()
             try:
                 without = quant.linear(x, weight, bias, act, residual)
             finally:
-                assert _C.set_avx_vnni(True)
+                assert _C.testing.set_avx_vnni(True)
             assert torch.equal(with_vnni, without), act
             _check(with_vnni, x, weight, bias, act, residual)
     finally:

@@ -7,10 +7,13 @@
 #include "bindings/alloc.h"
 #include "bindings/checks.h"
 #include "bindings/ops.h"
-#include "cpu/gemm/amx_gemm.h"
+#include "cpu/attention/attention_impl.h"
 #include "cpu/common/amx_tiles.h"
 #include "cpu/common/isa.h"
 #include "cpu/common/kernels.h"
+#include "cpu/gemm/amx_gemm.h"
+#include "cpu/gemm/linear_impl.h"
+#include "cpu/int8/int8_linear_impl.h"
 #include "cpu/layer/profile.h"
 
 namespace bertfast {
@@ -339,27 +342,51 @@ py::dict profile_counters() {
 std::string isa() { return bc::isa_name(bc::active_isa()); }
 std::string detected_isa() { return bc::isa_name(bc::detected_isa()); }
 
-bool set_isa(const std::string& name) {
+namespace {
+
+bc::Isa tier_named(const std::string& name) {
   bc::Isa tier;
   BF_CHECK(bc::parse_isa(name.c_str(), &tier), "unknown ISA tier '", name,
            "' (expected one of amx, amx_emulated, avx512_vnni, avx2, portable)");
-  return bc::set_isa(tier);
+  return tier;
 }
 
-bool isa_supported(const std::string& name) {
-  bc::Isa tier;
-  BF_CHECK(bc::parse_isa(name.c_str(), &tier), "unknown ISA tier '", name,
-           "' (expected one of amx, amx_emulated, avx512_vnni, avx2, portable)");
-  return bc::isa_supported(tier);
-}
-
-std::string amx_gemm() { return bc::amx_gemm_name(bc::amx_gemm()); }
-
-void set_amx_gemm(const std::string& name) {
+bc::AmxGemm amx_gemm_named(const std::string& name) {
   bc::AmxGemm mode;
   BF_CHECK(bc::parse_amx_gemm(name.c_str(), &mode), "unknown AMX GEMM kernel '", name,
            "' (expected auto, stream or blocked)");
-  bc::set_amx_gemm(mode);
+  return mode;
+}
+
+bool is_bf16_named(const std::string& dtype) {
+  BF_CHECK(dtype == "float32" || dtype == "bfloat16", "dtype must be 'float32' or 'bfloat16', got '", dtype, "'");
+  return dtype == "bfloat16";
+}
+
+}  // namespace
+
+bool set_isa(const std::string& name) { return bc::set_isa(tier_named(name)); }
+
+bool isa_supported(const std::string& name) { return bc::isa_supported(tier_named(name)); }
+
+std::string amx_gemm() { return bc::amx_gemm_name(bc::amx_gemm()); }
+
+void set_amx_gemm(const std::string& name) { bc::set_amx_gemm(amx_gemm_named(name)); }
+
+std::string attention_path(const std::string& dtype, bool bf16_products, int64_t head_dim, bool has_bias,
+                           int64_t window, const std::string& tier, bool avx512_bf16) {
+  return bc::attention_path_name(bc::choose_attention(
+      {is_bf16_named(dtype), bf16_products, head_dim, has_bias, window, tier_named(tier), avx512_bf16}));
+}
+
+std::string gemm_path(const std::string& dtype, int64_t m, int64_t k, const std::string& tier, bool avx512_bf16,
+                      const std::string& amx_gemm) {
+  return bc::gemm_path_name(
+      bc::choose_gemm({is_bf16_named(dtype), m, k, tier_named(tier), avx512_bf16, amx_gemm_named(amx_gemm)}));
+}
+
+std::string int8_path(int64_t m, int64_t k, const std::string& tier, bool avx_vnni, const std::string& amx_gemm) {
+  return bc::int8_path_name(bc::choose_int8({m, k, tier_named(tier), avx_vnni, amx_gemm_named(amx_gemm)}));
 }
 
 std::tuple<int64_t, int64_t> amx_blocking() { return {bc::amx_blocking().steps, bc::amx_blocking().rows}; }

@@ -23,10 +23,12 @@
 // The files: attention_items.h (the work items, their row prefetch), attention_impl.h (tiles, scratch, the fp32-math
 // driver attention_thread), attention_portable.cpp, attention_avx2.cpp and attention_avx512.cpp (the fp32-math tiers'
 // blocks), attention_avx512bf16.cpp (the int8 path's bf16 products on AVX-512 BF16), attention_avx512int16.cpp (its
-// int16 products on AVX-512 VNNI without BF16), attention_amx.cpp (bf16 products on AMX tiles); this one chooses.
+// int16 products on AVX-512 VNNI without BF16), attention_amx.cpp (bf16 products on AMX tiles); this one chooses
+// (choose_attention) and dispatches.
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "cpu/attention/attention_impl.h"
 
@@ -62,73 +64,88 @@ static int attention_threads(const int32_t* cu_seqlens, int64_t batch, int64_t h
   return work == 0 ? 0 : int(std::min<int64_t>(batch * heads, threads_for(work * heads * head_dim)));
 }
 
+const char* attention_path_name(AttentionPath path) {
+  switch (path) {
+    case AttentionPath::Portable: return "Portable";
+    case AttentionPath::Avx2: return "Avx2";
+    case AttentionPath::Avx512: return "Avx512";
+    case AttentionPath::Avx512Bf16: return "Avx512Bf16";
+    case AttentionPath::Int16: return "Int16";
+    case AttentionPath::Amx: return "Amx";
+    case AttentionPath::AmxEmulated: return "AmxEmulated";
+  }
+  return "?";
+}
+
+// The one rule. Batch invariance: it reads the layer (dtype, head_dim, bias, window) and the tier, never a length,
+// so a sequence runs on the same kernel alone and beside others. Its one threshold, head_dim <= 64, is the
+// bf16-product kernels' (AMX tiles, vdpbf16ps, int16) largest head.
+AttentionPath choose_attention(const AttentionCall& c) {
+  const bool products16 = (c.bf16 || c.bf16_products) && c.head_dim <= 64;
+  if (products16 && c.isa == Isa::Amx) return AttentionPath::Amx;
+  if (products16 && c.isa == Isa::AmxEmulated) return AttentionPath::AmxEmulated;
+  // Without AMX: no position bias; the bf16 dtype's kernel takes its window (P in two parts, as the amx tiers carry
+  // it, so a window reaching every key stays global attention bit for bit), the int8 path's (P rounded once: its
+  // output is quantized next) none.
+  if (products16 && c.isa == Isa::Avx512Vnni && !c.has_bias && (c.bf16 || c.window <= 0)) {
+    if (c.avx512_bf16) return AttentionPath::Avx512Bf16;
+    if (!c.bf16) return AttentionPath::Int16;
+  }
+  if (c.isa >= Isa::Avx512Vnni) return AttentionPath::Avx512;
+  return c.isa == Isa::Avx2 ? AttentionPath::Avx2 : AttentionPath::Portable;
+}
+
 template <typename T>
 void attention(const T* q, const T* k, const T* v, const AttnStrides& s, const int32_t* cu_seqlens,
                int64_t batch, int64_t heads, int64_t head_dim, float scale, T* out, bool bf16_products,
                const AttnBias* bias, int64_t window) {
-  // Judged on the layer alone (dtype, head_dim), never on the call's lengths: a sequence runs on the same kernel
-  // alone and beside others.
-  const bool tiles = (sizeof(T) == 2 || bf16_products) && head_dim <= 64;
+  const AttentionPath path = choose_attention(
+      {sizeof(T) == 2, bf16_products, head_dim, bias != nullptr, window, active_isa(), has_avx512_bf16()});
   const int nt = attention_threads(cu_seqlens, batch, heads, head_dim, window);
   if (nt == 0) return;
   // Every thread claims (sequence, head) items from one counter until none are left.
   std::atomic<int64_t> next{0};
-#if BF_X86
-  const Isa isa = active_isa();
-  if (tiles && amx_kernels(isa)) {
-    parallel_for(nt, nt, [&](int64_t) {
-      isa == Isa::Amx
-          ? attention_amx(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window)
-          : attention_amx_emulated(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
-    });
-    return;
-  }
-  // bf16 products without AMX: judged on the layer too (its bias, its window), not on the lengths. The int8 path's
-  // (fp32 q, k, v, P rounded once: its output is quantized next; no window), and the bf16 dtype's (P in two parts, as
-  // the amx tiers carry it: within its accuracy target; with its window, so that a window reaching every key stays
-  // global attention bit for bit).
-  const bool takes_window = sizeof(T) == 2;
-  if ((sizeof(T) == 2 || bf16_products) &&
-      attention_from_bf16(head_dim, bias != nullptr || (!takes_window && window > 0))) {
-    parallel_for(nt, nt, [&](int64_t) {
-      if constexpr (sizeof(T) == 4)
-        attention_avx512bf16<float, float, false>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, 0);
-      else
-        attention_avx512bf16<bf16, bf16, true>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next,
-                                               window);
-    });
-    return;
-  }
-  if constexpr (sizeof(T) == 4) {
-    if (bf16_products && attention_int16(head_dim, bias != nullptr || window > 0)) {
-      parallel_for(nt, nt, [&](int64_t) {
-        attention_avx512int16(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
-      });
-      return;
-    }
-  }
-#endif
   parallel_for(nt, nt, [&](int64_t) {
-    BF_DISPATCH(attention, q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
+    switch (path) {
+#if BF_X86
+      case AttentionPath::Amx:
+        return attention_amx(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
+      case AttentionPath::AmxEmulated:
+        return attention_amx_emulated(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias,
+                                      window);
+      case AttentionPath::Avx512Bf16:
+        if constexpr (sizeof(T) == 4)
+          return attention_avx512bf16<float, float, false>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out,
+                                                           &next, 0);
+        else
+          return attention_avx512bf16<bf16, bf16, true>(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out,
+                                                        &next, window);
+      case AttentionPath::Int16:
+        if constexpr (sizeof(T) == 4)
+          return attention_avx512int16(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next);
+        else
+          std::abort();  // choose_attention gives Int16 to fp32 inputs only
+      case AttentionPath::Avx512:
+        return attention_avx512(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
+      case AttentionPath::Avx2:
+        return attention_avx2(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
+#endif
+      case AttentionPath::Portable:
+      default:
+        return attention_generic(q, k, v, s, cu_seqlens, batch, heads, head_dim, scale, out, &next, bias, window);
+    }
   });
 }
 
+// The layer's questions (kernels.h), answered by the same rule on fp32 inputs with bf16 products and no window.
 bool attention_from_bf16(int64_t head_dim, bool bias_or_window) {
-#if BF_X86
-  return head_dim <= 64 && !bias_or_window && active_isa() == Isa::Avx512Vnni && has_avx512_bf16();
-#else
-  (void)head_dim, (void)bias_or_window;
-  return false;
-#endif
+  return choose_attention({false, true, head_dim, bias_or_window, 0, active_isa(), has_avx512_bf16()}) ==
+         AttentionPath::Avx512Bf16;
 }
 
 bool attention_int16(int64_t head_dim, bool bias_or_window) {
-#if BF_X86
-  return head_dim <= 64 && !bias_or_window && active_isa() == Isa::Avx512Vnni && !has_avx512_bf16();
-#else
-  (void)head_dim, (void)bias_or_window;
-  return false;
-#endif
+  return choose_attention({false, true, head_dim, bias_or_window, 0, active_isa(), has_avx512_bf16()}) ==
+         AttentionPath::Int16;
 }
 
 void attention_bf16_products(const bf16* q, const bf16* k, const bf16* v, const AttnStrides& s,

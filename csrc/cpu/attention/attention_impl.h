@@ -18,6 +18,31 @@
 
 namespace bertfast {
 namespace cpu {
+
+// The attention kernels, one per path (attention.cpp dispatches on choose_attention's answer).
+enum class AttentionPath : int {
+  Portable,     // fp32 math, plain loops (attention_portable.cpp)
+  Avx2,         // fp32 math on AVX2 (attention_avx2.cpp)
+  Avx512,       // fp32 math on AVX-512 (attention_avx512.cpp)
+  Avx512Bf16,   // bf16 products on vdpbf16ps (attention_avx512bf16.cpp)
+  Int16,        // int16 products on AVX-512 VNNI without AVX-512 BF16 (attention_avx512int16.cpp)
+  Amx,          // bf16 products on AMX tiles (attention_amx.cpp)
+  AmxEmulated,  // the same with the tiles emulated (the amx_emulated tier)
+};
+const char* attention_path_name(AttentionPath path);
+
+// What the choice reads: the layer (dtype, head_dim, position bias, window) and the tier, none of the call's lengths.
+struct AttentionCall {
+  bool bf16;             // q, k, v are bf16 (else fp32)
+  bool bf16_products;    // fp32 q, k, v whose products may run on bf16 operands (the int8 path)
+  int64_t head_dim;
+  bool has_bias;         // a relative position bias (AttnBias)
+  int64_t window;        // > 0: a sliding window
+  Isa isa;               // the tier (active_isa())
+  bool avx512_bf16;      // AVX-512 BF16 present and not hidden (has_avx512_bf16())
+};
+AttentionPath choose_attention(const AttentionCall& call);
+
 namespace attention_detail {
 
 constexpr int64_t kQBlock = 32;

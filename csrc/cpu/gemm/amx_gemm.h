@@ -39,9 +39,9 @@ const char* amx_gemm_name(AmxGemm mode);
 constexpr int64_t kAmxBlockedRowsBf16 = 128;
 constexpr int64_t kAmxBlockedRowsInt8 = 64;
 
-// The one routing rule of the AMX GEMMs: whether an M-row call takes the blocked kernel.
-inline bool amx_blocked(int64_t m, bool int8) {
-  const AmxGemm mode = amx_gemm();
+// The one routing rule of the AMX GEMMs: whether an M-row call takes the blocked kernel under `mode` (amx_gemm()).
+// The GEMMs' choosers (choose_gemm, choose_int8) ask it.
+inline bool amx_blocked(int64_t m, bool int8, AmxGemm mode) {
   if (mode != AmxGemm::Auto) return mode == AmxGemm::Blocked;
   return m >= (int8 ? kAmxBlockedRowsInt8 : kAmxBlockedRowsBf16);
 }

@@ -12,10 +12,11 @@
 //
 // The files: linear_pack.cpp (the packed layout), linear_stream.cpp and linear_stream_avx2.cpp (streaming,
 // small M), linear_blocked.cpp (larger M: fp32 on AVX-512 and portable, widened bf16), linear_amx.cpp (bf16 on
-// AMX tiles); this one chooses.
+// AMX tiles); this one chooses (choose_gemm) and dispatches.
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "cpu/gemm/amx_gemm.h"
 #include "cpu/gemm/linear_impl.h"
@@ -42,58 +43,103 @@ struct BlockedItems {
 
 }  // namespace
 
-// The GEMM of linear_packed / linear_packed_wide: the regime, its threads and items; `ep` says where results go.
+const char* gemm_path_name(GemmPath path) {
+  switch (path) {
+    case GemmPath::StreamPortable: return "StreamPortable";
+    case GemmPath::StreamAvx2: return "StreamAvx2";
+    case GemmPath::StreamAvx512: return "StreamAvx512";
+    case GemmPath::BlockedPortable: return "BlockedPortable";
+    case GemmPath::BlockedAvx512: return "BlockedAvx512";
+    case GemmPath::BlockedBf16: return "BlockedBf16";
+    case GemmPath::AmxStream: return "AmxStream";
+    case GemmPath::AmxStreamEmulated: return "AmxStreamEmulated";
+    case GemmPath::AmxBlocked: return "AmxBlocked";
+    case GemmPath::AmxBlockedEmulated: return "AmxBlockedEmulated";
+  }
+  return "?";
+}
+
+// The one rule. Batch invariance: M chooses only between kernels of one tier that give a row the same bits whatever
+// M (streaming and blocked sum the same k blocks in the same order, each from zero, with the same epilogue:
+// docs/cpu-gemm.md#batch-invariance). Thresholds: past kPackPasses passes of kMaxRows rows (portable fp32:
+// kPortablePackPasses) the blocked regime where the tier has one (fp32 on AVX-512 and portable, bf16 on AVX-512
+// without AVX-512 BF16; AVX2 streams at every M); bf16 with K % kAmxK == 0 on the AMX tiers, blocked from
+// amx_blocked's rows.
+GemmPath choose_gemm(const GemmCall& c) {
+  if (c.bf16 && amx_kernels(c.isa) && c.k % kAmxK == 0) {
+    const bool emulated = c.isa == Isa::AmxEmulated;
+    if (amx_blocked(c.m, false, c.amx_mode)) return emulated ? GemmPath::AmxBlockedEmulated : GemmPath::AmxBlocked;
+    return emulated ? GemmPath::AmxStreamEmulated : GemmPath::AmxStream;
+  }
+  const int64_t passes = (c.m + kMaxRows - 1) / kMaxRows;
+  if (!c.bf16 && c.isa >= Isa::Avx512Vnni && passes > kPackPasses) return GemmPath::BlockedAvx512;
+  if (!c.bf16 && c.isa == Isa::Portable && passes > kPortablePackPasses) return GemmPath::BlockedPortable;
+  if (c.bf16 && c.isa == Isa::Avx512Vnni && !c.avx512_bf16 && passes > kPackPasses) return GemmPath::BlockedBf16;
+  if (c.isa >= Isa::Avx512Vnni) return GemmPath::StreamAvx512;
+  return c.isa == Isa::Avx2 ? GemmPath::StreamAvx2 : GemmPath::StreamPortable;
+}
+
+// The GEMM of linear_packed / linear_packed_wide: its path, threads and items; `ep` says where results go.
 template <typename T>
 void run_linear(const T* x, int64_t ldx, const T* packed, int64_t m, int64_t n, int64_t k, const Epilogue& ep) {
   if (m == 0 || n == 0) return;
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int nt = int(std::min<int64_t>(panels, threads_for(m * n * k / 4)));
-  const Isa isa = active_isa();
+  const GemmPath path = choose_gemm({sizeof(T) == 2, m, k, active_isa(), has_avx512_bf16(), amx_gemm()});
+  switch (path) {
+    case GemmPath::AmxBlocked:
+    case GemmPath::AmxBlockedEmulated:
 #if BF_X86
-  const bool amx = sizeof(T) == 2 && amx_kernels(isa) && k % kAmxK == 0;
-  if constexpr (sizeof(T) == 2)
-    if (amx && amx_blocked(m, false)) return linear_amx_blocked_gemm(x, ldx, packed, m, n, k, ep, nt, isa != Isa::Amx);
+      if constexpr (sizeof(T) == 2)
+        return linear_amx_blocked_gemm(x, ldx, packed, m, n, k, ep, nt, path == GemmPath::AmxBlockedEmulated);
 #endif
-  // Past kPackPasses passes (portable fp32: kPortablePackPasses), the blocked regime where the tier has one:
-  // fp32 on AVX-512 and portable, bf16 on AVX-512 without AVX-512 BF16 (widened; with it, bf16 streams or runs on
-  // the AMX tiles). AVX2 streams at every M.
-  const int64_t passes = (m + kMaxRows - 1) / kMaxRows;
-  const bool blocked = sizeof(T) == 4 ? (isa >= Isa::Avx512Vnni && passes > kPackPasses) ||
-                                            (isa == Isa::Portable && passes > kPortablePackPasses)
-                                      : isa == Isa::Avx512Vnni && !has_avx512_bf16() && passes > kPackPasses;
-  if (blocked) {
-    const BlockedItems items(m, panels, nt);
-    parallel_for(nt, items.count(), [&](int64_t i) {
-      const int64_t rb = i / items.runs, run = i % items.runs, r0 = rb * items.rows_per;
-      const int64_t rows = std::min(items.rows_per, m - r0);
-      const int64_t q0 = items.first_panel(run), q1 = items.first_panel(run + 1);
-      if constexpr (sizeof(T) == 2) {
+      std::abort();  // choose_gemm gives the AMX paths to bf16 operands on x86 only
+    case GemmPath::BlockedPortable:
+    case GemmPath::BlockedAvx512:
+    case GemmPath::BlockedBf16: {
+      const BlockedItems items(m, panels, nt);
+      parallel_for(nt, items.count(), [&](int64_t i) {
+        const int64_t rb = i / items.runs, run = i % items.runs, r0 = rb * items.rows_per;
+        const int64_t rows = std::min(items.rows_per, m - r0);
+        const int64_t q0 = items.first_panel(run), q1 = items.first_panel(run + 1);
+        if constexpr (sizeof(T) == 2) {
 #if BF_X86
-        linear_blocked_bf16(x, ldx, packed, n, k, ep, r0, rows, q0, q1);
+          linear_blocked_bf16(x, ldx, packed, n, k, ep, r0, rows, q0, q1);
 #endif
-      } else {
+        } else {
 #if BF_X86
-        if (isa >= Isa::Avx512Vnni) return linear_blocked_f32(x, ldx, packed, m, n, k, ep, r0, rows, q0, q1);
+          if (path == GemmPath::BlockedAvx512) return linear_blocked_f32(x, ldx, packed, m, n, k, ep, r0, rows, q0, q1);
 #endif
-        linear_blocked_generic(x, ldx, packed, n, k, ep, r0, rows, q0, q1);
-      }
-    });
-    return;
+          linear_blocked_generic(x, ldx, packed, n, k, ep, r0, rows, q0, q1);
+        }
+      });
+      return;
+    }
+    default:
+      break;
   }
-  // One part per thread: each streams a contiguous stretch of panels, meeting its partner's.
+  // Streaming: one part per thread, each a contiguous stretch of panels, meeting its partner's.
   const MeetInTheMiddle shared(panels, nt);
   parallel_for(nt, nt, [&](int64_t part) {
     MeetInTheMiddle::Walker mine = shared.walker(int(part));
+    switch (path) {
 #if BF_X86
-    if constexpr (sizeof(T) == 2) {
-      if (amx) {
-        isa == Isa::Amx ? linear_amx(x, ldx, packed, m, n, k, ep, mine)
-                        : linear_amx_emulated(x, ldx, packed, m, n, k, ep, mine);
-        return;
-      }
-    }
+      case GemmPath::AmxStream:
+      case GemmPath::AmxStreamEmulated:
+        if constexpr (sizeof(T) == 2) {
+          path == GemmPath::AmxStream ? linear_amx(x, ldx, packed, m, n, k, ep, mine)
+                                      : linear_amx_emulated(x, ldx, packed, m, n, k, ep, mine);
+          return;
+        }
+        std::abort();
+      case GemmPath::StreamAvx512:
+        return linear_stream_avx512(x, ldx, packed, m, n, k, ep, mine);
+      case GemmPath::StreamAvx2:
+        return linear_stream_avx2(x, ldx, packed, m, n, k, ep, mine);
 #endif
-    BF_DISPATCH(linear_stream, x, ldx, packed, m, n, k, ep, mine);
+      default:
+        return linear_stream_generic(x, ldx, packed, m, n, k, ep, mine);
+    }
   });
 }
 

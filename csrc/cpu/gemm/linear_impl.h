@@ -15,9 +15,36 @@
 #include "cpu/common/scalar_math.h"
 #include "cpu/common/simd.h"
 #include "cpu/common/vec_math.h"
+#include "cpu/gemm/amx_gemm.h"
 
 namespace bertfast {
 namespace cpu {
+
+// The fp32/bf16 GEMM kernels, one per path (linear.cpp dispatches on choose_gemm's answer).
+enum class GemmPath : int {
+  StreamPortable,      // streaming, plain loops (linear_stream.cpp)
+  StreamAvx2,          // streaming on AVX2 (linear_stream_avx2.cpp)
+  StreamAvx512,        // streaming on AVX-512, bf16 on vdpbf16ps where present (linear_stream.cpp)
+  BlockedPortable,     // fp32 blocked, plain loops (linear_blocked.cpp)
+  BlockedAvx512,       // fp32 blocked on AVX-512 (linear_blocked.cpp)
+  BlockedBf16,         // bf16 blocked on AVX-512 without AVX-512 BF16, widened to fp32 (linear_blocked.cpp)
+  AmxStream,           // bf16 on AMX tiles, streaming (linear_amx.cpp)
+  AmxStreamEmulated,   // the same with the tiles emulated (the amx_emulated tier)
+  AmxBlocked,          // bf16 on AMX tiles, blocked (linear_amx.cpp, amx_gemm.cpp)
+  AmxBlockedEmulated,  // the same with the tiles emulated
+};
+const char* gemm_path_name(GemmPath path);
+
+// What the choice reads: the operands' dtype, the call's M and K (the same choice for every N) and the tier.
+struct GemmCall {
+  bool bf16;         // bf16 operands (else fp32)
+  int64_t m, k;
+  Isa isa;           // the tier (active_isa())
+  bool avx512_bf16;  // AVX-512 BF16 present and not hidden (has_avx512_bf16())
+  AmxGemm amx_mode;  // the AMX kernels' forced choice, or Auto (amx_gemm())
+};
+GemmPath choose_gemm(const GemmCall& call);
+
 namespace linear_detail {
 
 constexpr int kMaxRows = 8;  // rows of x per register tile (8 rows x 3 zmm = 24 accumulators)
@@ -28,6 +55,8 @@ constexpr int64_t kBlockRows = 128;
 // streaming took x0.59-0.84 its time at M = 6-16 and x0.98-1.06 at 24-32, blocked x0.91-0.95 at 24-32.
 constexpr int64_t kPackPasses = 4;
 constexpr int64_t kPortablePackPasses = 2;
+// The AMX kernel (linear_amx.cpp) runs when K is a multiple of this: bf16 elements of K per tile step.
+constexpr int64_t kAmxK = 32;
 
 // bias has the operands' type; residual and out too, except `wide` (bf16 operands only): then both are fp32, the
 // residual stream of a bf16 forward (linear_packed_wide).
@@ -330,8 +359,6 @@ BF_TARGET_AVX512 BF_INLINE void finish_tile(const __m512 (&acc)[MR][3], const Ti
   }
 }
 
-// The AMX kernel (linear_amx.cpp) runs when K is a multiple of this: bf16 elements of K per tile step.
-constexpr int64_t kAmxK = 32;
 #endif
 
 // ---- each regime's entry point: the claimed panels (streaming, AMX) or one item (blocked) of a call ----

@@ -17,7 +17,8 @@
 //     dot products over k in plain loops (the compiler's pmaddwd / sdot reductions).
 //
 // The files: int8_linear_pack.cpp (the packed layout), int8_linear_stream.cpp (avx512_vnni, few rows),
-// int8_linear_blocked.cpp (every tier, more rows), int8_linear_amx.cpp (AMX-int8); this one chooses.
+// int8_linear_blocked.cpp (every tier, more rows), int8_linear_amx.cpp (AMX-int8); this one chooses (choose_int8)
+// and dispatches.
 #include <omp.h>
 
 #include <cstdio>
@@ -37,26 +38,44 @@ namespace cpu {
 
 using namespace int8_detail;
 
+const char* int8_path_name(Int8Path path) {
+  switch (path) {
+    case Int8Path::AmxStream: return "AmxStream";
+    case Int8Path::AmxStreamEmulated: return "AmxStreamEmulated";
+    case Int8Path::AmxBlocked: return "AmxBlocked";
+    case Int8Path::AmxBlockedEmulated: return "AmxBlockedEmulated";
+    case Int8Path::VnniStream: return "VnniStream";
+    case Int8Path::VnniBlocked: return "VnniBlocked";
+    case Int8Path::AvxVnni: return "AvxVnni";
+    case Int8Path::Avx2: return "Avx2";
+    case Int8Path::Portable: return "Portable";
+  }
+  return "?";
+}
+
+// The one rule. Batch invariance: M chooses only between kernels of one tier that sum exactly in int32 and end in
+// the same per-row epilogue, so a row's bits do not depend on M. Thresholds: AMX-int8 where K % 64 == 0 (a tile
+// step's codes), blocked from amx_blocked's rows; avx512_vnni streams up to kStreamRows rows.
+Int8Path choose_int8(const Int8Call& c) {
+  if (amx_kernels(c.isa) && c.k % 64 == 0) {
+    const bool emulated = c.isa == Isa::AmxEmulated;
+    if (amx_blocked(c.m, true, c.amx_mode)) return emulated ? Int8Path::AmxBlockedEmulated : Int8Path::AmxBlocked;
+    return emulated ? Int8Path::AmxStreamEmulated : Int8Path::AmxStream;
+  }
+  if (c.isa >= Isa::Avx512Vnni) return c.m <= kStreamRows ? Int8Path::VnniStream : Int8Path::VnniBlocked;
+  if (c.isa == Isa::Avx2) return c.avx_vnni ? Int8Path::AvxVnni : Int8Path::Avx2;
+  return Int8Path::Portable;
+}
+
 namespace {
 
-// The path int8_linear takes for an M x K call (the same choice for every N).
-enum class Int8Path { Amx, Stream, Vnni, Other };
+Int8Path int8_path(int64_t M, int64_t K) { return choose_int8({M, K, active_isa(), has_avx_vnni(), amx_gemm()}); }
 
-Int8Path int8_path(int64_t M, int64_t K) {
-#if BF_X86
-  const Isa isa = active_isa();
-  if (amx_kernels(isa) && K % 64 == 0) return Int8Path::Amx;
-  if (isa >= Isa::Avx512Vnni) return M <= kStreamRows ? Int8Path::Stream : Int8Path::Vnni;
-  if (isa == Isa::Avx2 && has_avx_vnni()) return Int8Path::Vnni;
-#else
-  (void)M, (void)K;
-#endif
-  return Int8Path::Other;
-}
+bool unsigned_bytes(Int8Path path) { return path == Int8Path::VnniBlocked || path == Int8Path::AvxVnni; }
 
 }  // namespace
 
-bool int8_unsigned_codes(int64_t M, int64_t K) { return K % 4 == 0 && int8_path(M, K) == Int8Path::Vnni; }
+bool int8_unsigned_codes(int64_t M, int64_t K) { return K % 4 == 0 && unsigned_bytes(int8_path(M, K)); }
 
 namespace {
 using RowsThen = std::function<void(int64_t lo, int64_t hi)>;
@@ -108,33 +127,37 @@ void int8_linear_then(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const 
 
 namespace {
 
-// The call `a` on the path int8_path chooses; then (optional): int8_linear_then's.
+// The call `a` on the path choose_int8 gives; then (optional): int8_linear_then's.
 void run_int8(const Int8Args& a, bool x_unsigned, const RowsThen* then) {
   const int8_t* x = a.x;
   const int64_t ldx = a.ldx, M = a.M, K = a.K, N = a.N;
   const int64_t panels = (N + 15) / 16, groups = (panels + kGroupPanels - 1) / kGroupPanels;
   const int nt = M * N * K < (int64_t(1) << 18) ? 1 : num_threads();
-  const Isa isa = active_isa();
   const Int8Path path = int8_path(M, K);
 #if BF_X86
   // Threads split the output columns in groups of 4 panels (64 columns), so each streams its own weights.
-  if (path == Int8Path::Amx) {
-    if (amx_blocked(M, true)) {
+  switch (path) {
+    case Int8Path::AmxBlocked:
+    case Int8Path::AmxBlockedEmulated:
       // Units of three 16-column panels: the 48 columns of the bf16 kernel's unit, in three tile groups.
       amx_for_items(M, (panels + 2) / 3, nt, [&](int64_t r0, int64_t rows, int64_t u0, int64_t u1) {
-        isa == Isa::Amx ? panels_amx_blocked(a, r0, rows, u0, u1)
-                        : panels_amx_blocked_emulated(a, r0, rows, u0, u1);
+        path == Int8Path::AmxBlocked ? panels_amx_blocked(a, r0, rows, u0, u1)
+                                     : panels_amx_blocked_emulated(a, r0, rows, u0, u1);
       });
-    } else {
+      if (then != nullptr) (*then)(0, M);
+      return;
+    case Int8Path::AmxStream:
+    case Int8Path::AmxStreamEmulated:
       parallel_for(nt, groups, [&](int64_t g) {
         const int64_t p0 = g * 4, p1 = std::min(panels, g * 4 + 4);
-        isa == Isa::Amx ? panels_amx(a, p0, p1) : panels_amx_emulated(a, p0, p1);
+        path == Int8Path::AmxStream ? panels_amx(a, p0, p1) : panels_amx_emulated(a, p0, p1);
       });
-    }
-    if (then != nullptr) (*then)(0, M);
-    return;
+      if (then != nullptr) (*then)(0, M);
+      return;
+    default:
+      break;
   }
-  if (path == Int8Path::Stream) {
+  if (path == Int8Path::VnniStream) {
     parallel_for(nt, groups, [&](int64_t g) { stream_panels_vnni(a, g * 4, std::min(panels, g * 4 + 4)); });
     if (then != nullptr) (*then)(0, M);
     return;
@@ -157,8 +180,8 @@ void run_int8(const Int8Args& a, bool x_unsigned, const RowsThen* then) {
 #if BF_X86
   // VNNI (AVX-512, or AVX-VNNI on the avx2 tier): the codes flipped to unsigned bytes (unless the caller's
   // quantization wrote them so: x_unsigned, K % 4 == 0), then vpdpbusd tiles.
-  if (path == Int8Path::Vnni) {
-    const bool zmm = isa >= Isa::Avx512Vnni;
+  if (unsigned_bytes(path)) {
+    const bool zmm = path == Int8Path::VnniBlocked;
     const uint8_t* xu = reinterpret_cast<const uint8_t*>(x);
     int64_t ldu = ldx;
     if (!x_unsigned) {
@@ -184,14 +207,14 @@ void run_int8(const Int8Args& a, bool x_unsigned, const RowsThen* then) {
   parallel_for(prep_threads, row_blocks, [&](int64_t rb) {
     const int64_t lo = rb * kRowBlock, hi = std::min(M, lo + kRowBlock);
 #if BF_X86
-    if (isa == Isa::Avx2) return widen_codes_avx2(a, lo, hi, ld, xw);
+    if (path == Int8Path::Avx2) return widen_codes_avx2(a, lo, hi, ld, xw);
 #endif
     widen_codes_generic(a, lo, hi, ld, xw);
   });
   parallel_for(nt, row_blocks * groups, [&](int64_t i) {
     item(i, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
 #if BF_X86
-      if (isa == Isa::Avx2) return item_avx2(a, xw, ld, r0, r1, p0, p1);
+      if (path == Int8Path::Avx2) return item_avx2(a, xw, ld, r0, r1, p0, p1);
 #endif
       item_generic(a, xw, ld, r0, r1, p0, p1);
     });

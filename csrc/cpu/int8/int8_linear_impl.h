@@ -14,9 +14,34 @@
 #include "cpu/common/scalar_math.h"
 #include "cpu/common/simd.h"
 #include "cpu/common/vec_math.h"
+#include "cpu/gemm/amx_gemm.h"
 
 namespace bertfast {
 namespace cpu {
+
+// The int8 GEMM kernels, one per path (int8_linear.cpp dispatches on choose_int8's answer).
+enum class Int8Path : int {
+  AmxStream,           // AMX-int8 tiles, streaming (int8_linear_amx.cpp)
+  AmxStreamEmulated,   // the same with the tiles emulated (the amx_emulated tier)
+  AmxBlocked,          // AMX-int8 tiles, blocked (int8_linear_amx.cpp)
+  AmxBlockedEmulated,  // the same with the tiles emulated
+  VnniStream,          // avx512_vnni, few rows: a 4 x 64 tile streams the weights (int8_linear_stream.cpp)
+  VnniBlocked,         // avx512_vnni, more rows: unsigned codes, 6 x 64 tiles (int8_linear_blocked.cpp)
+  AvxVnni,             // avx2 with AVX-VNNI: unsigned codes, VEX vpdpbusd, 6 x 16 tiles (int8_linear_blocked.cpp)
+  Avx2,                // avx2: codes widened to int16, vpmaddwd, 6 x 8 tiles (int8_linear_blocked.cpp)
+  Portable,            // codes widened to int16, plain loops (int8_linear_blocked.cpp)
+};
+const char* int8_path_name(Int8Path path);
+
+// What the choice reads: the call's M and K (the same choice for every N) and the tier.
+struct Int8Call {
+  int64_t m, k;
+  Isa isa;           // the tier (active_isa())
+  bool avx_vnni;     // AVX-VNNI present and not hidden (has_avx_vnni())
+  AmxGemm amx_mode;  // the AMX kernels' forced choice, or Auto (amx_gemm())
+};
+Int8Path choose_int8(const Int8Call& call);
+
 namespace int8_detail {
 
 struct Int8Args {

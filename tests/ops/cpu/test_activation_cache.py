@@ -1,4 +1,4 @@
-"""The native ops' cache of freed activation blocks (csrc/bindings/alloc.cpp, `_C.activation_cache_stats`).
+"""The native ops' cache of freed activation blocks (csrc/bindings/alloc.cpp, `_C.testing.activation_cache_stats`).
 
 A steady workload's forward takes its large outputs and scratch from blocks earlier forwards freed (no fresh pages
 from the kernel), a block is never handed out while a tensor still uses it, outputs are the same bits with the cache
@@ -36,12 +36,12 @@ SCRIPT = textwrap.dedent("""
     ids = torch.randint(5, 1000, (4, 300))
     with torch.inference_mode():
         first = enc(input_ids=ids).last_hidden_state
-        stats = [list(_C.activation_cache_stats())]
+        stats = [list(_C.testing.activation_cache_stats())]
         kept = first.clone()
         second = enc(input_ids=ids).last_hidden_state
-        stats.append(list(_C.activation_cache_stats()))
+        stats.append(list(_C.testing.activation_cache_stats()))
         third = enc(input_ids=ids).last_hidden_state
-        stats.append(list(_C.activation_cache_stats()))
+        stats.append(list(_C.testing.activation_cache_stats()))
     torch.save(third, sys.argv[1])
     print(json.dumps(dict(stats=stats, first_kept=torch.equal(first, kept), same=torch.equal(second, third)
                           and torch.equal(first, second))))
