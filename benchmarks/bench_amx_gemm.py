@@ -8,7 +8,7 @@ ffn_out 3072->768 + residual) and M in --m, one interleaved run (bertfast.tools.
   bf16-stream, bf16-blocked   _C.linear on a PackedLinear (bias and the layer's epilogue fused), the kernel forced
                               with _C.testing.set_amx_gemm (outside the timed call); with --blocking SxR,..., also
                               bf16-blocked-SxR: the blocked kernel with K blocks of S tile steps and work items of
-                              at most R rows (_C.set_amx_blocking; the default geometry is _C.testing.amx_blocking())
+                              at most R rows (_C.testing.set_amx_blocking; the default: _C.testing.amx_blocking())
   int8-stream, int8-blocked   quant.linear on a QuantLinear: the native call the int8 engine runs (quantize_rows,
                               the AMX-int8 GEMM, the dequantizing epilogue); int8-blocked-SxR as for bf16
   F.linear, addmm             torch.nn.functional.linear and torch.addmm in bf16 with the bias (oneDNN; no GELU or

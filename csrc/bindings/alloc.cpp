@@ -52,12 +52,12 @@ at::Tensor empty_streamed(int64_t numel, const at::TensorOptions& options) {
 }
 
 // A block of 113 MB (BERT-base's layer scratch at 4096 tokens) from torch's allocator is glibc's mmap: fresh pages
-// every call, each zeroed by the kernel on first touch, then unmapped when freed. Measured on Zen 5, one thread,
-// BERT-base b32 x s128: 332k page faults a forward (1.3 GB of fresh pages). Blocks of kMinBytes and more are therefore
-// kept when freed, up to a cap (BERTFAST_ACTIVATION_CACHE_MB, default 1024; 0 turns the cache off), and handed to the
-// next request they fit (at most 1/4 larger, so a small tensor does not hold a large block): a steady workload's
-// forward reuses its blocks and takes no new pages. Blocks are 2 MB aligned and advised as huge pages. The cache
-// only ever holds memory no tensor uses, and is never destroyed (tensors may be freed at exit after static objects).
+// every call, each zeroed by the kernel on first touch, then unmapped when freed (docs/threads.md). Blocks of
+// kMinBytes and more are therefore kept when freed, up to a cap (BERTFAST_ACTIVATION_CACHE_MB, default 1024; 0 turns
+// the cache off), and handed to the next request they fit (at most 1/4 larger, so a small tensor does not hold a large
+// block): a steady workload's forward reuses its blocks and takes no new pages. Blocks are 2 MB aligned and advised as
+// huge pages. The cache only ever holds memory no tensor uses, and is never destroyed (tensors may be freed at exit
+// after static objects).
 namespace {
 
 constexpr size_t kMinBytes = size_t(1) << 20;

@@ -104,8 +104,7 @@ class Layer {
     at::Tensor out = empty_activation({T, H}, x.options());
     // The scratch in one block (empty_activation: from 1 MB the cache's): the float work, then under int8 the operand
     // codes' scales and zero points, then the codes, 64-byte aligned. As three allocations of their own from torch's
-    // allocator (MiniLM at ~900 tokens: the codes 0.6 MB), a layer call spent ~30 us more outside its stages (one
-    // thread, Cascade Lake: 131-144 -> 106-112 us).
+    // allocator, a layer call spent more time outside its stages (benchmarks/results/embed-cpu).
     const int64_t numel = bc::layer_work_numel(T, H, I), rows8 = config_.int8 ? bc::int8_codes_rows(T) : 0;
     const int64_t codes_at = (numel + 2 * rows8 + 15) / 16 * 16;
     at::Tensor work = empty_activation({codes_at + (config_.int8 ? (bc::int8_codes_numel(T, H, I) + 3) / 4 : 0)},

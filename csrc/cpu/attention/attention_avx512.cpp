@@ -129,15 +129,14 @@ struct Avx512Block {
   // S^T, [keys][queries], one vector per key for 16 queries: the softmax's max and sum over keys run across vectors
   // (no horizontal reductions, no scalar exp per row), K is read as rows (broadcast) and Q transposed once per query
   // block. Each score is the same sum as by query row (q . k over head_dim in order, from zero); the softmax
-  // sums its probabilities in key order. MiniLM's shapes (12 heads of 32), 2 threads, Zen 5: x0.85 the time by query
-  // row on bench_embed's corpus (~39 tokens a text, 24 texts a call), x0.86 on 24 x 40 tokens, x0.81 on 8 x 128.
+  // sums its probabilities in key order. Faster than by query row at MiniLM's shapes (benchmarks/results/2026-12-06-native-notes).
   static constexpr bool kByKey = true;
   // By key a query block is up to 64 queries (4 vectors), where by row it is kQBlock: a 40-token item in one block of
   // 3 vectors, not 2 and then 1 whose pass over every key computed 16 lanes for 8 queries (the same numbers: each
   // query's scores, softmax and sums do not depend on the block it is in).
   static constexpr int64_t kQBlockByKey = 64, kQueryRows = kQBlockByKey;
   // scores_by_key's keys a register tile, by query vectors (<= 24 accumulators). 3 vectors (33-48 queries) at 8 keys,
-  // not 4: the kernel alone x0.94-0.99 the time at 33-48 tokens (Cascade Lake, 1 thread, min of 6 alternated runs).
+  // not 4: the faster of the two (benchmarks/results/embed-cpu).
   static constexpr int kKeysPerGroup[4] = {16, 8, 8, 4};
   // Work units (~cycles) of item_by_key's steps, for its RowPrefetch's pace: a Q transpose (16 x 16), a score group
   // per head_dim step (16 FMAs), 4 keys' exponentials (a vector each), a P V block per key and vector (4 FMAs).

@@ -69,7 +69,7 @@ struct RowPrefetch {
   // Paced (item_by_key): the rows spread over the item's work instead of a run's share at each run. pace(units)
   // before the item, with the units of work it will report; work(u) as it goes prefetches the rows due for u units,
   // a row or two at a time, so the lines in flight stay within the core's fill buffers (a run's rows at once, 160
-  // lines for a MiniLM item, stalled it on them: ~30% of its time with its rows in L3, on a Cascade Lake).
+  // lines for a MiniLM item, stalled it on them: benchmarks/results/2026-12-06-native-notes).
   float rate = 0.f, credit = 0.f;
 
   void pace(int64_t units) {

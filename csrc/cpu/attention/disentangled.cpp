@@ -147,8 +147,8 @@ void position_scores(const T* x, int64_t ld_row, int64_t ld_head, int64_t tokens
                      const T* pos, int64_t rows, float scale, float* out, const int32_t* windows) {
   const int64_t rows_pad = (rows + 15) / 16 * 16;
   std::vector<float> pos_t(heads * head_dim * rows_pad, 0.f);
-  // Transposed 16 rows at a time (whole cache lines written), heads split over threads: the row-at-a-time scatter
-  // with a rows_pad stride took 0.55 ms per call at T = 1, 12 x 64 x 256 (now 0.08 ms, Zen 5, one thread).
+  // Transposed 16 rows at a time (whole cache lines written), heads split over threads: a row-at-a-time scatter with
+  // a rows_pad stride wrote partial lines and was several times slower (benchmarks/results/2026-12-06-native-notes).
   const int nh = threads_for(heads * head_dim * rows_pad);
   parallel_for(nh, heads, [&](int64_t h) {
     for (int64_t r0 = 0; r0 < rows; r0 += 16)

@@ -32,10 +32,8 @@ void set_amx_gemm(AmxGemm mode);
 bool parse_amx_gemm(const char* name, AmxGemm* mode);
 const char* amx_gemm_name(AmxGemm mode);
 
-// Rows from which auto takes the blocked kernel, where the sum of BERT-base's four GEMMs is faster blocked (Intel
-// Xeon with AMX, 2 pinned cores, benchmarks/bench_amx_gemm.py, 2026-11-26; benchmarks/results/amx-2026-11-26):
-// bf16 stream / blocked 0.319 / 0.431 ms at M = 16, 0.860 / 0.882 at 64, 1.647 / 1.600 at 128, 5.61 / 4.89 at 512,
-// 11.47 / 9.90 at 1024; int8 0.260 / 0.274 at 16, 0.628 / 0.603 at 64, 8.37 / 7.62 at 1024.
+// Rows from which auto takes the blocked kernel: where BERT-base's four GEMMs run faster blocked than streaming
+// (benchmarks/bench_amx_gemm.py; benchmarks/results/amx-2026-11-26).
 constexpr int64_t kAmxBlockedRowsBf16 = 128;
 constexpr int64_t kAmxBlockedRowsInt8 = 64;
 
@@ -50,9 +48,8 @@ inline bool amx_blocked(int64_t m, bool int8, AmxGemm mode) {
 // three int8 panels. A K block is `steps` tile steps (bf16: 32 elements, int8: 64 codes): at 8 its weight
 // sub-panel is 8 x 3 KB = 24 KB (half of Sapphire Rapids' 48 KB L1D), the A rows of a 32-row pair 16 KB. A work
 // item has at most `rows` rows (a multiple of the 32-row pair): its x block (128 x 768 bf16: 192 KB) stays in L2
-// across its run of units. Measured once against 4 x 128, 16 x 128 and 8 x 256 (same host as above): within +-5% at
-// every M, 8 x 256 ahead by 3-6% at M = 512-1024 and behind at 4096, one run each; set_amx_blocking changes them
-// (benchmarks/bench_amx_gemm.py --blocking). Any geometry gives the same bits.
+// across its run of units. Other geometries ran alike (benchmarks/results/2026-12-06-native-notes);
+// set_amx_blocking changes them (benchmarks/bench_amx_gemm.py --blocking). Any geometry gives the same bits.
 struct AmxBlocking {
   int64_t steps, rows;
 };

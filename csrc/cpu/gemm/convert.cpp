@@ -20,8 +20,8 @@ BF_INLINE void convert_rows(const float* x, int64_t ldx, int64_t lo, int64_t hi,
 }
 
 #if BF_X86
-// 16 lanes at a time through store16 (simd.h: the same rounding as from_float<bf16>); the auto-vectorized loop ran
-// ~4x slower than torch's .to(torch.bfloat16) (Zen 5).
+// 16 lanes at a time through store16 (simd.h: the same rounding as from_float<bf16>): the auto-vectorized loop
+// lagged far behind torch's .to(torch.bfloat16) (benchmarks/results/2026-12-06-native-notes).
 BF_TARGET_AVX512 void convert_avx512(const float* x, int64_t ldx, int64_t lo, int64_t hi, int64_t K, bf16* out) {
   for (int64_t m = lo; m < hi; ++m) {
     const float* xr = x + m * ldx;

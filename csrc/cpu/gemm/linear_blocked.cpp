@@ -20,13 +20,9 @@ namespace linear_detail {
 // kPortableCols * 4 columns at a time: 3 x 16 columns in 12 accumulators, which with the 4 weight vectors
 // fill the 16 registers of SSE2. Each output element is one running sum over k in order, continued from
 // block to block through `sums`, then the streaming regime's epilogue (store_tile): every row's result is
-// bit for bit that of linear_stream_generic, whatever M. Measured on AMD EPYC (Zen 4, 2 threads, SSE2
-// build), BERT-base's four GEMM shapes at M = 1024, paired in one process with torch.addmm under the portable
-// cap (MKL's SSE2 sgemm, MKL_CBWR=COMPATIBLE): x0.99-1.04 MKL's time, both 75-81 GFLOP/s. SSE2's
-// two-operand form costs 3 instructions per 4-lane multiply-add, which at Zen 4's 6 a cycle caps either near
-// 49 GFLOP/s a core (3.66 GHz). What this regime adds is what it fuses (bias, activation, residual) and the
+// bit for bit that of linear_stream_generic, whatever M. It runs as fast as MKL's SSE2 sgemm
+// (benchmarks/results/2026-12-06-native-notes): what it adds is what it fuses (bias, activation, residual) and the
 // row independence.
-// Tried: 4 x 12 tiles (alike); k unrolled by 2 (x1.46 the time: spills); k blocks of 192-256 steps (slower).
 namespace {
 
 using f4 = float __attribute__((vector_size(16)));
@@ -89,8 +85,8 @@ void linear_blocked_generic(const float* x, int64_t ldx, const float* packed, in
   thread_local std::vector<f4> xbuf;
   thread_local std::vector<float> sums;  // [panels][tiles][kPortableRows][kPanel]
   xbuf.resize(size_t(tiles * kPortableRows * kPortableK + 4));
-  // x's tiles start 16 bytes past a cache line: at a line boundary (with the packed weights' rows at line
-  // boundaries too) the same loop ran 25% slower (Zen 4, SSE2 build; any of the three other offsets alike).
+  // x's tiles start 16 bytes past a cache line: at a line boundary, with the packed weights' rows at line boundaries
+  // too, the same loop ran slower (benchmarks/results/2026-11-26-cpu-gemm).
   f4* xt = xbuf.data() + (4 - reinterpret_cast<uintptr_t>(xbuf.data()) / sizeof(f4) % 4) % 4 + 1;
   sums.resize(size_t((p1 - p0) * tiles * tile_elems));
   for (int64_t k0 = 0; k0 < K; k0 += kPortableK) {
@@ -119,8 +115,7 @@ namespace {
 // ---- blocked regime (fp32, more than kPackPasses passes): compute bound ----
 //
 // Goto-style blocking. The output is cut into items: row blocks of up to kBlockRows rows times one
-// run of panels per thread (BlockedItems), claimed one at a time (at 576 rows 10 items for 2 threads;
-// blocks of 192 rows, 6 items, took x1.00-1.03 the time). An item runs K in blocks of kBlockK steps:
+// run of panels per thread (BlockedItems), claimed one at a time. An item runs K in blocks of kBlockK steps:
 // for each panel of the run its kBlockK x 48 block of weights (36 KB) comes from memory once and stays in
 // L1 while every tile of 8 rows runs over it, reading its rows of x's block in place (from L2). A tile sums
 // each k block from zero and adds that to the sums of the earlier blocks, which wait in a per-thread buffer
@@ -129,28 +124,19 @@ namespace {
 // residual): nothing runs over the output a second time. Two more streams are requested ahead, as the hardware
 // does not follow them: as a tile's last k block starts, the lines of the residual and output it will read and
 // write (prefetch_epilogue); and with each tile a share of the x this item reads next (XLines: its next k block, or
-// the next row block's first). MiniLM's GEMMs at 864 rows, one thread, six layers' weights in turn (Zen 5): the
-// output GEMM (+ residual) 195-200 -> 218-224 GFLOP/s, the others x1.00-1.05; BERT-base's at 1024 rows, 2 threads:
-// output GEMM x1.05, FFN x1.01-1.06; `bertfast embed` fp32, alternated: the GEMMs x0.97 the time.
-// Measured on Sapphire Rapids (2 threads, the four BERT-base GEMM shapes, paired in one process with
-// torch.addmm = MKL's sgemm, interleaved): at M = 576 time x0.95-0.97 of MKL's when the host runs fast
-// (~320 GFLOP/s for MKL), x0.98-1.0 when it runs slow (~210); at M = 48-256 x0.65-0.90, as the
-// register-tile sweep it replaced (which reached only x0.98-1.06 of MKL at 576). Summing by blocks also
-// makes it more accurate than one running sum over K: max error 1.6e-6 against 1.0e-5 (MKL 2.2e-6) for
-// 576 x 3072 by 3072 x 768 against float64.
+// the next row block's first). Its times against MKL's sgemm: benchmarks/results/2026-11-26-cpu-gemm. Summing by
+// blocks also makes it more accurate than one running sum over K (docs/cpu-gemm.md).
 constexpr int64_t kBlockK = kBlockSteps<float>;
 
 // One tile of MR rows over one k block: x's rows (ldx floats apart, from the block's first k step), weights
 // [kc][48]. Each k step broadcasts one value from each of the MR rows, read where they are: packing x first into
-// tiles (a k step's 8 rows in 32 contiguous bytes) cost more than it saved (MiniLM's four GEMMs at 864 rows, one
-// thread, six layers' weights in turn: x1.01-1.03 the time; `bertfast embed` fp32 x1.01). The block is
+// tiles (a k step's 8 rows in 32 contiguous bytes) cost more than it saved. The block is
 // summed from zero and then added to the earlier blocks' sums in `c` unless `first` (a sum of K/kBlockK partial
 // sums of kBlockK terms each, whose rounding error grows with kBlockK + K/kBlockK rather than with
 // K); with RUNNING (bf16, linear_blocked_bf16) it continues one running sum over K from `c` instead, as
 // the bf16 streaming tiles do. The total goes to `to`. Every 4 k steps one cache line from `pf` on is
 // pulled into L2 (the weight block the item runs next; prefetches never fault, so running past its end
-// is harmless). Paired with the previous schedule (a prefetch credit counted every k step, plus the next
-// tile's sums pulled into L1): x0.96-0.98 the time at 128-1024 rows; without any prefetch x1.09-1.16.
+// is harmless); without it the tiles wait on memory.
 template <int MR, bool RUNNING>
 BF_TARGET_AVX512 BF_INLINE void tile_blocked(const float* x, int64_t ldx, const float* w, int64_t kc, const float* c,
                                              bool first, const char* pf, const TileOut& to) {

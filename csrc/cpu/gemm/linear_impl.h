@@ -50,9 +50,8 @@ namespace linear_detail {
 constexpr int kMaxRows = 8;  // rows of x per register tile (8 rows x 3 zmm = 24 accumulators)
 // Rows of x in one item of the blocked regimes (linear_blocked.cpp; BlockedItems, linear.cpp).
 constexpr int64_t kBlockRows = 128;
-// Passes of kMaxRows rows up to which fp32 streams (linear.cpp); more take a blocked regime. On the portable
-// tier from 3 passes (M > 16): paired with MKL's SSE2 sgemm over BERT-base's four shapes (Zen 4, 2 threads),
-// streaming took x0.59-0.84 its time at M = 6-16 and x0.98-1.06 at 24-32, blocked x0.91-0.95 at 24-32.
+// Passes of kMaxRows rows up to which fp32 streams (choose_gemm); more take a blocked regime, on the portable tier
+// from 3 passes (M > 16), where its blocked regime overtakes streaming (benchmarks/results/2026-12-06-native-notes).
 constexpr int64_t kPackPasses = 4;
 constexpr int64_t kPortablePackPasses = 2;
 // The AMX kernel (linear_amx.cpp) runs when K is a multiple of this: bf16 elements of K per tile step.
@@ -174,10 +173,6 @@ BF_INLINE void store_rows(const float* tile, int mr, int64_t m0, int64_t n0, int
 //   rows sit at constant offsets from one pointer. bf16 always runs this way (at larger M the AMX
 //   kernel or torch's oneDNN takes over).
 // - blocked (fp32, more passes), compute bound: see linear_blocked_f32.
-// Streaming regime, measured on Sapphire Rapids (2 threads, the 48 weights of BERT-base from memory,
-// paired runs in one process against the previous kernel, which swept each pass over the whole panel
-// with per-row x pointers): time x0.83-0.91 at M = 16 (15.9-17.9 -> 17.7-21.5 GB/s), x0.89 at M = 8,
-// x0.95 at M = 24-32. Far distances of 16-128 KB and blocks of 64-256 steps measured alike.
 constexpr int64_t kStepBytes = kPanel * 4;  // one k step (fp32) or k pair (bf16) of a panel
 // fp32 blocks are the blocked regime's k blocks and sum the same way (each block from zero, then added to
 // the earlier ones, same epilogue), so a row's result does not depend on how many rows share the call.

@@ -23,8 +23,7 @@ namespace {
 // embedded broadcast, so x is packed already widened to fp32 (pack_x_f32) and each row's value is one
 // broadcast load; bf16 weights are widened in registers (widen_pairs), so bf16 streams half the bytes.
 // No AVX2 sibling of linear_blocked_f32: up to the 256 fp32 rows the cpu backend runs here on this tier,
-// x stays in L2 and a weight block in L1 with this schedule too (fp32 at 128 rows took x1.02 the time of
-// the AVX-512 kernel's blocked regime, 1 thread), and MKL takes larger M.
+// x stays in L2 and a weight block in L1 with this schedule too, and MKL takes larger M.
 template <typename T>
 void pack_x_f32(const T* x, int64_t ldx, int64_t M, int64_t K, float* xp) {
   if constexpr (sizeof(T) == 4) {
@@ -142,10 +141,8 @@ BF_TARGET_AVX2 BF_INLINE void pass_avx2(const float* x, const T* w, int64_t step
   }
 }
 
-// The tile shape of a pass of `mr` rows, measured on Zen 4 (1 thread, 768 x 2304): fp32 2 x 48 with the
-// weights kept in registers matched the AVX-512 kernel's time at 128 rows (6 x 16: x1.18, 4 x 24: x1.04).
-// bf16 needs 2 widened vectors per weight vector: 5 x 16 (weights in registers, 10 accumulators) took
-// x0.70 the time of 2 x 48 (whose accumulators spilled), x0.62 of 4 x 16, x0.76 of 2 x 24 at 128 rows.
+// The tile shape of a pass of `mr` rows: fp32 2 x 48 keeps the weights in registers; bf16 needs 2 widened vectors
+// per weight vector, so 5 x 16 (weights in registers, 10 accumulators) where 2 x 48's accumulators spill.
 // Passes of few rows keep enough accumulators in flight (1 x 48, 2 x 24) to stay off the FMA latency.
 constexpr int kAvx2RowsF32 = 2;
 constexpr int kAvx2RowsBf16 = 5;

@@ -110,9 +110,8 @@ BF_TARGET_VNNI BF_INLINE void finish16(__m512i acc, int64_t m, const Cols16& col
 // columns n0 + 16 j on; a functor whose call is BF_TARGET_VNNI and force-inlined). The call's arguments are copied
 // first, and each row's scale and zero point and each column's operands loaded once: read through `a` and from memory
 // the output is written to, the compiler reloaded them all for every 16 outputs (~50 instructions where the
-// arithmetic takes ~10; a fifth of the blocked tile's time at K = 384). MiniLM's GEMMs at 192 rows, one thread
-// (Zen 5): x0.97 (QKV) to x0.92 (output + residual) the time. Out of line, on the tile stored to memory, once per
-// activation, residual and output type: x0.98-1.0, the calls and their loops' branches costing what they saved.
+// arithmetic takes ~10). Inline: out of line, on the tile stored to memory, the calls and their loops' branches cost
+// what they saved (benchmarks/results/2026-11-26-int8-cpu).
 template <int MR, typename Sums>
 BF_TARGET_VNNI BF_INLINE void finish_rows(const Int8Args& args, int mr, int64_t m0, int64_t n0, int np, int zp_shift,
                                           const Sums& sums) {

@@ -145,8 +145,7 @@ BF_TARGET_AVX512 void quantize_rows_range_avx512(const float* x, int64_t ldx, in
 }  // namespace
 
 void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* zp, bool flip) {
-  // Threads from 64k elements: 1024 x 384 (MiniLM's rows of ~1000 tokens) took 53 us on one thread, 28 on two (Zen 5,
-  // cache-warm); 64 x 384 takes 4 us either way.
+  // Threads from 64k elements: below, a second thread gains nothing (benchmarks/results/2026-12-06-native-notes).
   const int nt = M * K >= (int64_t(1) << 16) ? num_threads() : 1;
   parallel_for(nt, nt, [&](int64_t part) {
     int64_t lo, hi;
