@@ -82,15 +82,15 @@ def token_windows(index: DistanceIndex, positions: torch.Tensor, cu_seqlens: tor
     """The columns [lo, hi) of the tables (relative to `index.lo`) each token's rows are read at: (c2p, p2c), (T, 2)
     int32 each. Query t reads its c2p row at the distances positions[t] - positions[u] over its sequence's keys u,
     key u its p2c row at positions[t] - positions[u] over the queries t; a sequence's positions increase, so each
-    window runs from its first to its last token's distance, and the index is monotone in the distance. Backends
-    whose `disentangled` takes windows (`Backend.reads_windows`) compute only those columns."""
+    window runs from its first to its last token's distance, and the index is monotone in the distance. A backend's
+    `disentangled` may compute only those columns. No device sync: a CUDA graph captures it."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     pos = positions.long()
     if pos.numel() == 0:
         empty = torch.zeros(0, 2, dtype=torch.int32, device=positions.device)
         return empty, empty
-    first = pos[cu_seqlens[:-1].long().clamp(max=pos.numel() - 1)].repeat_interleave(lengths)
-    last = pos[(cu_seqlens[1:].long() - 1).clamp(min=0)].repeat_interleave(lengths)
+    first = pos[cu_seqlens[:-1].long().clamp(max=pos.numel() - 1)].repeat_interleave(lengths, output_size=pos.numel())
+    last = pos[(cu_seqlens[1:].long() - 1).clamp(min=0)].repeat_interleave(lengths, output_size=pos.numel())
     idx = index.index.long()
     centre = (idx.numel() - 1) // 2
 
@@ -101,15 +101,14 @@ def token_windows(index: DistanceIndex, positions: torch.Tensor, cu_seqlens: tor
 
 
 def layer_bias(ops, q, k, pos_key, pos_query, index: DistanceIndex, positions, scale: float,
-               windows=None) -> DisentangledBias:
+               windows) -> DisentangledBias:
     """One layer's DisentangledBias from its q, k (T, heads, d) through the backend's `disentangled` op: the rows
     [lo, hi) of the layer's pos_key / pos_query ((2 span, H) or None where pos_att_type lacks c2p / p2c); windows:
-    `token_windows` for a backend that reads them, else None."""
+    `token_windows`."""
     def rows(t):
         return None if t is None else t[index.lo:index.hi]
 
-    extra = {} if windows is None else {"windows": windows}
-    c2p, p2c = ops.disentangled(q, k, rows(pos_key), rows(pos_query), scale, **extra)
+    c2p, p2c = ops.disentangled(q, k, rows(pos_key), rows(pos_query), scale, windows)
     return DisentangledBias(c2p, p2c, index.index, positions)
 
 

@@ -1,7 +1,7 @@
 """The engine: one forward pass over the real tokens only, the same for every backend.
 
 unpad (`pack`) -> embed (-> projection) -> layers (-> final norm) (`encode`) -> pad -> pooler. `encode` reads only
-the packed tokens, so a CUDA graph of it can be replayed per token-count bucket (`backends.graphs`). What every
+the packed tokens, so a CUDA graph of it can be replayed per token-count bucket (`backends.cuda.graphs`). What every
 layer shares is computed once per forward, inside `encode`: MPNet's relative position bias, DeBERTa-v2's distance
 columns (its c2p / p2c terms come per layer from q and k, `disentangled`), the RoPE tables of
 rotary models (one per base). A layer is `compose_layer` over the backend's ops: post-LayerNorm as in BERT (qkv ->
@@ -21,7 +21,7 @@ import torch
 
 from . import disentangled as dis, relative, rotary as rope
 from .backends import AttentionBias, Backend, DisentangledBias, Rotary, Tokens
-from .backends.graphs import GraphRunner
+from .backends.cuda.graphs import GraphRunner
 from .backends.weights import LayerWeights, ModelWeights
 from .config import ConfigError
 from .padding import pad, unpad
@@ -62,7 +62,7 @@ def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: 
     """One encoder layer on x (T, H) from the backend's ops; cu_seqlens (B+1,) int32; bias: the relative position
     bias (MPNet) or None; rotary: RoPE tables for q and k or None; window: 0 (global) or the sliding window;
     gated: a GLU FFN; norm_first: pre-LayerNorm (ModernBERT; attn_ln None = no norm before attention);
-    disentangled: DeBERTa-v2's (DistanceIndex, positions (T,) int32, token_windows or None): the layer's c2p / p2c
+    disentangled: DeBERTa-v2's (DistanceIndex, positions (T,) int32, token_windows): the layer's c2p / p2c
     terms from its q and k (`ops.disentangled`) become the attention's bias."""
     qkv_extra = {} if rotary is None else {"rotary": rotary}
     attn_extra = {"window": window} if window else {}
@@ -118,7 +118,7 @@ def to_device(tokens: Tokens, indices: torch.Tensor, device) -> tuple[Tokens, to
 
 class Engine:
     """One model on one backend. `forward` = `pack` (unpad) -> `run` (the layer stack on the packed tokens:
-    `encode`, or its CUDA-graph replay per token-count bucket, `backends.graphs.GraphRunner`) -> pad -> pooler.
+    `encode`, or its CUDA-graph replay per token-count bucket, `backends.cuda.graphs.GraphRunner`) -> pad -> pooler.
 
     graphs: None replays CUDA graphs where the backend's launches can be captured on the weights' device (the
     triton backend on CUDA), True requires that (ValueError where impossible), False always launches eagerly."""
@@ -186,7 +186,7 @@ class Engine:
                       for theta in {cfg.rope_base(i) for i in range(len(w.layers))}}
         if cfg.disentangled:  # DeBERTa-v2: the distances' columns once per forward; the terms per layer
             index = dis.distance_index(cfg, tokens.width, str(x.device))
-            windows = dis.token_windows(index, tokens.columns, cu_seqlens) if ops.reads_windows else None
+            windows = dis.token_windows(index, tokens.columns, cu_seqlens)
             common = dict(disentangled=(index, tokens.columns, windows))
         carry = ops.layer_carry()
         for i, layer in enumerate(w.layers):

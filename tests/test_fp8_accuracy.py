@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 
 import bertfast  # noqa: E402
 from bertfast.backends import get_backend  # noqa: E402
-from bertfast.backends.triton import TritonBackend  # noqa: E402
+from bertfast.backends.cuda.triton import TritonBackend  # noqa: E402
 from bertfast.encoder import split_quantization  # noqa: E402
 from bertfast.loading import load_hf_model  # noqa: E402
 

@@ -1,5 +1,5 @@
-"""The triton backend's per-shape GEMM choice (`backends.gemm_choice`): the table's reading, lookups by M bucket, the
-cuBLAS paths' math, and the routing itself (on CPU: the interpreter for Triton, torch for the cuBLAS path)."""
+"""The triton backend's per-shape GEMM choice (`backends.cuda.gemm_choice`): the table's reading, lookups by M bucket,
+the cuBLAS paths' math, and the routing itself (on CPU: the interpreter for Triton, torch for the cuBLAS path)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from bertfast import reference
-from bertfast.backends import gemm_choice, get_backend
+from bertfast.backends import get_backend
+from bertfast.backends.cuda import gemm_choice
 
 ENTRY = {"op": "linear_gelu", "m_bucket": 32, "n": 48, "k": 16, "dtype": "fp32", "arch": "sm_90", "choice": "cublas"}
 

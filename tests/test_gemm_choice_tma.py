@@ -1,6 +1,6 @@
-"""The TMA kernel's place in the GEMM choice (`backends.gemm_choice`): a "tma" entry holds for every M of its (op, N,
-K, dtype) on sm_90 and overrides that shape's cuBLAS buckets; the table refuses a tma entry that could depend on M or
-run where TMA does not; the TMA paths compute the fused ops; and the gemm stage's rule for writing such an entry
+"""The TMA kernel's place in the GEMM choice (`backends.cuda.gemm_choice`): a "tma" entry holds for every M of its
+(op, N, K, dtype) on sm_90 and overrides that shape's cuBLAS buckets; the table refuses a tma entry that could depend
+on M or run where TMA does not; the TMA paths compute the fused ops; and the gemm stage's rule for writing such an entry
 (`tools/gpucheck/gemm.tma_entry`: no slower at any M bucket, faster over them all)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from bertfast import reference
-from bertfast.backends import gemm_choice
+from bertfast.backends.cuda import gemm_choice
 
 TMA = {"op": "linear_gelu", "m_bucket": 0, "n": 48, "k": 16, "dtype": "fp16", "arch": "sm_90", "choice": "tma",
        "tile": "plain"}

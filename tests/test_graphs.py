@@ -11,7 +11,7 @@ import helpers.families as families
 import modern_models
 from bertfast import Encoder
 from bertfast.backends import get_backend
-from bertfast.backends.graphs import (LARGEST_BUCKET, TOKEN_BUCKETS, Bucket, GraphRunner, StaticTokens, bucket_for,
+from bertfast.backends.cuda.graphs import (LARGEST_BUCKET, TOKEN_BUCKETS, Bucket, GraphRunner, StaticTokens, bucket_for,
                                       token_buckets)
 from bertfast.engine import Engine
 from conftest import hf_bert, ragged_batch

@@ -29,7 +29,7 @@ DRY_CASES = [("T16", [16]), ("T17", [17]), ("ragged", [5, 1, 20, 1]), ("T18-repl
 
 def _encoders(model, dtype, device):
     from bertfast import Encoder
-    from bertfast.backends.graphs import GraphRunner
+    from bertfast.backends.cuda.graphs import GraphRunner
 
     eager = Encoder.from_hf(model, backend="triton", dtype=dtype, graphs=False)
     if device == "cuda":
@@ -56,7 +56,7 @@ def _graph_checks(device="cuda", dtypes=("float32", "float16", "bfloat16"), case
     import conftest
     import modern_models
     import helpers.families as families
-    from bertfast.backends.graphs import GraphRunner
+    from bertfast.backends.cuda.graphs import GraphRunner
     from bertfast.kernels.triton import INTERPRET
 
     assert INTERPRET == (device == "cpu"), "CUDA checks need the compiled kernels, the dry run the interpreter"
@@ -145,7 +145,7 @@ def test_graph_check_dry_run_on_cpu():
 
 def test_replay_cases_fall_in_buckets_already_captured():
     """The GPU test's bookkeeping, checked here: each "-replay" case reuses an earlier case's bucket, no other does."""
-    from bertfast.backends.graphs import bucket_for
+    from bertfast.backends.cuda.graphs import bucket_for
     from helpers.tokens import tokens_of
 
     seen = []

@@ -77,6 +77,14 @@ def _floor(name: str) -> int:
 def test_graph_is_read():
     assert "bertfast.engine" in GRAPH and "bertfast.backends" in GRAPH["bertfast.engine"]
     assert "bertfast.backends.cpu.isa" in GRAPH["bertfast.backends"]
+    assert "bertfast.backends.cuda.graphs" in GRAPH["bertfast.engine"]
+
+
+def test_contract_imports_no_backend():
+    """The contract every backend implements depends on none of them: a backend's own rules (`precision`) live in it."""
+    backends = {n for n in MODULES if n.startswith(("bertfast.backends.cpu", "bertfast.backends.cuda"))}
+    backends.add("bertfast.backends.torch")
+    assert not GRAPH["bertfast.backends.contract"] & backends, GRAPH["bertfast.backends.contract"]
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

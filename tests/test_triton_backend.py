@@ -110,7 +110,7 @@ def test_sequence_alone_equals_sequence_in_batch():
 
 
 def test_backend_reports_interpreter_requirement(monkeypatch):
-    from bertfast.backends.triton import TritonBackend
+    from bertfast.backends.cuda.triton import TritonBackend
 
     assert TritonBackend.unavailable_reason("cpu") is None
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -132,7 +132,7 @@ def test_kernels_built_for_gpu_reject_cpu_tensors_with_a_reason():
     code = "\n".join([
         "import os, torch",
         "from bertfast.kernels.triton.linear import linear",
-        "from bertfast.backends.triton import TritonBackend",
+        "from bertfast.backends.cuda.triton import TritonBackend",
         "try:",
         "    linear(torch.ones(2, 3), torch.ones(4, 3))",
         "except ValueError as e:",
@@ -248,7 +248,7 @@ MODERN_LENGTHS = [1, 9, 10, 70]
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16")])
 def test_modern_layer_ops_match_torch_backend(dtype):
     from bertfast.backends.torch import TorchBackend
-    from bertfast.backends.triton import TritonBackend
+    from bertfast.backends.cuda.triton import TritonBackend
 
     x, w, cu, max_seqlen, rotary = modern_inputs(MODERN_LENGTHS)
     cast = lambda t: {k: v.to(dtype) for k, v in t.items()} if isinstance(t, dict) else t.to(dtype)  # noqa: E731
@@ -265,7 +265,7 @@ def test_modern_layer_ops_match_torch_backend(dtype):
 
 
 def test_gated_linear_takes_no_residual_and_bias_may_be_none():
-    from bertfast.backends.triton import TritonBackend
+    from bertfast.backends.cuda.triton import TritonBackend
 
     ops = TritonBackend()
     x, w = torch.randn(5, 8), torch.randn(12, 8)

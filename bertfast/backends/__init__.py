@@ -23,7 +23,7 @@ _isa.warn_if_emulation_unrun()  # after torch (contract imports it): the extensi
 # name -> "module:Class". Adding a backend is one line here plus its module.
 REGISTRY = {
     "torch": "bertfast.backends.torch:TorchBackend",
-    "triton": "bertfast.backends.triton:TritonBackend",
+    "triton": "bertfast.backends.cuda.triton:TritonBackend",
     "cpu": "bertfast.backends.cpu.backend:CpuBackend",
 }
 

@@ -14,7 +14,6 @@ from typing import NamedTuple
 
 import torch
 
-from .cpu import isa
 from .weights import LayerWeights, ModelWeights
 
 
@@ -36,6 +35,11 @@ class Precision:
 
     auto: torch.dtype
     slower: tuple[torch.dtype, ...] = ()
+
+
+def cuda_precision() -> Precision:
+    """dtype="auto" on CUDA: bf16 where the GPU has it, else fp32."""
+    return Precision(torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32)
 
 
 class AttentionBias(NamedTuple):
@@ -115,16 +119,9 @@ class Backend:
             raise ValueError(f"backend {self.name!r} does not support dtype {dtype}; it supports {names}")
 
     def precision(self, device: str) -> Precision:
-        """dtype="auto" and the dtypes measured slower than fp32 on device type `device` ("cpu", "cuda").
-
-        CUDA: bf16 where the GPU has it, else fp32. CPU: bf16 where the active ISA tier has native bf16 dot
-        products (`isa.native_bf16`: amx, amx_emulated, or avx512_vnni with AVX-512 BF16), else fp32 with bf16 marked
-        slower: torch's bf16 GEMM there is ATen's scalar bf16 dot (docs/cpu-gemm.md#bf16-without-native-dot-products)."""
-        if device == "cuda":
-            return Precision(torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32)
-        if isa.native_bf16():
-            return Precision(torch.bfloat16)
-        return Precision(torch.float32, slower=(torch.bfloat16,))
+        """dtype="auto" and the dtypes measured slower than fp32 on device type `device` ("cpu", "cuda"): each
+        backend's own rule (on CUDA, `cuda_precision`)."""
+        raise NotImplementedError
 
     def stream_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The residual stream's dtype in a forward on weights of `dtype`: the layers' inputs and outputs, the sums
@@ -135,7 +132,7 @@ class Backend:
     def graph_unavailable_reason(self, device: torch.device) -> str | None:
         """None when a forward's launches on `device` can be captured in a CUDA graph (no host syncs, no
         host-side shape logic past the packed sizes), else why not. The engine then replays a graph per
-        token-count bucket (`backends.graphs`). Default: not capturable."""
+        token-count bucket (`backends.cuda.graphs`). Default: not capturable."""
         return f"backend {self.name!r} does not launch through CUDA graphs"
 
     def prepare(self, weights: ModelWeights) -> ModelWeights:
@@ -174,16 +171,13 @@ class Backend:
     def layernorm(self, x, weight, bias, eps):
         raise NotImplementedError
 
-    # Whether `disentangled` takes windows= (`disentangled.token_windows`): then only the entries a token's own
-    # sequence reads need be computed.
-    reads_windows = False
-
-    def disentangled(self, q, k, pos_key, pos_query, scale):
+    def disentangled(self, q, k, pos_key, pos_query, scale, windows):
         """DeBERTa-v2's per-token position terms (`reference.disentangled`): q, k (T, heads, d) views allowed;
         pos_key, pos_query (R, heads * d) or None -> (c2p, p2c), (T, heads, R) float32 contiguous or None, with
         c2p[t, h, r] = scale * q[t, h] . pos_key[r, h] and p2c[t, h, r] = scale * k[t, h] . pos_query[r, h]. A
-        table entry must not depend on T (batch invariance). A backend with `reads_windows` also takes windows=
-        (c2p's, p2c's), and may leave the entries outside them unwritten."""
+        table entry must not depend on T (batch invariance). windows: (c2p's, p2c's), (T, 2) int32 each, the columns
+        [lo, hi) each token's own sequence reads (`disentangled.token_windows`): a backend may leave the entries
+        outside them unwritten, or compute every entry."""
         raise NotImplementedError
 
     def pack(self, weight):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from .. import reference
 from ..kernels import activation
-from .contract import Backend
+from .contract import Backend, Precision, cuda_precision
+from .cpu import isa
 
 
 class TorchBackend(Backend):
@@ -16,11 +18,24 @@ class TorchBackend(Backend):
     def unavailable_reason(cls, device):
         return None
 
+    def precision(self, device):
+        """CUDA: `cuda_precision`. Elsewhere bf16 where the active ISA tier has native bf16 dot products
+        (`isa.native_bf16`: amx, amx_emulated, or avx512_vnni with AVX-512 BF16), else fp32 with bf16 marked slower:
+        torch's bf16 GEMM there is ATen's scalar bf16 dot (docs/cpu-gemm.md#bf16-without-native-dot-products)."""
+        if device == "cuda":
+            return cuda_precision()
+        if isa.native_bf16():
+            return Precision(torch.bfloat16)
+        return Precision(torch.float32, slower=(torch.bfloat16,))
+
     embeddings = staticmethod(reference.embeddings)
     qkv = staticmethod(reference.qkv)
     attention = staticmethod(reference.attention)
     layernorm = staticmethod(reference.layernorm)
-    disentangled = staticmethod(reference.disentangled)
+
+    @staticmethod
+    def disentangled(q, k, pos_key, pos_query, scale, windows):
+        return reference.disentangled(q, k, pos_key, pos_query, scale)  # every entry: windows only allow fewer
 
     @staticmethod
     def linear(x, weight, bias, act="none", residual=None, gated=False):

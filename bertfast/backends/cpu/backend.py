@@ -153,12 +153,10 @@ class CpuBackend(Backend):
     def layernorm(self, x, weight, bias, eps):
         return _C.layernorm(x.contiguous(), weight, bias, eps)
 
-    reads_windows = True
-
-    def disentangled(self, q, k, pos_key, pos_query, scale, windows=None):
-        """DeBERTa-v2's c2p / p2c tables (`_C.position_scores`, one dot product per entry, whatever T); with windows
-        (`disentangled.token_windows`), each token's entries only where its own sequence reads them."""
-        c2p_win, p2c_win = (None, None) if windows is None else windows
+    def disentangled(self, q, k, pos_key, pos_query, scale, windows):
+        """DeBERTa-v2's c2p / p2c tables (`_C.position_scores`, one dot product per entry, whatever T), each token's
+        entries only where its own sequence reads them (windows: `disentangled.token_windows`)."""
+        c2p_win, p2c_win = windows
         c2p = None if pos_key is None else _C.position_scores(q, pos_key.contiguous(), float(scale), c2p_win)
         p2c = None if pos_query is None else _C.position_scores(k, pos_query.contiguous(), float(scale), p2c_win)
         return c2p, p2c

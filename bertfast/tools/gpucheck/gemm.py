@@ -16,7 +16,7 @@ import statistics
 
 import torch
 
-from bertfast.backends import gemm_choice
+from bertfast.backends.cuda import gemm_choice
 from bertfast.kernels import activation
 from bertfast.tools.bench.measure import interleaved, time_call
 from bertfast.accuracy import TABLE

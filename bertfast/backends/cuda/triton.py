@@ -11,9 +11,9 @@ import os
 
 import torch
 
-from ..kernels import activation
+from ...kernels import activation
 from . import gemm_choice
-from .contract import Backend, Precision
+from ..contract import Backend, Precision, cuda_precision
 
 
 def _triton_import_error() -> str | None:
@@ -54,14 +54,14 @@ class TritonBackend(Backend):
 
     def __init__(self, quantize=None):
         super().__init__(quantize)
-        from ..kernels import triton as ops
+        from ...kernels import triton as ops
 
         self._ops = ops
         self._gemm = gemm_choice.GemmChoices([], None)  # read from the table in `prepare`, for the weights' GPU
 
     def precision(self, device):
-        # The interpreter (CPU) computes no bf16: fp32 there; on CUDA the base rule (bf16 where supported).
-        return Precision(torch.float32) if device == "cpu" else super().precision(device)
+        # The interpreter (CPU) computes no bf16: fp32 there; on CUDA bf16 where supported.
+        return Precision(torch.float32) if device == "cpu" else cuda_precision()
 
     def graph_unavailable_reason(self, device):
         # Every launcher is free of device-to-host reads once the engine passes validate/check_ids=False.
@@ -78,7 +78,7 @@ class TritonBackend(Backend):
         if self.quantize == "fp8":  # the four GEMM weights per output channel; no whole-layer kernel then
             import dataclasses
 
-            from ..kernels.triton import fp8
+            from ...kernels.triton import fp8
 
             cfg = weights.config
             if weights.dtype != torch.float16:
@@ -139,7 +139,7 @@ class TritonBackend(Backend):
 
     def _cublas(self, op, x, weight) -> bool:
         """The one GEMM routing rule of this backend: cuBLAS where the measured table says so for this shape on this
-        GPU (`backends.gemm_choice`), else the fused Triton kernel."""
+        GPU (`backends.cuda.gemm_choice`), else the fused Triton kernel."""
         return bool(self._gemm) and self._gemm.cublas(op, x.shape[0], weight.shape[0], weight.shape[1], x.dtype)
 
     # The engine hands over cu_seqlens from `padding.unpad` and ids that `inputs.check_inputs`
@@ -158,8 +158,9 @@ class TritonBackend(Backend):
             return gemm_choice.cublas_qkv(x, weight, bias, num_heads)
         return self._ops.qkv.qkv(x, weight, bias, num_heads, rotary=rotary)
 
-    def disentangled(self, q, k, pos_key, pos_query, scale):
-        """DeBERTa-v2's c2p / p2c tables, one fixed-tile kernel each: a token's entries the same bits in any batch."""
+    def disentangled(self, q, k, pos_key, pos_query, scale, windows):
+        """DeBERTa-v2's c2p / p2c tables, one fixed-tile kernel each: a token's entries the same bits in any batch
+        (every entry, windows or not)."""
         def table(x, pos):
             return None if pos is None else self._ops.disentangled.position_scores(x, pos, scale)
 

@@ -3,7 +3,7 @@
 kernel (`kernels/triton/linear_tma.py`) per (op, N, K, dtype, arch), for every M.
 
 The choices are measured, not autotuned at start: `bertfast gpucheck --stages gemm` times both paths per shape on a
-GPU and writes the table; the one committed next to this module (`gemm_table.json`) is read once per prepared model.
+GPU and writes the table; the one committed as `bertfast/backends/gemm_table.json` is read once per prepared model.
 Where the table has no entry (any shape on a GPU it was not measured on, fp32, rotary QKV, gated FFNs), the Triton
 kernel runs. A cuBLAS choice gives up two invariants of the Triton path: cuBLAS picks its algorithm by M, so a row's
 bits may depend on its batch, and a CUDA-graph bucket (padded M) may differ from eager launches in the last bits.
@@ -18,9 +18,9 @@ import os
 
 import torch
 
-from ..kernels import activation
+from ...kernels import activation
 
-TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_table.json")
+TABLE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gemm_table.json")
 CHOICES = ("triton", "cublas", "tma")
 ALL_M = 0  # the m_bucket of a "tma" entry: every M
 TMA_ARCHS = ("sm_90",)  # where a "tma" entry may be measured and taken (TMA and wgmma are Hopper's)
@@ -67,7 +67,7 @@ def read_table(path: str = TABLE_PATH) -> list[dict]:
 
 def _check_tma_entry(e: dict) -> None:
     """A "tma" entry holds for every M (m_bucket ALL_M), on a TMA arch, with a tile of linear_tma, N and K it runs."""
-    from ..kernels.triton.linear_tma import ALIGN, TILES
+    from ...kernels.triton.linear_tma import ALIGN, TILES
 
     if e["m_bucket"] != ALL_M:
         raise ValueError(f"a tma entry holds for every M: m_bucket must be {ALL_M}, got {e['m_bucket']}")
@@ -132,13 +132,13 @@ def cublas_qkv(x, weight, bias, num_heads: int):
 def tma_linear(x, weight, bias, act: str = "none", residual=None, tile: str = "plain") -> torch.Tensor:
     """act(x @ weight.T + bias) + residual by the Hopper TMA kernel with the named tile: (M, N). x needs unit stride
     along K and 16-byte aligned rows (the engine's activations have both); otherwise linear_tma raises ValueError."""
-    from ..kernels.triton.linear_tma import linear_tma
+    from ...kernels.triton.linear_tma import linear_tma
 
     return linear_tma(x, weight, bias, activation=act, residual=residual, tile=tile)
 
 
 def tma_qkv(x, weight, bias, num_heads: int, tile: str = "plain"):
     """q, k, v (T, heads, d), contiguous views of one buffer, by the Hopper TMA kernel with the named tile."""
-    from ..kernels.triton.linear_tma import qkv_tma
+    from ...kernels.triton.linear_tma import qkv_tma
 
     return qkv_tma(x, weight, bias, num_heads, tile=tile)

@@ -16,7 +16,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .contract import Tokens
+from ..contract import Tokens
 
 SMALLEST_BUCKET = 16
 LARGEST_BUCKET = 16384
