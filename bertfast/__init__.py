@@ -1,7 +1,7 @@
 """bertfast: a fused inference engine for BERT-family encoders."""
 
-from .backends import available_backends, get_backend  # first: it applies BERTFAST_ISA's library caps
-from .backends.cpu.isa import cpu_info
+from .backends import available_backends, get_backend
+from .backends.cpu.isa import cap_libraries, cpu_info
 from .config import ConfigError, ModelConfig
 from .encoder import Encoder, EncoderOutput
 from .loading import LoadError, ModelWeights, load_hf_model, load_pretrained
@@ -33,6 +33,7 @@ __all__ = [
     "Encoder", "EncoderOutput", "optimize", "EngineUnsupported", "load", "TaskModel", "TaskOutput",
     "supported_architectures", "ModelConfig", "ModelWeights", "ConfigError", "LoadError",
     "load_pretrained", "load_hf_model", "get_backend", "available_backends", "default_model_path", "cpu_info",
+    "cap_libraries",
     "quantize_embeddings", "quantization_ranges", "profile", "Profile", "SparseEncoder", "BGEM3", "ColBERT",
     "colbert_scores", "colbert_scores_pairwise",
 ]

@@ -61,7 +61,12 @@ class Embedder:
         from .encoder import Encoder
         from .workers import plan
 
-        threads = threads or _assigned_cpus()
+        assigned = _assigned_cpus()
+        if assigned is not None:  # a Ray actor, a process of its own: BERTFAST_ISA's cap for the libraries too
+            from .backends.cpu.isa import cap_libraries
+
+            cap_libraries()
+        threads = threads or assigned
         if threads:
             torch.set_num_threads(threads)
         self.encoder = Encoder.from_pretrained(model or default_model_path(), backend=backend, dtype=dtype)

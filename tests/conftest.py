@@ -28,6 +28,8 @@ from bertfast.backends.cpu.ext import IMPORT_ERROR
 from bertfast.accuracy import rel_error as rel_err  # noqa: F401
 from helpers import environment
 
+isa_module.cap_libraries()  # BERTFAST_ISA's cap for oneDNN, MKL and ATen too, before any test runs a GEMM
+
 
 def _refuse(problems: list[str]) -> None:
     if problems:

@@ -1,7 +1,7 @@
 """ISA tiers: detection and the BERTFAST_ISA cap, and no library reference kernel under any cap.
 
 Each forward of the reference-kernel test runs in a child process, because oneDNN, MKL and ATen read
-their caps (set by bertfast from BERTFAST_ISA at import) once per process.
+their caps (set by `bertfast.cap_libraries()` from BERTFAST_ISA) once per process.
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ def test_amx_emulated_needs_avx512_vnni():
 
 @pytest.mark.parametrize("tier", CAPS)
 def test_cap_from_environment(tier):
-    """BERTFAST_ISA caps the extension and passes the cap on to oneDNN, MKL and ATen."""
+    """BERTFAST_ISA caps the extension, and `cap_libraries` passes the cap on to oneDNN, MKL and ATen."""
     out = _child("""
         import ctypes, json, os, torch, bertfast
+        bertfast.cap_libraries()
         torch.mm(torch.randn(64, 64), torch.randn(64, 64))
         env = {k: os.environ.get(k) for k in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR",
                                               "ATEN_CPU_CAPABILITY")}
@@ -125,6 +126,7 @@ def test_emulated_tier_runs_or_says_why_not():
 # Forwards of 3 x 200 tokens (int8, fp32, bf16) on the cpu backend, every oneDNN primitive logged.
 _FORWARDS = """
     import torch, transformers, bertfast
+    bertfast.cap_libraries()
     cfg = transformers.BertConfig(vocab_size=120, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=512, max_position_embeddings=256)
     torch.manual_seed(0)

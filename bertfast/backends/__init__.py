@@ -10,15 +10,11 @@ from __future__ import annotations
 import importlib
 import warnings
 
+from .contract import AttentionBias, Backend, DisentangledBias, BackendUnavailable, Precision, Rotary, Tokens
 from .cpu import isa as _isa
 
-# BERTFAST_ISA caps oneDNN, MKL and ATen too: their variables must be set before torch first uses them,
-# so before anything here imports torch.
-_isa.apply_library_caps()
-
-from .contract import AttentionBias, Backend, DisentangledBias, BackendUnavailable, Precision, Rotary, Tokens  # noqa: E402
-
-_isa.warn_if_emulation_unrun()  # after torch (contract imports it): the extension needs torch's libraries loaded
+# An unknown BERTFAST_ISA name raises here, at import (the libraries' caps are `cap_libraries`'s, an explicit call).
+_isa.check_requested_cap()
 
 # name -> "module:Class". Adding a backend is one line here plus its module.
 REGISTRY = {

@@ -22,6 +22,9 @@ COMMANDS = {
 
 
 def main(argv=None) -> int:
+    from bertfast import cap_libraries
+
+    cap_libraries()  # BERTFAST_ISA's cap for oneDNN, MKL and ATen, before any command runs a GEMM
     parser = argparse.ArgumentParser(prog="bertfast", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="command")
     for name, (module_name, help_text) in COMMANDS.items():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch  # noqa: F401  (first: the extension links torch's libraries)
+
 try:
     from ... import _C
 except ImportError as e:  # not built (BERTFAST_NO_EXT=1, a checkout without build_ext), or built and not loading

@@ -1,4 +1,4 @@
-"""CPU ISA tiers: which one the native kernels run, and the same cap for oneDNN, MKL and ATen.
+"""CPU ISA tiers: which one the native kernels run, and the same cap for oneDNN, MKL and ATen (`cap_libraries`).
 
 Tiers, lowest to highest: `portable` (plain loops), `avx2` (AVX2 + FMA), `avx512_vnni` (AVX-512 F/BW/VL/DQ
 + VNNI, AVX-512 BF16 where present), `amx_emulated` (the amx tier's kernels with the tile instructions
@@ -7,11 +7,15 @@ emulated: slow, for testing the AMX code on a CPU with AVX-512 VNNI but no AMX; 
 `BERTFAST_ISA=<cap>` caps it (for tests, benchmarks and reproducible numerics): a tier's name (`amx_emulated`
 runs wherever the CPU supports it, above a detected avx512_vnni too), or `avx512_vnni-nobf16`, the avx512_vnni
 tier with AVX-512 BF16 hidden (a Cascade Lake or Ice Lake, or a VM whose hypervisor masks AVX-512 BF16 and AMX,
-as a CPU with it can stand in for). The libraries
-torch calls decide for themselves, so the same cap is passed to them through their own variables
-(`ONEDNN_MAX_CPU_ISA`, `MKL_ENABLE_INSTRUCTIONS`, `ATEN_CPU_CAPABILITY`, and for `portable` also
-`MKL_CBWR=COMPATIBLE`), set when bertfast is imported unless the user set them: they take effect only if
-torch has not run a GEMM before that.
+as a CPU with it can stand in for).
+
+The extension owns the tier state and the one parse of BERTFAST_ISA (csrc/cpu/common/isa.cpp); this module reads
+them through `_C` and mirrors them. Its own reading of the variable (`_environment_cap`) serves only a process
+without the extension, where the cap still goes to the libraries. The libraries torch calls decide for themselves,
+so `cap_libraries()` passes the same cap to them through their own variables (`ONEDNN_MAX_CPU_ISA`,
+`MKL_ENABLE_INSTRUCTIONS`, `ATEN_CPU_CAPABILITY`, and for `portable` also `MKL_CBWR=COMPATIBLE`): one explicit
+call, the only place bertfast changes the environment, effective only before torch runs its first GEMM
+(`python -m bertfast` makes it first thing; importing bertfast sets nothing).
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ import functools
 import os
 import warnings
 
+from .ext import _C
+
 TIERS = ("portable", "avx2", "avx512_vnni", "amx_emulated", "amx")
 NO_BF16 = "avx512_vnni-nobf16"
 EMULATED = "amx_emulated"
-# What BERTFAST_ISA takes, lowest to highest: each cap's features include those of the caps below it.
+# What BERTFAST_ISA takes, lowest to highest: each cap's features include those of the caps below it (the
+# extension's kCaps, tests/test_isa_owner.py checks they agree).
 CAPS = ("portable", "avx2", NO_BF16, "avx512_vnni", EMULATED, "amx")
 
 # What each tier's cap means to the libraries (their own names); `amx` is no cap. avx512_vnni-nobf16 is
@@ -44,13 +51,18 @@ _ONEDNN_AMX = {"AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AV
 
 
 def requested_cap() -> str | None:
-    """The cap named by BERTFAST_ISA (one of CAPS), or None when unset. Raises ValueError for an unknown name."""
+    """The cap BERTFAST_ISA names (one of CAPS), or None when unset, as the extension parsed it when it loaded.
+    Raises ValueError for an unknown name."""
+    parsed = getattr(_C, "requested_cap", None)  # the extension's own parse; None without the extension
+    return (parsed() or None) if parsed is not None else _environment_cap()
+
+
+def _environment_cap() -> str | None:
+    # BERTFAST_ISA read here, as the extension reads it: only where the extension does not (not built).
     value = os.environ.get("BERTFAST_ISA", "").strip()
-    if not value:
-        return None
-    if value not in CAPS:
+    if value and value not in CAPS:
         raise ValueError(f"BERTFAST_ISA={value!r} is not an ISA tier; expected one of {', '.join(CAPS)}")
-    return value
+    return value or None
 
 
 def cap_tier(cap: str | None) -> str | None:
@@ -68,36 +80,43 @@ def library_caps(cap: str | None) -> dict[str, str]:
     return caps
 
 
-# The library variables apply_library_caps set in this process (not the user's): a child process run
-# under another cap must not inherit them.
+# The library variables cap_libraries set in this process (not the user's): a child process run under another cap
+# must not inherit them.
 APPLIED: dict[str, str] = {}
 
 
-def warn_if_emulation_unrun() -> None:
-    """BERTFAST_ISA=amx_emulated chooses the emulated AMX tier; on a CPU that cannot run it (no AVX-512 VNNI) the
-    kernels run the CPU's best tier instead, which a test run under that name must hear about (loads the extension
-    only under that name)."""
-    if os.environ.get("BERTFAST_ISA", "").strip() != EMULATED:
-        return
-    from .ext import _C
+def cap_libraries(cap: str | None = None) -> dict[str, str]:
+    """Pass an ISA cap to oneDNN, MKL and ATen through their own variables (`library_caps`), each unless the user set
+    it, and return the ones set. cap: one of CAPS; None (the default) is BERTFAST_ISA's (`requested_cap()`), under
+    which the kernels run, so that the libraries beside them run under the same cap.
 
-    if _C is not None and _C.isa() != EMULATED:
+    The one call through which bertfast changes the environment: make it before torch runs its first GEMM in the
+    process (the libraries read their variables once, then); later it changes nothing they run. `python -m bertfast`
+    makes it before any command, the test suite's conftest before any test; a program importing bertfast makes it
+    itself, first thing. It does not move the kernels' tier (BERTFAST_ISA, or `on_cap` in tests)."""
+    if cap is None:
+        cap = requested_cap()
+    elif cap not in CAPS:
+        raise ValueError(f"{cap!r} is not an ISA cap; expected one of {', '.join(CAPS)}")
+    applied = {}
+    for name, value in library_caps(cap).items():
+        if name not in os.environ:
+            os.environ[name] = APPLIED[name] = applied[name] = value
+    return applied
+
+
+def check_requested_cap() -> None:
+    """BERTFAST_ISA's cap checked once, when bertfast is imported: an unknown name raises ValueError, and amx_emulated
+    on a CPU that cannot run it (no AVX-512 VNNI), where the kernels run the CPU's best tier instead, warns (a test
+    run under that name must hear about it)."""
+    if requested_cap() == EMULATED and _C is not None and _C.isa() != EMULATED:
         warnings.warn(f"BERTFAST_ISA={EMULATED}: {unsupported(EMULATED)}; the kernels run {_C.isa()}, not the AMX "
                       "code", stacklevel=2)
-
-
-def apply_library_caps() -> None:
-    """Pass BERTFAST_ISA's cap to oneDNN, MKL and ATen (their variables, unless already set)."""
-    for name, value in library_caps(requested_cap()).items():
-        if name not in os.environ:
-            os.environ[name] = APPLIED[name] = value
 
 
 def supported_tiers() -> list[str]:
     """The tiers this CPU runs, highest first: every tier up to the extension's detected one, and amx_emulated
     where the CPU has AVX-512 VNNI and BF16 ([] without the extension)."""
-    from .ext import _C
-
     if _C is None:
         return []
     return [tier for tier in reversed(TIERS) if _C.isa_supported(tier)]
@@ -134,8 +153,6 @@ def native_bf16() -> bool:
     or `avx512_vnni` on a CPU with AVX-512 BF16 (`active_cap()` one of those three). Below that, bf16 saves memory
     traffic but not arithmetic (docs/cpu-gemm.md#bf16-without-native-dot-products). Without the extension the CPU
     flags and BERTFAST_ISA's cap decide."""
-    from .ext import _C
-
     if _C is None:
         cap = requested_cap()
         return "avx512_bf16" in proc_cpuinfo()[1] and (cap is None or CAPS.index(cap) >= CAPS.index("avx512_vnni"))
@@ -145,15 +162,13 @@ def native_bf16() -> bool:
 def active_cap() -> str | None:
     """The cap the kernels run under: the active tier, or avx512_vnni-nobf16 for avx512_vnni without AVX-512 BF16
     dot products (hidden, or absent from the CPU); None without the extension."""
-    from .ext import _C
-
     if _C is None:
         return None
     tier = _C.isa()
     return NO_BF16 if tier == "avx512_vnni" and not _C.has_avx512_bf16() else tier
 
 
-def _select(_C, tier: str, bf16: bool) -> None:
+def _select(tier: str, bf16: bool) -> None:
     # AVX-512 BF16 on before a tier that needs it (the amx tiers), off only once the tier no longer does.
     ok = _C.set_avx512_bf16(True) if bf16 else True
     ok = ok and _C.set_isa(tier) and _C.isa() == tier
@@ -168,14 +183,12 @@ def on_cap(cap: str):
     tier and AVX-512 BF16 as they were after it. A cap other than avx512_vnni-nobf16 runs with the CPU's AVX-512 BF16
     where it has it, also in a process started under BERTFAST_ISA=avx512_vnni-nobf16 (where it starts hidden). For
     tests and benchmarks: the choice is process-wide."""
-    from .ext import _C
-
     before = (_C.isa(), _C.has_avx512_bf16())
-    _select(_C, cap_tier(cap), cap != NO_BF16 and "avx512_bf16" in proc_cpuinfo()[1])
+    _select(cap_tier(cap), cap != NO_BF16 and "avx512_bf16" in proc_cpuinfo()[1])
     try:
         yield cap
     finally:
-        _select(_C, *before)
+        _select(*before)
 
 
 @functools.lru_cache(maxsize=1)
@@ -203,8 +216,6 @@ def cpu_info() -> dict:
     (`native_bf16`, what dtype="auto" follows).
     """
     import torch
-
-    from .ext import _C
 
     model, flags = proc_cpuinfo()
     detected = _C.detected_isa() if _C is not None else None

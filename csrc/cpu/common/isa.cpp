@@ -1,8 +1,12 @@
 // Run-time ISA tiers for the CPU kernels: the best tier the CPU supports, capped by the BERTFAST_ISA
-// environment variable (read once, when the extension loads) or by set_isa (tests and benchmarks).
+// environment variable or by set_isa (tests and benchmarks). This file owns the tier state and the one parse of
+// BERTFAST_ISA (read once, when the extension first dispatches); Python reads both through `_C`.
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "cpu/common/isa.h"
 
@@ -66,11 +70,47 @@ Isa detected_isa() {
 // The cap below avx512_vnni's full feature set: the tier without AVX-512 BF16, as on a CPU (or a hypervisor)
 // that lacks it. BERTFAST_ISA names it; the kernels' tier is avx512_vnni.
 constexpr const char* kNoBf16Cap = "avx512_vnni-nobf16";
+// What BERTFAST_ISA takes, lowest to highest (bertfast/backends/cpu/isa.py's CAPS, tested to agree).
+constexpr const char* kCaps[] = {"portable", "avx2", kNoBf16Cap, "avx512_vnni", "amx_emulated", "amx"};
 
-static bool bf16_hidden_by_env() {
-  const char* env = std::getenv("BERTFAST_ISA");
-  return env != nullptr && std::strcmp(env, kNoBf16Cap) == 0;
+namespace {
+// BERTFAST_ISA as read once: `name` the cap ("" when unset or blank), surrounding blanks dropped; `known` false for a
+// name that is no cap (the kernels then run uncapped and `requested_cap` raises).
+struct EnvCap {
+  std::string name;
+  bool known = true;
+};
+
+const EnvCap& env_cap() {
+  static const EnvCap cap = [] {
+    EnvCap c;
+    const char* env = std::getenv("BERTFAST_ISA");
+    std::string value = env != nullptr ? env : "";
+    const auto blank = [](char ch) { return std::isspace(static_cast<unsigned char>(ch)) != 0; };
+    while (!value.empty() && blank(value.back())) value.pop_back();
+    size_t first = 0;
+    while (first < value.size() && blank(value[first])) ++first;
+    c.name = value.substr(first);
+    if (c.name.empty()) return c;
+    c.known = false;
+    for (const char* name : kCaps) c.known |= c.name == name;
+    return c;
+  }();
+  return cap;
 }
+}  // namespace
+
+const char* requested_cap() {
+  const EnvCap& cap = env_cap();
+  if (!cap.known) {
+    std::string expected;
+    for (const char* name : kCaps) expected += (expected.empty() ? "" : ", ") + std::string(name);
+    throw std::invalid_argument("BERTFAST_ISA='" + cap.name + "' is not an ISA tier; expected one of " + expected);
+  }
+  return cap.name.c_str();
+}
+
+static bool bf16_hidden_by_env() { return env_cap().name == kNoBf16Cap; }
 
 static bool cpu_has_avx512_bf16() {
 #if BF_X86
@@ -119,12 +159,12 @@ bool set_avx_vnni(bool enabled) {
 
 static Isa initial_isa() {
   Isa cap = Isa::Amx;
-  const char* env = std::getenv("BERTFAST_ISA");
-  // An unknown name is reported by the Python package (bertfast.cpu_info), which refuses to run with it.
+  const EnvCap& env = env_cap();
+  // An unknown name runs uncapped here; `requested_cap` raises for it (bertfast refuses to import with it).
   if (bf16_hidden_by_env()) {
     cap = Isa::Avx512Vnni;
-  } else if (env != nullptr && *env != '\0') {
-    parse_isa(env, &cap);
+  } else if (env.known && !env.name.empty()) {
+    parse_isa(env.name.c_str(), &cap);
   }
   // amx_emulated is a choice, not only a cap: it runs where supported, above a detected avx512_vnni too.
   if (cap == Isa::AmxEmulated && isa_supported(cap)) return cap;

@@ -38,6 +38,10 @@ Isa active_isa();
 bool set_isa(Isa isa);
 // Every tier up to the detected one; amx_emulated wherever the CPU has Avx512Vnni.
 bool isa_supported(Isa isa);
+// The cap BERTFAST_ISA named when the extension first read it (the one parse of it, blanks around the name dropped):
+// a tier's name or "avx512_vnni-nobf16", "" when unset. Throws std::invalid_argument (ValueError in Python) naming
+// the caps for any other value, under which the kernels run uncapped.
+const char* requested_cap();
 // The tier named by `name` ("amx", "amx_emulated", "avx512_vnni", "avx2", "portable"); false if no tier has that
 // name.
 bool parse_isa(const char* name, Isa* isa);
