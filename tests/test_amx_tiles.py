@@ -185,7 +185,7 @@ def test_attention_window_and_bias(tiles, dtype, terms, lengths, heads, d, windo
 def test_attention_row_alone_is_the_row_in_a_batch(tiles, dtype, terms):
     """Each sequence alone gives the bits it gives inside a batch of 1, 30, 177 (past two 64-key blocks), 5 and 64
     tokens: the kernel's blocking, window and bias depend on the sequence alone."""
-    lengths, heads, d, window = [1, 30, 177, 5, 64], 2, 32, 24 if "window" in terms else 0
+    lengths, heads, d, window = [1, 30, 177, 5, 64], 2, 64, 24 if "window" in terms else 0
     gen = torch.Generator().manual_seed(12)
     _, (q, k, v), cu = qkv_views(lengths, heads, d, dtype, gen)
     T, bounds = sum(lengths), cu.tolist()
@@ -259,7 +259,7 @@ def test_attention_window_skips_far_keys(tiles):
     afterwards to every row."""
     T, window = 1000, 8
     gen = torch.Generator().manual_seed(2)
-    q, k, v = (t.to(torch.bfloat16) for t in torch.randn(3, T, 1, 32, generator=gen).unbind(0))
+    q, k, v = (t.to(torch.bfloat16) for t in torch.randn(3, T, 1, 64, generator=gen).unbind(0))
     v[500] = float("nan")
     ours = _C.attention(q, k, v, torch.tensor([0, T], dtype=torch.int32), T, 0.25, window=window)
     far = torch.cat([torch.arange(0, 464), torch.arange(528, T)])

@@ -12,16 +12,25 @@ import pytest
 
 _C = pytest.importorskip("bertfast._C", reason="the native extension bertfast._C is not built")
 
-# (dtype, bf16_products, head_dim, has_bias, window, tier, avx512_bf16) -> path. The one threshold: head_dim <= 64.
+# (dtype, bf16_products, head_dim, has_bias, window, tier, avx512_bf16) -> path. Thresholds: head_dim <= 64; on amx, < 64.
 ATTENTION = [
-    # amx: bf16 products on tiles, with a bias and a window too
+    # amx: tiles for the bf16 dtype's 64-wide heads and for the int8 path's products beside a bias or a window;
+    # the AVX-512 kernels (Avx512 widening bf16, Int16) below 64 and for the int8 path's plain products
     ("bfloat16", False, 64, False, 0, "amx", True, "Amx"),
     ("bfloat16", False, 65, False, 0, "amx", True, "Avx512"),
     ("float32", True, 64, True, 128, "amx", True, "Amx"),
     ("float32", True, 65, True, 128, "amx", True, "Avx512"),
     ("float32", False, 64, False, 0, "amx", True, "Avx512"),
-    ("bfloat16", False, 32, True, 16, "amx_emulated", True, "AmxEmulated"),
-    ("float32", True, 64, False, 0, "amx_emulated", False, "AmxEmulated"),
+    ("bfloat16", False, 63, False, 0, "amx", True, "Avx512"),
+    ("bfloat16", False, 32, True, 16, "amx", True, "Avx512"),
+    ("float32", True, 64, False, 0, "amx", True, "Int16"),
+    ("float32", True, 32, False, 0, "amx", True, "Int16"),
+    ("float32", True, 64, True, 0, "amx", True, "Amx"),
+    ("float32", True, 64, False, 16, "amx", True, "Amx"),
+    ("bfloat16", False, 64, True, 16, "amx_emulated", True, "AmxEmulated"),
+    ("bfloat16", False, 32, True, 16, "amx_emulated", True, "Avx512"),
+    ("float32", True, 64, False, 0, "amx_emulated", False, "Int16"),
+    ("float32", True, 64, True, 0, "amx_emulated", False, "AmxEmulated"),
     ("bfloat16", False, 65, False, 0, "amx_emulated", True, "Avx512"),
     ("float32", False, 32, False, 0, "amx_emulated", True, "Avx512"),
     # avx512_vnni with AVX-512 BF16: no bias; the bf16 dtype's kernel takes a window, the int8 path's none

@@ -78,12 +78,17 @@ const char* attention_path_name(AttentionPath path) {
 }
 
 // The one rule. Batch invariance: it reads the layer (dtype, head_dim, bias, window) and the tier, never a length,
-// so a sequence runs on the same kernel alone and beside others. Its one threshold, head_dim <= 64, is the
-// bf16-product kernels' (AMX tiles, vdpbf16ps, int16) largest head.
+// so a sequence runs on the same kernel alone and beside others. Its thresholds: head_dim <= 64, the bf16-product
+// kernels' (AMX tiles, vdpbf16ps, int16) largest head, and on the amx tiers head_dim < 64, below which the tiles lose.
 AttentionPath choose_attention(const AttentionCall& c) {
   const bool products16 = (c.bf16 || c.bf16_products) && c.head_dim <= 64;
-  if (products16 && c.isa == Isa::Amx) return AttentionPath::Amx;
-  if (products16 && c.isa == Isa::AmxEmulated) return AttentionPath::AmxEmulated;
+  if (products16 && (c.isa == Isa::Amx || c.isa == Isa::AmxEmulated)) {
+    // The tiles lose to the AVX-512 kernels on the int8 path's bf16 products and on heads under 64 wide
+    // (docs/tiers.md#attention-on-the-amx-tier); the emulated tier makes the same choice it stands in for.
+    if (c.bf16_products && !c.bf16 && !c.has_bias && c.window <= 0) return AttentionPath::Int16;
+    if (c.bf16 && c.head_dim < 64) return AttentionPath::Avx512;
+    return c.isa == Isa::Amx ? AttentionPath::Amx : AttentionPath::AmxEmulated;
+  }
   // Without AMX: no position bias; the bf16 dtype's kernel takes its window (P in two parts, as the amx tiers carry
   // it, so a window reaching every key stays global attention bit for bit), the int8 path's (P rounded once: its
   // output is quantized next) none.
