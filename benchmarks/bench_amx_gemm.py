@@ -33,6 +33,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # runnable from a source checkout
 
+import bertfast  # noqa: E402
+
+bertfast.cap_libraries()  # F.linear's oneDNN under BERTFAST_ISA's cap too, before torch runs a GEMM
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 

@@ -22,6 +22,8 @@ import transformers
 import bertfast
 from bertfast import _C
 
+bertfast.cap_libraries()  # ATen's random init under BERTFAST_ISA's cap too (the note above)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -129,6 +129,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa,
         "the ISA tier the kernels dispatch to: 'amx', 'amx_emulated', 'avx512_vnni', 'avx2' or 'portable'");
   m.def("detected_isa", &detected_isa, "the best ISA tier this CPU (and OS) supports");
+  m.def("requested_cap", &bc::requested_cap,
+        "the cap BERTFAST_ISA named when the extension loaded ('' when unset); ValueError for an unknown name");
   m.def("set_isa", &set_isa,
         "cap the kernels at an ISA tier (or choose amx_emulated); returns False if the CPU lacks it", py::arg("isa"));
   m.def("isa_supported", &isa_supported, "whether this CPU runs an ISA tier (amx_emulated: AVX-512 VNNI)",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-from test_native_layout import LAYOUT, REPO, folder_entries, native_files, unnamed
+from helpers.layout import LAYOUT, REPO, folder_entries, native_files, unnamed
 
 MAX_DOC_LINES = 250
 
