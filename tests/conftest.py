@@ -200,6 +200,23 @@ def isa(request):
         yield request.param
 
 
+@pytest.fixture(params=["amx", isa_module.EMULATED])
+def tiles(request):
+    """The kernels on a tier with AMX tiles (real or emulated) for the test, skipped where the CPU lacks it; the AMX
+    GEMMs' kernel choice and blocking restored after it."""
+    from bertfast import _C
+    from helpers.caps import on_cap
+
+    reason = isa_module.unsupported(request.param)
+    if reason is not None:
+        pytest.skip(reason)
+    mode, blocking = _C.testing.amx_gemm(), _C.testing.amx_blocking()
+    with on_cap(request.param):
+        yield request.param
+    _C.testing.set_amx_gemm(mode)
+    _C.testing.set_amx_blocking(*blocking)
+
+
 @pytest.fixture(scope="session")
 def tiny_text_model(tmp_path_factory, minilm_path):
     """A random 2-layer BERT (hidden 64, 64 positions) with the default model's tokenizer: a model

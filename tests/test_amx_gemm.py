@@ -18,28 +18,13 @@ import sys
 import pytest
 import torch
 
-from bertfast.backends.cpu import isa as isa_module
 from bertfast.backends.cpu import quant
-from helpers.caps import on_cap
 
 _C = pytest.importorskip("bertfast._C")
 
 # The largest routing threshold of the AMX GEMMs (kAmxBlockedRowsBf16 / Int8, amx_gemm.h): batches in the
 # invariance tests exceed twice this.
 THRESHOLD = 64
-
-
-@pytest.fixture(params=["amx", isa_module.EMULATED])
-def tiles(request):
-    """The kernels on a tier with AMX tiles (real or emulated); skipped where the CPU lacks it."""
-    reason = isa_module.unsupported(request.param)
-    if reason is not None:
-        pytest.skip(reason)
-    mode, blocking = _C.testing.amx_gemm(), _C.testing.amx_blocking()
-    with on_cap(request.param):
-        yield request.param
-    _C.testing.set_amx_gemm(mode)
-    _C.testing.set_amx_blocking(*blocking)
 
 
 def both_kernels(run):

@@ -26,20 +26,9 @@ import torch
 from bertfast import reference
 from bertfast.backends import AttentionBias, DisentangledBias
 from bertfast.backends.cpu import isa as isa_module
-from helpers.caps import on_cap
 from helpers.cpu_ops import check, qkv_views
 
 _C = pytest.importorskip("bertfast._C")
-
-
-@pytest.fixture(params=["amx", isa_module.EMULATED])
-def tiles(request):
-    """The kernels on a tier with AMX tiles (real or emulated) for the test; skipped where the CPU lacks it."""
-    reason = isa_module.unsupported(request.param)
-    if reason is not None:
-        pytest.skip(reason)
-    with on_cap(request.param):
-        yield request.param
 
 
 def _daz(t: torch.Tensor) -> torch.Tensor:

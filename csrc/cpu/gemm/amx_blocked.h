@@ -10,13 +10,15 @@
 //   dp(two_rows, two_cols)             the step's multiply-adds: tmm0 += tmm4 tmm6, tmm1 += tmm4 tmm7,
 //                                      tmm2 += tmm5 tmm6, tmm3 += tmm5 tmm7 (those the pair has)
 //   store(c, mr, m0, u, groups)        the epilogue of rows [m0, m0 + mr) of unit u from c (rows 48 apart)
+// The bf16 kernels share all but the store: AmxBf16Operands below.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
-#include "cpu/gemm/amx_gemm.h"
 #include "cpu/common/amx_tiles.h"
+#include "cpu/common/kernels.h"
+#include "cpu/gemm/amx_gemm.h"
 
 #ifndef BF_AMX_BLOCKED_TARGET
 #error "define BF_AMX_BLOCKED_TARGET (the kernels' BF_TARGET_TILES_*) before including amx_blocked.h"
@@ -67,6 +69,32 @@ struct NextBlock {
 };
 
 }  // namespace amx_blocked_detail
+
+// A bf16 GEMM's operands as amx_blocked_item reads them: x (M, K) rows ldx apart, K a multiple of kAmxK; a unit is
+// one panel of pack_linear's bf16 layout, whose 16 k pairs x 16 columns are already AMX's B tile (16 rows of 64
+// bytes, kPanel * 4 bytes apart). The including kernel adds its store.
+struct AmxBf16Operands {
+  using Acc = float;
+  const bf16* x;
+  int64_t ldx;
+  const bf16* packed;
+  int64_t K;
+
+  BF_INLINE int64_t steps() const { return K / kAmxK; }
+  BF_INLINE int groups(int64_t) const { return kPanel / 16; }
+  BF_INLINE const bf16* a_tile(int64_t m, int64_t s) const { return x + m * ldx + s * kAmxK; }
+  BF_INLINE int64_t a_ld() const { return ldx * 2; }
+  BF_INLINE const bf16* b_tile(int64_t u, int j, int64_t s) const {
+    return packed + u * K * kPanel + s * (kAmxK * kPanel) + 32 * j;
+  }
+  BF_INLINE int64_t b_ld() const { return kPanel * 4; }
+  BF_TARGET_TILES_BF16 BF_INLINE void dp(bool two_rows, bool two_cols) const {
+    BF_TILE_DPBF16PS(0, 4, 6);
+    if (two_cols) BF_TILE_DPBF16PS(1, 4, 7);
+    if (two_rows) BF_TILE_DPBF16PS(2, 5, 6);
+    if (two_rows && two_cols) BF_TILE_DPBF16PS(3, 5, 7);
+  }
+};
 
 // Output rows [r0, r0 + rows) (rows <= kAmxMaxItemRows) x units [u0, u1): for each unit, K block by K block, every
 // 32-row pair of the rows against the block's weights (in L1 after the first pair), its C tiles resumed from and

@@ -23,6 +23,10 @@
 namespace bertfast {
 namespace cpu {
 
+// The bf16 AMX kernels (linear_amx.cpp) run when K is a multiple of this: bf16 elements of K
+// per tile step.
+constexpr int64_t kAmxK = 32;
+
 enum class AmxGemm : int { Auto = 0, Stream = 1, Blocked = 2 };
 
 // The kernel choice: BERTFAST_AMX_GEMM=stream|blocked|auto, read once at load (default auto), or set_amx_gemm.

@@ -69,30 +69,12 @@ BF_TARGET_TILES_BF16 void BF_TILES(linear_amx)(const bf16* x, int64_t ldx, const
 // ---- AMX, blocked (amx_blocked.h): the same tile steps and epilogue as above, per 32-row pair ----
 namespace {
 
-// The bf16 GEMM as amx_blocked_item reads it: a unit is one packed panel (B layout as above), steps of kAmxK.
-struct Bf16Tiles {
-  using Acc = float;
-  const bf16* x;
-  int64_t ldx;
-  const bf16* packed;
-  int64_t N, K;
+// The bf16 GEMM as amx_blocked_item reads it (AmxBf16Operands), ending in the streaming kernel's epilogue call, on
+// the same fp32 sums.
+struct Bf16Tiles : AmxBf16Operands {
+  int64_t N;
   const Epilogue& ep;
 
-  BF_INLINE int64_t steps() const { return K / kAmxK; }
-  BF_INLINE int groups(int64_t) const { return kPanel / 16; }
-  BF_INLINE const bf16* a_tile(int64_t m, int64_t s) const { return x + m * ldx + s * kAmxK; }
-  BF_INLINE int64_t a_ld() const { return ldx * 2; }
-  BF_INLINE const bf16* b_tile(int64_t u, int j, int64_t s) const {
-    return packed + u * K * kPanel + s * (kAmxK * kPanel) + 32 * j;
-  }
-  BF_INLINE int64_t b_ld() const { return kPanel * 4; }
-  BF_TARGET_TILES_BF16 BF_INLINE void dp(bool two_rows, bool two_cols) const {
-    BF_TILE_DPBF16PS(0, 4, 6);
-    if (two_cols) BF_TILE_DPBF16PS(1, 4, 7);
-    if (two_rows) BF_TILE_DPBF16PS(2, 5, 6);
-    if (two_rows && two_cols) BF_TILE_DPBF16PS(3, 5, 7);
-  }
-  // The streaming kernel's epilogue call, on the same fp32 sums.
   BF_TARGET_TILES_BF16 BF_INLINE void store(const float* c, int mr, int64_t m0, int64_t u, int) const {
     store_tile<bf16, true>(c, mr, m0, u * kPanel, std::min<int64_t>(kPanel, N - u * kPanel), ep);
   }
@@ -104,7 +86,7 @@ BF_TARGET_TILES_BF16 void BF_TILES(linear_amx_blocked)(const bf16* x, int64_t ld
                                                         int64_t K, const Epilogue& ep, int64_t r0, int64_t rows,
                                                         int64_t p0, int64_t p1) {
   DenormalGuard ftz;
-  amx_blocked_item(Bf16Tiles{x, ldx, packed, N, K, ep}, r0, rows, p0, p1);
+  amx_blocked_item(Bf16Tiles{{x, ldx, packed, K}, N, ep}, r0, rows, p0, p1);
 }
 
 #endif

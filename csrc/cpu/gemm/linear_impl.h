@@ -54,8 +54,6 @@ constexpr int64_t kBlockRows = 128;
 // from 3 passes (M > 16), where its blocked regime overtakes streaming (benchmarks/results/2026-12-06-native-notes).
 constexpr int64_t kPackPasses = 4;
 constexpr int64_t kPortablePackPasses = 2;
-// The AMX kernel (linear_amx.cpp) runs when K is a multiple of this: bf16 elements of K per tile step.
-constexpr int64_t kAmxK = 32;
 
 // bias has the operands' type; residual and out too, except `wide` (bf16 operands only): then both are fp32, the
 // residual stream of a bf16 forward (linear_packed_wide).
