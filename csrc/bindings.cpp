@@ -4,14 +4,15 @@
 //
 // Ops and their kernels (csrc/cpu/<folder>/): embeddings, layernorm, rotary_, glu, Layer, pool_rows (layer/: the
 // file of that name), attention (attention/attention*.cpp), pack_linear and linear (gemm/linear_pack.cpp,
-// gemm/linear*.cpp), sparse_pool (gemm/sparse_pool.cpp), quantize_rows, pack_int8 and quant_linear
+// gemm/linear*.cpp), sparse_pool (gemm/sparse_pool*.cpp), quantize_rows, pack_int8 and quant_linear
 // (int8/quantize_rows.cpp, int8/int8_linear*.cpp), WordPiece (text/wordpiece.cpp; bindings/wordpiece.h),
 // isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni (common/isa.cpp),
 // num_threads (common/parallel.h), profile_enable / profile_counters (layer/profile.h: bertfast/profiling.py).
 // `bertfast._C.testing`, knobs for tests and measurement only: amx_gemm / set_amx_gemm / amx_blocking /
 // set_amx_blocking (gemm/amx_gemm.cpp), activation_cache_stats (bindings/alloc.cpp), bf16_conversions
 // (common/amx_emulation.cpp), set_avx_vnni (common/isa.cpp), and the choosers' answers on given arguments:
-// attention_path, gemm_path, int8_path (attention/attention.cpp, gemm/linear.cpp, int8/int8_linear.cpp).
+// attention_path, gemm_path, int8_path, sparse_pool_path (attention/attention.cpp, gemm/linear.cpp,
+// int8/int8_linear.cpp, gemm/sparse_pool.cpp).
 //
 // The files: bindings/checks.h (the input checks), bindings/ops.h and ops.cpp (the op wrappers), bindings/layer.h
 // (Layer), bindings/alloc.h and alloc.cpp (huge pages for packed weights); this one only binds. Only this file
@@ -161,9 +162,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "codes as the unsigned bytes VNNI multiplies)",
         py::arg("x"), py::arg("flip") = false);
   m.def("sparse_pool", &sparse_pool,
-        "SPLADE pooling fused into the vocabulary GEMM: x (T, K) float32, a (vocab, K) weight packed by pack_linear, "
-        "bias (vocab,) or None, cu_seqlens (batch+1,) int32 -> (batch, vocab) float32, per sequence the max or sum "
-        "over its tokens of log1p(relu(x w^T + bias)) (activation 'log1p_relu': log1p applied twice)",
+        "SPLADE pooling fused into the vocabulary GEMM: x (T, K) float32 or bfloat16, a (vocab, K) weight of x's dtype "
+        "packed by pack_linear (bf16: on AMX tiles where the tier has them), bias (vocab,) float32 or None, "
+        "cu_seqlens (batch+1,) int32 -> (batch, vocab) float32, per sequence the max or sum over its tokens of "
+        "log1p(relu(x w^T + bias)) (activation 'log1p_relu': log1p applied twice)",
         py::arg("x"), py::arg("packed"), py::arg("vocab"), py::arg("bias"), py::arg("cu_seqlens"),
         py::arg("pooling") = "max", py::arg("activation") = "relu");
   m.def("pool_rows", &pool_rows,
@@ -211,4 +213,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "choose_int8's path (its enum's name) for an M x K call of `quant_linear`, on `tier` with or without AVX-VNNI, "
         "the AMX kernels' choice amx_gemm ('auto', 'stream', 'blocked')",
         py::arg("m"), py::arg("k"), py::arg("tier"), py::arg("avx_vnni") = false, py::arg("amx_gemm") = "auto");
+  t.def("sparse_pool_path", &sparse_pool_path,
+        "choose_sparse_pool's path (its enum's name) for a call of `sparse_pool` with hidden size K: dtype 'float32' "
+        "or 'bfloat16', on `tier`", py::arg("dtype"), py::arg("k"), py::arg("tier"));
 }

@@ -1,9 +1,9 @@
 """The native choosers as tables: each row gives a chooser its arguments (the tier among them, so every tier is checked
 on any CPU) and the path it must answer; the rows cover every branch and both sides of every threshold.
 
-choose_attention (csrc/cpu/attention/attention.cpp), choose_gemm (csrc/cpu/gemm/linear.cpp) and choose_int8
-(csrc/cpu/int8/int8_linear.cpp), through `bertfast._C.testing`. Also: the main module exports the ops and the
-product's calls only; test and measurement knobs live in `_C.testing`.
+choose_attention (csrc/cpu/attention/attention.cpp), choose_gemm (csrc/cpu/gemm/linear.cpp), choose_int8
+(csrc/cpu/int8/int8_linear.cpp) and choose_sparse_pool (csrc/cpu/gemm/sparse_pool.cpp), through `bertfast._C.testing`.
+Also: the main module exports the ops and the product's calls only; test and measurement knobs live in `_C.testing`.
 """
 
 from __future__ import annotations
@@ -108,6 +108,23 @@ INT8 = [
     (4096, 768, "portable", False, "auto", "Portable"),
 ]
 
+# (dtype, k, tier) -> path. Thresholds: bf16 on AMX tiles where k % kAmxK (32) == 0 on the AMX tiers; AVX-512
+# register tiles from avx512_vnni up, plain loops below (avx2 too); bf16 elsewhere widened to fp32 first.
+SPARSE_POOL = [
+    ("bfloat16", 256, "amx", "Amx"),
+    ("bfloat16", 768, "amx_emulated", "AmxEmulated"),
+    ("bfloat16", 784, "amx", "WideAvx512"),
+    ("bfloat16", 40, "amx_emulated", "WideAvx512"),
+    ("bfloat16", 256, "avx512_vnni", "WideAvx512"),
+    ("bfloat16", 256, "avx2", "WidePortable"),
+    ("bfloat16", 256, "portable", "WidePortable"),
+    ("float32", 256, "amx", "Avx512"),
+    ("float32", 256, "amx_emulated", "Avx512"),
+    ("float32", 256, "avx512_vnni", "Avx512"),
+    ("float32", 256, "avx2", "Portable"),
+    ("float32", 37, "portable", "Portable"),
+]
+
 
 def _id(row) -> str:
     return "-".join(str(v) for v in row)
@@ -131,13 +148,20 @@ def test_choose_int8(row):
     assert _C.testing.int8_path(*args) == expected
 
 
+@pytest.mark.parametrize("row", SPARSE_POOL, ids=_id)
+def test_choose_sparse_pool(row):
+    *args, expected = row
+    assert _C.testing.sparse_pool_path(*args) == expected
+
+
 @pytest.mark.parametrize("table, paths", [
     (ATTENTION, {"Portable", "Avx2", "Avx512", "Avx512Bf16", "Int16", "Amx", "AmxEmulated"}),
     (GEMM, {"StreamPortable", "StreamAvx2", "StreamAvx512", "BlockedPortable", "BlockedAvx512", "BlockedBf16",
             "AmxStream", "AmxStreamEmulated", "AmxBlocked", "AmxBlockedEmulated"}),
     (INT8, {"AmxStream", "AmxStreamEmulated", "AmxBlocked", "AmxBlockedEmulated", "VnniStream", "VnniBlocked",
             "AvxVnni", "Avx2", "Portable"}),
-], ids=["attention", "gemm", "int8"])
+    (SPARSE_POOL, {"Portable", "Avx512", "WidePortable", "WideAvx512", "Amx", "AmxEmulated"}),
+], ids=["attention", "gemm", "int8", "sparse_pool"])
 def test_every_path_has_a_row(table, paths):
     assert {row[-1] for row in table} == paths
 
@@ -163,7 +187,7 @@ MAIN_EXPORTS = {
 }
 TESTING_EXPORTS = {
     "amx_gemm", "set_amx_gemm", "amx_blocking", "set_amx_blocking", "activation_cache_stats", "bf16_conversions",
-    "set_avx_vnni", "attention_path", "gemm_path", "int8_path",
+    "set_avx_vnni", "attention_path", "gemm_path", "int8_path", "sparse_pool_path",
 }
 
 

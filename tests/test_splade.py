@@ -1,6 +1,6 @@
-"""SPLADE: the fused pooling op (`_C.sparse_pool` against `reference.sparse_pool` in fp64, batch invariance on every
-tier) and `bertfast.SparseEncoder` against sentence-transformers' `SparseEncoder.encode` on random checkpoints saved
-as sentence-transformers saves them."""
+"""SPLADE: the fused pooling op (`_C.sparse_pool` in fp32 and bf16 against `reference.sparse_pool` in fp64, batch
+invariance on every tier, the AMX tiles' schedule) and `bertfast.SparseEncoder` against sentence-transformers'
+`SparseEncoder.encode` on random checkpoints saved as sentence-transformers saves them."""
 
 import json
 import os
@@ -34,25 +34,39 @@ def op_inputs(lengths, V, K, seed=0, bias=True):
     return x, w, b, cu(lengths)
 
 
-OP_CASES = [  # (lengths, vocab, hidden): lengths 0 and 1, tiles of 8 crossed, vocab not a multiple of 48, odd K
+OP_CASES = [  # (lengths, vocab, hidden): lengths 0 and 1, tiles of 8 (fp32) and 16 (AMX) crossed, vocab not a
+    # multiple of 48, odd K; K a multiple of 32 (bf16 on the AMX tiers' tiles) in one and in nine tile steps (K blocks
+    # of 8 steps crossed)
     pytest.param([1], 48, 16, id="B1-S1-V48-K16"),
     pytest.param([3, 0, 9, 8, 17], 97, 37, id="B5-ragged-empty-V97-K37"),
     pytest.param([127, 129, 1], 1001, 64, id="B3-S129-V1001-K64"),
+    pytest.param([17, 1, 33, 0, 5, 16], 97, 96, id="B6-ragged-empty-V97-K96"),
+    pytest.param([1, 47, 31], 145, 288, id="B3-S47-V145-K288"),
 ]
 
 
 @pytest.mark.parametrize("lengths,V,K", OP_CASES)
 @pytest.mark.parametrize("pooling", ["max", "sum"])
 @pytest.mark.parametrize("activation", ["relu", "log1p_relu"])
-def test_sparse_pool_op(isa, lengths, V, K, pooling, activation):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_sparse_pool_op(isa, lengths, V, K, pooling, activation, dtype):
+    """Against the fp64 oracle on the operands' own values (x and weight rounded to dtype): within fp32
+    accumulation's error (2x the fp32 reference's, plus 1e-6), the same nonzero entries. bf16 (on the AMX tiers'
+    tiles where K % 32 == 0, widened to fp32 elsewhere) also against the oracle on the unrounded operands: the
+    accuracy rule (2x the bf16 reference's error plus the floor; measured ~0.7x it)."""
     x, w, b, cu_seqlens = op_inputs(lengths, V, K)
-    oracle = reference.sparse_pool(x, w, b, cu_seqlens, pooling, activation)
-    ref32 = reference.sparse_pool(x.float(), w.float(), b.float(), cu_seqlens, pooling, activation)
+    xr, wr = x.to(dtype).double(), w.to(dtype).double()
+    oracle = reference.sparse_pool(xr, wr, b, cu_seqlens, pooling, activation)
+    ref32 = reference.sparse_pool(xr.float(), wr.float(), b.float(), cu_seqlens, pooling, activation)
     cpu = get_backend("cpu", "cpu")
-    ours = cpu.sparse_pool(x.float(), cpu.pack(w.float()), b.float(), cu_seqlens, pooling, activation)
+    ours = cpu.sparse_pool(x.to(dtype), cpu.pack(w.to(dtype)), b.float(), cu_seqlens, pooling, activation)
     assert ours.shape == (len(lengths), V) and ours.dtype == torch.float32
     assert rel_error(ours, oracle) <= max(2 * rel_error(ref32, oracle), 1e-6) + 1e-6
     assert torch.equal(ours > 0, oracle > 0)  # the same nonzero entries
+    if dtype == torch.bfloat16:
+        true = reference.sparse_pool(x, w, b, cu_seqlens, pooling, activation)
+        low = reference.sparse_pool(x.bfloat16(), w.bfloat16(), b.bfloat16(), cu_seqlens, pooling, activation)
+        assert within(rel_error(ours, true), rel_error(low, true), torch.bfloat16)
     empty = [i for i, n in enumerate(lengths) if n == 0]
     assert not ours[empty].any()  # a sequence without tokens pools to zeros
 
@@ -66,21 +80,52 @@ def test_sparse_pool_op_without_bias_and_errors():
         cpu.sparse_pool(x.float(), w.float(), None, cu_seqlens, "mean")
     with pytest.raises(ValueError, match="cu_seqlens"):
         cpu.sparse_pool(x.float(), w.float(), None, cu([5, 1]))
-    with pytest.raises(ValueError, match="float32"):
-        cpu.sparse_pool(x.bfloat16(), w.bfloat16(), None, cu_seqlens)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        cpu.sparse_pool(x.half(), w.half(), None, cu_seqlens)
 
 
-@pytest.mark.parametrize("pooling", ["max", "sum"])
-def test_sparse_pool_batch_invariant(isa, pooling):
-    """A sequence alone equals the same sequence inside a batch of 40, bit for bit (tiles of 8 tokens crossed)."""
+def invariance_inputs(V, K, dtype):
+    """40 sequences of 1 to 45 tokens (920 in all), x and the weight in dtype, bias fp32."""
     lengths = [(7 * i) % 45 + 1 for i in range(40)]
-    x, w, b, cu_seqlens = (t.float() if t.is_floating_point() else t for t in op_inputs(lengths, 200, 40))
+    x, w, b, cu_seqlens = op_inputs(lengths, V, K)
+    return x.to(dtype), w.to(dtype), b.float(), cu_seqlens, lengths
+
+
+def check_alone_in_batch(x, packed, b, cu_seqlens, lengths, pooling, batch):
     cpu = get_backend("cpu", "cpu")
-    packed = cpu.pack(w)
-    batch = cpu.sparse_pool(x, packed, b, cu_seqlens, pooling)
     for i in (0, 5, 39):
         alone = cpu.sparse_pool(x[cu_seqlens[i]:cu_seqlens[i + 1]], packed, b, cu([lengths[i]]), pooling)
         assert torch.equal(alone[0], batch[i])
+
+
+@pytest.mark.parametrize("pooling", ["max", "sum"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_sparse_pool_batch_invariant(isa, pooling, dtype):
+    """A sequence alone equals the same sequence inside a batch of 40 (920 tokens), bit for bit (tiles of 8 and
+    16 tokens and blocks of 128 rows crossed; bf16 K = 64: the AMX tiers' tiles)."""
+    x, w, b, cu_seqlens, lengths = invariance_inputs(200, 40 if dtype == torch.float32 else 64, dtype)
+    cpu = get_backend("cpu", "cpu")
+    packed = cpu.pack(w)
+    check_alone_in_batch(x, packed, b, cu_seqlens, lengths, pooling,
+                         cpu.sparse_pool(x, packed, b, cu_seqlens, pooling))
+
+
+@pytest.mark.parametrize("pooling", ["max", "sum"])
+def test_sparse_pool_tiles_invariant_to_batch_and_blocking(tiles, pooling):
+    """On the AMX tiles (sparse_pool_amx.cpp), past every threshold of its schedule: 920 tokens (8 row blocks of at
+    most 128), K = 256 (a thread's panels in groups of 42, the 1 MiB of weights kAmxGroupBytes holds) and 209 panels
+    (V = 10007, the last one short): a sequence alone equals itself in the batch, and every blocking (K steps per
+    block, rows per block) gives the same bits."""
+    x, w, b, cu_seqlens, lengths = invariance_inputs(10007, 256, torch.bfloat16)
+    cpu = get_backend("cpu", "cpu")
+    packed = cpu.pack(w)
+    batch = cpu.sparse_pool(x, packed, b, cu_seqlens, pooling)
+    check_alone_in_batch(x, packed, b, cu_seqlens, lengths, pooling, batch)
+    from bertfast import _C
+
+    for steps, rows in ((1, 32), (3, 256)):
+        _C.testing.set_amx_blocking(steps, rows)
+        assert torch.equal(cpu.sparse_pool(x, packed, b, cu_seqlens, pooling), batch)
 
 
 @pytest.fixture(scope="module")
@@ -164,9 +209,10 @@ def test_batch_invariant_encode(splade_model, texts):
 
 
 def test_low_precision(splade_model, texts):
-    """bf16 and int8 encoders (the vocabulary GEMM stays fp32), against fp32 sentence-transformers: bf16 within the
-    accuracy rule (2x sentence-transformers' own bf16 error plus the floor; measured 9.3e-3 against its 8.5e-3);
-    int8 within 2e-3 (measured 5.3e-4)."""
+    """bf16 and int8 encoders (the vocabulary GEMM bf16 under bf16, on AMX tiles on the AMX tiers; fp32 under int8),
+    against fp32 sentence-transformers: bf16 within the accuracy rule (2x sentence-transformers' own bf16 error plus
+    the floor; measured 5.3e-3 against its 8.5e-3 on avx512_vnni and amx_emulated); int8 within 2e-3 (measured
+    5.3e-4)."""
     oracle = st_model(splade_model).encode(texts).to_dense().double()
     st_bf16 = st_model(splade_model, model_kwargs={"dtype": torch.bfloat16}).encode(texts).to_dense().float()
     bf16 = bertfast.SparseEncoder.from_pretrained(splade_model, backend="cpu", dtype=torch.bfloat16).encode(texts)

@@ -13,6 +13,7 @@
 #include "cpu/common/kernels.h"
 #include "cpu/gemm/amx_gemm.h"
 #include "cpu/gemm/linear_impl.h"
+#include "cpu/gemm/sparse_pool_impl.h"
 #include "cpu/int8/int8_linear_impl.h"
 #include "cpu/layer/profile.h"
 
@@ -284,23 +285,27 @@ at::Tensor sparse_pool(const at::Tensor& x, const at::Tensor& packed, int64_t vo
                        const c10::optional<at::Tensor>& bias, const at::Tensor& cu_seqlens, const std::string& pooling,
                        const std::string& activation) {
   check_tensor(x, "x");
-  BF_CHECK(x.scalar_type() == at::kFloat, "x must be float32, got ", x.scalar_type());
+  BF_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16, got ",
+           x.scalar_type());
   BF_CHECK(x.dim() == 2, "x must be (tokens, hidden), got ", x.sizes());
   BF_CHECK(x.stride(1) == 1 || x.size(1) <= 1, "x must be contiguous along hidden, got strides ", x.strides());
   const int64_t T = x.size(0), K = x.size(1), V = vocab;
   BF_CHECK(V > 0 && K > 0, "vocab and hidden must be positive, got ", V, " and ", K);
   check_packed(packed, x, V, K, "packed weight");
-  const at::Tensor b = optional_operand(bias, x, {V}, Layout::Contiguous, "bias");
   const int64_t B = check_cu_seqlens(cu_seqlens, T, T, "x");
   BF_CHECK(pooling == "max" || pooling == "sum", "pooling must be 'max' or 'sum', got '", pooling, "'");
   BF_CHECK(activation == "relu" || activation == "log1p_relu", "activation must be 'relu' or 'log1p_relu', got '",
            activation, "'");
-  at::Tensor out = empty_activation({B, V}, x.options());
+  at::Tensor out = empty_activation({B, V}, x.options().dtype(at::kFloat));
+  const at::Tensor b = optional_operand(bias, out, {V}, Layout::Contiguous, "bias");  // fp32, as out, for both
   {
     py::gil_scoped_release nogil;
-    bc::sparse_pool(ptr<float>(x), T > 1 ? x.stride(0) : K, cu_seqlens.data_ptr<int32_t>(), B, ptr<float>(packed),
-                    ptr<float>(b), V, K, pooling == "max" ? bc::SparsePooling::Max : bc::SparsePooling::Sum,
-                    activation == "log1p_relu", ptr<float>(out));
+    const bc::SparsePooling mode = pooling == "max" ? bc::SparsePooling::Max : bc::SparsePooling::Sum;
+    dispatch(x.scalar_type(), [&](auto tag) {
+      using T_ = decltype(tag);
+      bc::sparse_pool(ptr<T_>(x), T > 1 ? x.stride(0) : K, cu_seqlens.data_ptr<int32_t>(), B, ptr<T_>(packed),
+                      ptr<float>(b), V, K, mode, activation == "log1p_relu", ptr<float>(out));
+    });
   }
   return out;
 }
@@ -387,6 +392,10 @@ std::string gemm_path(const std::string& dtype, int64_t m, int64_t k, const std:
 
 std::string int8_path(int64_t m, int64_t k, const std::string& tier, bool avx_vnni, const std::string& amx_gemm) {
   return bc::int8_path_name(bc::choose_int8({m, k, tier_named(tier), avx_vnni, amx_gemm_named(amx_gemm)}));
+}
+
+std::string sparse_pool_path(const std::string& dtype, int64_t k, const std::string& tier) {
+  return bc::sparse_pool_path_name(bc::choose_sparse_pool({is_bf16_named(dtype), k, tier_named(tier)}));
 }
 
 std::tuple<int64_t, int64_t> amx_blocking() { return {bc::amx_blocking().steps, bc::amx_blocking().rows}; }

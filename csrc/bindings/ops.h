@@ -69,12 +69,14 @@ void set_amx_blocking(int64_t steps, int64_t rows);
 // fp32 -> bf16 bits as the amx_emulated tier converts them, and as VCVTNEPS2BF16 does where the CPU has it.
 std::tuple<at::Tensor, c10::optional<at::Tensor>> bf16_conversions(const at::Tensor& x);
 // The choosers' answers (the path's name) for arguments given here, the tier among them: choose_attention
-// (attention_impl.h), choose_gemm (linear_impl.h), choose_int8 (int8_linear_impl.h); dtype "float32" or "bfloat16".
+// (attention_impl.h), choose_gemm (linear_impl.h), choose_int8 (int8_linear_impl.h), choose_sparse_pool
+// (sparse_pool_impl.h); dtype "float32" or "bfloat16".
 std::string attention_path(const std::string& dtype, bool bf16_products, int64_t head_dim, bool has_bias,
                            int64_t window, const std::string& tier, bool avx512_bf16);
 std::string gemm_path(const std::string& dtype, int64_t m, int64_t k, const std::string& tier, bool avx512_bf16,
                       const std::string& amx_gemm);
 std::string int8_path(int64_t m, int64_t k, const std::string& tier, bool avx_vnni, const std::string& amx_gemm);
+std::string sparse_pool_path(const std::string& dtype, int64_t k, const std::string& tier);
 // int8 dynamic quantization
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, bool flip);
 at::Tensor pack_int8(const at::Tensor& weight);

@@ -115,12 +115,16 @@ class CpuBackend(Backend):
         return linear.PackedLinear(weight.contiguous())
 
     def sparse_pool(self, x, weight, bias, cu_seqlens, pooling: str = "max", activation: str = "relu"):
-        """The native kernel (`_C.sparse_pool`, csrc/cpu/gemm/sparse_pool.cpp): the pooling in the vocabulary GEMM's
-        epilogue, batch-invariant bit for bit; fp32 (x, weight and bias)."""
+        """The native kernel (`_C.sparse_pool`, csrc/cpu/gemm/sparse_pool*.cpp): the pooling in the vocabulary GEMM's
+        epilogue, batch-invariant bit for bit. The weight fp32 or bf16 (bf16: on AMX tiles where the tier has them);
+        x fp32 or bf16, taken in the weight's dtype (rounded once, as x.to(torch.bfloat16)); bias fp32."""
+        if weight.dtype not in self.dtypes or x.dtype not in self.dtypes:
+            raise ValueError(f"the cpu backend's sparse_pool runs in float32 or bfloat16, got x {x.dtype}, weight "
+                             f"{weight.dtype}")
         w = linear.packed(weight)
-        if x.dtype != torch.float32 or w.dtype != torch.float32:
-            raise ValueError(f"the cpu backend's sparse_pool runs in float32, got x {x.dtype}, weight {w.dtype}")
-        return _C.sparse_pool(x, w.packed, w.out_features, bias, cu_seqlens, pooling, activation)
+        bias = None if bias is None else bias.float()
+        return _C.sparse_pool(x.to(w.dtype).contiguous(), w.packed, w.out_features, bias, cu_seqlens, pooling,
+                              activation)
 
     def embeddings(self, input_ids, position_ids, token_type_ids, emb, eps):
         if emb.token_type is None:

@@ -128,13 +128,16 @@ void to_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, bf16* out);
 // (T, H) while it is in cache: the bits of layernorm and to_bf16, one pass (layernorm_then: below).
 void layernorm_to_bf16(float* x, const float* gamma, const float* beta, float eps, int64_t T, int64_t H, bf16* out);
 
-// ---- sparse_pool.cpp: SPLADE's pooling in the vocabulary GEMM's epilogue ----
+// ---- sparse_pool*.cpp: SPLADE's pooling in the vocabulary GEMM's epilogue ----
 
 // out (batch, V) fp32 = reduce over the tokens t of each sequence (cu_seqlens) of f(x[t] . w[v] + bias[v]),
-// f = log1p(relu(.)), applied twice when `twice` (log1p_relu); x (T, K) rows ldx apart; w packed by pack_linear
-// (fp32); bias (V,) or null. The (T, V) logits are never stored; a row's result does not depend on the batch.
+// f = log1p(relu(.)), applied twice when `twice` (log1p_relu); x (T, K) rows ldx apart and w packed by pack_linear,
+// both fp32 or both bf16 (fp32 accumulation; on AMX tiles where the tier has them); bias (V,) fp32 or null. The
+// (T, V) logits are never stored; a row's result does not depend on the batch, bit for bit.
 enum class SparsePooling : int { Max = 0, Sum = 1 };
 void sparse_pool(const float* x, int64_t ldx, const int32_t* cu_seqlens, int64_t batch, const float* packed,
+                 const float* bias, int64_t V, int64_t K, SparsePooling pooling, bool twice, float* out);
+void sparse_pool(const bf16* x, int64_t ldx, const int32_t* cu_seqlens, int64_t batch, const bf16* packed,
                  const float* bias, int64_t V, int64_t K, SparsePooling pooling, bool twice, float* out);
 
 // ---- pool_rows.cpp: sentence pooling on the packed tokens (bertfast/sentence.py's pool_packed) ----

@@ -10,7 +10,8 @@
 //   dp(two_rows, two_cols)             the step's multiply-adds: tmm0 += tmm4 tmm6, tmm1 += tmm4 tmm7,
 //                                      tmm2 += tmm5 tmm6, tmm3 += tmm5 tmm7 (those the pair has)
 //   store(c, mr, m0, u, groups)        the epilogue of rows [m0, m0 + mr) of unit u from c (rows 48 apart)
-// The bf16 kernels share all but the store: AmxBf16Operands below.
+// The bf16 kernels (the GEMM's, linear_amx.cpp; SPLADE's pooling, sparse_pool_amx.cpp) share all but the store:
+// AmxBf16Operands below.
 #pragma once
 
 #include <algorithm>

@@ -23,7 +23,7 @@
 namespace bertfast {
 namespace cpu {
 
-// The bf16 AMX kernels (linear_amx.cpp) run when K is a multiple of this: bf16 elements of K
+// The bf16 AMX kernels (linear_amx.cpp, sparse_pool_amx.cpp) run when K is a multiple of this: bf16 elements of K
 // per tile step.
 constexpr int64_t kAmxK = 32;
 
