@@ -6,8 +6,8 @@ encoder runs on the engine, the MLM head's transform (dense, activation, LayerNo
 vocabulary GEMM on the backend's `sparse_pool`, which reduces each sequence's log1p(relu(logits)) (max or sum over
 its tokens) as it goes: the (tokens x vocab) logits are never held (cpu backend: in the GEMM's epilogue,
 csrc/cpu/gemm/sparse_pool.cpp). A row's vector does not depend on its batch (cpu backend: bit for bit). The vocabulary
-GEMM runs on the head's weights as loaded: bf16 under a bf16 encoder (cpu backend: on AMX tiles where the tier has
-them, csrc/cpu/gemm/sparse_pool_amx.cpp), fp32 under fp32 and int8 (fp32 accumulation either way).
+GEMM runs on the head's weights as loaded where the backend's `sparse_pool` takes that dtype (the cpu backend's bf16:
+on AMX tiles where the tier has them, csrc/cpu/gemm/sparse_pool_amx.cpp), else fp32 (fp32 accumulation either way).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class SparseEncoder(nn.Module):
             elif step[0] == "act" and (i == 0 or steps[i - 1][0] != "linear"):
                 self.transform.append(("act", step[1] or "none"))
         weight, bias = steps[-1][1], steps[-1][2]
-        vocab_dtype = torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
+        vocab_dtype = weight.dtype if weight.dtype in self.backend.sparse_pool_dtypes else torch.float32
         self.decoder = self.backend.pack(weight.to(vocab_dtype).contiguous())
         self.decoder_bias = None if bias is None else bias.float().contiguous()
 
@@ -141,7 +141,7 @@ class SparseEncoder(nn.Module):
     def from_pretrained(cls, path, *, backend: str = "auto", dtype=None):
         """A SparseEncoder directory as sentence-transformers saves it (modules.json, the *ForMaskedLM checkpoint,
         SpladePooling's config). dtype as `Encoder.from_pretrained` (None, "auto", torch.bfloat16, "int8"): the
-        encoder's; the vocabulary GEMM is bf16 under bf16, fp32 otherwise."""
+        encoder's; the vocabulary GEMM is bf16 under bf16 on the cpu backend, fp32 otherwise."""
         path = os.fspath(path)
         d = read_config_json(path)
         arch = (d.get("architectures") or [None])[0]

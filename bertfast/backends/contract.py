@@ -100,6 +100,8 @@ class Backend:
     unsupported_families: dict[str, str] = {}
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
     quantizations: tuple[str, ...] = ()  # weight quantization schemes `prepare` can apply, e.g. "int8"
+    # The vocabulary weights `sparse_pool` takes in their own dtype; any other is packed fp32 once, at load.
+    sparse_pool_dtypes: tuple[torch.dtype, ...] = (torch.float32,)
 
     def __init__(self, quantize: str | None = None):
         if quantize is not None and quantize not in self.quantizations:

@@ -32,6 +32,7 @@ class CpuBackend(Backend):
     name = "cpu"
     dtypes = (torch.float32, torch.bfloat16)
     quantizations = ("int8",)
+    sparse_pool_dtypes = (torch.float32, torch.bfloat16)
 
     @classmethod
     def unavailable_reason(cls, device):
