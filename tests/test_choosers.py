@@ -130,28 +130,15 @@ def _id(row) -> str:
     return "-".join(str(v) for v in row)
 
 
-@pytest.mark.parametrize("row", ATTENTION, ids=_id)
-def test_choose_attention(row):
+# chooser's `_C.testing` function -> its table
+TABLES = {"attention_path": ATTENTION, "gemm_path": GEMM, "int8_path": INT8, "sparse_pool_path": SPARSE_POOL}
+
+
+@pytest.mark.parametrize("chooser,row", [(name, row) for name, table in TABLES.items() for row in table],
+                         ids=lambda v: v if isinstance(v, str) else _id(v))
+def test_chooser_table(chooser, row):
     *args, expected = row
-    assert _C.testing.attention_path(*args) == expected
-
-
-@pytest.mark.parametrize("row", GEMM, ids=_id)
-def test_choose_gemm(row):
-    *args, expected = row
-    assert _C.testing.gemm_path(*args) == expected
-
-
-@pytest.mark.parametrize("row", INT8, ids=_id)
-def test_choose_int8(row):
-    *args, expected = row
-    assert _C.testing.int8_path(*args) == expected
-
-
-@pytest.mark.parametrize("row", SPARSE_POOL, ids=_id)
-def test_choose_sparse_pool(row):
-    *args, expected = row
-    assert _C.testing.sparse_pool_path(*args) == expected
+    assert getattr(_C.testing, chooser)(*args) == expected
 
 
 @pytest.mark.parametrize("table, paths", [
