@@ -1,4 +1,5 @@
-"""LoRA adapters in the engine's weight layout, and the exact math of applying them per row.
+"""LoRA adapters in the engine's weight layout, the exact math of applying them per row, and the per-row deltas of
+a forward (`RowAdapters`).
 
 `load_adapter` maps a PEFT LoRA directory (`adapters_peft`) onto the fused slots of `LayerWeights`: `qkv` (rows
 q | k | v), `attn_out`, `ffn_in` (gated: rows gate | up), `ffn_out`, DeBERTa-v2's position projections `pos_key` /
@@ -310,4 +311,59 @@ def apply_adapters_reference(x: torch.Tensor, cu_seqlens: torch.Tensor, adapters
     return out
 
 
-__all__ = ["Adapter", "SLOTS", "load_adapter", "merge", "group_rows", "reference_delta", "apply_adapters_reference"]
+class UnknownAdapter(KeyError):
+    """A name that names no loaded adapter (a KeyError whose message reads as a sentence)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def pack_adapter(adapter: Adapter, pack) -> Adapter:
+    """`adapter` with each factor in the form its backend's `linear` takes (pack: `Backend.pack`, after moving the
+    tensor to the weights' device); slot dicts shared between layers (ALBERT) stay shared."""
+    seen: dict[int, dict] = {}
+    for slots in adapter.layers:
+        if id(slots) not in seen:
+            seen[id(slots)] = {slot: (pack(A), pack(B)) for slot, (A, B) in slots.items()}
+    pooler = None if adapter.pooler is None else (pack(adapter.pooler[0]), pack(adapter.pooler[1]))
+    return dataclasses.replace(adapter, layers=[seen[id(slots)] for slots in adapter.layers], pooler=pooler)
+
+
+class RowAdapters:
+    """One forward's adapters, one (packed, `pack_adapter`) or None per row: the packed batch's token indices per
+    adapter (`group_rows`), and the batch's row indices per adapter (the pooler reads one token a row), on `device`.
+
+    `addend` is a slot's delta for every token: (x_g A^T) B^T per group g through the backend's own `linear`, zeros
+    for the tokens of base rows. The cpu backend's GEMMs give a row the same bits whatever the other rows (M-invariant),
+    so a row's delta, like its base output, depends on its own tokens and adapter alone."""
+
+    def __init__(self, adapters: Sequence[Adapter | None], cu_seqlens: torch.Tensor, device):
+        self.tokens = [(a, idx.to(device)) for a, idx in group_rows(cu_seqlens.cpu(), adapters)]
+        rows: dict[int, tuple[Adapter, list[int]]] = {}
+        for i, adapter in enumerate(adapters):
+            if adapter is not None:
+                rows.setdefault(id(adapter), (adapter, []))[1].append(i)
+        self.rows = [(a, torch.tensor(r, dtype=torch.int64, device=device)) for a, r in rows.values()]
+
+    def addend(self, ops, x: torch.Tensor, layer: int | None, slot: str) -> torch.Tensor | None:
+        """x (T, K) the slot's input (a row per batch row for the pooler, layer None) -> (T, N) float32, or None where
+        no adapter of the forward has the slot."""
+        out = None
+        for adapter, idx in self.rows if slot == "pooler" else self.tokens:
+            pair = adapter.pooler if slot == "pooler" else adapter.layers[layer].get(slot)
+            if pair is None:
+                continue
+            A, B = pair
+            delta = ops.linear(ops.linear(x.index_select(0, idx).float(), A, None), B, None)
+            if out is None:
+                out = torch.zeros(x.shape[0], delta.shape[1], dtype=torch.float32, device=x.device)
+            out.index_copy_(0, idx, delta)
+        return out
+
+    def layer(self, ops, i: int):
+        """The callable (slot, x) -> addend or None of executed layer i (`engine.compose_layer`'s lora)."""
+        return lambda slot, x: self.addend(ops, x, i, slot)
+
+
+__all__ = ["Adapter", "SLOTS", "UnknownAdapter", "RowAdapters", "load_adapter", "merge", "pack_adapter", "group_rows",
+           "reference_delta", "apply_adapters_reference"]

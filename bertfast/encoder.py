@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import adapters as lora
 from .backends import Backend, get_backend, warn_once
 from .config import ConfigError, read_config_json
 from .engine import Engine
@@ -128,6 +129,7 @@ class Encoder(nn.Module):
         self._tokenizer = None
         self._native_tokenizer = (None, None)  # (the tokenizer, its NativeWordPiece or None)
         self._sentence_config = None
+        self._adapters: dict[str, lora.Adapter] = {}  # name -> the adapter packed for the engine's backend
 
     # --- construction ---
     @classmethod
@@ -176,20 +178,69 @@ class Encoder(nn.Module):
         return (f"family={c.family}, layers={c.num_hidden_layers}, hidden={c.hidden_size}, "
                 f"heads={c.num_attention_heads}, dtype={self.dtype}{quant}, backend={self.backend!r}")
 
+    # --- LoRA adapters ---
+    @property
+    def adapters(self) -> list[str]:
+        """The names of the loaded LoRA adapters, in loading order."""
+        return list(self._adapters)
+
+    def load_adapter(self, name: str, path) -> None:
+        """Load the PEFT LoRA directory `path` (adapter_config.json + adapter_model.safetensors) under `name`, for
+        `forward(adapter_ids=...)` and `encode(adapter=...)`. Only the adapter's factors are held (fp32), never a copy
+        of the base weights. Raises ValueError for an empty name, one with ':' or one already loaded; LoadError for an
+        adapter that does not fit this base model (naming the tensor, shape or field); NotImplementedError on a
+        backend without adapters (triton) or for what the forward does not apply yet (DeBERTa-v2's position
+        projections)."""
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ValueError(f"an adapter name must be a non-empty string without ':', got {name!r}")
+        if name in self._adapters:
+            raise ValueError(f"an adapter named {name!r} is already loaded: unload_adapter({name!r}) first")
+        if self.engine.backend.no_adapters is not None:
+            raise NotImplementedError(self.engine.backend.no_adapters)
+        adapter = lora.load_adapter(path, self.engine.weights, name)
+        positions = sorted({slot for slots in adapter.layers for slot in slots if slot.startswith("pos_")})
+        if positions:
+            raise NotImplementedError(f"adapter {name!r} adapts DeBERTa-v2's position projections ({', '.join(positions)}"
+                                      ", or key_proj / query_proj under share_att_key): not applied in the forward yet")
+        self._adapters[name] = self.engine.pack_adapter(adapter)
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget the adapter `name`; raises `adapters.UnknownAdapter` (a KeyError) where none is loaded by that name."""
+        self._adapter(name)
+        del self._adapters[name]
+
+    def _adapter(self, name: str) -> lora.Adapter:
+        if name not in self._adapters:
+            loaded = ", ".join(map(repr, self._adapters)) or "none"
+            raise lora.UnknownAdapter(f"no adapter named {name!r} is loaded (loaded: {loaded})")
+        return self._adapters[name]
+
+    def _row_adapters(self, adapter_ids, rows: int) -> list | None:
+        """adapter_ids: None, or one adapter name or None per row -> the engine's adapters per row (None: none)."""
+        if adapter_ids is None:
+            return None
+        if isinstance(adapter_ids, str) or not hasattr(adapter_ids, "__len__"):
+            raise ValueError(f"adapter_ids takes a sequence of one adapter name or None per row, got {adapter_ids!r}")
+        if len(adapter_ids) != rows:
+            raise ValueError(f"adapter_ids has {len(adapter_ids)} entries for {rows} rows: give one name or None "
+                             "per row")
+        return [None if a is None else self._adapter(a) for a in adapter_ids]
+
     # --- inference ---
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                output_hidden_states: bool = False, return_dict: bool = True):
-        """input_ids: (B, S) integer; attention_mask: (B, S) 0/1; token_type_ids, position_ids: (B, S).
+                output_hidden_states: bool = False, return_dict: bool = True, adapter_ids=None):
+        """input_ids: (B, S) integer; attention_mask: (B, S) 0/1; token_type_ids, position_ids: (B, S);
+        adapter_ids: None (the base model), or B entries, each a loaded adapter's name or None (base) for its row.
 
         Returns EncoderOutput(last_hidden_state (B, S, H), pooler_output (B, H) or None,
         hidden_states (embeddings + each layer) when output_hidden_states). Padded positions are 0.
         """
         out = EncoderOutput(*self._run(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
-                                       self.engine.weights.pooler_weight is not None))
+                                       self.engine.weights.pooler_weight is not None, adapter_ids=adapter_ids))
         return out if return_dict else out.to_tuple()
 
     def _run(self, input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states: bool, pool: bool,
-             stream: bool = False, key_mask=None):
+             stream: bool = False, key_mask=None, adapter_ids=None):
         """check_inputs -> Engine.forward: (last, pooled or None, hidden states or None); pool=False skips the pooler
         (and its check that position 0 is real), which sentence embeddings never read; stream=True returns the
         states in the residual stream's dtype (fp32 under bf16 on the cpu backend), which they pool; key_mask as
@@ -203,8 +254,9 @@ class Encoder(nn.Module):
                 input_ids, attention_mask, token_type_ids, position_ids)
         ids, mask, types, positions = check_inputs(self.config, input_ids, attention_mask, token_type_ids,
                                                    position_ids, pool, where)
+        adapters = self._row_adapters(adapter_ids, ids.shape[0])
         return self.engine.forward(ids, mask, types, positions, output_hidden_states, pool=pool, stream=stream,
-                                   key_mask=key_mask)
+                                   key_mask=key_mask, adapters=adapters)
 
     @property
     def tokenizer(self):
@@ -249,7 +301,7 @@ class Encoder(nn.Module):
                normalize: bool | None = None, batch_size: int = 32, batch_tokens: int | None = None,
                truncate_dim: int | None = None, convert_to_numpy: bool = False,
                show_progress_bar: bool | None = None, precision: str = "float32", ranges=None,
-               workers: int | None = None):
+               workers: int | None = None, adapter=None):
         """Sentence embeddings (N, D) fp32, as the checkpoint's sentence-transformers modules make them.
 
         texts: a string or a list of strings. The configuration (`modules.json`, the Pooling config,
@@ -267,12 +319,14 @@ class Encoder(nn.Module):
         workers: threads that each run their own batches on a share of the cores, on the cpu backend
         (`bertfast.workers`; None: one per torch thread, up to 8; 1: every batch on all the cores in turn). The
         vectors are the same bits whatever the workers.
+        adapter: None (the base model), a loaded LoRA adapter's name for every text, or one name or None per text
+        (`load_adapter`); a text's vector is the same bits whatever the other texts and their adapters.
         """
         check_precision(precision)
         texts = [texts] if isinstance(texts, str) else list(texts)
         batches = self.encode_batches(texts, prompt_name=prompt_name, prompt=prompt, pooling=pooling,
                                       normalize=normalize, batch_size=batch_size, batch_tokens=batch_tokens,
-                                      truncate_dim=truncate_dim, workers=workers)
+                                      truncate_dim=truncate_dim, workers=workers, adapter=adapter)
         shape = (len(texts), self.embedding_dim(pooling, truncate_dim))
         # On the CPU the rows are gathered in NumPy: a torch op on this thread, which waits for the workers, leaves
         # its OpenMP team spinning on their cores.
@@ -300,7 +354,7 @@ class Encoder(nn.Module):
     def encode_batches(self, texts, *, prompt_name: str | None = None, prompt: str | None = None,
                        pooling=None, normalize: bool | None = None, batch_size: int = 32,
                        batch_tokens: int | None = None, truncate_dim: int | None = None,
-                       workers: int | None = None):
+                       workers: int | None = None, adapter=None):
         """`encode` one batch at a time: yields (rows, tokens, embeddings) per batch, where rows are
         the indices into texts the batch holds (list[int]), tokens its real token count (int) and
         embeddings (len(rows), D) fp32 on the engine's device; arguments as `encode`.
@@ -314,6 +368,9 @@ class Encoder(nn.Module):
         texts = [texts] if isinstance(texts, str) else list(texts)
         if pooling is not None:
             pooling_modes(pooling)  # raises ValueError for a bad mode at the call, not at the first batch
+        if adapter is None or isinstance(adapter, str):
+            adapter = None if adapter is None else [adapter] * len(texts)
+        self._row_adapters(adapter, len(texts))  # unknown names and a wrong length raise here, before any batch
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         cfg = self.sentence_config
@@ -336,17 +393,18 @@ class Encoder(nn.Module):
             self.tokenizer  # loaded here, not by each worker at once  # noqa: B018
         # arguments are checked above, at the call; the batches run as they are consumed
         return ordered_map(lambda rows: self._run_batch(texts, rows, tokenized, pooling, normalize, truncate_dim,
-                                                        prompt_len), groups, workers, threads)
+                                                        prompt_len, adapter), groups, workers, threads)
 
     @torch.inference_mode()
     def embed_tokens(self, input_ids, attention_mask, token_type_ids=None, *, pooling=None,
                      normalize: bool | None = None, truncate_dim: int | None = None,
-                     prompt_length: int | None = None):
+                     prompt_length: int | None = None, adapter_ids=None):
         """Sentence embeddings of texts already tokenized: what `encode` does after `tokenize`.
 
         input_ids, attention_mask, token_type_ids: (N, S) integer, right padded (as `tokenize` returns;
         token_type_ids None means all zeros); pooling, normalize, truncate_dim as in `encode`;
-        prompt_length: the tokens a prompt put at the start of every row (None: no prompt).
+        prompt_length: the tokens a prompt put at the start of every row (None: no prompt); adapter_ids: as
+        `forward`'s.
         Returns (N, D) fp32 on the engine's device. Each row's vector depends on that row alone (the
         engine is batch-invariant: bitwise for fp32 on the AVX-512 tiers and for int8), so callers may
         batch rows from different requests together.
@@ -359,21 +417,25 @@ class Encoder(nn.Module):
             # and pooling it in torch ops costs several times more.
             ids, mask, types, _ = check_inputs(self.config, input_ids, attention_mask, types, None, False,
                                                self.device)
-            last, cu_seqlens = self.engine.forward_packed(ids, mask, types)
+            last, cu_seqlens = self.engine.forward_packed(ids, mask, types,
+                                                          adapters=self._row_adapters(adapter_ids, ids.shape[0]))
             with stage("pooling"):
                 return cfg.embed_packed(last.float(), cu_seqlens, pooling=modes, normalize=normalize,
                                         truncate_dim=truncate_dim)
-        last = self._run(input_ids, attention_mask, types, None, False, pool=False, stream=True)[0].float()
+        last = self._run(input_ids, attention_mask, types, None, False, pool=False, stream=True,
+                         adapter_ids=adapter_ids)[0].float()
         with stage("pooling"):
             return cfg.embed(last, attention_mask.to(last.device), pooling=modes, normalize=normalize,
                              truncate_dim=truncate_dim, prompt_length=prompt_length)
 
-    def _run_batch(self, texts, rows, tokenized, pooling, normalize, truncate_dim, prompt_len):
+    def _run_batch(self, texts, rows, tokenized, pooling, normalize, truncate_dim, prompt_len, adapter=None):
         if tokenized is None:
             ids, mask, types = self.tokenize([texts[i] for i in rows])
         else:
             index = torch.tensor(rows, device=self.device)
             width = int(tokenized[1][index].sum(1).max())
             ids, mask, types = (t[index, :width] for t in tokenized)
+        adapter_ids = None if adapter is None else [adapter[i] for i in rows]
         return rows, int(mask.sum()), self.embed_tokens(ids, mask, types, pooling=pooling, normalize=normalize,
-                                                        truncate_dim=truncate_dim, prompt_length=prompt_len)
+                                                        truncate_dim=truncate_dim, prompt_length=prompt_len,
+                                                        adapter_ids=adapter_ids)

@@ -10,7 +10,9 @@ pre-LayerNorm as in ModernBERT (layernorm -> qkv -> attention -> linear + residu
 + residual); rotary models rotate q and k in `qkv`, gated FFNs (GeGLU, SwiGLU) gate in the first FFN linear,
 ModernBERT's local layers pass their window to attention. A plain BERT layer runs whole where the backend offers it
 (`Backend.whole_layer`: the same kernels in the same order). A key mask (`key_bias`) leaves tokens out of every
-softmax while still computing them (ColBERT's query expansion). Inputs are assumed validated
+softmax while still computing them (ColBERT's query expansion). LoRA adapters chosen per row (`adapters`) add
+each slot's delta, per row from its own adapter, into the slot's GEMM epilogue before the activation (the ops'
+`addend`); a forward with any adapted row composes every layer from the ops. Inputs are assumed validated
 (`inputs.check_inputs`); padded positions of the outputs hold 0.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from . import disentangled as dis, relative, rotary as rope
+from .adapters import Adapter, RowAdapters, pack_adapter
 from .backends import AttentionBias, Backend, DisentangledBias, Rotary, Tokens
 from .backends.cuda.graphs import GraphRunner
 from .backends.weights import LayerWeights, ModelWeights
@@ -58,39 +61,47 @@ def key_bias(keys: torch.Tensor, heads: int, width: int, columns: torch.Tensor) 
 def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int, heads: int,
                   scale: float, eps: float, act: str, bias: AttentionBias | None = None, *,
                   rotary: Rotary | None = None, window: int = 0, gated: bool = False,
-                  norm_first: bool = False, disentangled: tuple | None = None) -> torch.Tensor:
+                  norm_first: bool = False, disentangled: tuple | None = None, lora=None) -> torch.Tensor:
     """One encoder layer on x (T, H) from the backend's ops; cu_seqlens (B+1,) int32; bias: the relative position
     bias (MPNet) or None; rotary: RoPE tables for q and k or None; window: 0 (global) or the sliding window;
     gated: a GLU FFN; norm_first: pre-LayerNorm (ModernBERT; attn_ln None = no norm before attention);
     disentangled: DeBERTa-v2's (DistanceIndex, positions (T,) int32, token_windows): the layer's c2p / p2c
-    terms from its q and k (`ops.disentangled`) become the attention's bias."""
+    terms from its q and k (`ops.disentangled`) become the attention's bias; lora: None, or (slot, x) -> the slot's
+    per-row deltas (T, N) float32 or None (`RowAdapters.layer`), handed to the op as its `addend`."""
     qkv_extra = {} if rotary is None else {"rotary": rotary}
     attn_extra = {"window": window} if window else {}
     ffn_extra = {"gated": True} if gated else {}
     if norm_first:
         h = x if layer.attn_ln_weight is None else ops.layernorm(x, layer.attn_ln_weight, layer.attn_ln_bias, eps)
-        q, k, v = ops.qkv(h, layer.qkv_weight, layer.qkv_bias, heads, **qkv_extra)
+        q, k, v = ops.qkv(h, layer.qkv_weight, layer.qkv_bias, heads, **qkv_extra, **_addend(lora, "qkv", h))
         ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale, bias, **attn_extra)
-        x = ops.linear(ctx, layer.attn_out_weight, layer.attn_out_bias, "none", x)
+        x = ops.linear(ctx, layer.attn_out_weight, layer.attn_out_bias, "none", x, **_addend(lora, "attn_out", ctx))
         h = ops.layernorm(x, layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
-        h = ops.linear(h, layer.ffn_in_weight, layer.ffn_in_bias, act, **ffn_extra)
-        return ops.linear(h, layer.ffn_out_weight, layer.ffn_out_bias, "none", x)
-    q, k, v = ops.qkv(x, layer.qkv_weight, layer.qkv_bias, heads, **qkv_extra)
+        h = ops.linear(h, layer.ffn_in_weight, layer.ffn_in_bias, act, **ffn_extra, **_addend(lora, "ffn_in", h))
+        return ops.linear(h, layer.ffn_out_weight, layer.ffn_out_bias, "none", x, **_addend(lora, "ffn_out", h))
+    q, k, v = ops.qkv(x, layer.qkv_weight, layer.qkv_bias, heads, **qkv_extra, **_addend(lora, "qkv", x))
     if disentangled is not None:
         index, positions, windows = disentangled
         bias = dis.layer_bias(ops, q, k, layer.pos_key, layer.pos_query, index, positions, scale, windows)
     ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale, bias, **attn_extra)
-    x = ops.layernorm(ops.linear(ctx, layer.attn_out_weight, layer.attn_out_bias, "none", x),
-                      layer.attn_ln_weight, layer.attn_ln_bias, eps)
-    h = ops.linear(x, layer.ffn_in_weight, layer.ffn_in_bias, act, **ffn_extra)
-    return ops.layernorm(ops.linear(h, layer.ffn_out_weight, layer.ffn_out_bias, "none", x),
-                         layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
+    x = ops.layernorm(ops.linear(ctx, layer.attn_out_weight, layer.attn_out_bias, "none", x,
+                                 **_addend(lora, "attn_out", ctx)), layer.attn_ln_weight, layer.attn_ln_bias, eps)
+    h = ops.linear(x, layer.ffn_in_weight, layer.ffn_in_bias, act, **ffn_extra, **_addend(lora, "ffn_in", x))
+    return ops.layernorm(ops.linear(h, layer.ffn_out_weight, layer.ffn_out_bias, "none", x,
+                                    **_addend(lora, "ffn_out", h)), layer.ffn_ln_weight, layer.ffn_ln_bias, eps)
+
+
+def _addend(lora, slot: str, x) -> dict:
+    """The op's addend keyword for a slot: none where no adapter of the forward adapts it (the op as without LoRA)."""
+    delta = None if lora is None else lora(slot, x)
+    return {} if delta is None else {"addend": delta}
 
 
 def run_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int, heads: int, scale: float,
               eps: float, act: str, bias: AttentionBias | None = None, carry=None, **modern) -> torch.Tensor:
     """The layer whole where the backend offers it for these tokens (plain BERT layers: no `modern` keyword of
-    `compose_layer` set), else `compose_layer`; carry: `Backend.layer_carry`'s, the same for each layer of a forward."""
+    `compose_layer` set, `lora` included), else `compose_layer`; carry: `Backend.layer_carry`'s, the same for each layer
+    of a forward."""
     whole = None if any(modern.values()) or isinstance(bias, DisentangledBias) else ops.whole_layer(x, layer)
     if whole is not None:
         return whole(x, cu_seqlens, int(max_seqlen), float(scale), bias, carry)
@@ -158,11 +169,11 @@ class Engine:
         return Tokens(ids, positions, types, columns, cu_seqlens, max_seqlen, S), indices
 
     def encode(self, tokens: Tokens, output_hidden_states: bool = False,
-               keys: DisentangledBias | None = None) -> tuple[torch.Tensor, ...]:
+               keys: DisentangledBias | None = None, lora: RowAdapters | None = None) -> tuple[torch.Tensor, ...]:
         """The layer stack on packed tokens: (x,) (T, H) after the last layer (and the final norm), or with
         output_hidden_states every hidden state, the embeddings first and x last; in the residual stream's dtype
         (`Backend.stream_dtype`). Reads only `tokens` and the weights (and `keys`, a `key_bias`), and its launches
-        depend on the packed sizes alone (what CUDA-graph capture needs)."""
+        depend on the packed sizes alone (what CUDA-graph capture needs). lora: the rows' adapters (eager only)."""
         cfg, ops, w = self.config, self.backend, self.weights
         cu_seqlens, max_seqlen = tokens.cu_seqlens, tokens.max_seqlen
         x = ops.embeddings(tokens.ids, tokens.positions, tokens.types, w.embeddings, cfg.layer_norm_eps)
@@ -194,6 +205,8 @@ class Engine:
             if cfg.rotary:
                 modern = dict(rotary=tables[cfg.rope_base(i)], window=cfg.window(i), gated=cfg.gated_ffn,
                               norm_first=cfg.norm_first)
+            if lora is not None:
+                modern["lora"] = lora.layer(ops, i)
             x = run_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias, carry, **modern)
             if hidden is not None:
                 hidden.append(x)
@@ -210,19 +223,41 @@ class Engine:
             tokens, indices = to_device(tokens, indices, self.weights.device)
         return tokens, indices
 
+    def pack_adapter(self, adapter: Adapter) -> Adapter:
+        """`adapter` (loaded against `self.weights`) in this backend's form for `forward`'s adapters; raises
+        NotImplementedError where the backend runs no adapters (`Backend.no_adapters`)."""
+        if self.backend.no_adapters is not None:
+            raise NotImplementedError(self.backend.no_adapters)
+        device = self.weights.device
+        return pack_adapter(adapter, lambda t: self.backend.pack(t.to(device).contiguous()))
+
+    def _row_adapters(self, adapters, tokens: Tokens) -> RowAdapters | None:
+        """None where no row has an adapter (the forward as without LoRA: whole layers, CUDA graphs)."""
+        if adapters is None:
+            return None
+        if len(adapters) != tokens.cu_seqlens.numel() - 1:
+            raise ValueError(f"{len(adapters)} adapters for {tokens.cu_seqlens.numel() - 1} rows: give one (or None) "
+                             "per row")
+        return RowAdapters(adapters, tokens.cu_seqlens, self.weights.device) if any(
+            a is not None for a in adapters) else None
+
     @torch.inference_mode()
-    def forward_packed(self, input_ids, attention_mask, token_type_ids=None, position_ids=None):
+    def forward_packed(self, input_ids, attention_mask, token_type_ids=None, position_ids=None, adapters=None):
         """The last state of the real tokens as the layers leave it, without padding it back: (states (T, H) in the
         residual stream's dtype, in row-major order, cu_seqlens (B + 1,) int32: row b's tokens are
         [cu_seqlens[b], cu_seqlens[b + 1])). Inputs as `forward` (no key mask)."""
         tokens, _ = self._pack_on_device(input_ids, attention_mask, token_type_ids, position_ids)
-        return self.run(tokens, False)[-1], tokens.cu_seqlens
+        lora = self._row_adapters(adapters, tokens)
+        states = self.run(tokens, False) if lora is None else self.encode(tokens, False, lora=lora)
+        return states[-1], tokens.cu_seqlens
 
     @torch.inference_mode()
     def forward(self, input_ids, attention_mask, token_type_ids=None, position_ids=None,
-                output_hidden_states: bool = False, pool: bool = True, stream: bool = False, key_mask=None):
+                output_hidden_states: bool = False, pool: bool = True, stream: bool = False, key_mask=None,
+                adapters=None):
         """input_ids, attention_mask, token_type_ids, position_ids: (B, S) int64 (mask 0/1). key_mask: (B, S) 0/1 or
         None: the tokens attended to, where fewer than the attention mask's (`key_bias`; each row keeps a key).
+        adapters: None, or B entries, each an adapter of `pack_adapter` or None (the base model) for its row.
 
         Returns (last_hidden_state (B, S, H), pooler_output (B, H) or None (no pooler, or pool=False),
         hidden_states or None); padded positions hold 0. The states have the weights' dtype, or with stream=True
@@ -231,8 +266,11 @@ class Engine:
         w = self.weights
         B, S = input_ids.shape
         tokens, indices = self._pack_on_device(input_ids, attention_mask, token_type_ids, position_ids)
-        if key_mask is None:
+        lora = self._row_adapters(adapters, tokens)
+        if key_mask is None and lora is None:
             states = self.run(tokens, output_hidden_states)
+        elif key_mask is None:  # eagerly: the CUDA graphs of `encode` take no adapters
+            states = self.encode(tokens, output_hidden_states, lora=lora)
         else:  # eagerly: the CUDA graphs of `encode` take no key mask
             key_mask = key_mask.to(attention_mask.device).bool()
             if key_mask.shape != attention_mask.shape or bool((key_mask & ~attention_mask.bool()).any()):
@@ -241,12 +279,15 @@ class Engine:
                 raise ValueError("key_mask leaves a sequence without a token to attend to")
             keys = key_mask.to(indices.device).reshape(-1)[indices]
             bias = key_bias(keys, self.config.num_attention_heads, S, (indices % S).to(torch.int32))
-            states = self.encode(tokens, output_hidden_states, keys=bias)
+            states = self.encode(tokens, output_hidden_states, keys=bias, lora=lora)
         if not stream:
             states = tuple(h.to(w.dtype) for h in states)
         last = pad(states[-1], indices, B, S)
         pooled = None
         if pool and w.pooler_weight is not None:  # tanh(W h[CLS] + b)
-            pooled = self.backend.linear(last[:, 0].contiguous(), w.pooler_weight, w.pooler_bias, "tanh")
+            cls = last[:, 0].contiguous()
+            extra = {} if lora is None else _addend(lambda slot, x: lora.addend(self.backend, x, None, slot), "pooler",
+                                                    cls)
+            pooled = self.backend.linear(cls, w.pooler_weight, w.pooler_bias, "tanh", **extra)
         hidden = tuple(pad(h, indices, B, S) for h in states) if output_hidden_states else None
         return last, pooled, hidden

@@ -65,10 +65,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("act"));
   m.def("pack_linear", &pack_linear, "pack a (N, K) weight for `linear`", py::arg("weight"));
   m.def("linear", &linear,
-        "act(x @ w.T + bias) + residual on a packed weight (streaming at small M; fp32 blocked at large M); act in "
-        "none|gelu|gelu_tanh|relu|tanh|silu",
+        "act(x @ w.T + bias + addend) + residual on a packed weight (streaming at small M; fp32 blocked at large M); "
+        "act in none|gelu|gelu_tanh|relu|tanh|silu; addend: (M, N) float32 (a LoRA delta) or None",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
-        py::arg("act") = "none", py::arg("residual") = py::none());
+        py::arg("act") = "none", py::arg("residual") = py::none(), py::arg("addend") = py::none());
   py::class_<LayerTensors>(m, "LayerWeights",
                            "the weights of one encoder layer for `Layer`, as keyword arguments: qkv, attn_out, "
                            "ffn_in, ffn_out packed by pack_linear (or pack_int8, with int8_scales and int8_colsums, "
@@ -175,11 +175,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_int8", &pack_int8, "pack an int8 (N, K) weight for quant_linear", py::arg("weight"));
   m.def("quant_linear", &quant_linear,
         "quantize_rows, then the int8 GEMM on pack_int8 weights with the dequantization epilogue fused (AMX-int8 / "
-        "VNNI / AVX2 / portable by the ISA tier): act(x @ W.T + bias) + residual for fp32 x (M, K); "
+        "VNNI / AVX2 / portable by the ISA tier): act(x @ W.T + bias + addend) + residual for fp32 x (M, K); "
         "unsigned_codes=False: signed codes whatever the kernel (a VNNI kernel then flips them in a pass of its own; "
         "the same bits)",
         py::arg("x"), py::arg("packed"), py::arg("w_scale"), py::arg("colsum"), py::arg("bias") = py::none(),
-        py::arg("act") = "none", py::arg("residual") = py::none(), py::arg("unsigned_codes") = true);
+        py::arg("act") = "none", py::arg("residual") = py::none(), py::arg("unsigned_codes") = true,
+        py::arg("addend") = py::none());
 
   // Test and measurement knobs, none of which the product calls: kept out of the ops so none creeps in.
   py::module_ t = m.def_submodule("testing", "test and measurement knobs of the native kernels (not for products)");

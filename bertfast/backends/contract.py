@@ -102,6 +102,8 @@ class Backend:
     quantizations: tuple[str, ...] = ()  # weight quantization schemes `prepare` can apply, e.g. "int8"
     # The vocabulary weights `sparse_pool` takes in their own dtype; any other is packed fp32 once, at load.
     sparse_pool_dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    # Why LoRA adapters (the `addend` of `linear` and `qkv`) do not run on this backend, or None where they do.
+    no_adapters: str | None = None
 
     def __init__(self, quantize: str | None = None):
         if quantize is not None and quantize not in self.quantizations:
@@ -149,17 +151,19 @@ class Backend:
         emb.ln_bias is always a tensor (zeros where the checkpoint's norm has no bias)."""
         raise NotImplementedError
 
-    def linear(self, x, weight, bias, act: str = "none", residual=None, gated: bool = False):
-        """act(x @ weight.T + bias) + residual. x: (M, K); weight: (N, K) or this backend's packed form;
-        bias: (N,) or None; act: an id of `kernels.activation`; residual: (M, N) or None.
+    def linear(self, x, weight, bias, act: str = "none", residual=None, gated: bool = False, addend=None):
+        """act(x @ weight.T + bias + addend) + residual. x: (M, K); weight: (N, K) or this backend's packed form;
+        bias: (N,) or None; act: an id of `kernels.activation`; residual: (M, N) or None; addend: (M, N) float32 or
+        None, added before the activation (the rows' LoRA deltas, `adapters.RowAdapters`).
 
         gated (GLU: GeGLU, SwiGLU): weight (2N, K) and bias (2N,) hold two halves, rows [a; b]; the result is
-        act(x @ a.T + bias_a) * (x @ b.T + bias_b), (M, N); no residual then."""
+        act(x @ a.T + bias_a + addend_a) * (x @ b.T + bias_b + addend_b), (M, N), addend (M, 2N); no residual then."""
         raise NotImplementedError
 
-    def qkv(self, x, weight, bias, num_heads, rotary: Rotary | None = None):
+    def qkv(self, x, weight, bias, num_heads, rotary: Rotary | None = None, addend=None):
         """Fused projection: x (T, H), weight (3H, H) -> q, k, v (T, heads, d), views allowed; bias (3H,) or
-        None; with a `Rotary`, q and k come out rotated."""
+        None; addend: (T, 3H) float32 or None, added to the projection before rotary; with a `Rotary`, q and k come
+        out rotated."""
         raise NotImplementedError
 
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias: AttentionBias | None = None,

@@ -29,7 +29,6 @@ class TorchBackend(Backend):
         return Precision(torch.float32, slower=(torch.bfloat16,))
 
     embeddings = staticmethod(reference.embeddings)
-    qkv = staticmethod(reference.qkv)
     attention = staticmethod(reference.attention)
     layernorm = staticmethod(reference.layernorm)
 
@@ -38,10 +37,27 @@ class TorchBackend(Backend):
         return reference.disentangled(q, k, pos_key, pos_query, scale)  # every entry: windows only allow fewer
 
     @staticmethod
-    def linear(x, weight, bias, act="none", residual=None, gated=False):
+    def qkv(x, weight, bias, num_heads, rotary=None, addend=None):
+        if addend is None:
+            return reference.qkv(x, weight, bias, num_heads, rotary)
+        out = _added(F.linear(x, weight, bias), addend).view(x.shape[0], 3, num_heads, -1)
+        q, k, v = out[:, 0], out[:, 1], out[:, 2]
+        if rotary is not None:
+            q, k = reference.rotate(q, rotary), reference.rotate(k, rotary)
+        return q, k, v
+
+    @staticmethod
+    def linear(x, weight, bias, act="none", residual=None, gated=False, addend=None):
         if gated:
             if residual is not None:
                 raise ValueError("a gated linear takes no residual")
-            return reference.linear_glu(x, weight, bias, act)
-        out = activation.apply(F.linear(x, weight, bias), act)
+            if addend is None:
+                return reference.linear_glu(x, weight, bias, act)
+            return reference.glu(_added(F.linear(x, weight, bias), addend), act)
+        out = activation.apply(_added(F.linear(x, weight, bias), addend), act)
         return out if residual is None else out + residual
+
+
+def _added(y: torch.Tensor, addend: torch.Tensor | None) -> torch.Tensor:
+    """y + addend (fp32, a LoRA delta) summed in fp32, in y's dtype."""
+    return y if addend is None else (y.float() + addend).to(y.dtype)

@@ -48,7 +48,7 @@ at::Tensor glu(const at::Tensor& h, const std::string& act);
 at::Tensor pack_linear(const at::Tensor& weight);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                   const c10::optional<at::Tensor>& bias, const std::string& act,
-                  const c10::optional<at::Tensor>& residual);
+                  const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& addend);
 at::Tensor sparse_pool(const at::Tensor& x, const at::Tensor& packed, int64_t vocab,
                        const c10::optional<at::Tensor>& bias, const at::Tensor& cu_seqlens, const std::string& pooling,
                        const std::string& activation);
@@ -82,7 +82,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x
 at::Tensor pack_int8(const at::Tensor& weight);
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
                         const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
-                        const c10::optional<at::Tensor>& residual, bool unsigned_codes);
+                        const c10::optional<at::Tensor>& residual, bool unsigned_codes,
+                        const c10::optional<at::Tensor>& addend);
 
 }  // namespace bindings
 }  // namespace bertfast

@@ -95,9 +95,10 @@ class CpuBackend(Backend):
         return Precision(torch.float32, (torch.bfloat16,) if isa.active_cap() in BF16_SLOWER_TIERS else ())
 
     # --- ops (shapes in bertfast.reference) ---
-    def linear(self, x, weight, bias, act: str = "none", residual=None, gated: bool = False):
-        """act(x @ weight.T + bias) + residual. x: (M, K); weight: (N, K), PackedLinear or QuantLinear
-        (int8 GEMM, fp32 x); bias: (N,) or None.
+    def linear(self, x, weight, bias, act: str = "none", residual=None, gated: bool = False, addend=None):
+        """act(x @ weight.T + bias + addend) + residual. x: (M, K); weight: (N, K), PackedLinear or QuantLinear
+        (int8 GEMM, fp32 x); bias: (N,) or None; addend: (M, N) float32 or None, read in the GEMM's epilogue before
+        the activation (a row's bits still depend on that row alone).
 
         gated: weight (2N, K) rows [a; b], bias (2N,) or None -> act(x @ a.T + bias_a) * (x @ b.T + bias_b), (M, N):
         the GEMM as for any linear (no activation), then the native gate (`_C.glu`)."""
@@ -107,10 +108,10 @@ class CpuBackend(Backend):
                 raise ValueError("a gated linear takes no residual")
             if weight.shape[0] % 2:
                 raise ValueError(f"a gated linear needs a weight of 2N rows [a; b], got {tuple(weight.shape)}")
-            return _C.glu(self.linear(x, weight, bias), act)
+            return _C.glu(self.linear(x, weight, bias, addend=addend), act)
         if isinstance(weight, quant.QuantLinear):
-            return quant.linear(x, weight, bias, act, residual)
-        return linear.linear(x, weight, bias, act, residual)
+            return quant.linear(x, weight, bias, act, residual, addend)
+        return linear.linear(x, weight, bias, act, residual, addend)
 
     def pack(self, weight):
         return linear.PackedLinear(weight.contiguous())
@@ -137,10 +138,11 @@ class CpuBackend(Backend):
         return _C.embeddings(input_ids, positions, token_type_ids, emb.word, emb.position, table,
                         emb.ln_weight, emb.ln_bias, eps)
 
-    def qkv(self, x, weight, bias, num_heads, rotary: Rotary | None = None):
-        """Returns q, k, v: (T, heads, d) strided views of one (T, 3H) GEMM output; with a `Rotary`, q and k
-        rotated in place in that output (`_C.rotary_`) before they are returned."""
-        out = self.linear(x, weight, bias)
+    def qkv(self, x, weight, bias, num_heads, rotary: Rotary | None = None, addend=None):
+        """Returns q, k, v: (T, heads, d) strided views of one (T, 3H) GEMM output (addend (T, 3H) float32 or None
+        added in its epilogue); with a `Rotary`, q and k rotated in place in that output (`_C.rotary_`) before they
+        are returned."""
+        out = self.linear(x, weight, bias, addend=addend)
         if not out.is_contiguous():
             out = out.contiguous()
         T, d = out.shape[0], out.shape[1] // (3 * num_heads)

@@ -178,12 +178,14 @@ def int8_gemm(qx: torch.Tensor, weight: QuantLinear) -> torch.Tensor:
 
 
 
-def _epilogue_torch(out, weight, x_scale, x_zero_point, bias, act, residual):
+def _epilogue_torch(out, weight, x_scale, x_zero_point, bias, act, residual, addend=None):
     # out = x_scale[m] * (out - zp[m] * colsum[n]) + bias, as torch ops (several memory passes).
     out.addr_(x_zero_point.to(torch.float32), weight.colsum, alpha=-1.0)
     out.mul_(x_scale[:, None])
     if bias is not None:
         out.add_(bias)
+    if addend is not None:
+        out.add_(addend)
     out = activation.apply_(out, act)
     if residual is not None:
         out.add_(residual)
@@ -191,11 +193,12 @@ def _epilogue_torch(out, weight, x_scale, x_zero_point, bias, act, residual):
 
 
 def linear(x: torch.Tensor, weight: QuantLinear, bias: torch.Tensor | None = None, act: str = "none",
-           residual: torch.Tensor | None = None) -> torch.Tensor:
-    """act(x @ W.T + bias) + residual with W int8 per channel and x quantized per token at run time.
+           residual: torch.Tensor | None = None, addend: torch.Tensor | None = None) -> torch.Tensor:
+    """act(x @ W.T + bias + addend) + residual with W int8 per channel and x quantized per token at run time.
 
     x: (M, K) float32 (row stride may be > K); weight: QuantLinear (N, K); bias: (N,) float32 or None;
-    act: one of ACTIVATIONS; residual: (M, N) float32 or None. Returns (M, N) float32, contiguous.
+    act: one of ACTIVATIONS; residual, addend (a LoRA delta, before the activation): (M, N) float32 or None.
+    Returns (M, N) float32, contiguous.
     """
     if not isinstance(weight, QuantLinear):
         raise ValueError(f"weight must be a QuantLinear, got {type(weight).__name__}")
@@ -217,9 +220,9 @@ def linear(x: torch.Tensor, weight: QuantLinear, bias: torch.Tensor | None = Non
             x = x.contiguous()
         if residual is not None and residual.stride(1) != 1:
             residual = residual.contiguous()
-        return _C.quant_linear(x, weight.packed, weight.scale, weight.colsum, bias, act, residual)
+        return _C.quant_linear(x, weight.packed, weight.scale, weight.colsum, bias, act, residual, addend=addend)
     qx, x_scale, x_zero_point = quantize_rows(x)
-    return _epilogue_torch(int8_gemm(qx, weight), weight, x_scale, x_zero_point, bias, act, residual)
+    return _epilogue_torch(int8_gemm(qx, weight), weight, x_scale, x_zero_point, bias, act, residual, addend)
 
 
 def linear_reference(x: torch.Tensor, weight: QuantLinear, bias=None, act: str = "none", residual=None,

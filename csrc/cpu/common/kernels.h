@@ -113,11 +113,14 @@ template <typename T>
 void pack_linear(const T* w, int64_t n, int64_t k, T* packed);
 template <typename T>
 void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
-                   int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo);
+                   int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo,
+                   const float* addend = nullptr, int64_t lda = 0);
 // The same on bf16 operands (x, packed, bias) with residual and out in fp32: a bf16 forward's residual stream
-// (layer.cpp). Every row's value is linear_packed<bf16>'s before its final rounding.
+// (layer.cpp). Every row's value is linear_packed<bf16>'s before its final rounding. addend (both): fp32 rows lda
+// apart added before the activation, act(x w^T + bias + addend) + residual (a LoRA delta), or null.
 void linear_packed_wide(const bf16* x, int64_t ldx, const bf16* packed, const bf16* bias, const float* residual,
-                        int64_t ldr, int64_t m, int64_t n, int64_t k, Activation act, float* out, int64_t ldo);
+                        int64_t ldr, int64_t m, int64_t n, int64_t k, Activation act, float* out, int64_t ldo,
+                        const float* addend = nullptr, int64_t lda = 0);
 
 // ---- convert.cpp: fp32 rows to bf16 (round to nearest even, as torch's .to(torch.bfloat16)) ----
 
@@ -173,12 +176,14 @@ void layernorm_rows_here(float* x, const float* gamma, const float* beta, float 
 // Any M, on every tier: weights packed once by pack_int8 ([N/16][K/4][16][4] int8, zero padded); x the signed
 // codes of quantize_rows, or with x_unsigned their unsigned form (quantize_rows' flip) where
 // int8_unsigned_codes(M, K) says the call's kernel takes it; out (M, N) fp32 =
-// act(xs[m] * (ws[n] * sum_k q[m, k] w[n, k] - zp[m] * colsum[n]) + bias[n]) + residual[m, n].
+// act(xs[m] * (ws[n] * sum_k q[m, k] w[n, k] - zp[m] * colsum[n]) + bias[n] + addend[m, n]) + residual[m, n]
+// (addend: fp32 rows lda apart, a LoRA delta, or null).
 int64_t int8_packed_numel(int64_t n, int64_t k);
 void pack_int8(const int8_t* w, int64_t n, int64_t k, int8_t* packed);
 void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                  const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
-                 Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned = false);
+                 Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned = false,
+                 const float* addend = nullptr, int64_t lda = 0);
 // int8_linear, then then(lo, hi) on output rows [lo, hi) once all their columns are written, by the thread that wrote
 // the last of them: on the blocked paths each row block as it is finished (in cache), on the others [0, M) at the end.
 void int8_linear_then(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,

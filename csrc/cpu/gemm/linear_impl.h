@@ -56,7 +56,8 @@ constexpr int64_t kPackPasses = 4;
 constexpr int64_t kPortablePackPasses = 2;
 
 // bias has the operands' type; residual and out too, except `wide` (bf16 operands only): then both are fp32, the
-// residual stream of a bf16 forward (linear_packed_wide).
+// residual stream of a bf16 forward (linear_packed_wide). addend: fp32 rows (ld `lda`) added before the activation,
+// act(c + bias + addend) + residual (a LoRA delta), or null.
 struct Epilogue {
   const void* bias;
   const void* residual;
@@ -65,6 +66,8 @@ struct Epilogue {
   void* out;
   int64_t ldo;
   bool wide = false;
+  const float* addend = nullptr;
+  int64_t lda = 0;
 };
 
 template <typename T, typename O, bool kAvx512, bool kAvx2>
@@ -107,8 +110,10 @@ BF_TARGET_AVX512 void store_rows512(const float* tile, int mr, int64_t m0, int64
     const float* c = tile + r * kPanel;
     O* o = out + (m0 + r) * ep.ldo + n0;
     const O* rr = res != nullptr ? res + (m0 + r) * ep.ldr + n0 : nullptr;
+    const float* ar = ep.addend != nullptr ? ep.addend + (m0 + r) * ep.lda + n0 : nullptr;
     for (int v = 0; v < 3 && mk[v] != 0; ++v) {
       __m512 y = _mm512_add_ps(_mm512_maskz_loadu_ps(mk[v], c + 16 * v), b[v]);
+      if (ar != nullptr) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mk[v], ar + 16 * v));
       if (gelu) y = gelu_erf512(y);
       if (rr != nullptr) y = _mm512_add_ps(y, load16(rr + 16 * v, mk[v]));
       store16(o + 16 * v, y, mk[v]);
@@ -147,6 +152,11 @@ BF_INLINE void store_rows(const float* tile, int mr, int64_t m0, int64_t n0, int
     float tmp[kPanel];
 #pragma omp simd
     for (int64_t j = 0; j < nvalid; ++j) tmp[j] = c[j] + (bias != nullptr ? to_float(bias[n0 + j]) : 0.f);
+    if (ep.addend != nullptr) {
+      const float* ar = ep.addend + (m0 + r) * ep.lda + n0;
+#pragma omp simd
+      for (int64_t j = 0; j < nvalid; ++j) tmp[j] += ar[j];
+    }
     activate_lanes<kAvx512 ? Lanes::Avx512 : (kAvx2 ? Lanes::Avx2 : Lanes::Generic)>(tmp, nvalid, ep.act);
     if (rr != nullptr) {
 #pragma omp simd
@@ -344,8 +354,11 @@ BF_TARGET_AVX512 BF_INLINE void finish_tile(const __m512 (&acc)[MR][3], const Ti
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     const float* rr = res != nullptr ? res + (to.m0 + r) * ep.ldr + to.n0 : nullptr;
+    const float* ar = ep.addend != nullptr ? ep.addend + (to.m0 + r) * ep.lda + to.n0 : nullptr;
     for (int v = 0; v < 3; ++v) {
-      __m512 y = act512<ACT>(_mm512_add_ps(acc[r][v], b[v]));
+      __m512 y = _mm512_add_ps(acc[r][v], b[v]);
+      if (ar != nullptr) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mk[v], ar + 16 * v));
+      y = act512<ACT>(y);
       if (rr != nullptr) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mk[v], rr + 16 * v));
       _mm512_mask_storeu_ps(out + r * ep.ldo + 16 * v, mk[v], y);
     }

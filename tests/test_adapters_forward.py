@@ -1,0 +1,261 @@
+"""LoRA adapters in the forward (`Encoder.load_adapter`, `adapter_ids=`, `encode(adapter=)`), per row.
+
+- fp32 within 1e-5 (relative) of PEFT's own unmerged PeftModel on ragged batches mixing three adapters and base rows
+  (PEFT's mixed-batch `adapter_names`, "__base__" for base rows), padded positions excluded, on every family the
+  forward adapts, on the cpu and torch backends; bf16 no worse than twice PEFT's own bf16 error.
+- Batch invariance bit for bit: a row alone equals the same row inside a mixed batch of 454 tokens (past every row
+  count of the native GEMM choosers: 32/33 rows, the AMX blocked kernels at 64/128), in fp32, bf16 and int8 (int8
+  base, adapter fp32), on the default tier and amx_emulated; base rows of a mixed batch equal the forward without
+  adapters (BERT: the native whole layer) bit for bit.
+- The errors: unknown names, a wrong adapter_ids length, a duplicate or bad name, unload of an unknown name, DeBERTa's
+  position projections, the triton backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+
+import pytest
+import torch
+
+from bertfast import Encoder
+from bertfast.accuracy import within
+from bertfast.adapters import UnknownAdapter
+from bertfast.backends import available_backends
+from bertfast.backends.cpu import isa as isa_module
+from conftest import rel_err
+from helpers import families
+from helpers.adapters import CASES, save_lora
+from helpers.caps import on_cap
+
+CPU_REASON = available_backends("cpu").get("cpu")
+needs_cpu = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")
+
+NAMES = ("a", "b", "c")
+LENGTHS = [7, 1, 12, 5, 9, 3, 11]
+ROW_ADAPTERS = ["a", None, "b", "c", "a", None, "b"]
+# DeBERTa-v2 without its query / key projections (whose factors also adapt the position projections: refused).
+TARGETS = {**{f: t for f, (_, t) in CASES.items()}, "deberta-v2": ["value_proj", "dense"]}
+FORWARD_FAMILIES = ["bert", "roberta", "distilbert", "modernbert", "albert", "mpnet", "electra", "deberta-v2",
+                    "nomic_bert", "gte"]
+
+
+def _peft_with_adapters(model, tmp_path, targets):
+    """PeftModel with three random adapters of different ranks ("default", "b", "c") and their directories."""
+    paths = [tmp_path / n for n in NAMES]
+    pm = save_lora(model, paths[0], seed=0, r=4, lora_alpha=6, target_modules=targets)
+    for i, (name, path) in enumerate(zip(NAMES[1:], paths[1:]), start=1):
+        save_lora(model, path, seed=i, r=2 + i, lora_alpha=5, use_rslora=i == 2, target_modules=targets)
+        pm.load_adapter(path, adapter_name=name)
+    return pm.eval(), paths
+
+
+def _peft_names(row_adapters):
+    return ["__base__" if a is None else ("default" if a == "a" else a) for a in row_adapters]
+
+
+def _batch(model, lengths, seed=1):
+    return families.batch_for(model, lengths, seed=seed)
+
+
+def _encoder(model, paths, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bf16 measured slower on some tiers
+        enc = Encoder.from_hf(model, **kw)
+    for name, path in zip(NAMES, paths):
+        enc.load_adapter(name, path)
+    return enc
+
+
+@pytest.fixture(scope="module")
+def peft_models(tmp_path_factory):
+    """family -> (transformers model, PeftModel with three adapters, their directories), built once."""
+    built = {}
+
+    def get(family):
+        if family not in built:
+            model = CASES[family][0]()
+            built[family] = (model, *_peft_with_adapters(model, tmp_path_factory.mktemp(family), TARGETS[family]))
+        return built[family]
+    return get
+
+
+def _backends():
+    return [pytest.param(b, marks=needs_cpu) if b == "cpu" else b for b in ("cpu", "torch")]
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("family", FORWARD_FAMILIES)
+def test_fp32_matches_peft_mixed_batch(family, backend, peft_models):
+    model, pm, paths = peft_models(family)
+    kwargs, mask = _batch(model, LENGTHS)
+    with torch.no_grad():
+        ref = pm(**kwargs, adapter_names=_peft_names(ROW_ADAPTERS))
+        base = model(**kwargs)
+    enc = _encoder(model, paths, backend=backend, dtype=torch.float32)
+    out = enc(**kwargs, adapter_ids=ROW_ADAPTERS)
+    assert rel_err(out.last_hidden_state, ref.last_hidden_state, mask) <= 1e-5
+    assert rel_err(out.last_hidden_state, base.last_hidden_state, mask) > 1e-2  # the adapters do change the rows
+    if getattr(ref, "pooler_output", None) is not None and out.pooler_output is not None:
+        assert rel_err(out.pooler_output, ref.pooler_output) <= 1e-5
+
+
+@needs_cpu
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_bf16_within_twice_peft_bf16(family, peft_models):
+    model, pm, paths = peft_models(family)
+    kwargs, mask = _batch(model, LENGTHS)
+    names = _peft_names(ROW_ADAPTERS)
+    with torch.no_grad():
+        ref = pm(**kwargs, adapter_names=names).last_hidden_state
+        low = copy.deepcopy(pm).to(torch.bfloat16)(**kwargs, adapter_names=names).last_hidden_state
+    out = _encoder(model, paths, backend="cpu", dtype=torch.bfloat16)(**kwargs, adapter_ids=ROW_ADAPTERS)
+    ours, theirs = rel_err(out.last_hidden_state, ref, mask), rel_err(low, ref, mask)
+    assert within(ours, theirs, torch.bfloat16, floor=0.0, cap=False), f"bf16 {ours:.3g} vs PEFT bf16 {theirs:.3g}"
+
+
+# 481 tokens in 16 rows: past every row count of the GEMM choosers (the adapters' own GEMMs too: 'a' holds 175).
+LONG_LENGTHS = [40, 1, 33, 40, 17, 40, 39, 2, 40, 28, 40, 36, 40, 40, 36, 9]
+LONG_ADAPTERS = ["a", None, "b", "a", "c", None, "a", "b", "c", "a", None, "b", "b", "c", None, "a"]
+TIERS = [None, "avx2", "amx_emulated"]
+TIER_IDS = ["default-tier", "avx2", "amx_emulated"]
+
+
+@needs_cpu
+@pytest.mark.parametrize("tier", TIERS, ids=TIER_IDS)
+@pytest.mark.parametrize("family, dtype", [
+    pytest.param("bert", torch.float32, id="bert-fp32"), pytest.param("bert", torch.bfloat16, id="bert-bf16"),
+    pytest.param("bert", "int8", id="bert-int8"), pytest.param("modernbert", torch.float32, id="modernbert-fp32"),
+    pytest.param("modernbert", torch.bfloat16, id="modernbert-bf16")])  # rotary, gated FFN: qkv's and ffn_in's addend
+def test_row_alone_equals_row_in_mixed_batch(family, dtype, tier, peft_models):
+    if tier is not None and isa_module.unsupported(tier) is not None:
+        pytest.skip(isa_module.unsupported(tier))
+    model, _, paths = peft_models(family)
+    kwargs, mask = _batch(model, LONG_LENGTHS, seed=3)
+    lengths = mask.sum(1).tolist()
+    assert int(mask.sum()) > 256
+    with on_cap(tier) if tier else contextlib.nullcontext():
+        enc = _encoder(model, paths, backend="cpu", dtype=dtype)
+        together = enc(**kwargs, adapter_ids=LONG_ADAPTERS).last_hidden_state
+        plain = enc(**kwargs).last_hidden_state
+        for b, n in enumerate(lengths):
+            row = {k: v[b:b + 1, :n] for k, v in kwargs.items() if k != "attention_mask"}
+            alone = enc(**row, adapter_ids=[LONG_ADAPTERS[b]]).last_hidden_state[0]
+            assert torch.equal(alone, together[b, :n]), f"row {b} ({n} tokens, {LONG_ADAPTERS[b]}) differs alone"
+            if LONG_ADAPTERS[b] is None:  # a base row: the bits of the forward without adapters (whole layers)
+                assert torch.equal(together[b, :n], plain[b, :n]), f"base row {b} differs from the plain forward"
+            else:
+                assert not torch.equal(together[b, :n], plain[b, :n])
+
+
+@needs_cpu
+@pytest.mark.parametrize("tier", TIERS, ids=TIER_IDS)
+@pytest.mark.parametrize("act", ["none", "gelu", "relu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"], ids=["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("M", [5, 300], ids=["M5-stream", "M300-blocked"])
+def test_linear_addend_before_activation(M, dtype, act, tier):
+    """The cpu backend's linear with an addend: act(x W^T + b + addend) + residual, the addend fp32 (rows a stride
+    apart) whatever the operands' dtype; and a row's bits are its own (M-invariant) with the addend too. Every
+    epilogue: streaming and blocked, the 16-lane and the generic activations, the int8 kernels of each tier."""
+    if tier is not None and isa_module.unsupported(tier) is not None:
+        pytest.skip(isa_module.unsupported(tier))
+    with on_cap(tier) if tier else contextlib.nullcontext():
+        _check_linear_addend(M, dtype, act)
+
+
+def _check_linear_addend(M, dtype, act):
+    from bertfast.backends.cpu import linear as cpu_linear, quant
+    from bertfast.kernels import activation
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*shape, generator=g) for shape in ((M, 40), (70, 40), (70,)))
+    res, addend = torch.randn(M, 70, generator=g), torch.randn(M, 80, generator=g)[:, 3:73]
+    if dtype == "int8":
+        weight = quant.QuantLinear.from_float(w)
+        ours = quant.linear(x, weight, b, act, res, addend)
+        ref = quant.linear_reference(x, weight, b, "none", None, torch.float64)
+    else:
+        weight = cpu_linear.PackedLinear(w.to(dtype))
+        ours = cpu_linear.linear(x, weight, b.to(dtype), act, res, addend)
+        ref = x.to(dtype).double() @ w.to(dtype).double().T + b.to(dtype).double()
+    ref = activation.apply(ref + addend.double(), act) + res.double()
+    assert ours.dtype == torch.float32
+    tol = 1e-5 if dtype == torch.float32 else 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert rel_err(ours, ref) <= tol
+    head = (quant.linear(x[:3], weight, b, act, res[:3], addend[:3]) if dtype == "int8" else
+            cpu_linear.linear(x[:3], weight, b.to(dtype), act, res[:3], addend[:3]))
+    assert torch.equal(head, ours[:3])
+
+
+@needs_cpu
+def test_encode_per_text_adapters(tiny_text_model, tmp_path):
+    """encode(adapter=...): one name for all texts, or one per text; a text's vector is its own adapter's, bit for
+    bit whatever the other texts."""
+    import transformers
+    save_lora(transformers.BertModel.from_pretrained(tiny_text_model), tmp_path / "q", r=4, lora_alpha=8,
+              target_modules=["query", "value", "dense"])
+    enc = Encoder.from_pretrained(tiny_text_model, backend="cpu", dtype=torch.float32)
+    enc.load_adapter("q", tmp_path / "q")
+    texts = ["a first text", "another, rather longer text of a few more words", "short"]
+    base, tuned = enc.encode(texts), enc.encode(texts, adapter="q")
+    mixed = enc.encode(texts, adapter=["q", None, "q"], batch_size=2)
+    assert torch.equal(mixed[1], base[1]) and torch.equal(mixed[0], tuned[0]) and torch.equal(mixed[2], tuned[2])
+    assert not torch.allclose(base[0], tuned[0], atol=1e-3)
+    with pytest.raises(KeyError, match="no adapter named 'nope'"):
+        enc.encode(texts, adapter="nope")
+    with pytest.raises(ValueError, match="2 entries for 3 rows"):
+        enc.encode(texts, adapter=["q", None])
+
+
+@needs_cpu
+def test_errors(peft_models, tmp_path):
+    model, _, paths = peft_models("bert")
+    kwargs, _ = _batch(model, [3, 5])
+    enc = _encoder(model, paths[:1], backend="cpu", dtype=torch.float32)
+    assert enc.adapters == ["a"]
+    with pytest.raises(ValueError, match="already loaded"):
+        enc.load_adapter("a", paths[1])
+    for bad in ("", "x:y", None):
+        with pytest.raises(ValueError, match="non-empty string without ':'"):
+            enc.load_adapter(bad, paths[1])
+    with pytest.raises(UnknownAdapter, match="no adapter named 'b' is loaded"):
+        enc(**kwargs, adapter_ids=["a", "b"])
+    with pytest.raises(ValueError, match="3 entries for 2 rows"):
+        enc(**kwargs, adapter_ids=["a", None, None])
+    with pytest.raises(ValueError, match="one adapter name or None per row"):
+        enc(**kwargs, adapter_ids="a")
+    with pytest.raises(KeyError, match="no adapter named 'zz'"):
+        enc.unload_adapter("zz")
+    enc.unload_adapter("a")
+    assert enc.adapters == []
+    with pytest.raises(KeyError, match="no adapter named 'a'"):
+        enc(**kwargs, adapter_ids=["a", None])
+    other = families.build("distilbert")  # another family's adapter on this base
+    save_lora(other, tmp_path / "other", r=2, lora_alpha=2, target_modules=["q_lin"])
+    from bertfast.loading import LoadError
+    with pytest.raises(LoadError):
+        enc.load_adapter("o", tmp_path / "other")
+    assert enc.adapters == []
+
+
+@needs_cpu
+def test_deberta_position_projections_refused(tmp_path):
+    build, targets = CASES["deberta-v2"]
+    model = build()
+    save_lora(model, tmp_path, r=2, lora_alpha=2, target_modules=targets)
+    enc = Encoder.from_hf(model, backend="cpu", dtype=torch.float32)
+    with pytest.raises(NotImplementedError, match="position projections"):
+        enc.load_adapter("p", tmp_path)
+    assert enc.adapters == []
+
+
+def test_triton_backend_refuses(tmp_path):
+    reason = available_backends("cpu").get("triton")
+    if reason is not None:
+        pytest.skip(f"backend 'triton' unavailable here: {reason}")
+    model = families.build("bert")
+    save_lora(model, tmp_path, r=2, lora_alpha=2, target_modules=["query"])
+    enc = Encoder.from_hf(model, backend="triton", dtype=torch.float32)
+    with pytest.raises(NotImplementedError, match="adapters on the triton backend: not yet"):
+        enc.load_adapter("q", tmp_path)
