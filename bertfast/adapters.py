@@ -318,15 +318,24 @@ class UnknownAdapter(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def pack_adapter(adapter: Adapter, pack) -> Adapter:
+def pack_adapter(adapter: Adapter, base: ModelWeights, pack) -> Adapter:
     """`adapter` with each factor in the form its backend's `linear` takes (pack: `Backend.pack`, after moving the
-    tensor to the weights' device); slot dicts shared between layers (ALBERT) stay shared."""
+    tensor to the weights' device), and DeBERTa-v2's pos_key / pos_query slots as the adapted tables themselves
+    (the base's (2 span, H) table + relative_inputs A^T B^T, in float64, then the table's dtype): the position
+    projections read the same rows in every forward. Slot dicts shared between layers (ALBERT) stay shared."""
     seen: dict[int, dict] = {}
-    for slots in adapter.layers:
+    for slots, layer in zip(adapter.layers, base.layers):
         if id(slots) not in seen:
-            seen[id(slots)] = {slot: (pack(A), pack(B)) for slot, (A, B) in slots.items()}
+            seen[id(slots)] = {slot: _position_table(base, layer, slot, A, B) if slot.startswith("pos_") else
+                               (pack(A), pack(B)) for slot, (A, B) in slots.items()}
     pooler = None if adapter.pooler is None else (pack(adapter.pooler[0]), pack(adapter.pooler[1]))
     return dataclasses.replace(adapter, layers=[seen[id(slots)] for slots in adapter.layers], pooler=pooler)
+
+
+def _position_table(base: ModelWeights, layer: LayerWeights, slot: str, A, B) -> torch.Tensor:
+    table, inputs = getattr(layer, slot), base.embeddings.relative_inputs
+    delta = inputs.double() @ A.double().to(inputs.device).T @ B.double().to(inputs.device).T
+    return (table.double() + delta).to(table.dtype).contiguous()
 
 
 class RowAdapters:
@@ -360,10 +369,41 @@ class RowAdapters:
             out.index_copy_(0, idx, delta)
         return out
 
-    def layer(self, ops, i: int):
-        """The callable (slot, x) -> addend or None of executed layer i (`engine.compose_layer`'s lora)."""
-        return lambda slot, x: self.addend(ops, x, i, slot)
+    def positions(self, ops, layer: int, bias, q, k, index, scale: float, windows):
+        """DeBERTa-v2: `bias` (the layer's DisentangledBias from the base tables, `disentangled.layer_bias`) with the
+        c2p / p2c rows of each group whose adapter has pos_key / pos_query computed from its adapter's tables."""
+        c2p, p2c = bias.c2p, bias.p2c
+        for adapter, idx in self.tokens:
+            slots = adapter.layers[layer]
+            key, query = slots.get("pos_key"), slots.get("pos_query")
+            if key is None and query is None:
+                continue
+            rows = [None if t is None else t[index.lo:index.hi] for t in (key, query)]
+            group = ops.disentangled(q.index_select(0, idx), k.index_select(0, idx), *rows, scale,
+                                     tuple(w.index_select(0, idx) for w in windows))
+            for table, part in zip((c2p, p2c), group):
+                if part is not None:
+                    table.index_copy_(0, idx, part)
+        return bias
+
+    def layer(self, ops, i: int) -> "LayerAdapters":
+        """Executed layer i's view (`engine.compose_layer`'s lora)."""
+        return LayerAdapters(self, ops, i)
 
 
-__all__ = ["Adapter", "SLOTS", "UnknownAdapter", "RowAdapters", "load_adapter", "merge", "pack_adapter", "group_rows",
+class LayerAdapters:
+    """One layer's share of a forward's `RowAdapters`: called with (slot, x), the slot's addend or None; `positions`:
+    DeBERTa-v2's per-row position terms."""
+
+    def __init__(self, rows: RowAdapters, ops, layer: int):
+        self.rows, self.ops, self.layer = rows, ops, layer
+
+    def __call__(self, slot: str, x: torch.Tensor) -> torch.Tensor | None:
+        return self.rows.addend(self.ops, x, self.layer, slot)
+
+    def positions(self, bias, q, k, index, scale: float, windows):
+        return self.rows.positions(self.ops, self.layer, bias, q, k, index, scale, windows)
+
+
+__all__ = ["Adapter", "SLOTS", "UnknownAdapter", "RowAdapters", "LayerAdapters", "load_adapter", "merge", "pack_adapter", "group_rows",
            "reference_delta", "apply_adapters_reference"]

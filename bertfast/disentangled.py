@@ -112,13 +112,20 @@ def layer_bias(ops, q, k, pos_key, pos_query, index: DistanceIndex, positions, s
     return DisentangledBias(c2p, p2c, index.index, positions)
 
 
-def position_projections(config, rel_embeddings, ln_weight, ln_bias, key, query):
-    """(pos_key, pos_query) of one layer, (2 span, H) each or None: the relative embeddings (2 span, H), LayerNorm'd
-    when config.norm_rel_ebd, through key = (weight, bias) (c2p) and query = (weight, bias) (p2c), or None where
-    pos_att_type has no such term. Computed in float64, returned in the embeddings' dtype."""
+def position_inputs(config, rel_embeddings, ln_weight, ln_bias) -> torch.Tensor:
+    """The position projections' input: the relative embeddings (2 span, H), LayerNorm'd when config.norm_rel_ebd,
+    in float64."""
     rel = rel_embeddings.double()
     if config.norm_rel_ebd:
         rel = F.layer_norm(rel, (rel.shape[-1],), ln_weight.double(), ln_bias.double(), config.layer_norm_eps)
+    return rel
+
+
+def position_projections(config, rel_embeddings, ln_weight, ln_bias, key, query):
+    """(pos_key, pos_query) of one layer, (2 span, H) each or None: `position_inputs` through key = (weight, bias)
+    (c2p) and query = (weight, bias) (p2c), or None where pos_att_type has no such term. Computed in float64,
+    returned in the embeddings' dtype."""
+    rel = position_inputs(config, rel_embeddings, ln_weight, ln_bias)
 
     def project(pair):
         return None if pair is None else F.linear(rel, pair[0].double(), pair[1].double()).to(rel_embeddings.dtype)

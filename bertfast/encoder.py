@@ -189,20 +189,14 @@ class Encoder(nn.Module):
         `forward(adapter_ids=...)` and `encode(adapter=...)`. Only the adapter's factors are held (fp32), never a copy
         of the base weights. Raises ValueError for an empty name, one with ':' or one already loaded; LoadError for an
         adapter that does not fit this base model (naming the tensor, shape or field); NotImplementedError on a
-        backend without adapters (triton) or for what the forward does not apply yet (DeBERTa-v2's position
-        projections)."""
+        backend without adapters (triton)."""
         if not isinstance(name, str) or not name or ":" in name:
             raise ValueError(f"an adapter name must be a non-empty string without ':', got {name!r}")
         if name in self._adapters:
             raise ValueError(f"an adapter named {name!r} is already loaded: unload_adapter({name!r}) first")
         if self.engine.backend.no_adapters is not None:
             raise NotImplementedError(self.engine.backend.no_adapters)
-        adapter = lora.load_adapter(path, self.engine.weights, name)
-        positions = sorted({slot for slots in adapter.layers for slot in slots if slot.startswith("pos_")})
-        if positions:
-            raise NotImplementedError(f"adapter {name!r} adapts DeBERTa-v2's position projections ({', '.join(positions)}"
-                                      ", or key_proj / query_proj under share_att_key): not applied in the forward yet")
-        self._adapters[name] = self.engine.pack_adapter(adapter)
+        self._adapters[name] = self.engine.pack_adapter(lora.load_adapter(path, self.engine.weights, name))
 
     def unload_adapter(self, name: str) -> None:
         """Forget the adapter `name`; raises `adapters.UnknownAdapter` (a KeyError) where none is loaded by that name."""

@@ -66,8 +66,9 @@ def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: 
     bias (MPNet) or None; rotary: RoPE tables for q and k or None; window: 0 (global) or the sliding window;
     gated: a GLU FFN; norm_first: pre-LayerNorm (ModernBERT; attn_ln None = no norm before attention);
     disentangled: DeBERTa-v2's (DistanceIndex, positions (T,) int32, token_windows): the layer's c2p / p2c
-    terms from its q and k (`ops.disentangled`) become the attention's bias; lora: None, or (slot, x) -> the slot's
-    per-row deltas (T, N) float32 or None (`RowAdapters.layer`), handed to the op as its `addend`."""
+    terms from its q and k (`ops.disentangled`) become the attention's bias; lora: None, or the layer's
+    `adapters.LayerAdapters`: (slot, x) -> the slot's per-row deltas (T, N) float32 or None, handed to the op as its
+    `addend`, and the adapted rows' position terms."""
     qkv_extra = {} if rotary is None else {"rotary": rotary}
     attn_extra = {"window": window} if window else {}
     ffn_extra = {"gated": True} if gated else {}
@@ -83,6 +84,8 @@ def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: 
     if disentangled is not None:
         index, positions, windows = disentangled
         bias = dis.layer_bias(ops, q, k, layer.pos_key, layer.pos_query, index, positions, scale, windows)
+        if lora is not None:  # adapted position projections: their rows' terms from their adapters' tables
+            bias = lora.positions(bias, q, k, index, scale, windows)
     ctx = ops.attention(q, k, v, cu_seqlens, max_seqlen, scale, bias, **attn_extra)
     x = ops.layernorm(ops.linear(ctx, layer.attn_out_weight, layer.attn_out_bias, "none", x,
                                  **_addend(lora, "attn_out", ctx)), layer.attn_ln_weight, layer.attn_ln_bias, eps)
@@ -229,7 +232,7 @@ class Engine:
         if self.backend.no_adapters is not None:
             raise NotImplementedError(self.backend.no_adapters)
         device = self.weights.device
-        return pack_adapter(adapter, lambda t: self.backend.pack(t.to(device).contiguous()))
+        return pack_adapter(adapter, self.weights, lambda t: self.backend.pack(t.to(device).contiguous()))
 
     def _row_adapters(self, adapters, tokens: Tokens) -> RowAdapters | None:
         """None where no row has an adapter (the forward as without LoRA: whole layers, CUDA graphs)."""

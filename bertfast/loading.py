@@ -316,7 +316,7 @@ def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None, stream_
             )
         layers.append(built[p])
     if config.disentangled:
-        layers = _disentangled_positions(get, linear, config, layers)
+        layers, embeddings.relative_inputs = _disentangled_positions(get, linear, config, layers)
     pooler = (None, None)
     if config.family in POOLER:
         pooler = linear(POOLER[config.family], H, H, optional=True)
@@ -325,9 +325,9 @@ def assemble(src, config: ModelConfig, dtype: torch.dtype | None = None, stream_
     return weights.to(dtype=dtype or weights.dtype, stream_dtype=stream_dtype)
 
 
-def _disentangled_positions(get, linear, config: ModelConfig, layers: list[LayerWeights]) -> list[LayerWeights]:
-    """DeBERTa-v2: the layers with their projections of the relative embeddings (`disentangled`): own
-    pos_key_proj / pos_query_proj, or with share_att_key the layer's key / query projections."""
+def _disentangled_positions(get, linear, config: ModelConfig, layers: list[LayerWeights]):
+    """DeBERTa-v2: (the layers with their projections of the relative embeddings (`disentangled`): own pos_key_proj /
+    pos_query_proj, or with share_att_key the layer's key / query projections; the projections' input)."""
     H, out = config.hidden_size, []
     rel = get("encoder.rel_embeddings.weight", (2 * config.att_span, H))
     ln = linear("encoder.LayerNorm", H) if config.norm_rel_ebd else (None, None)
@@ -342,7 +342,7 @@ def _disentangled_positions(get, linear, config: ModelConfig, layers: list[Layer
                      else linear(own + "pos_query_proj", H, H))
         pos_key, pos_query = disentangled.position_projections(config, rel, *ln, key, query)
         out.append(dataclasses.replace(layer, pos_key=pos_key, pos_query=pos_query))
-    return out
+    return out, disentangled.position_inputs(config, rel, *ln).to(rel.dtype)
 
 
 def _rotary_layout(src, config: ModelConfig) -> tuple[str, dict]:

@@ -2,13 +2,14 @@
 
 - fp32 within 1e-5 (relative) of PEFT's own unmerged PeftModel on ragged batches mixing three adapters and base rows
   (PEFT's mixed-batch `adapter_names`, "__base__" for base rows), padded positions excluded, on every family the
-  forward adapts, on the cpu and torch backends; bf16 no worse than twice PEFT's own bf16 error.
-- Batch invariance bit for bit: a row alone equals the same row inside a mixed batch of 454 tokens (past every row
+  forward adapts, on the cpu and torch backends; DeBERTa's adapted position projections against PEFT per adapter;
+  bf16 no worse than twice PEFT's own bf16 error.
+- Batch invariance bit for bit: a row alone equals the same row inside a mixed batch of 481 tokens (past every row
   count of the native GEMM choosers: 32/33 rows, the AMX blocked kernels at 64/128), in fp32, bf16 and int8 (int8
-  base, adapter fp32), on the default tier and amx_emulated; base rows of a mixed batch equal the forward without
-  adapters (BERT: the native whole layer) bit for bit.
-- The errors: unknown names, a wrong adapter_ids length, a duplicate or bad name, unload of an unknown name, DeBERTa's
-  position projections, the triton backend.
+  base, adapter fp32), on the default tier, avx2 and amx_emulated; base rows of a mixed batch equal the forward
+  without adapters (BERT: the native whole layer) bit for bit. The native linear's addend on every epilogue.
+- The errors: unknown names, a wrong adapter_ids length, a duplicate or bad name, unload of an unknown name, another
+  family's adapter, the triton backend.
 """
 
 from __future__ import annotations
@@ -128,7 +129,9 @@ TIER_IDS = ["default-tier", "avx2", "amx_emulated"]
 @pytest.mark.parametrize("family, dtype", [
     pytest.param("bert", torch.float32, id="bert-fp32"), pytest.param("bert", torch.bfloat16, id="bert-bf16"),
     pytest.param("bert", "int8", id="bert-int8"), pytest.param("modernbert", torch.float32, id="modernbert-fp32"),
-    pytest.param("modernbert", torch.bfloat16, id="modernbert-bf16")])  # rotary, gated FFN: qkv's and ffn_in's addend
+    pytest.param("modernbert", torch.bfloat16, id="modernbert-bf16"),  # rotary, gated FFN: qkv's and ffn_in's addend
+    pytest.param("deberta-v3", torch.float32, id="deberta-v3-fp32"),  # per-row position terms (shared keys)
+    pytest.param("deberta-v3", torch.bfloat16, id="deberta-v3-bf16")])
 def test_row_alone_equals_row_in_mixed_batch(family, dtype, tier, peft_models):
     if tier is not None and isa_module.unsupported(tier) is not None:
         pytest.skip(isa_module.unsupported(tier))
@@ -239,15 +242,29 @@ def test_errors(peft_models, tmp_path):
     assert enc.adapters == []
 
 
-@needs_cpu
-def test_deberta_position_projections_refused(tmp_path):
-    build, targets = CASES["deberta-v2"]
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("case", ["deberta-v2", "deberta-v3"])
+def test_deberta_position_projections_match_peft(case, backend, tmp_path):
+    """DeBERTa-v2's own pos_key_proj / pos_query_proj adapted (v2), and v3's shared key / query projections (whose
+    factors adapt the position terms too): each row's c2p / p2c terms from its adapter's tables. PEFT's mixed batch
+    cannot split the relative embeddings by row, so the reference is PEFT per adapter on the whole batch."""
+    build, targets = CASES[case]
     model = build()
-    save_lora(model, tmp_path, r=2, lora_alpha=2, target_modules=targets)
-    enc = Encoder.from_hf(model, backend="cpu", dtype=torch.float32)
-    with pytest.raises(NotImplementedError, match="position projections"):
-        enc.load_adapter("p", tmp_path)
-    assert enc.adapters == []
+    pm, paths = _peft_with_adapters(model, tmp_path, targets)
+    kwargs, mask = _batch(model, LENGTHS)
+    ref = torch.zeros_like(model(**kwargs).last_hidden_state)
+    with torch.no_grad():
+        for name, peft_name in zip(NAMES, ("default", "b", "c")):
+            pm.set_adapter(peft_name)
+            rows = [i for i, a in enumerate(ROW_ADAPTERS) if a == name]
+            ref[rows] = pm(**kwargs).last_hidden_state[rows]
+        with pm.disable_adapter():
+            rows = [i for i, a in enumerate(ROW_ADAPTERS) if a is None]
+            ref[rows] = pm(**kwargs).last_hidden_state[rows]
+    enc = _encoder(model, paths, backend=backend, dtype=torch.float32)
+    assert any(s.startswith("pos_") for s in enc._adapters["a"].layers[0])
+    out = enc(**kwargs, adapter_ids=ROW_ADAPTERS).last_hidden_state
+    assert rel_err(out, ref, mask) <= 1e-5
 
 
 def test_triton_backend_refuses(tmp_path):

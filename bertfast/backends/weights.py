@@ -26,6 +26,9 @@ class EmbeddingWeights:
     projection_weight: torch.Tensor | None = None  # [H, E] when embedding_size != hidden (ELECTRA, ALBERT)
     projection_bias: torch.Tensor | None = None  # [H]
     relative_bias: torch.Tensor | None = None  # [buckets, heads]: MPNet's relative position bias, for every layer
+    # [2 span, H]: DeBERTa-v2's relative embeddings as its position projections read them (LayerNorm'd when
+    # norm_rel_ebd), kept for LoRA adapters of those projections (`adapters.pack_adapter`)
+    relative_inputs: torch.Tensor | None = None
 
 
 @dataclass
