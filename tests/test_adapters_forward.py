@@ -8,8 +8,9 @@
   count of the native GEMM choosers: 32/33 rows, the AMX blocked kernels at 64/128), in fp32, bf16 and int8 (int8
   base, adapter fp32), on the default tier, avx2 and amx_emulated; base rows of a mixed batch equal the forward
   without adapters (BERT: the native whole layer) bit for bit. The native linear's addend on every epilogue.
+- The triton backend under the interpreter: its kernels' addend, and a mixed batch against PEFT.
 - The errors: unknown names, a wrong adapter_ids length, a duplicate or bad name, unload of an unknown name, another
-  family's adapter, the triton backend.
+  family's adapter.
 """
 
 from __future__ import annotations
@@ -267,12 +268,56 @@ def test_deberta_position_projections_match_peft(case, backend, tmp_path):
     assert rel_err(out, ref, mask) <= 1e-5
 
 
-def test_triton_backend_refuses(tmp_path):
-    reason = available_backends("cpu").get("triton")
-    if reason is not None:
-        pytest.skip(f"backend 'triton' unavailable here: {reason}")
-    model = families.build("bert")
-    save_lora(model, tmp_path, r=2, lora_alpha=2, target_modules=["query"])
-    enc = Encoder.from_hf(model, backend="triton", dtype=torch.float32)
-    with pytest.raises(NotImplementedError, match="adapters on the triton backend: not yet"):
-        enc.load_adapter("q", tmp_path)
+TRITON_REASON = available_backends("cpu").get("triton")
+needs_triton = pytest.mark.skipif(TRITON_REASON is not None, reason=f"backend 'triton' unavailable: {TRITON_REASON}")
+
+
+@needs_triton
+@pytest.mark.parametrize("rotary", [False, True], ids=["plain", "rotary"])
+def test_triton_kernels_add_the_addend_before_activation(rotary):
+    """The Triton kernels' addend (`_gemm_epilogue`, the gated and rotary kernels' own epilogues) under the
+    interpreter: act(x W^T + b + addend) + residual, the gate's halves each with theirs, q and k rotated after it."""
+    from bertfast import reference
+    from bertfast.backends.contract import Rotary
+    from bertfast.kernels.triton import linear as tlinear, qkv as tqkv
+    g = torch.Generator().manual_seed(0)
+    T, H, heads = 9, 32, 2
+    x, w, b = torch.randn(T, H, generator=g), torch.randn(3 * H, H, generator=g), torch.randn(3 * H, generator=g)
+    addend, res = torch.randn(T, 3 * H + 5, generator=g)[:, 2:3 * H + 2], torch.randn(T, 3 * H, generator=g)
+    pre = x.double() @ w.double().T + b.double() + addend.double()
+    if not rotary:
+        ours = tlinear.linear(x, w, b, "gelu", res, addend=addend)
+        assert rel_err(ours, torch.nn.functional.gelu(pre) + res.double()) <= 1e-5
+        gated = tlinear.linear_gated(x, w[:2 * H], b[:2 * H], "silu", addend=addend[:, :2 * H].contiguous())
+        a_half, b_half = pre[:, :H], pre[:, H:2 * H]
+        assert rel_err(gated, torch.nn.functional.silu(a_half) * b_half) <= 1e-5
+    angles = torch.rand(T, H // heads // 2, generator=g) * 3
+    rot = Rotary(angles.cos(), angles.sin()) if rotary else None
+    q, k, v = tqkv.qkv(x, w, b, heads, rotary=rot, addend=addend)
+    rq, rk, rv = reference.qkv(x.double(), w.double(), b.double(), heads,
+                               None if rot is None else Rotary(rot.cos.double(), rot.sin.double()))
+    d = pre - (x.double() @ w.double().T + b.double())  # the addend alone, through the same split and rotation
+    dq, dk, dv = d.view(T, 3, heads, -1).unbind(1)
+    if rot is not None:
+        dq, dk = reference.rotate(dq, Rotary(rot.cos.double(), rot.sin.double())), reference.rotate(
+            dk, Rotary(rot.cos.double(), rot.sin.double()))
+    for ours, ref in ((q, rq + dq), (k, rk + dk), (v, rv + dv)):
+        assert rel_err(ours, ref) <= 1e-5
+
+
+@needs_triton
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_triton_backend_matches_peft(family, peft_models):
+    """The triton backend (under the interpreter here): fp32 within 1e-5 of PEFT's mixed batch, and a row alone
+    equals the same row in the batch, bit for bit."""
+    model, pm, paths = peft_models(family)
+    lengths = [5, 1, 7, 3]
+    kwargs, mask = _batch(model, lengths)
+    names = ["a", None, "b", "c"]
+    with torch.no_grad():
+        ref = pm(**kwargs, adapter_names=_peft_names(names)).last_hidden_state
+    enc = _encoder(model, paths, backend="triton", dtype=torch.float32)
+    out = enc(**kwargs, adapter_ids=names).last_hidden_state
+    assert rel_err(out, ref, mask) <= 1e-5
+    row = {k: v[2:3, :7] for k, v in kwargs.items() if k != "attention_mask"}
+    assert torch.equal(enc(**row, adapter_ids=["b"]).last_hidden_state[0], out[2, :7])

@@ -29,8 +29,6 @@ class TritonBackend(Backend):
     dtypes = (torch.float32, torch.float16, torch.bfloat16)  # tl.dot has no fp64 path worth having
     # "fp8": the layers' four GEMMs on e4m3 codes (sm_89+; `kernels.triton.fp8`), everything else fp16.
     quantizations = ("fp8",)
-    no_adapters = ("adapters on the triton backend: not yet (the GEMM epilogue takes no LoRA delta); use "
-                   "backend='cpu' or 'torch'")
     FP8_GEMMS = ("qkv_weight", "attn_out_weight", "ffn_in_weight", "ffn_out_weight")
     _fp8 = None  # the fp8 kernels' module once `prepare` has quantized the weights
 
@@ -149,9 +147,18 @@ class TritonBackend(Backend):
     def embeddings(self, input_ids, position_ids, token_type_ids, emb, eps):
         return self._ops.embedding.embeddings(input_ids, position_ids, token_type_ids, emb, eps, check_ids=False)
 
+    @property
+    def no_adapters(self):
+        """LoRA deltas join the Triton kernels' epilogue (`addend`); the fp8 GEMMs take none."""
+        if self.quantize == "fp8":
+            return "adapters on the triton backend under fp8: not yet (the e4m3 GEMMs' epilogue takes no LoRA delta)"
+        return None
+
     def qkv(self, x, weight, bias, num_heads, rotary=None, addend=None):
-        if addend is not None:
-            raise NotImplementedError(self.no_adapters)
+        if addend is not None:  # the Triton kernel, whose epilogue adds it (cuBLAS and the TMA GEMM take none)
+            if self._fp8 is not None and isinstance(weight, self._fp8.Fp8Weight):
+                raise NotImplementedError(self.no_adapters)
+            return self._ops.qkv.qkv(x, weight, bias, num_heads, rotary=rotary, addend=addend)
         if self._fp8 is not None and isinstance(weight, self._fp8.Fp8Weight):  # rotary refused in `prepare`
             return self._fp8.qkv(x, weight, bias, num_heads)
         # RoPE is the QKV GEMM's epilogue (q and k rotated before they are stored).
@@ -177,8 +184,14 @@ class TritonBackend(Backend):
                                                     window=window, bias=bias)
 
     def linear(self, x, weight, bias, act="none", residual=None, gated=False, addend=None):
-        if addend is not None:
-            raise NotImplementedError(self.no_adapters)
+        if addend is not None:  # the Triton kernels, whose epilogue adds it (cuBLAS and the TMA GEMM take none)
+            if self._fp8 is not None and isinstance(weight, self._fp8.Fp8Weight):
+                raise NotImplementedError(self.no_adapters)
+            if gated:
+                if residual is not None:
+                    raise ValueError("backend 'triton': a gated linear takes no residual")
+                return self._ops.linear.linear_gated(x, weight, bias, act, addend=addend)
+            return self._ops.linear.linear(x, weight, bias, activation=act, residual=residual, addend=addend)
         if self._fp8 is not None and isinstance(weight, self._fp8.Fp8Weight):  # gated refused in `prepare`
             return self._fp8.linear(x, weight, bias, activation=act, residual=residual)
         if gated:

@@ -182,7 +182,7 @@ def _fp8_linear_kernel(
     w_scale = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)  # [BLOCK_N] fp32
     acc = acc * x_scale[:, None] * w_scale[None, :]
     _gemm_epilogue(acc, offs_m, offs_n, M, N, b_ptr, res_ptr, stride_rm, stride_rn, out_ptr, N, hidden, q_scale,
-                   ACTIVATION, HAS_BIAS, HAS_RESIDUAL, SPLIT_QKV, SCALE_Q)
+                   b_ptr, 0, ACTIVATION, HAS_BIAS, HAS_RESIDUAL, SPLIT_QKV, SCALE_Q, False)
 
 
 def _check_gemm(op: str, x, weight, bias, n_rows: int | None = None):

@@ -67,8 +67,8 @@ def _gemm_item(item, x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, M, N, K, hidden,
     pid_m, pid_n = _tile_of(item, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc, offs_m, offs_n = _gemm_tile(x_ptr, w_ptr, M, N, K, K, 1, K, 1, pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K,
                                      INPUT_PRECISION)
-    _gemm_epilogue(acc, offs_m, offs_n, M, N, b_ptr, res_ptr, N, 1, out_ptr, N, hidden, 1.0, ACTIVATION, True,
-                   HAS_RESIDUAL, QKV_OUT, False)
+    _gemm_epilogue(acc, offs_m, offs_n, M, N, b_ptr, res_ptr, N, 1, out_ptr, N, hidden, 1.0, b_ptr, 0, ACTIVATION,
+                   True, HAS_RESIDUAL, QKV_OUT, False, False)
 
 
 @triton.jit

@@ -75,7 +75,7 @@ def _linear_tma_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         _gemm_epilogue(acc, offs_m, offs_n, M, N, b_ptr, res_ptr, stride_rm, stride_rn, out_ptr, N, hidden, q_scale,
-                       ACTIVATION, HAS_BIAS, HAS_RESIDUAL, SPLIT_QKV, SCALE_Q)
+                       b_ptr, 0, ACTIVATION, HAS_BIAS, HAS_RESIDUAL, SPLIT_QKV, SCALE_Q, False)
 
 
 def config_for(dtype: torch.dtype, tile: str = DEFAULT_TILE) -> triton.Config:
