@@ -205,6 +205,8 @@ def test_encode_per_text_adapters(tiny_text_model, tmp_path):
     base, tuned = enc.encode(texts), enc.encode(texts, adapter="q")
     mixed = enc.encode(texts, adapter=["q", None, "q"], batch_size=2)
     assert torch.equal(mixed[1], base[1]) and torch.equal(mixed[0], tuned[0]) and torch.equal(mixed[2], tuned[2])
+    threaded = enc.encode(texts, adapter=["q", None, "q"], batch_size=1, workers=2)  # batches on two threads
+    assert torch.equal(threaded, mixed)
     assert not torch.allclose(base[0], tuned[0], atol=1e-3)
     with pytest.raises(KeyError, match="no adapter named 'nope'"):
         enc.encode(texts, adapter="nope")
