@@ -1,0 +1,146 @@
+"""LoRA adapters per row: a batch mixing N adapters against the base model's batch on the cpu backend, and against
+running PEFT's model (transformers, the same adapters) on each adapter's own rows one adapter after another.
+
+    python benchmarks/bench_adapters.py [--adapters 8] [--rank 16] [--layers 12] [--dtype fp32]
+                                        [--workloads b8xs128,ragged] [--rounds 7] [--no-peft]
+
+BERT-base random weights (`BertConfig()`, --layers of them), N random adapters of rank --rank on query, key, value
+and every dense (attention out, FFN in and out, the pooler), both factors drawn at 0.02 (PEFT's B starts at zero).
+Rows: `base` (no adapter), `mixed` (row i on adapter i mod N), `peft` (for each adapter, PEFT's model with that
+adapter active on its rows, padded as transformers runs them). `mixed` is checked against PEFT per row before it is
+timed (fp32: within 1e-4 of the largest value). Timed interleaved in one process
+(`bertfast.tools.bench.measure.interleaved`), medians. Also the resident memory each loaded adapter adds.
+Targets (issue 59): mixed <= 1.15x base, peft >= 4x mixed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import bertfast  # noqa: E402
+from bertfast.accuracy import rel_error  # noqa: E402
+from bertfast.tools.bench.measure import interleaved, timer  # noqa: E402
+
+TARGETS = ["query", "key", "value", "dense"]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": "int8"}
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def lengths_of(workload: str) -> list[int]:
+    if workload == "ragged":
+        return [16 + (112 * i) // 7 for i in range(8)]
+    b, s = workload.lstrip("b").split("xs")
+    return [int(s)] * int(b)
+
+
+def save_adapters(model, root: str, n: int, rank: int) -> list[str]:
+    import peft
+    paths = []
+    for i in range(n):
+        pm = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=rank, lora_alpha=2 * rank,
+                                                                        target_modules=TARGETS))
+        g = torch.Generator().manual_seed(100 + i)
+        with torch.no_grad():
+            for name, p in pm.named_parameters():
+                if "lora_" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+        paths.append(os.path.join(root, f"a{i}"))
+        pm.save_pretrained(paths[-1])
+    return paths
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--adapters", type=int, default=8)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    ap.add_argument("--workloads", default="b8xs128,ragged")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-peft", action="store_true", help="leave out the PEFT row (and its check)")
+    args = ap.parse_args()
+    bertfast.cap_libraries()
+    import peft
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(num_hidden_layers=args.layers)).eval()
+    with tempfile.TemporaryDirectory() as root:
+        model.save_pretrained(os.path.join(root, "base"))
+        paths = save_adapters(model, root, args.adapters, args.rank)
+        enc = bertfast.Encoder.from_pretrained(os.path.join(root, "base"), dtype=DTYPES[args.dtype], backend="cpu")
+        names = [f"a{i}" for i in range(args.adapters)]
+        before = rss_bytes()
+        for name, path in zip(names, paths):
+            enc.load_adapter(name, path)
+        added = rss_bytes() - before
+        file_bytes = sum(os.path.getsize(os.path.join(p, "adapter_model.safetensors")) for p in paths)
+        print(f"cpu tier {bertfast.cpu_info()['active']}, torch threads {torch.get_num_threads()}, {args.layers} "
+              f"layers, {args.adapters} adapters of rank {args.rank}, {args.dtype}")
+        print(f"memory: loading the adapters added {added / 2**20:.1f} MiB resident "
+              f"(their safetensors files: {file_bytes / 2**20:.1f} MiB)")
+        pm = None
+        if not args.no_peft:
+            pm = peft.PeftModel.from_pretrained(copy.deepcopy(model), paths[0], adapter_name=names[0]).eval()
+            for name, path in zip(names[1:], paths[1:]):
+                pm.load_adapter(path, adapter_name=name)
+        g = torch.Generator().manual_seed(1)
+        for workload in args.workloads.split(","):
+            lengths = lengths_of(workload)
+            B, S = len(lengths), max(lengths)
+            ids = torch.randint(1000, 30000, (B, S), generator=g)
+            mask = (torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]).long()
+            mixed_ids = [names[i % len(names)] for i in range(B)]
+            groups = {name: [i for i in range(B) if mixed_ids[i] == name] for name in names}
+
+            def base():
+                enc(ids, mask)
+
+            def mixed():
+                enc(ids, mask, adapter_ids=mixed_ids)
+
+            def peft_rows():
+                with torch.inference_mode():
+                    for name, rows in groups.items():
+                        if rows:
+                            pm.set_adapter(name)
+                            pm(input_ids=ids[rows], attention_mask=mask[rows])
+
+            contenders = {"base": timer(base), "mixed": timer(mixed)}
+            if pm is not None:
+                with torch.inference_mode():
+                    ours = enc(ids, mask, adapter_ids=mixed_ids).last_hidden_state.float()
+                    for name, rows in groups.items():
+                        if not rows:
+                            continue
+                        pm.set_adapter(name)
+                        ref = pm(input_ids=ids[rows], attention_mask=mask[rows]).last_hidden_state
+                        keep = mask[rows].bool()
+                        err = rel_error(ours[rows][keep], ref[keep])
+                        if args.dtype == "fp32" and err > 1e-4:
+                            raise SystemExit(f"{workload}: adapter {name}'s rows differ from PEFT's by {err:.2e}")
+                contenders["peft"] = timer(peft_rows)
+            times = interleaved(contenders, args.rounds, warmup=1)
+            med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+            line = "  ".join(f"{k} {v:8.1f} ms" for k, v in med.items())
+            ratio = f"mixed/base x{med['mixed'] / med['base']:.3f}"
+            if "peft" in med:
+                ratio += f"  peft/mixed x{med['peft'] / med['mixed']:.2f}"
+            print(f"{workload:8s} {line}   {ratio}")
+
+
+if __name__ == "__main__":
+    main()
