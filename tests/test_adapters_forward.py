@@ -6,8 +6,8 @@
   bf16 no worse than twice PEFT's own bf16 error.
 - Batch invariance bit for bit: a row alone equals the same row inside a mixed batch of 481 tokens (past every row
   count of the native GEMM choosers: 32/33 rows, the AMX blocked kernels at 64/128), in fp32, bf16 and int8 (int8
-  base, adapter fp32), on the default tier, avx2 and amx_emulated; base rows of a mixed batch equal the forward
-  without adapters (BERT: the native whole layer) bit for bit. The native linear's addend on every epilogue.
+  base, adapter fp32), on the default tier, portable, avx2, avx512_vnni-nobf16 and amx_emulated; base rows of a
+  mixed batch equal the forward without adapters (BERT: the native whole layer) bit for bit. The native linear's addend on every epilogue.
 - The triton backend under the interpreter: its kernels' addend, and a mixed batch against PEFT.
 - The errors: unknown names, a wrong adapter_ids length, a duplicate or bad name, unload of an unknown name, another
   family's adapter.
@@ -121,8 +121,8 @@ def test_bf16_within_twice_peft_bf16(family, peft_models):
 # 481 tokens in 16 rows: past every row count of the GEMM choosers (the adapters' own GEMMs too: 'a' holds 175).
 LONG_LENGTHS = [40, 1, 33, 40, 17, 40, 39, 2, 40, 28, 40, 36, 40, 40, 36, 9]
 LONG_ADAPTERS = ["a", None, "b", "a", "c", None, "a", "b", "c", "a", None, "b", "b", "c", None, "a"]
-TIERS = [None, "avx2", "amx_emulated"]
-TIER_IDS = ["default-tier", "avx2", "amx_emulated"]
+TIERS = [None, "portable", "avx2", "avx512_vnni-nobf16", "amx_emulated"]
+TIER_IDS = ["default-tier", "portable", "avx2", "avx512_vnni-nobf16", "amx_emulated"]
 
 
 @needs_cpu
