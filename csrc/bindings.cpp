@@ -11,8 +11,8 @@
 // `bertfast._C.testing`, knobs for tests and measurement only: amx_gemm / set_amx_gemm / amx_blocking /
 // set_amx_blocking (gemm/amx_gemm.cpp), activation_cache_stats (bindings/alloc.cpp), bf16_conversions
 // (common/amx_emulation.cpp), set_avx_vnni (common/isa.cpp), and the choosers' answers on given arguments:
-// attention_path, gemm_path, int8_path, sparse_pool_path (attention/attention.cpp, gemm/linear.cpp,
-// int8/int8_linear.cpp, gemm/sparse_pool.cpp).
+// attention_path, gemm_path, int8_path, sparse_pool_path, position_scores_path (attention/attention.cpp,
+// gemm/linear.cpp, int8/int8_linear.cpp, gemm/sparse_pool.cpp, attention/disentangled.cpp).
 //
 // The files: bindings/checks.h (the input checks), bindings/ops.h and ops.cpp (the op wrappers), bindings/layer.h
 // (Layer), bindings/alloc.h and alloc.cpp (huge pages for packed weights); this one only binds. Only this file
@@ -217,4 +217,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   t.def("sparse_pool_path", &sparse_pool_path,
         "choose_sparse_pool's path (its enum's name) for a call of `sparse_pool` with hidden size K: dtype 'float32' "
         "or 'bfloat16', on `tier`", py::arg("dtype"), py::arg("k"), py::arg("tier"));
+  t.def("position_scores_path", &position_scores_path,
+        "choose_position_scores's path (its enum's name) for a call of `position_scores` with head dim head_dim: "
+        "dtype 'float32' or 'bfloat16', on `tier`", py::arg("dtype"), py::arg("head_dim"), py::arg("tier"));
 }

@@ -17,6 +17,10 @@ The attention (attention_amx.cpp's kernel) with ModernBERT's sliding window and 
 against the eager reference at lengths and windows crossing the kernel's 16-row query blocks, 64-key blocks and
 16-key score tiles; a sequence alone equal to itself inside a batch, bit for bit; and the tiles, not the fp32-math
 tiers, running it: with V one-hot, each output is the probability P V read, and the kernel rounds P to bf16.
+
+DeBERTa-v2's position scores (disentangled_amx.cpp) against the fp64 reference and the SDM model, bit for bit, at
+lengths 1, 17, 129, head dims 32 and 64 and position rows past 48-column panels; a sequence alone equal to itself
+inside a 330-token batch, with and without windows.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import math
 import pytest
 import torch
 
-from bertfast import reference
+from bertfast import disentangled, reference
 from bertfast.backends import AttentionBias, DisentangledBias
 from bertfast.backends.cpu import isa as isa_module
 from helpers.cpu_ops import check, qkv_views
@@ -282,6 +286,81 @@ def test_attention_window_skips_far_keys(tiles):
     ref_hi = reference.attention_loop(q.double(), k.double(), clean.double(), cu, 0.25, window=window)
     ref_low = reference.attention(q, k, clean, cu, T, 0.25, window=window)
     check(ours[far], ref_low[far], ref_hi[far], torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------------------------
+# DeBERTa-v2's position scores: per head x times the position rows, 48-column panels (disentangled_amx.cpp)
+
+POSITION_CASES = [  # (lengths, heads, head_dim, position rows)
+    pytest.param([1], 1, 32, 1, id="L1-D32-R1"),
+    pytest.param([17], 2, 64, 47, id="L17-D64-R47"),
+    pytest.param([129], 2, 32, 49, id="L129-D32-R49"),
+    pytest.param([1, 17, 129], 3, 64, 257, id="L1.17.129-D64-R257"),
+]
+
+
+@pytest.mark.parametrize("lengths,heads,d,rows", POSITION_CASES)
+def test_position_scores(tiles, lengths, heads, d, rows):
+    """q (a strided view of the fused QKV) and pos in bf16 vs disentangled.tables in fp64, within twice the bf16
+    reference's own error; and the tiles, not the widened fp32 kernels, ran it: the same bits as the SDM model of
+    TDPBF16PS per head, times the scale."""
+    gen = torch.Generator().manual_seed(sum(lengths) + d + rows)
+    (q, _, _), (q_low, _, _), _ = qkv_views(lengths, heads, d, torch.bfloat16, gen)
+    pos = torch.randn(rows, heads * d, generator=gen).to(torch.bfloat16)
+    ours = _C.position_scores(q_low, pos, 0.125)
+    ref_hi, _ = disentangled.tables(q, q, pos.double(), None, 0.125)
+    ref_low = torch.einsum("thd,rhd->thr", q_low, pos.view(rows, heads, d)) * 0.125  # bf16 products and output
+    check(ours, ref_low, ref_hi, torch.bfloat16)
+    model = torch.stack([tdpbf16ps_model(q_low[:, h], pos.view(rows, heads, d)[:, h]) for h in range(heads)], 1)
+    assert torch.equal(ours, model * 0.125)
+
+
+def test_position_scores_run_on_the_tiles(tiles):
+    """On cancelling inputs the tiles' scores are the SDM model's bit for bit and the avx512_vnni tier's are not."""
+    x, w = cancelling(40, 100, 64, seed=7)
+    ours = _C.position_scores(x.view(40, 1, 64), w, 1.0)[:, 0]
+    before = _C.isa()
+    assert _C.set_isa("avx512_vnni")
+    try:
+        widened = _C.position_scores(x.view(40, 1, 64), w, 1.0)[:, 0]
+    finally:
+        _C.set_isa(before)
+    model = tdpbf16ps_model(x, w)
+    assert torch.equal(ours, model) and not torch.equal(widened, model)
+
+
+def _windows(lengths, rows):
+    """Each token's columns [lo, hi) of a span of `rows` rows as `disentangled.token_windows` gives them: query t of a
+    sequence of length n at position i reads distances i - (n - 1) .. i, shifted by half the span and clamped."""
+    out = []
+    for n in lengths:
+        for i in range(n):
+            lo, hi = max(0, rows // 2 + i - (n - 1)), min(rows, rows // 2 + i + 1)
+            out.append((lo, max(lo, hi)))
+    return torch.tensor(out, dtype=torch.int32).view(-1, 2)
+
+
+def test_position_scores_row_alone_is_the_row_in_a_batch(tiles):
+    """Each sequence alone gives the bits it gives inside a batch of 330 tokens (past five 64-token blocks and 48-
+    column panels), with and without windows: an entry depends on its token and column only. Within its windows a
+    token's entries equal the full table's."""
+    lengths, heads, d, rows = [1, 30, 177, 5, 117], 2, 64, 250
+    gen = torch.Generator().manual_seed(11)
+    (_, k_low, _), _ = qkv_views(lengths, heads, d, torch.bfloat16, gen)[1:]
+    pos = torch.randn(rows, heads * d, generator=gen).to(torch.bfloat16)
+    win = _windows(lengths, rows)
+    full = _C.position_scores(k_low, pos, 0.125)
+    windowed = _C.position_scores(k_low, pos, 0.125, win)
+    inside = torch.arange(rows)[None, :]
+    inside = (inside >= win[:, :1]) & (inside < win[:, 1:])  # (T, rows)
+    assert torch.equal(windowed.transpose(1, 2)[inside], full.transpose(1, 2)[inside])
+    start = 0
+    for n in lengths:
+        part = slice(start, start + n)
+        assert torch.equal(_C.position_scores(k_low[part], pos, 0.125), full[part])
+        alone = _C.position_scores(k_low[part], pos, 0.125, win[part]).transpose(1, 2)[inside[part]]
+        assert torch.equal(alone, full[part].transpose(1, 2)[inside[part]])
+        start += n
 
 
 def _sdm_bf16(x: torch.Tensor) -> list[int]:

@@ -2,7 +2,8 @@
 on any CPU) and the path it must answer; the rows cover every branch and both sides of every threshold.
 
 choose_attention (csrc/cpu/attention/attention.cpp), choose_gemm (csrc/cpu/gemm/linear.cpp), choose_int8
-(csrc/cpu/int8/int8_linear.cpp) and choose_sparse_pool (csrc/cpu/gemm/sparse_pool.cpp), through `bertfast._C.testing`.
+(csrc/cpu/int8/int8_linear.cpp), choose_sparse_pool (csrc/cpu/gemm/sparse_pool.cpp) and choose_position_scores
+(csrc/cpu/attention/disentangled.cpp), through `bertfast._C.testing`.
 Also: the main module exports the ops and the product's calls only; test and measurement knobs live in `_C.testing`.
 """
 
@@ -125,13 +126,31 @@ SPARSE_POOL = [
     ("float32", 37, "portable", "Portable"),
 ]
 
+# (dtype, head_dim, tier) -> path. Thresholds: bf16 on AMX tiles where head_dim % kAmxK (32) == 0 on the AMX tiers;
+# AVX-512 register blocks from avx512_vnni up, the plain loops compiled for AVX2 on avx2; bf16 elsewhere widened.
+POSITION_SCORES = [
+    ("bfloat16", 64, "amx", "Amx"),
+    ("bfloat16", 32, "amx_emulated", "AmxEmulated"),
+    ("bfloat16", 96, "amx_emulated", "AmxEmulated"),
+    ("bfloat16", 48, "amx", "Avx512"),
+    ("bfloat16", 24, "amx_emulated", "Avx512"),
+    ("bfloat16", 64, "avx512_vnni", "Avx512"),
+    ("bfloat16", 64, "avx2", "Avx2"),
+    ("bfloat16", 64, "portable", "Portable"),
+    ("float32", 64, "amx", "Avx512"),
+    ("float32", 64, "amx_emulated", "Avx512"),
+    ("float32", 64, "avx2", "Avx2"),
+    ("float32", 33, "portable", "Portable"),
+]
+
 
 def _id(row) -> str:
     return "-".join(str(v) for v in row)
 
 
 # chooser's `_C.testing` function -> its table
-TABLES = {"attention_path": ATTENTION, "gemm_path": GEMM, "int8_path": INT8, "sparse_pool_path": SPARSE_POOL}
+TABLES = {"attention_path": ATTENTION, "gemm_path": GEMM, "int8_path": INT8, "sparse_pool_path": SPARSE_POOL,
+          "position_scores_path": POSITION_SCORES}
 
 
 @pytest.mark.parametrize("chooser,row", [(name, row) for name, table in TABLES.items() for row in table],
@@ -148,7 +167,8 @@ def test_chooser_table(chooser, row):
     (INT8, {"AmxStream", "AmxStreamEmulated", "AmxBlocked", "AmxBlockedEmulated", "VnniStream", "VnniBlocked",
             "AvxVnni", "Avx2", "Portable"}),
     (SPARSE_POOL, {"Portable", "Avx512", "WidePortable", "WideAvx512", "Amx", "AmxEmulated"}),
-], ids=["attention", "gemm", "int8", "sparse_pool"])
+    (POSITION_SCORES, {"Portable", "Avx2", "Avx512", "Amx", "AmxEmulated"}),
+], ids=["attention", "gemm", "int8", "sparse_pool", "position_scores"])
 def test_every_path_has_a_row(table, paths):
     assert {row[-1] for row in table} == paths
 
@@ -175,6 +195,7 @@ MAIN_EXPORTS = {
 TESTING_EXPORTS = {
     "amx_gemm", "set_amx_gemm", "amx_blocking", "set_amx_blocking", "activation_cache_stats", "bf16_conversions",
     "set_avx_vnni", "attention_path", "gemm_path", "int8_path", "sparse_pool_path",
+    "position_scores_path",
 }
 
 

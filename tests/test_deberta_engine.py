@@ -5,8 +5,9 @@ whatever the batch) and the varlen attention adding c2p + p2c per (query, key) f
 (fp32, bf16; both terms, one term; positions offset as columns are); their input checks. The encoder on the cpu
 backend (every tier) and on triton (interpreter) against transformers' DebertaV2Model on ragged batches with a
 1-token row and rows past the bucket horizon: v2 and v3 styles, one-term configs, 256 buckets with a 300-token
-row, left padding and holes; bf16 within twice transformers' own bf16 error; batch invariance (every family on
-every tier and dtype, int8 included: test_tiers.py; on triton, the position-terms kernel and the encoder here).
+row, left padding and holes; bf16 within twice transformers' own bf16 error (32-wide heads: the position scores
+on AMX tiles too); batch invariance (every family on every tier and dtype, int8 included: test_tiers.py; on triton,
+the position-terms kernel and the encoder here).
 `bertfast validate --model` on saved checkpoints: fp32 and bf16 stage by stage (cpu, torch), the int8 report (cpu).
 """
 
@@ -243,6 +244,23 @@ def test_cpu_masks_match_transformers(layout):
 @pytest.mark.parametrize("style", ["v2", "v3"])
 def test_cpu_bf16_within_twice_hf_bf16(isa, style):
     model = build(style)
+    ids, mask, tt = batch(type_vocab=model.config.type_vocab_size)
+    tt = tt if model.config.type_vocab_size else None
+    ref = _hf(model, ids, mask, tt)
+    ours = rel_err(_ours(model, ids, mask, tt, backend="cpu", dtype=torch.bfloat16), ref, mask)
+    theirs = rel_err(_hf(model, ids, mask, tt, torch.bfloat16), ref, mask)
+    assert within(ours, theirs, torch.bfloat16, floor=0.0, cap=False), f"bf16 {ours:.3g} vs HF bf16 {theirs:.3g}"
+
+
+@needs_cpu
+@pytest.mark.parametrize("style", ["v2", "v3"])
+def test_cpu_bf16_position_scores_on_tiles(tiles, style):
+    """Heads 32 wide, so the position scores run on the AMX tiles (choose_position_scores): the bf16 encoder within
+    twice transformers' own bf16 error (their invariance: test_tiers.py's 64-wide heads on amx_emulated)."""
+    from bertfast import _C
+
+    assert _C.testing.position_scores_path("bfloat16", 32, tiles) in ("Amx", "AmxEmulated")
+    model = build(style, num_attention_heads=2)
     ids, mask, tt = batch(type_vocab=model.config.type_vocab_size)
     tt = tt if model.config.type_vocab_size else None
     ref = _hf(model, ids, mask, tt)

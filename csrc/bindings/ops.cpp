@@ -8,6 +8,7 @@
 #include "bindings/checks.h"
 #include "bindings/ops.h"
 #include "cpu/attention/attention_impl.h"
+#include "cpu/attention/disentangled_impl.h"
 #include "cpu/common/amx_tiles.h"
 #include "cpu/common/isa.h"
 #include "cpu/common/kernels.h"
@@ -398,6 +399,10 @@ std::string int8_path(int64_t m, int64_t k, const std::string& tier, bool avx_vn
 
 std::string sparse_pool_path(const std::string& dtype, int64_t k, const std::string& tier) {
   return bc::sparse_pool_path_name(bc::choose_sparse_pool({is_bf16_named(dtype), k, tier_named(tier)}));
+}
+
+std::string position_scores_path(const std::string& dtype, int64_t head_dim, const std::string& tier) {
+  return bc::position_scores_path_name(bc::choose_position_scores({is_bf16_named(dtype), head_dim, tier_named(tier)}));
 }
 
 std::tuple<int64_t, int64_t> amx_blocking() { return {bc::amx_blocking().steps, bc::amx_blocking().rows}; }

@@ -11,15 +11,21 @@
 // invariance by construction). Threads claim (head, 192-token chunk) items. On AVX-512 a register block of 6 tokens
 // x 64 columns (24 accumulators) runs over e, the block's columns the union of its tokens' windows; a token or
 // column tail takes the same fma chain in smaller blocks: every entry bit-identical whatever T and the windows.
+//
+// bf16 on the AMX tiers, d a multiple of kAmxK: the tiles (disentangled_amx.cpp). pos is packed once per call, per
+// head, in pack_linear's bf16 layout (48-column panels); threads claim (head, 64-token block) items, each the blocked
+// AMX GEMM of the block's x over the panels its tokens' windows reach. choose_position_scores holds the rule.
 #include <omp.h>
 
 #include <algorithm>
 #include <vector>
 
+#include "cpu/attention/disentangled_impl.h"
 #include "cpu/common/isa.h"
 #include "cpu/common/kernels.h"
 #include "cpu/common/parallel.h"
 #include "cpu/common/simd.h"
+#include "cpu/gemm/amx_gemm.h"
 
 namespace bertfast {
 namespace cpu {
@@ -140,11 +146,90 @@ void score_generic(const T* x, const ScoreArgs& a, int64_t h, int64_t lo, int64_
   score_rows(x, a, h, lo, hi);
 }
 
+template <typename T>
+void score_path(PositionScoresPath path, const T* x, const ScoreArgs& a, int64_t h, int64_t lo, int64_t hi) {
+#if BF_X86
+  if (path == PositionScoresPath::Avx512) return score_avx512(x, a, h, lo, hi);
+  if (path == PositionScoresPath::Avx2) return score_avx2(x, a, h, lo, hi);
+#endif
+  score_generic(x, a, h, lo, hi);
+}
+
+#if BF_X86
+// The AMX path: per head its rows (R, d) packed as pack_linear packs a bf16 weight, then (head, 64-token block) items,
+// each over the 48-column panels the block's windows reach (every entry written there is the full table's).
+void scores_amx(const bf16* x, int64_t ld_row, int64_t ld_head, int64_t tokens, int64_t heads, int64_t d,
+                const bf16* pos, int64_t rows, float scale, float* out, const int32_t* windows, bool emulated) {
+  const int64_t units = (rows + kPanel - 1) / kPanel, per_head = units * d * kPanel;
+  std::vector<bf16> packed(heads * per_head);
+  parallel_for(threads_for(heads * per_head), heads, [&](int64_t h) {
+    bf16* dst = packed.data() + h * per_head;
+    std::fill(dst, dst + per_head, bf16{});
+    for (int64_t r = 0; r < rows; ++r) {
+      const bf16* src = pos + r * heads * d + h * d;
+      bf16* panel = dst + r / kPanel * d * kPanel + r % kPanel * 2;
+      for (int64_t e = 0; e < d; ++e) panel[(e / 2) * kPanel * 2 + (e & 1)] = src[e];
+    }
+  });
+  // 64 tokens: the block's column union (a sequence's windows shift one column a token) stays near one window.
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (tokens + kBlock - 1) / kBlock;
+  parallel_for(threads_for(tokens * heads * d * rows), heads * blocks, [&](int64_t item) {
+    const int64_t h = item / blocks, lo = item % blocks * kBlock, n = std::min(kBlock, tokens - lo);
+    int64_t u0 = 0, u1 = units;
+    if (windows != nullptr) {
+      int64_t first = rows, last = 0;
+      for (int64_t t = lo; t < lo + n; ++t) {
+        first = std::min<int64_t>(first, windows[2 * t]);
+        last = std::max<int64_t>(last, windows[2 * t + 1]);
+      }
+      if (last <= first) return;
+      u0 = first / kPanel;
+      u1 = (last + kPanel - 1) / kPanel;
+    }
+    const disentangled_detail::ScoreOut o{out, heads, h, rows, scale};
+    const bf16* xh = x + h * ld_head;
+    const bf16* ph = packed.data() + h * per_head;
+    emulated ? disentangled_detail::position_scores_amx_emulated(xh, ld_row, ph, d, o, lo, n, u0, u1)
+             : disentangled_detail::position_scores_amx(xh, ld_row, ph, d, o, lo, n, u0, u1);
+  });
+}
+#endif
+
 }  // namespace
+
+const char* position_scores_path_name(PositionScoresPath path) {
+  switch (path) {
+    case PositionScoresPath::Portable: return "Portable";
+    case PositionScoresPath::Avx2: return "Avx2";
+    case PositionScoresPath::Avx512: return "Avx512";
+    case PositionScoresPath::Amx: return "Amx";
+    case PositionScoresPath::AmxEmulated: return "AmxEmulated";
+  }
+  return "?";
+}
+
+// The one rule. Batch invariance: nothing here reads T, the rows or the windows. bf16 on AMX tiles where d % kAmxK
+// == 0 on the AMX tiers (d = 64 on DeBERTa-v3); AVX-512 register blocks from the avx512_vnni tier up.
+PositionScoresPath choose_position_scores(const PositionScoresCall& c) {
+  if (c.bf16 && amx_kernels(c.isa) && c.head_dim % kAmxK == 0)
+    return c.isa == Isa::AmxEmulated ? PositionScoresPath::AmxEmulated : PositionScoresPath::Amx;
+  if (BF_X86 && c.isa >= Isa::Avx512Vnni) return PositionScoresPath::Avx512;
+  if (BF_X86 && c.isa == Isa::Avx2) return PositionScoresPath::Avx2;
+  return PositionScoresPath::Portable;
+}
 
 template <typename T>
 void position_scores(const T* x, int64_t ld_row, int64_t ld_head, int64_t tokens, int64_t heads, int64_t head_dim,
                      const T* pos, int64_t rows, float scale, float* out, const int32_t* windows) {
+  const PositionScoresPath path = choose_position_scores({sizeof(T) == 2, head_dim, active_isa()});
+#if BF_X86
+  if constexpr (sizeof(T) == 2) {
+    if (path == PositionScoresPath::Amx || path == PositionScoresPath::AmxEmulated)
+      return scores_amx(x, ld_row, ld_head, tokens, heads, head_dim, pos, rows, scale, out, windows,
+                        path == PositionScoresPath::AmxEmulated);
+  }
+#endif
   const int64_t rows_pad = (rows + 15) / 16 * 16;
   std::vector<float> pos_t(heads * head_dim * rows_pad, 0.f);
   // Transposed 16 rows at a time (whole cache lines written), heads split over threads: a row-at-a-time scatter with
@@ -162,7 +247,7 @@ void position_scores(const T* x, int64_t ld_row, int64_t ld_head, int64_t tokens
   const int64_t chunks = (tokens + kChunk - 1) / kChunk;
   parallel_for(threads_for(tokens * heads * head_dim * rows_pad), heads * chunks, [&](int64_t item) {
     const int64_t h = item / chunks, lo = item % chunks * kChunk, hi = std::min(tokens, lo + kChunk);
-    BF_DISPATCH(score, x, a, h, lo, hi);
+    score_path(path, x, a, h, lo, hi);
   });
 }
 
