@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from .adapters_peft import (SAVED_PREFIX, in_modules_to_save, is_targeted, layer_index, rank_and_scale,
+from .adapters_peft import (SAVED_PREFIX, PeftFiles, in_modules_to_save, is_targeted, layer_index, rank_and_scale,
                             read_peft_dir)
 from .backends.weights import LayerWeights, ModelWeights
 from .config import ModelConfig
@@ -115,10 +115,12 @@ def _check_targets(config: ModelConfig, adapter_config: dict, names: dict, where
                             f"model that bertfast adapts ({', '.join(sorted(known))})")
 
 
-def load_adapter(path: str | os.PathLike, base: ModelWeights, name: str, *, base_name: str | None = None) -> Adapter:
-    """A PEFT LoRA adapter directory mapped onto `base`'s slots. base_name: the base model's name or path, compared
-    with the adapter's base_model_name_or_path (by its last component) when both are given. Raises LoadError."""
-    files = read_peft_dir(path)
+def load_adapter(path: str | os.PathLike | PeftFiles, base: ModelWeights, name: str, *,
+                 base_name: str | None = None) -> Adapter:
+    """A PEFT LoRA adapter directory (or one already read: `adapters_peft.read_peft_model` reads a PeftModel's) mapped
+    onto `base`'s slots. base_name: the base model's name or path, compared with the adapter's
+    base_model_name_or_path (by its last component) when both are given. Raises LoadError."""
+    files = path if isinstance(path, PeftFiles) else read_peft_dir(path)
     cfg, config, where = files.config, base.config, os.path.join(files.path, "adapter_config.json")
     _check_family(config, cfg, where)
     trained_on = cfg.get("base_model_name_or_path")

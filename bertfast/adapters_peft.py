@@ -1,4 +1,5 @@
-"""Reading a PEFT LoRA directory: `adapter_config.json` and `adapter_model.safetensors`, checked field by field.
+"""Reading a PEFT LoRA directory (`adapter_config.json` and `adapter_model.safetensors`) or an adapter of an in-memory
+`PeftModel`, checked field by field.
 
 Only what bertfast can serve exactly passes: plain LoRA (no DoRA, no LoRA biases, no embedding LoRA), safetensors
 only (a pickle file is never unpickled). Each refusal is a `LoadError` naming the field, tensor or file. PEFT's own
@@ -77,6 +78,49 @@ def read_peft_dir(path: str | os.PathLike) -> PeftFiles:
         if t.dtype not in FLOAT_DTYPES:
             raise LoadError(f"tensor {name!r} in {weights} has dtype {t.dtype}, expected a floating point dtype")
     return PeftFiles(path, config, {k: v.float() for k, v in tensors.items()})
+
+
+def read_peft_model(model, adapter_name: str) -> PeftFiles:
+    """Adapter `adapter_name` of an in-memory `peft.PeftModel` as `read_peft_dir` reads it from the directory
+    `save_pretrained(selected_adapters=[adapter_name])` would write (its config with sets as lists, PEFT's own
+    state dict of the adapter: the same tensor names), without writing files. Raises LoadError."""
+    from peft.utils import get_peft_model_state_dict
+
+    where = f"adapter {adapter_name!r} of the PeftModel"
+    if adapter_name not in model.peft_config:
+        raise LoadError(f"{where}: no such adapter (it has {', '.join(map(repr, model.peft_config))})")
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in model.peft_config[adapter_name].to_dict().items()}
+    config["peft_type"] = str(getattr(config.get("peft_type"), "value", config.get("peft_type")))
+    check_config(config, where)
+    tensors = get_peft_model_state_dict(model, adapter_name=adapter_name)
+    for name, t in tensors.items():
+        if t.dtype not in FLOAT_DTYPES:
+            raise LoadError(f"tensor {name!r} of {where} has dtype {t.dtype}, expected a floating point dtype")
+    return PeftFiles(where, config, {k: v.detach().float().cpu().clone() for k, v in tensors.items()})
+
+
+class BaseWeights:
+    """The base weights under a PEFT-wrapped module (`peft_model.get_base_model()` or a submodule), by the names the
+    unwrapped module has: each LoRA layer's `base_layer.` dropped from the name, its factors left out. What
+    `load_hf_model` reads (config, state_dict, parameters); raises LoadError for a module_to_save inside it, whose
+    trained copy the engine would not run."""
+
+    def __init__(self, module):
+        self.module, self.config = module, module.config
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, t in self.module.state_dict().items():
+            if ".modules_to_save." in f".{name}" or ".original_module." in f".{name}":
+                raise LoadError(f"tensor {name!r}: modules_to_save wraps a module of the encoder, whose trained copy "
+                                "the engine does not run unmerged: use merge=True")
+            if re.search(r"(^|\.)lora_[A-Za-z_]+\.", name):
+                continue
+            out[name.replace(".base_layer.", ".")] = t
+        return out
 
 
 def check_config(config: dict, where: str = CONFIG_FILE) -> None:

@@ -130,6 +130,7 @@ class Encoder(nn.Module):
         self._native_tokenizer = (None, None)  # (the tokenizer, its NativeWordPiece or None)
         self._sentence_config = None
         self._adapters: dict[str, lora.Adapter] = {}  # name -> the adapter packed for the engine's backend
+        self._default_adapter: str | None = None
 
     # --- construction ---
     @classmethod
@@ -184,8 +185,19 @@ class Encoder(nn.Module):
         """The names of the loaded LoRA adapters, in loading order."""
         return list(self._adapters)
 
+    @property
+    def default_adapter(self) -> str | None:
+        """The adapter of every row of a call naming none (None: the base model); set to a name not loaded: raises."""
+        return self._default_adapter
+
+    @default_adapter.setter
+    def default_adapter(self, name: str | None) -> None:
+        if name is not None:
+            self._adapter(name)
+        self._default_adapter = name
+
     def load_adapter(self, name: str, path) -> None:
-        """Load the PEFT LoRA directory `path` (adapter_config.json + adapter_model.safetensors) under `name`, for
+        """Load the PEFT LoRA directory `path` (or the `adapters_peft.PeftFiles` read of one) under `name`, for
         `forward(adapter_ids=...)` and `encode(adapter=...)`. Only the adapter's factors are held (fp32), never a copy
         of the base weights. Raises ValueError for an empty name, one with ':' or one already loaded; LoadError for an
         adapter that does not fit this base model (naming the tensor, shape or field); NotImplementedError on a
@@ -199,8 +211,10 @@ class Encoder(nn.Module):
         self._adapters[name] = self.engine.pack_adapter(lora.load_adapter(path, self.engine.weights, name))
 
     def unload_adapter(self, name: str) -> None:
-        """Forget the adapter `name`; raises `adapters.UnknownAdapter` (a KeyError) where none is loaded by that name."""
+        """Forget `name`; raises `adapters.UnknownAdapter` (a KeyError) if not loaded, ValueError if the default."""
         self._adapter(name)
+        if name == self._default_adapter:
+            raise ValueError(f"adapter {name!r} is the default_adapter: set default_adapter = None first")
         del self._adapters[name]
 
     def _adapter(self, name: str) -> lora.Adapter:
@@ -210,9 +224,9 @@ class Encoder(nn.Module):
         return self._adapters[name]
 
     def _row_adapters(self, adapter_ids, rows: int) -> list | None:
-        """adapter_ids: None, or one adapter name or None per row -> the engine's adapters per row (None: none)."""
+        """adapter_ids: None (default_adapter), or a name or None per row -> the engine's adapters per row or None."""
         if adapter_ids is None:
-            return None
+            return None if self._default_adapter is None else [self._adapter(self._default_adapter)] * rows
         if isinstance(adapter_ids, str) or not hasattr(adapter_ids, "__len__"):
             raise ValueError(f"adapter_ids takes a sequence of one adapter name or None per row, got {adapter_ids!r}")
         if len(adapter_ids) != rows:
@@ -224,7 +238,7 @@ class Encoder(nn.Module):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                 output_hidden_states: bool = False, return_dict: bool = True, adapter_ids=None):
         """input_ids: (B, S) integer; attention_mask: (B, S) 0/1; token_type_ids, position_ids: (B, S);
-        adapter_ids: None (the base model), or B entries, each a loaded adapter's name or None (base) for its row.
+        adapter_ids: None (default_adapter), or B entries, each a loaded adapter's name or None (base) for its row.
 
         Returns EncoderOutput(last_hidden_state (B, S, H), pooler_output (B, H) or None,
         hidden_states (embeddings + each layer) when output_hidden_states). Padded positions are 0.
@@ -313,7 +327,7 @@ class Encoder(nn.Module):
         workers: threads that each run their own batches on a share of the cores, on the cpu backend
         (`bertfast.workers`; None: one per torch thread, up to 8; 1: every batch on all the cores in turn). The
         vectors are the same bits whatever the workers.
-        adapter: None (the base model), a loaded LoRA adapter's name for every text, or one name or None per text
+        adapter: None (default_adapter), a loaded LoRA adapter's name for every text, or one name or None per text
         (`load_adapter`); a text's vector is the same bits whatever the other texts and their adapters.
         """
         check_precision(precision)

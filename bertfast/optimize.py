@@ -15,16 +15,23 @@ inside its Transformer module is optimized, every other module (pooling, dense, 
 before, so `model.encode(...)` keeps working. A stack whose first module is no such Transformer over a
 supported family is left unchanged after a warning (strict=True raises).
 
+A `peft.PeftModel` (LoRA) is served with its active adapter: the engine runs the base weights with the adapter
+unmerged, as `Encoder.default_adapter` (the PeftModel itself is returned; a call the engine cannot serve that way,
+under `disable_adapter()`, another active adapter or PEFT's per-call `adapter_names`, runs the original modules),
+or, with merge=True, the merged weights of a merged copy (returned; the PeftModel is left as it was).
+
 The engine reads the weights at optimize time: after changing them, call `optimize` again.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import sys
 import warnings
 
 
+from .adapters_peft import BaseWeights, read_peft_model
 from .config import ConfigError
 from .encoder import Encoder
 from .loading import LoadError
@@ -85,6 +92,9 @@ class _EngineForward:
         return self._bertfast_run(call)
 
     def _bertfast_unsupported(self, call) -> str | None:
+        adapter_state = getattr(self, "_bertfast_adapter_state", None)  # a PeftModel's, see _optimize_peft
+        if adapter_state is not None and (reason := adapter_state()) is not None:
+            return reason
         if self.training:
             return "the model is in training mode"
         if call.get("input_ids") is None:
@@ -146,8 +156,8 @@ class _EngineForward:
         return result if call.get("return_dict", True) is not False else result.to_tuple()
 
 
-def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False):
-    """Run `model`'s encoder on bertfast; returns `model` itself.
+def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False, merge: bool = False):
+    """Run `model`'s encoder on bertfast; returns `model` itself (with merge=True: the merged copy).
 
     model: a transformers base or task model of a supported family (BERT, RoBERTa, XLM-R, ELECTRA,
     ALBERT, DistilBERT, MPNet, ModernBERT, NomicBERT, GTE). dtype: the engine's dtype (None: the model's;
@@ -155,15 +165,29 @@ def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False):
     back to the model's dtype for its head. strict: raise EngineUnsupported instead of falling back.
     A sentence-transformers SentenceTransformer (or SparseEncoder: its MLM head and pooling then run in torch; the
     fused path is `bertfast.SparseEncoder`) has its Transformer module's model optimized.
+    A `peft.PeftModel` over such a model, with one active LoRA adapter: served with that adapter unmerged, or, with
+    merge=True, returns a merged copy optimized (`merge_and_unload` on a deep copy). Raises LoadError for an adapter
+    bertfast cannot serve (another peft_type, DoRA: `adapters_peft.check_config`), ValueError for several active
+    adapters or for merge=True on a model that is no PeftModel.
     """
+    peft = sys.modules.get("peft")  # imported whenever `model` can be a PeftModel
+    if peft is not None and isinstance(model, peft.PeftModel):
+        return _optimize_peft(model, backend, dtype, strict, merge)
+    if merge:
+        raise ValueError(f"merge=True takes a peft.PeftModel, got {type(model).__name__}")
     st = sys.modules.get("sentence_transformers")  # imported whenever `model` can be one
     if st is not None and isinstance(model, (st.SentenceTransformer, getattr(st, "SparseEncoder", ()))):
         return _optimize_sentence_transformer(model, backend, dtype, strict)
     base = getattr(model, "base_model", None)
     if base is None or not hasattr(base, "config"):
         raise ValueError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
+    _install(model, base, Encoder.from_hf(base, backend=backend, dtype=dtype), strict)
+    return model
+
+
+def _install(model, base, encoder: Encoder, strict: bool, adapter_state=None) -> None:
+    """Put `encoder` in front of `base` (model.base_model, or the one under a PeftModel)."""
     original = getattr(base, "_bertfast_original_class", type(base))
-    encoder = Encoder.from_hf(base, backend=backend, dtype=dtype)
     try:
         param = next(base.parameters())
     except StopIteration:
@@ -177,9 +201,51 @@ def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False):
     head_reads_first = reads_first_token(encoder.config.family, type(model).__name__, model.config.to_dict())
     for name, value in (("_bertfast_encoder", encoder), ("_bertfast_strict", strict),
                         ("_bertfast_warned", set()), ("_bertfast_dtype", param.dtype),
-                        ("_bertfast_head_reads_first", head_reads_first)):
+                        ("_bertfast_head_reads_first", head_reads_first), ("_bertfast_adapter_state", adapter_state)):
         object.__setattr__(base, name, value)
+
+
+def _optimize_peft(model, backend, dtype, strict, merge):
+    from peft.tuners.lora import LoraLayer
+
+    active = list(model.active_adapters)
+    if len(active) != 1:
+        raise ValueError(f"the PeftModel has {len(active)} active adapters ({', '.join(map(repr, active))}): bertfast "
+                         "serves one; set_adapter(name) first")
+    name = active[0]
+    files = read_peft_model(model, name)  # refuses what the engine cannot serve exactly, merged or not
+    if merge:
+        return optimize(copy.deepcopy(model).merge_and_unload(), backend=backend, dtype=dtype, strict=strict)
+    hf = model.get_base_model()
+    base = hf.base_model
+    layers = [m for m in base.modules() if isinstance(m, LoraLayer)]
+    if not layers:
+        raise ValueError("the PeftModel's adapter adapts no layer of the encoder: nothing for bertfast to serve "
+                         "unmerged (merge=True serves the merged model)")
+    if any(layer.merged for layer in layers):
+        raise ValueError("the adapter is merged into the PeftModel's weights (merge_adapter): unmerge_adapter() "
+                         "first, or optimize(model, merge=True)")
+    encoder = Encoder.from_hf(BaseWeights(base), backend=backend, dtype=dtype)
+    encoder.load_adapter(name, files)
+    encoder.default_adapter = name
+    _install(hf, base, encoder, strict, _adapter_state(layers[0], name))
     return model
+
+
+def _adapter_state(layer, name: str):
+    """A PeftModel's state as one of its LoRA layers sees it at call time -> why the engine cannot serve the call
+    with adapter `name`, or None."""
+    def reason() -> str | None:
+        if layer.disable_adapters:
+            return "the PeftModel's adapters are disabled (disable_adapter)"
+        if list(layer.active_adapters) != [name]:
+            return f"the active adapter is no longer {name!r} (optimize again to serve {layer.active_adapters!r})"
+        if layer.merged:
+            return "the adapter was merged into the weights after optimize"
+        if layer._forward_pre_hooks:  # PEFT's per-call adapter_names hooks its LoRA layers
+            return "forward hooks on the LoRA layers (PEFT's adapter_names)"
+        return None
+    return reason
 
 
 def _optimize_sentence_transformer(model, backend, dtype, strict):
