@@ -172,7 +172,7 @@ def test_colbert_query_costs_its_expanded_length():
 
     calls = []
 
-    def run(key, rows, types):
+    def run(key, rows, types, adapters):
         calls.append(len(rows))
         return np.zeros((len(rows), 1), np.float32)
 

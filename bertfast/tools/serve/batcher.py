@@ -1,11 +1,13 @@
 """One engine thread that owns the model, fed by a token-budget queue.
 
-Request threads hand in `Job`s (already tokenized rows, their token type ids for text pairs, plus a
-hashable key of the parameters that must be equal within one model call); the engine thread takes rows
+Request threads hand in `Job`s (already tokenized rows, their token type ids for text pairs, the LoRA adapter they
+run with, plus a hashable key of the parameters that must be equal within one model call); the engine thread takes rows
 first-come first-served from the jobs that share the oldest job's key until the next row would pass
 `max_batch_tokens` (a row longer than the budget runs alone), runs them as one batch and writes each
 row's result into its job. A job's future completes when all its rows are done, so a request larger than
-the budget is split across batches and results keep the request's order. Admission is bounded: `admit()`
+the budget is split across batches and results keep the request's order. The adapter is not part of the key: it is
+carried per row, so one model call mixes adapters and base rows (a row's result depends on its own adapter alone).
+Admission is bounded: `admit()`
 raises `Busy` at once when `max_requests` are accepted and not yet answered. `close()` stops admission,
 finishes every job already queued, then ends the thread: every accepted request is answered.
 """
@@ -35,12 +37,14 @@ class Closed(Exception):
 class Job:
     """rows: token id lists; key: parameters shared by every row of one model call; types: each row's
     token type ids (text pairs), or None (all 0); min_tokens: the tokens a row costs the budget at least (a ColBERT
-    query runs expanded to its query_length)."""
+    query runs expanded to its query_length); adapter: the name of the LoRA adapter every row runs with, or None (the
+    base model)."""
 
     rows: list[list[int]]
     key: tuple
     types: list[list[int]] | None = None
     min_tokens: int = 0
+    adapter: str | None = None
     future: Future = field(default_factory=Future)
     taken: int = 0  # rows handed to the engine
     done: int = 0  # rows written to out
@@ -55,9 +59,10 @@ class Job:
         return max(len(row), self.min_tokens)
 
 
-# run(key, rows, types) -> (len(rows), D) float32 array, or a list of len(rows) arrays (per-token results: one
-# (len(row), H) array per row); types[i] None for all-0 token types; called on the engine thread only.
-RunBatch = Callable[[tuple, list[list[int]], list[list[int] | None]], np.ndarray]
+# run(key, rows, types, adapters) -> (len(rows), D) float32 array, or a list of len(rows) arrays (per-token results:
+# one (len(row), H) array per row); types[i] None for all-0 token types; adapters[i] the row's adapter name or None
+# (the base model); called on the engine thread only.
+RunBatch = Callable[[tuple, list[list[int]], list[list[int] | None], list[str | None]], np.ndarray]
 # on_batch(rows, tokens, seconds): statistics hook, called on the engine thread after each batch.
 OnBatch = Callable[[int, int, float], None]
 # Tests only: called with no argument on the engine thread before each batch runs (no lock held), so a test can
@@ -180,11 +185,12 @@ class Batcher:
                 key, picked = self._take()
             rows = [job.rows[i] for job, i in picked]
             types = [None if job.types is None else job.types[i] for job, i in picked]
+            adapters = [job.adapter for job, _ in picked]
             if _test_hook is not None:
                 _test_hook()
             start = time.perf_counter()
             try:
-                out = self._run(key, rows, types)
+                out = self._run(key, rows, types, adapters)
             except Exception as e:  # noqa: BLE001  the request gets it; the engine goes on
                 for job in {id(j): j for j, _ in picked}.values():
                     if not job.future.done():

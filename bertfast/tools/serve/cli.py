@@ -17,6 +17,10 @@ def add_arguments(p):
                         "sentence-transformers SparseEncoder (SPLADE) as a sparse model (/embed_sparse); a PyLate "
                         "ColBERT (/embed_multi) and a BGE-M3 directory (/embed, /embed_sparse, /embed_multi) as "
                         "multi-vector models")
+    p.add_argument("--adapter", action="append", default=None, metavar="[MODEL:]NAME=DIR",
+                   help="a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) served as NAME "
+                        "on the model named MODEL (default: the first); repeat it for several. An embedding model "
+                        "only; a request picks it by TEI's `adapter` field or OpenAI's \"model\": \"MODEL:NAME\"")
     p.add_argument("--model-id", default=None,
                    help="the first model's name when --model gives it none (the name /info, /v1/models and "
                         "/v1/embeddings report)")
@@ -57,6 +61,10 @@ def run(args) -> int:
             return 2
     try:
         named = model_args(args.model, args.model_id, bertfast.default_model_path)
+        pooling = tuple(args.pooling.split(",")) if args.pooling else None
+        models = [ServedModel(path, backend=args.backend, dtype=args.dtype, pooling=pooling,
+                              model_id=name or (None if args.model else DEFAULT_MODEL_ID)) for name, path in named]
+        adapters = adapter_args(args.adapter, [m.model_id for m in models])
     except (RuntimeError, ValueError) as e:
         print(f"bertfast serve: {e}", file=sys.stderr)
         return 2
@@ -69,9 +77,8 @@ def run(args) -> int:
         except ValueError as e:
             print(f"bertfast serve: --ranges {e}", file=sys.stderr)
             return 2
-    pooling = tuple(args.pooling.split(",")) if args.pooling else None
-    models = [ServedModel(path, backend=args.backend, dtype=args.dtype, pooling=pooling,
-                          model_id=name or (None if args.model else DEFAULT_MODEL_ID)) for name, path in named]
+    for m in models:
+        m.adapter_paths = adapters[m.model_id]
     limits = Limits(args.max_batch_tokens, args.max_concurrent_requests, args.max_client_batch_size,
                     args.max_body_bytes)
     handler = logging.StreamHandler(sys.stderr)
@@ -108,4 +115,30 @@ def model_args(given: list[str] | None, model_id: str | None, default_path) -> l
         if not os.path.isdir(path):
             raise ValueError(f"--model {path} is not a directory")
         out.append((name or (model_id if i == 0 else None), path))
+    return out
+
+
+def adapter_args(given: list[str] | None, models: list[str]) -> dict[str, dict[str, str]]:
+    """--adapter values -> {model name: {adapter name: directory}} for every name in `models` (the served models'
+    names, the first the default); ValueError naming a value whose model is not served, whose name is empty or
+    given twice for one model, or whose directory holds no adapter_config.json and adapter_model.safetensors.
+    [MODEL:]NAME=DIR: the text before the first '=' is the names (an adapter name holds no ':'), the rest the
+    directory."""
+    out: dict[str, dict[str, str]] = {name: {} for name in models}
+    for value in given or ():
+        names, sep, path = value.partition("=")
+        model, colon, name = names.rpartition(":")
+        model = model if colon else models[0]
+        if not sep or not name or not path:
+            raise ValueError(f"--adapter {value}: expected [MODEL:]NAME=DIR (an adapter name, '=', its directory)")
+        if model not in out:
+            raise ValueError(f"--adapter {value}: no model named {model!r} is served (served: {', '.join(models)})")
+        if name in out[model]:
+            raise ValueError(f"--adapter {value}: the model {model!r} already has an adapter named {name!r}")
+        if not os.path.isdir(path):
+            raise ValueError(f"--adapter {value}: {path} is not a directory")
+        for file in ("adapter_config.json", "adapter_model.safetensors"):
+            if not os.path.isfile(os.path.join(path, file)):
+                raise ValueError(f"--adapter {value}: {path} has no {file} (a PEFT LoRA directory, safetensors only)")
+        out[model][name] = path
     return out

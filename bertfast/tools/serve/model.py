@@ -11,7 +11,9 @@ BGE-M3's head files (sparse_linear.pt, colbert_linear.pt) is BGE-M3; a modules.j
 projections only (PyLate's stack) is a ColBERT model; a sentence-transformers SparseEncoder with SpladePooling is a
 sparse model; anything else is an embedding model. A row's result depends on that row alone (the engine and the
 sequence heads are batch-invariant), so rows of different requests share a batch and still equal
-`Encoder.encode` / the TaskModel on the row alone.
+`Encoder.encode` / the TaskModel on the row alone. An embedding model may carry LoRA adapters (`--adapter`), loaded
+with it on the engine thread (`Encoder.load_adapter`); each row of a batch runs with its own adapter or none
+(`embed_tokens`' and the forward's `adapter_ids`), the same bits as `Encoder.encode(..., adapter=)` on the row alone.
 """
 
 from __future__ import annotations
@@ -67,9 +69,11 @@ def kind_of(path: str) -> tuple[str, str | None]:
 class ServedModel:
     """A model behind the server. Construct anywhere; `load()` runs on the engine thread."""
 
-    def __init__(self, path: str, *, backend: str = "auto", dtype=None, pooling=None, model_id: str | None = None):
+    def __init__(self, path: str, *, backend: str = "auto", dtype=None, pooling=None, model_id: str | None = None,
+                 adapters: dict[str, str] | None = None):
         self.path, self.backend_name, self.dtype_arg = path, backend, dtype
         self.pooling = pooling
+        self.adapter_paths = dict(adapters or {})  # name -> PEFT LoRA directory, loaded with the model
         self.model_id = model_id or os.path.basename(os.path.normpath(path))
         self.encoder = self.task = self.sparse = self.kind = self.architecture = self.labels = None
         self.colbert = self.m3 = self.dimension = self.normalizes = self.native = None
@@ -107,6 +111,11 @@ class ServedModel:
             self.pooling = None if self.pooling is None else pooling_modes(self.pooling)
             self.dimension = enc.sentence_config.dimension(enc.config.hidden_size, self.pooling)
             self.normalizes = enc.sentence_config.normalizes
+        if self.adapter_paths and self.kind != EMBEDDING:
+            raise ValueError(f"--adapter: the model {self.model_id!r} is {self.description()}; LoRA adapters are "
+                             "served on embedding models only")
+        for name, adapter_path in self.adapter_paths.items():
+            enc.load_adapter(name, adapter_path)  # LoadError naming the tensor, shape or field that does not fit
         tok = enc.tokenizer
         self.tokenizers = {"right": unpadded(tok, "right"), "left": unpadded(tok, "left")}
         self.limit = tok.truncation["max_length"]
@@ -114,7 +123,7 @@ class ServedModel:
         self.pad_id = tok.padding["pad_id"] if tok.padding else 0
         self.encoder = enc
         for key, rows in self.warm_up():
-            self.run(key, rows, [None] * len(rows))
+            self.run(key, rows, [None] * len(rows), [None] * len(rows))
         return self.run
 
     def warm_up(self) -> list[tuple[tuple, list[list[int]]]]:
@@ -128,8 +137,15 @@ class ServedModel:
         key = SCORES if self.task is not None else SPLADE if self.sparse is not None else self.key()
         return [(key, short), (key, long)]
 
-    def run(self, key: tuple, rows: list[list[int]], types: list[list[int] | None]):
-        """Rows of token ids (and token type ids, None: all 0) -> (len(rows), D) float32 embeddings, or
+    @property
+    def adapters(self) -> list[str]:
+        """The names of the model's LoRA adapters (none before `load()`)."""
+        return self.encoder.adapters if self.encoder is not None else []
+
+    def run(self, key: tuple, rows: list[list[int]], types: list[list[int] | None],
+            adapters: list[str | None] | None = None):
+        """Rows of token ids (and token type ids, None: all 0; each row's adapter name, None: the base model) ->
+        (len(rows), D) float32 embeddings, or
         (len(rows), labels) float32 scores (key SCORES) or logits (LOGITS), or (key TOKENS) a list of each row's
         (len(row), hidden) float32 final hidden states, or (key (MULTI, is_query)) a list of each row's (tokens, dim)
         float32 token vectors, or (key LEXICAL) a list of each row's lexical weights; right padded into one batch."""
@@ -149,13 +165,14 @@ class ServedModel:
             if t is not None:
                 token_types[i, :len(t)] = t
         ids, mask, token_types = (torch.from_numpy(a) for a in (ids, mask, token_types))
+        adapter_ids = adapters if adapters is not None and any(a is not None for a in adapters) else None
         if key in (SCORES, LOGITS):
             typed = token_types if self.encoder.config.type_vocab_size else None  # families without token types
             logits = self.task(ids, mask, typed).logits
             return (self.task.scores(logits) if key == SCORES else logits.float()).cpu().numpy()
         if key == TOKENS:
             with torch.inference_mode():
-                states = self.encoder(ids, mask).last_hidden_state.float().cpu().numpy()
+                states = self.encoder(ids, mask, adapter_ids=adapter_ids).last_hidden_state.float().cpu().numpy()
             return [states[i, :len(r)] for i, r in enumerate(rows)]
         if self.m3 is not None:
             multi, lexical = key[0] == MULTI, key == LEXICAL
@@ -169,7 +186,8 @@ class ServedModel:
             return top_k(self.sparse.embed_tokens(ids, mask, token_types), self.sparse.splade.max_active_dims).numpy()
         normalize, truncate_dim, prompt_length = key
         out = self.encoder.embed_tokens(ids, mask, token_types, pooling=self.pooling, normalize=normalize,
-                                        truncate_dim=truncate_dim, prompt_length=prompt_length)
+                                        truncate_dim=truncate_dim, prompt_length=prompt_length,
+                                        adapter_ids=adapter_ids)
         return out.cpu().numpy()
 
     # --- request threads ---

@@ -1,7 +1,8 @@
 """OpenAI's routes: /v1/embeddings (texts or token ids; `dimensions`, `encoding_format`, `precision`; also at
 /embeddings, TEI's alias, which an OpenAI client with the server's root as its base_url posts to) and /v1/models
-(the served models, OpenAI's list shape). The request's `model` picks the model; with several served, an unknown
-one is a 404 in OpenAI's error shape."""
+(the served models and their LoRA adapters as MODEL:ADAPTER, OpenAI's list shape). The request's `model` picks the
+model, "MODEL:ADAPTER" one of its adapters; with several served, an unknown model is a 404 in OpenAI's error shape, and
+an unknown adapter is one on any server."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ router = APIRouter(tags=["OpenAI"])
 @router.post("/v1/embeddings", response_model=OpenAIEmbeddingResponse, summary="OpenAI: embeddings")
 @router.post("/embeddings", response_model=OpenAIEmbeddingResponse, summary="OpenAI: embeddings (TEI's alias)")
 async def embeddings(req: OpenAIEmbeddingRequest, service: Service = Depends(service_of)):
-    engine = service.engine(req.model, openai=True)
+    engine, adapter = service.openai_model(req.model)
     model = engine.model
     engine.serves("/v1/embeddings")
     given = req.input
@@ -35,7 +36,7 @@ async def embeddings(req: OpenAIEmbeddingRequest, service: Service = Depends(ser
         # dimensions: the first dims, renormalized when the model's vectors are unit length
         # (sentence-transformers' truncate_dim with normalization); a plain prefix otherwise.
         key = model.key(True if dims is not None and model.normalizes else None, dims, prompt_len)
-        vectors = await engine.run_rows(rows, key)
+        vectors = await engine.run_rows(rows, key, adapter=adapter)
     tokens = sum(len(r) for r in rows)
     data = engine.quantized(vectors, req.precision)
     if req.encoding_format == "base64":
@@ -50,13 +51,14 @@ def card(service: Service, name: str) -> dict:
     return ModelCard(id=name, created=service.created, owned_by="bertfast").model_dump()
 
 
-@router.get("/v1/models", response_model=ModelList, summary="OpenAI: the served models (the first is the default)")
+@router.get("/v1/models", response_model=ModelList,
+            summary="OpenAI: the served models (the first is the default), each followed by its adapters MODEL:ADAPTER")
 async def models(service: Service = Depends(service_of)):
-    return {"object": "list", "data": [card(service, name) for name in service.engines]}
+    return {"object": "list", "data": [card(service, name) for name in service.names()]}
 
 
-@router.get("/v1/models/{model:path}", response_model=ModelCard, summary="OpenAI: one served model")
+@router.get("/v1/models/{model:path}", response_model=ModelCard, summary="OpenAI: one served model or adapter")
 async def model(model: str, service: Service = Depends(service_of)):
-    if model not in service.engines:
+    if model not in service.names():
         raise service.unknown(model, openai=True)
     return card(service, model)

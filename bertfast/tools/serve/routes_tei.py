@@ -4,7 +4,8 @@
 BGE-M3: every text's normalized token vectors).
 
 Each route picks its model by the request's `model` field (the default model without one), checks the model's kind
-(424 naming what it is otherwise) and the inputs, then queues rows on that model's engine thread; see `service`.
+(424 naming what it is otherwise), the adapter (`adapter`: one of the model's LoRA adapters, 404 otherwise; absent: the
+base model) and the inputs, then queues rows on that model's engine thread; see `service`.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ async def run_text_rows(req: TextsRequest, service: Service, route: str, key, ch
     names what a row returns. Returns (engine, one result per input)."""
     engine = service.engine(req.model)
     engine.serves(route)
+    adapter = engine.adapter(req.adapter)
     if check is not None:
         check(engine)
     texts = engine.texts_of(req.inputs, "inputs")
     async with engine.admitted():
         rows, prompt_len = await engine.text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
                                                   prompt_name=req.prompt_name)
-        return engine, await engine.run_rows(rows, key(engine, prompt_len))
+        return engine, await engine.run_rows(rows, key(engine, prompt_len), adapter=adapter)
 
 
 @router.post("/embed", response_model=Union[list[list[float]], list[list[int]]], summary="TEI: sentence embeddings")
@@ -71,6 +73,7 @@ def cosines(source: np.ndarray, others: np.ndarray) -> np.ndarray:
 async def similarity(req: SimilarityRequest, service: Service = Depends(service_of)):
     engine = service.engine(req.model)
     engine.serves("/similarity")
+    adapter = engine.adapter(req.adapter)
     source, params = req.inputs.source_sentence, req.parameters or SimilarityParameters()
     if not source:
         raise ApiError(422, "inputs.source_sentence is an empty string", field="inputs.source_sentence")
@@ -81,7 +84,7 @@ async def similarity(req: SimilarityRequest, service: Service = Depends(service_
                                                   direction=params.truncation_direction,
                                                   prompt_name=params.prompt_name, field=names)
         # TEI's: the vectors unnormalized, then their cosines.
-        vectors = await engine.run_rows(rows, engine.model.key(False, None, prompt_len))
+        vectors = await engine.run_rows(rows, engine.model.key(False, None, prompt_len), adapter=adapter)
     return json_response(cosines(vectors[0], vectors[1:]))
 
 

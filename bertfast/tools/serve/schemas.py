@@ -21,6 +21,7 @@ PREDICT_INPUTS = ("a string, a pair of strings [text_a, text_b], or a batch of t
 Direction = Literal["right", "left", "Right", "Left"]
 Precision = Literal["float32", "int8", "uint8", "binary", "ubinary"]
 MODEL = "the name of a served model (GET /v1/models; default: the first)"
+ADAPTER = "the name of one of the model's LoRA adapters (--adapter), or null: the base model"
 PRECISION = ("'float32', or quantized as sentence-transformers' quantize_embeddings: 'binary', 'ubinary' (packed sign "
              "bits), 'int8', 'uint8' (these two with the server's --ranges)")
 
@@ -31,13 +32,14 @@ class Request(BaseModel):
 
 class TextsRequest(Request):
     """The fields TEI's text routes share (what `routes_tei.run_text_rows` reads): the inputs, their truncation and
-    prompt, and the model."""
+    prompt, the model and its adapter."""
 
     inputs: Texts = Field(description=TEXTS)
     truncate: bool = Field(False, description="a boolean")
     truncation_direction: Direction = Field("right", description=DIRECTION)
     prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
     model: str | None = Field(None, description=MODEL)
+    adapter: str | None = Field(None, description=ADAPTER)
 
 
 class EmbedRequest(TextsRequest):
@@ -69,6 +71,7 @@ class SimilarityRequest(Request):
     parameters: SimilarityParameters | None = Field(None, description="an object with truncate, "
                                                                       "truncation_direction, prompt_name, or null")
     model: str | None = Field(None, description=MODEL)
+    adapter: str | None = Field(None, description=ADAPTER)
 
 
 class EmbedAllRequest(TextsRequest):
@@ -156,7 +159,8 @@ class OpenAIEmbeddingRequest(Request):
 
     input: Union[str, list[str], list[int], list[list[int]]] = Field(
         description="a string, a list of strings, a list of token ids or a list of lists of token ids")
-    model: str | None = Field(None, description="a string: " + MODEL + "; any value when one model is served")
+    model: str | None = Field(None, description="a string: " + MODEL + "; any value when one model is served; "
+                                                "MODEL:ADAPTER for one of its LoRA adapters")
     encoding_format: Literal["float", "base64"] = Field("float", description="'float' or 'base64'")
     dimensions: int | None = Field(None, description="a positive integer, at most the model's dimension")
     user: str | None = Field(None, description="a string")

@@ -2,7 +2,9 @@
 an engine thread of its own, its limits), and what every model route does with one: check the model's kind, count
 the inputs, admit the request or refuse it at once (429 when its places are taken, 503 at shutdown), tokenize (short
 texts on the event loop: a thread hop costs more than tokenizing them; longer ones on a worker thread), queue the
-rows and await the engine thread's result. The event loop never runs a model; an error raised at any step leaves
+rows and await the engine thread's result. A request may name one of its model's LoRA adapters (TEI's `adapter`
+field, OpenAI's `"model": "MODEL:ADAPTER"`); its rows carry the name to the engine thread, where they share batches
+with rows of other adapters and of the base model. The event loop never runs a model; an error raised at any step leaves
 nothing queued or held (admission is a context manager, rows are queued only once every input is checked).
 """
 
@@ -121,12 +123,28 @@ class Engine:
         except Closed as e:
             raise ApiError(503, str(e), "unavailable") from None
 
+    def adapter(self, name: str | None, *, openai: bool = False) -> str | None:
+        """`name` if it names one of this model's adapters (None: the base model); 404 otherwise, in OpenAI's error
+        shape on the /v1 routes (`openai`, the adapter named in `model`), in the server's own elsewhere (field
+        `adapter`)."""
+        if name is None or name in self.model.adapters:
+            return name
+        loaded = ", ".join(self.model.adapters) or "none"
+        message = (f"the model {self.name!r} has no adapter {name!r}: its adapters are {loaded} "
+                   "(GET /v1/models lists them as MODEL:ADAPTER)")
+        if openai:
+            error = OpenAIError(404, message, "invalid_request_error", param="model", code="model_not_found")
+        else:
+            error = ApiError(404, message, "adapter_not_found", field="adapter")
+        raise error
+
     async def run_rows(self, rows: list[list[int]], key: tuple, types: list[list[int]] | None = None,
-                       min_tokens: int = 0):
+                       min_tokens: int = 0, adapter: str | None = None):
         """Rows of token ids -> the engine thread's result for them (see `ServedModel.run`); min_tokens: each row's
-        least cost in the batch budget (`Job`)."""
+        least cost in the batch budget (`Job`); adapter: the LoRA adapter the rows run with (None: the base model)."""
         try:
-            return await asyncio.wrap_future(self.batcher.submit(Job(rows, key, types, min_tokens=min_tokens)))
+            job = Job(rows, key, types, min_tokens=min_tokens, adapter=adapter)
+            return await asyncio.wrap_future(self.batcher.submit(job))
         except Closed as e:
             raise ApiError(503, str(e), "unavailable") from None
 
@@ -208,6 +226,22 @@ class Service:
         if engine is None:
             raise self.unknown(name, openai)
         return engine
+
+    def openai_model(self, name: str | None) -> tuple[Engine, str | None]:
+        """OpenAI's `model` -> (its engine, the adapter it names or None). A served model's exact name is that model;
+        else "MODEL:ADAPTER" (split at the last ':') is MODEL's adapter ADAPTER, MODEL resolved as `engine` resolves
+        it; an adapter the model lacks is a 404 in OpenAI's shape."""
+        if name is None or name in self.engines:
+            return self.engine(name, openai=True), None
+        base, sep, adapter = name.rpartition(":")
+        if not sep or not adapter:
+            return self.engine(name, openai=True), None
+        engine = self.engine(base, openai=True)
+        return engine, engine.adapter(adapter, openai=True)
+
+    def names(self) -> list[str]:
+        """Every name /v1/models lists: each model, then its adapters as MODEL:ADAPTER."""
+        return [n for name, e in self.engines.items() for n in (name, *(f"{name}:{a}" for a in e.model.adapters))]
 
     def unknown(self, name: str, openai: bool = False) -> ApiError:
         """The 404 of a model not served here."""

@@ -1,0 +1,212 @@
+"""`bertfast serve --adapter`: LoRA adapters chosen per request, over real HTTP on 127.0.0.1.
+
+A random BERT (`CASES["bert"]`'s model, its vocabulary widened to the default model's tokenizer) served with two PEFT
+LoRA adapters (`save_lora`, every slot bertfast adapts) as `base`, `base:legal` and `base:med`. Concurrent clients
+send /embed (TEI's `adapter` field) and /v1/embeddings (OpenAI's `"model": "base:legal"`) with either adapter or
+none: every answer equals `Encoder.encode(texts, adapter=...)` bit for bit (cpu backend: the engine is
+batch-invariant, adapters included), whatever it was batched with; with the engine held, rows of the base model and
+of both adapters are queued and then run as one model call, each still its own adapter's output. /v1/models lists
+the adapters as MODEL:ADAPTER; an unknown adapter is a 404 in each API's error shape; a bad --adapter exits 2 before
+loading anything. Every loop is bounded in count and time; the server is killed in `finally`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi", reason="bertfast serve needs the serve extra (fastapi): pip install 'bertfast[serve]'")
+pytest.importorskip("uvicorn", reason="bertfast serve needs the serve extra (uvicorn): pip install 'bertfast[serve]'")
+pytest.importorskip("prometheus_client", reason="bertfast serve needs the serve extra (prometheus-client)")
+pytest.importorskip("peft", reason="the adapters are saved by PEFT (the test extra)")
+httpx = pytest.importorskip("httpx", reason="the serve tests' HTTP client, httpx, is in the test extra")
+
+from helpers.adapters import CASES, save_lora  # noqa: E402
+from helpers.serve import ROOT, WAIT, Server, as_f32, free_port, join, ok, start_threads  # noqa: E402
+
+# Short texts: the random model takes 40 positions.
+TEXTS = ["hello world", "A man is eating food.", "x", "Paris is the capital of France.", "short",
+         "Ünïcödé テキスト and emoji 🙂", "cats, dogs and other animals", "the quick brown fox"]
+ADAPTERS = [None, "legal", "med"]
+CLIENTS, REQUESTS_PER_CLIENT, SECONDS = 6, 5, 60  # the concurrent test's count and time bounds
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, minilm_path):
+    """(base directory, {adapter: directory}, expected vectors {adapter or None: (len(TEXTS), D)})."""
+    import bertfast
+
+    build, targets = CASES["bert"]
+    model = build()
+    model.resize_token_embeddings(30522)  # the default model's tokenizer; LoRA leaves the embeddings alone
+    base = tmp_path_factory.mktemp("base")
+    model.save_pretrained(base)
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        if os.path.isfile(os.path.join(minilm_path, name)):
+            shutil.copy(os.path.join(minilm_path, name), base)
+    dirs = {}
+    for seed, name in enumerate(ADAPTERS[1:], start=1):
+        dirs[name] = str(tmp_path_factory.mktemp(name))
+        save_lora(model, dirs[name], seed=seed, r=4, lora_alpha=8, target_modules=targets)
+    enc = bertfast.Encoder.from_pretrained(str(base), backend="cpu")
+    for name, path in dirs.items():
+        enc.load_adapter(name, path)
+    expected = {a: enc.encode(TEXTS, adapter=a).numpy() for a in ADAPTERS}
+    assert not np.array_equal(expected[None], expected["legal"]) and not np.array_equal(expected["legal"],
+                                                                                        expected["med"])
+    return str(base), dirs, expected
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    base, dirs, _ = served
+    # A small token budget: requests are split across batches and merged with others. Gated: the engine can be held.
+    srv = Server("--model", f"base={base}", "--adapter", f"legal={dirs['legal']}", "--adapter", f"base:med={dirs['med']}",
+                 "--max-batch-tokens", "48", "--max-client-batch-size", "8", gated=True)
+    try:
+        yield srv
+    finally:
+        log = srv.stop()
+    assert "Exception in ASGI application" not in log, log[-3000:]
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def until(url: str, name: str, value: float) -> None:
+    """Until the metric `name` reads `value`; fails after WAIT s."""
+    deadline = time.monotonic() + WAIT
+    while metric(url, name) != value:
+        assert time.monotonic() < deadline, f"{name} is {metric(url, name)}, not {value}, after {WAIT} s"
+        time.sleep(0.01)
+
+
+def request(adapter: str | None, route: str, texts: list[str]) -> dict:
+    if route == "/v1/embeddings":
+        return {"input": texts, "model": "base" if adapter is None else f"base:{adapter}"}
+    return {"inputs": texts} if adapter is None else {"inputs": texts, "adapter": adapter}
+
+
+def vectors_of(route: str, r: httpx.Response) -> np.ndarray:
+    got = ok(r)
+    return as_f32(got if route == "/embed" else [d["embedding"] for d in got["data"]])
+
+
+def test_models_lists_adapters(server):
+    listed = ok(httpx.get(server.url + "/v1/models", timeout=10))
+    assert [m["id"] for m in listed["data"]] == ["base", "base:legal", "base:med"]
+    assert all(m["object"] == "model" and isinstance(m["created"], int) for m in listed["data"])
+    assert ok(httpx.get(server.url + "/v1/models/base:legal", timeout=10))["id"] == "base:legal"
+
+
+def test_concurrent_mixed_adapters(server, served):
+    """CLIENTS threads send REQUESTS_PER_CLIENT requests each, with a random adapter or none, on a random route: each
+    answer is `Encoder.encode` with that adapter, bit for bit (the model echoed as asked on /v1/embeddings)."""
+    expected = served[2]
+    failures, lock, stop = [], threading.Lock(), time.monotonic() + SECONDS
+
+    def client(seed):
+        rng = np.random.default_rng(seed)
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            for _ in range(REQUESTS_PER_CLIENT):
+                if time.monotonic() > stop:
+                    break
+                adapter = ADAPTERS[int(rng.integers(3))]
+                route = ["/embed", "/v1/embeddings"][int(rng.integers(2))]
+                pick = rng.choice(len(TEXTS), size=int(rng.integers(1, 6)), replace=True)
+                body = request(adapter, route, [TEXTS[i] for i in pick])
+                r = c.post(route, json=body)
+                same = r.status_code == 200 and np.array_equal(vectors_of(route, r), expected[adapter][pick])
+                if route == "/v1/embeddings" and same:
+                    same = r.json()["model"] == body["model"]
+                if not same:
+                    with lock:
+                        failures.append((adapter, route, r.status_code, r.text[:200]))
+
+    join(start_threads(client, range(CLIENTS)), timeout=SECONDS + WAIT)
+    assert not failures, failures[:5]
+
+
+def test_one_model_call_mixes_adapters(server, served):
+    """The engine held behind a first request: one request per adapter (and one of the base model) queue, then run as
+    one model call (one batch more than before for the four requests, 2 in all); each is its own adapter's output."""
+    expected, url = served[2], server.url
+    batches = metric(url, 'bertfast_batch_rows_count{model="base"}')
+    answers = {}
+
+    def send(item):
+        key, adapter, route, i = item
+        with httpx.Client(base_url=url, timeout=WAIT) as c:
+            answers[key] = (c.post(route, json=request(adapter, route, [TEXTS[i]])), adapter, route, i)
+
+    server.hold()
+    try:
+        threads = start_threads(send, [("first", None, "/embed", 0)])
+        until(url, "bertfast_requests_in_flight", 1)
+        until(url, "bertfast_queue_depth", 0)  # the first request's row is taken: the engine waits at the gate
+        threads += start_threads(send, [("base", None, "/v1/embeddings", 1), ("legal", "legal", "/embed", 3),
+                                        ("med", "med", "/v1/embeddings", 3)])
+        until(url, "bertfast_queue_depth", 3)
+    finally:
+        server.release()
+    join(threads, timeout=WAIT)
+    for r, adapter, route, i in answers.values():
+        assert np.array_equal(vectors_of(route, r), expected[adapter][[i]]), (adapter, route)
+    assert metric(url, 'bertfast_batch_rows_count{model="base"}') == batches + 2
+
+
+def test_unknown_adapter_is_404(server):
+    r = httpx.post(server.url + "/embed", json={"inputs": "hello", "adapter": "nope"}, timeout=10)
+    assert r.status_code == 404, r.text
+    body = r.json()
+    assert (body["error_type"], body["field"]) == ("adapter_not_found", "adapter") and "legal, med" in body["error"]
+    r = httpx.post(server.url + "/v1/embeddings", json={"input": "hello", "model": "base:nope"}, timeout=10)
+    assert r.status_code == 404, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "model", "model_not_found")
+    assert "'nope'" in error["message"]
+    assert httpx.get(server.url + "/v1/models/base:nope", timeout=10).status_code == 404
+    assert metric(server.url, "bertfast_requests_in_flight") == 0
+
+
+def test_bad_adapter_specs_are_refused(served, tmp_path):
+    """A malformed --adapter, an unknown model, a name given twice, a missing directory or one without safetensors
+    (a pickle adapter_model.bin) is a ValueError naming it (`adapter_args`, what the command checks first)."""
+    from bertfast.tools.serve.cli import adapter_args
+
+    _, dirs, _ = served
+    pickle_only = tmp_path / "pickle"
+    pickle_only.mkdir()
+    shutil.copy(os.path.join(dirs["legal"], "adapter_config.json"), pickle_only)
+    (pickle_only / "adapter_model.bin").write_bytes(b"")
+    assert adapter_args([f"legal={dirs['legal']}", f"beta:med={dirs['med']}"], ["alpha", "beta"]) == {
+        "alpha": {"legal": dirs["legal"]}, "beta": {"med": dirs["med"]}}
+    for given, message in ([["legal"], "expected [MODEL:]NAME=DIR"],
+                           [[f"={dirs['legal']}"], "expected [MODEL:]NAME=DIR"],
+                           [[f"base:={dirs['legal']}"], "expected [MODEL:]NAME=DIR"],
+                           [[f"other:legal={dirs['legal']}"], "no model named 'other' is served (served: base)"],
+                           [[f"a={dirs['legal']}", f"base:a={dirs['med']}"], "already has an adapter named 'a'"],
+                           [[f"a={tmp_path / 'none'}"], "is not a directory"],
+                           [[f"a={pickle_only}"], "has no adapter_model.safetensors"]):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            adapter_args(given, ["base"])
+
+
+def test_bad_adapter_exits_2(served, tmp_path):
+    """The command exits 2 with the message, before loading anything."""
+    base = served[0]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "bertfast", "serve", "--model", f"base={base}", "--adapter",
+                        f"legal={tmp_path / 'none'}", "--port", str(free_port())], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--adapter legal=" in r.stderr and "is not a directory" in r.stderr, r.stderr[-500:]
