@@ -60,6 +60,7 @@ def served(tmp_path_factory, minilm_path):
     for name, path in dirs.items():
         enc.load_adapter(name, path)
     expected = {a: enc.encode(TEXTS, adapter=a).numpy() for a in ADAPTERS}
+    expected["encoder"] = enc
     assert not np.array_equal(expected[None], expected["legal"]) and not np.array_equal(expected["legal"],
                                                                                         expected["med"])
     return str(base), dirs, expected
@@ -163,6 +164,27 @@ def test_one_model_call_mixes_adapters(server, served):
     for r, adapter, route, i in answers.values():
         assert np.array_equal(vectors_of(route, r), expected[adapter][[i]]), (adapter, route)
     assert metric(url, 'bertfast_batch_rows_count{model="base"}') == batches + 2
+
+
+def test_embed_all_and_similarity_take_the_adapter(server, served):
+    """/embed_all: the adapter's final hidden states of the text alone (`Encoder` forward, `adapter_ids`), bit for
+    bit; /similarity: the cosines of its unnormalized vectors (as the route computes them from `encode`'s)."""
+    import torch
+
+    from bertfast.tools.serve.routes_tei import cosines
+
+    enc = served[2]["encoder"]
+    for adapter in ADAPTERS:
+        got = ok(httpx.post(server.url + "/embed_all", json=request(adapter, "/embed_all", TEXTS[:2]), timeout=WAIT))
+        for text, states in zip(TEXTS[:2], got):
+            ids = enc.tokenize([text])[0][:1]
+            with torch.inference_mode():
+                want = enc(ids, torch.ones_like(ids), adapter_ids=[adapter]).last_hidden_state[0].float().numpy()
+            assert np.array_equal(as_f32(states), want), adapter
+        body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:4]}, "adapter": adapter}
+        got = ok(httpx.post(server.url + "/similarity", json=body, timeout=WAIT))
+        vectors = enc.encode(TEXTS[:4], adapter=adapter, normalize=False).numpy()
+        assert np.array_equal(np.asarray(got), cosines(vectors[0], vectors[1:])), adapter
 
 
 def test_unknown_adapter_is_404(server):
