@@ -36,7 +36,10 @@ from helpers.serve import ROOT, WAIT, Server, as_f32, free_port, join, ok, start
 TEXTS = ["hello world", "A man is eating food.", "x", "Paris is the capital of France.", "short",
          "Ünïcödé テキスト and emoji 🙂", "cats, dogs and other animals", "the quick brown fox"]
 ADAPTERS = [None, "legal", "med"]
-CLIENTS, REQUESTS_PER_CLIENT, SECONDS = 6, 5, 60  # the concurrent test's count and time bounds
+CLIENTS, REQUESTS_PER_CLIENT, SECONDS = 6, 5, 60  # the concurrent tests' count and time bounds
+KEY = "test-key"
+LOAD_CYCLES = 3  # loads and unloads of one adapter under load
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +70,31 @@ def served(tmp_path_factory, minilm_path):
 
 
 @pytest.fixture(scope="module")
-def server(served):
+def root(served, tmp_path_factory) -> str:
+    """The --adapter-root: `extra` (a copy of med), `pickle` (adapter_model.bin only), `escape` (a symlink to a
+    directory outside), `filelink` (its safetensors a symlink to a file outside)."""
+    dirs = served[1]
+    root = tmp_path_factory.mktemp("root")
+    shutil.copytree(dirs["med"], root / "extra")
+    (root / "pickle").mkdir()
+    shutil.copy(os.path.join(dirs["legal"], "adapter_config.json"), root / "pickle")
+    (root / "pickle" / "adapter_model.bin").write_bytes(b"not loaded")
+    os.symlink(dirs["legal"], root / "escape")
+    (root / "filelink").mkdir()
+    shutil.copy(os.path.join(dirs["legal"], "adapter_config.json"), root / "filelink")
+    outside = os.path.join(dirs["legal"], "adapter_model.safetensors")
+    os.symlink(outside, root / "filelink" / "adapter_model.safetensors")
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def server(served, root):
     base, dirs, _ = served
     # A small token budget: requests are split across batches and merged with others. Gated: the engine can be held.
-    srv = Server("--model", f"base={base}", "--adapter", f"legal={dirs['legal']}", "--adapter", f"base:med={dirs['med']}",
-                 "--max-batch-tokens", "48", "--max-client-batch-size", "8", gated=True)
+    srv = Server("--model", f"base={base}", "--adapter", f"legal={dirs['legal']}",
+                 "--adapter", f"base:med={dirs['med']}", "--max-batch-tokens", "48", "--max-client-batch-size", "8",
+                 "--api-key", KEY, "--adapter-root", root,
+                 gated=True)
     try:
         yield srv
     finally:
@@ -79,8 +102,16 @@ def server(served):
     assert "Exception in ASGI application" not in log, log[-3000:]
 
 
+def get(url: str, route: str) -> httpx.Response:
+    return httpx.get(url + route, headers=AUTH, timeout=WAIT)
+
+
+def post(url: str, route: str, body) -> httpx.Response:
+    return httpx.post(url + route, json=body, headers=AUTH, timeout=WAIT)
+
+
 def metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = get(url, "/metrics").text
     return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
@@ -104,10 +135,10 @@ def vectors_of(route: str, r: httpx.Response) -> np.ndarray:
 
 
 def test_models_lists_adapters(server):
-    listed = ok(httpx.get(server.url + "/v1/models", timeout=10))
+    listed = ok(get(server.url, "/v1/models"))
     assert [m["id"] for m in listed["data"]] == ["base", "base:legal", "base:med"]
     assert all(m["object"] == "model" and isinstance(m["created"], int) for m in listed["data"])
-    assert ok(httpx.get(server.url + "/v1/models/base:legal", timeout=10))["id"] == "base:legal"
+    assert ok(get(server.url, "/v1/models/base:legal"))["id"] == "base:legal"
 
 
 def test_concurrent_mixed_adapters(server, served):
@@ -118,7 +149,7 @@ def test_concurrent_mixed_adapters(server, served):
 
     def client(seed):
         rng = np.random.default_rng(seed)
-        with httpx.Client(base_url=server.url, timeout=60) as c:
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as c:
             for _ in range(REQUESTS_PER_CLIENT):
                 if time.monotonic() > stop:
                     break
@@ -147,7 +178,7 @@ def test_one_model_call_mixes_adapters(server, served):
 
     def send(item):
         key, adapter, route, i = item
-        with httpx.Client(base_url=url, timeout=WAIT) as c:
+        with httpx.Client(base_url=url, headers=AUTH, timeout=WAIT) as c:
             answers[key] = (c.post(route, json=request(adapter, route, [TEXTS[i]])), adapter, route, i)
 
     server.hold()
@@ -175,29 +206,29 @@ def test_embed_all_and_similarity_take_the_adapter(server, served):
 
     enc = served[2]["encoder"]
     for adapter in ADAPTERS:
-        got = ok(httpx.post(server.url + "/embed_all", json=request(adapter, "/embed_all", TEXTS[:2]), timeout=WAIT))
+        got = ok(post(server.url, "/embed_all", request(adapter, "/embed_all", TEXTS[:2])))
         for text, states in zip(TEXTS[:2], got):
             ids = enc.tokenize([text])[0][:1]
             with torch.inference_mode():
                 want = enc(ids, torch.ones_like(ids), adapter_ids=[adapter]).last_hidden_state[0].float().numpy()
             assert np.array_equal(as_f32(states), want), adapter
         body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:4]}, "adapter": adapter}
-        got = ok(httpx.post(server.url + "/similarity", json=body, timeout=WAIT))
+        got = ok(post(server.url, "/similarity", body))
         vectors = enc.encode(TEXTS[:4], adapter=adapter, normalize=False).numpy()
         assert np.array_equal(np.asarray(got), cosines(vectors[0], vectors[1:])), adapter
 
 
 def test_unknown_adapter_is_404(server):
-    r = httpx.post(server.url + "/embed", json={"inputs": "hello", "adapter": "nope"}, timeout=10)
+    r = post(server.url, "/embed", {"inputs": "hello", "adapter": "nope"})
     assert r.status_code == 404, r.text
     body = r.json()
     assert (body["error_type"], body["field"]) == ("adapter_not_found", "adapter") and "legal, med" in body["error"]
-    r = httpx.post(server.url + "/v1/embeddings", json={"input": "hello", "model": "base:nope"}, timeout=10)
+    r = post(server.url, "/v1/embeddings", {"input": "hello", "model": "base:nope"})
     assert r.status_code == 404, r.text
     error = r.json()["error"]
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "model", "model_not_found")
     assert "'nope'" in error["message"]
-    assert httpx.get(server.url + "/v1/models/base:nope", timeout=10).status_code == 404
+    assert get(server.url, "/v1/models/base:nope").status_code == 404
     assert metric(server.url, "bertfast_requests_in_flight") == 0
 
 
@@ -232,3 +263,122 @@ def test_bad_adapter_exits_2(served, tmp_path):
                         f"legal={tmp_path / 'none'}", "--port", str(free_port())], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--adapter legal=" in r.stderr and "is not a directory" in r.stderr, r.stderr[-500:]
+
+
+def test_adapter_root_needs_api_key(served, root):
+    base = served[0]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "bertfast", "serve", "--model", f"base={base}", "--adapter-root", root,
+                        "--port", str(free_port())], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--adapter-root needs --api-key" in r.stderr, r.stderr[-500:]
+
+
+def test_admin_refusals_change_nothing(server, root):
+    """Without the key: 401. A path that is absolute, holds '..', or leads out of the root by a symlink (the
+    directory or its safetensors file), a pickle-only directory, a missing one: 422 naming `path`; a name loaded
+    already: 409; unloading an unknown adapter: 404. The served adapters are the same after each."""
+    url, names = server.url, ok(get(server.url, "/v1/models"))
+    r = httpx.post(url + "/admin/adapters", json={"name": "x", "path": "extra"}, timeout=WAIT)
+    assert r.status_code == 401, r.text
+    for path, message in ((os.path.join(root, "extra"), "relative to the server's --adapter-root"),
+                          ("../root/extra", "holds '..'"), ("extra/../extra", "holds '..'"),
+                          ("escape", "outside the server's --adapter-root"),
+                          ("filelink", "outside the server's --adapter-root"),
+                          ("pickle", "pickle files are not loaded"), ("none", "is not a directory")):
+        r = post(url, "/admin/adapters", {"name": "x", "path": path})
+        assert r.status_code == 422 and r.json()["field"] == "path" and message in r.json()["error"], (path, r.text)
+    for name in ("", "a:b"):
+        r = post(url, "/admin/adapters", {"name": name, "path": "extra"})
+        assert r.status_code == 422 and r.json()["field"] == "name", r.text
+    r = post(url, "/admin/adapters", {"name": "legal", "path": "extra"})
+    assert r.status_code == 409 and r.json()["field"] == "name", r.text
+    r = httpx.delete(url + "/admin/adapters/nope", headers=AUTH, timeout=WAIT)
+    assert r.status_code == 404 and r.json()["error_type"] == "adapter_not_found", r.text
+    assert ok(get(url, "/v1/models")) == names and metric(url, "bertfast_requests_in_flight") == 0
+
+
+def test_admin_route_off_without_root(served):
+    """A server started without --adapter-root answers the admin routes 403 (checked before anything is read)."""
+    from starlette.testclient import TestClient
+
+    from bertfast.tools.serve.app import create_app
+    from bertfast.tools.serve.model import ServedModel
+
+    client = TestClient(create_app(ServedModel(served[0])))  # no lifespan: nothing is loaded
+    r = client.post("/admin/adapters", json={"name": "x", "path": "extra"})
+    assert r.status_code == 403 and r.json()["error_type"] == "admin_disabled", r.text
+    assert client.delete("/admin/adapters/legal").status_code == 403
+
+
+def test_load_and_unload_under_load(server, served):
+    """Clients send requests with no adapter, `legal` or `extra` while `extra` (med's copy, under the root) is loaded
+    and unloaded LOAD_CYCLES times: every answer is its adapter's output bit for bit, or a 404 for `extra` while it
+    is not loaded; nothing else (no request lost or failed); once loaded it is listed and answers."""
+    expected, url = {**served[2], "extra": served[2]["med"]}, server.url
+    failures, lock, done = [], threading.Lock(), threading.Event()
+
+    def client(seed):
+        rng = np.random.default_rng(seed)
+        with httpx.Client(base_url=url, headers=AUTH, timeout=60) as c:
+            for _ in range(4 * REQUESTS_PER_CLIENT):
+                if done.is_set():
+                    break
+                adapter = [None, "legal", "extra"][int(rng.integers(3))]
+                route = ["/embed", "/v1/embeddings"][int(rng.integers(2))]
+                pick = rng.choice(len(TEXTS), size=int(rng.integers(1, 4)), replace=True)
+                r = c.post(route, json=request(adapter, route, [TEXTS[i] for i in pick]))
+                if adapter == "extra" and r.status_code == 404:
+                    continue
+                if r.status_code != 200 or not np.array_equal(vectors_of(route, r), expected[adapter][pick]):
+                    with lock:
+                        failures.append((adapter, route, r.status_code, r.text[:200]))
+
+    threads = start_threads(client, range(4))
+    try:
+        for _ in range(LOAD_CYCLES):
+            assert ok(post(url, "/admin/adapters", {"name": "extra", "path": "extra"}))["adapters"][-1] == "extra"
+            time.sleep(0.05)
+            r = httpx.delete(url + "/admin/adapters/extra", headers=AUTH, timeout=WAIT)
+            assert ok(r)["adapters"] == ["legal", "med"]
+    finally:
+        done.set()
+        join(threads, timeout=SECONDS + WAIT)
+    assert not failures, failures[:5]
+    ok(post(url, "/admin/adapters", {"name": "extra", "path": "extra"}))
+    assert [m["id"] for m in ok(get(url, "/v1/models"))["data"]] == ["base", "base:legal", "base:med", "base:extra"]
+    assert np.array_equal(vectors_of("/embed", post(url, "/embed", request("extra", "/embed", TEXTS))),
+                          expected["extra"])
+    ok(httpx.delete(url + "/admin/adapters/extra", headers=AUTH, timeout=WAIT))
+
+
+def test_unload_waits_for_requests_in_flight(server, served):
+    """The engine held: a request with `extra` is queued, then `extra` is unloaded. New requests naming it get a 404
+    at once, the unload waits; released, the queued request gets `extra`'s vectors, then the unload answers."""
+    expected, url = served[2], server.url
+    ok(post(url, "/admin/adapters", {"name": "extra", "path": "extra"}))
+    answers = {}
+
+    def send(item):
+        key, method, route, body = item
+        with httpx.Client(base_url=url, headers=AUTH, timeout=WAIT) as c:
+            answers[key] = c.request(method, route, json=body)
+
+    server.hold()
+    try:
+        threads = start_threads(send, [("first", "POST", "/embed", {"inputs": [TEXTS[0]]})])
+        until(url, "bertfast_requests_in_flight", 1)
+        until(url, "bertfast_queue_depth", 0)  # the engine waits at the gate with the first request's row
+        threads += start_threads(send, [("extra", "POST", "/embed", request("extra", "/embed", TEXTS[:3]))])
+        until(url, "bertfast_queue_depth", 3)
+        threads += start_threads(send, [("unload", "DELETE", "/admin/adapters/extra", None)])
+        until(url, "bertfast_requests_in_flight", 3)
+        deadline = time.monotonic() + WAIT
+        while (r := post(url, "/embed", request("extra", "/embed", TEXTS[:1]))).status_code != 404:
+            assert time.monotonic() < deadline, r.text  # the unload has not started yet
+        assert "unload" not in answers  # it waits for the queued request
+    finally:
+        server.release()
+    join(threads, timeout=WAIT)
+    assert np.array_equal(vectors_of("/embed", answers["extra"]), expected["med"][:3])
+    assert ok(answers["unload"])["adapters"] == ["legal", "med"]
+    assert "base:extra" not in [m["id"] for m in ok(get(url, "/v1/models"))["data"]]

@@ -3,8 +3,9 @@
 Routers: TEI's embedding routes (`routes_tei`: /embed, /embed_all, /embed_sparse, /similarity, /tokenize, /decode;
 bertfast's /embed_multi), its classifier and reranker routes (`routes_tasks`: /predict, /rerank), OpenAI's
 (`routes_openai`: /v1/embeddings and TEI's alias /embeddings, /v1/models), the server's own (`routes_ops`: /health
-and TEI's aliases GET / and /ping, /info, /metrics) and TEI's default route (`routes_default`: POST / and
-/invocations, the route of the model's kind). The Service holds the served models by name, each with its engine
+and TEI's aliases GET / and /ping, /info, /metrics), TEI's default route (`routes_default`: POST / and
+/invocations, the route of the model's kind) and the admin routes (`routes_admin`: adapters loaded and unloaded at
+run time). The Service holds the served models by name, each with its engine
 thread and limits (`service`). Responses are serialized by orjson (the float32 results widened to float64 first: the
 same numbers `tolist()` gives, an order of magnitude faster than `json.dumps`). Every error is one `ApiError` response, whichever layer raises it.
 """
@@ -19,10 +20,11 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from . import routes_default, routes_ops, routes_openai, routes_tasks, routes_tei
+from . import routes_admin, routes_default, routes_ops, routes_openai, routes_tasks, routes_tei
 from .gate import Gate
 from .model import ServedModel
-from .schemas import (ApiError, DecodeRequest, EmbedAllRequest, EmbedMultiRequest, EmbedRequest, EmbedSparseRequest,
+from .schemas import (AdapterLoadRequest, ApiError, DecodeRequest, EmbedAllRequest, EmbedMultiRequest, EmbedRequest,
+                      EmbedSparseRequest,
                       ErrorBody, OpenAIEmbeddingRequest, PredictRequest, RerankRequest, SimilarityRequest,
                       TokenizeRequest, invalid_request)
 from .service import Limits, Service
@@ -32,8 +34,9 @@ __all__ = ["Limits", "Service", "create_app"]
 SCHEMAS = {"/embed": EmbedRequest, "/embed_all": EmbedAllRequest, "/embed_sparse": EmbedSparseRequest,
            "/embed_multi": EmbedMultiRequest, "/similarity": SimilarityRequest,
            "/tokenize": TokenizeRequest, "/decode": DecodeRequest, "/v1/embeddings": OpenAIEmbeddingRequest,
-           "/embeddings": OpenAIEmbeddingRequest, "/predict": PredictRequest, "/rerank": RerankRequest}
-ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 405, 413, 422, 424, 429, 503)}
+           "/embeddings": OpenAIEmbeddingRequest, "/predict": PredictRequest, "/rerank": RerankRequest,
+           "/admin/adapters": AdapterLoadRequest}
+ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 405, 409, 413, 422, 424, 429, 503)}
 
 
 def internal_error(e: Exception) -> ApiError:
@@ -61,12 +64,12 @@ def direct_route(schema, handler, service: Service):
 
 
 def create_app(models: ServedModel | list[ServedModel], limits: Limits | list[Limits] = Limits(),
-               api_key: str | None = None, ranges=None) -> Gate:
+               api_key: str | None = None, ranges=None, adapter_root: str | None = None) -> Gate:
     """The server's ASGI app: the Gate in front of the FastAPI app (which serves /openapi.json). models: one model
     or several (the first is the default); limits: one Limits for each model, or one per model (the body limit is
     the first's); ranges: the (2, D) int8/uint8 quantization ranges (--ranges), or None (those precisions are
-    refused)."""
-    service = Service(models if isinstance(models, (list, tuple)) else [models], limits, ranges)
+    refused); adapter_root: the directory the admin route loads adapters from (None: the admin route answers 403)."""
+    service = Service(models if isinstance(models, (list, tuple)) else [models], limits, ranges, adapter_root)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -79,7 +82,8 @@ def create_app(models: ServedModel | list[ServedModel], limits: Limits | list[Li
                               "own engine thread.")
     app.state.service = service
     install_error_handlers(app)
-    routers = [m.router for m in (routes_tei, routes_tasks, routes_openai, routes_ops, routes_default)]
+    routers = [m.router for m in (routes_tei, routes_tasks, routes_openai, routes_ops, routes_admin,
+                                   routes_default)]
     for router in routers:
         app.include_router(router)
     # The Gate names a request by its route's template: the routers' routes (FastAPI may keep an included router

@@ -9,7 +9,8 @@ the budget is split across batches and results keep the request's order. The ada
 carried per row, so one model call mixes adapters and base rows (a row's result depends on its own adapter alone).
 Admission is bounded: `admit()`
 raises `Busy` at once when `max_requests` are accepted and not yet answered. `close()` stops admission,
-finishes every job already queued, then ends the thread: every accepted request is answered.
+finishes every job already queued, then ends the thread: every accepted request is answered. `call(fn)` runs fn on
+the engine thread between two batches (loading or unloading an adapter: the model is only touched there).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class Batcher:
         self.on_batch = on_batch
         self._cond = threading.Condition()
         self._pending: deque[Job] = deque()
+        self._calls: deque[tuple[Callable[[], object], Future]] = deque()  # `call`s not yet run
         self._accepted = 0
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -145,6 +147,17 @@ class Batcher:
             self._cond.notify()
         return job.future
 
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run fn() on the engine thread before the next batch; the future gets its result or its exception. Call it
+        from an admitted request (the engine thread ends only once none is left)."""
+        future: Future = Future()
+        with self._cond:
+            if not self.alive and self._thread is not None:
+                raise Closed("the engine thread has stopped")
+            self._calls.append((fn, future))
+            self._cond.notify()
+        return future
+
     @property
     def depth(self) -> int:
         """Rows queued and not yet handed to the engine."""
@@ -178,11 +191,20 @@ class Batcher:
         while True:
             with self._cond:
                 # At shutdown, wait for admitted requests still tokenizing: they will submit.
-                while not self._pending and not (self._closing and self._accepted == 0):
+                while not self._pending and not self._calls and not (self._closing and self._accepted == 0):
                     self._cond.wait()
-                if not self._pending:
+                call = self._calls.popleft() if self._calls else None
+                if call is None and not self._pending:
                     return
-                key, picked = self._take()
+                if call is None:
+                    key, picked = self._take()
+            if call is not None:
+                fn, future = call
+                try:
+                    future.set_result(fn())
+                except Exception as e:  # noqa: BLE001  the caller gets it; the engine goes on
+                    future.set_exception(e)
+                continue
             rows = [job.rows[i] for job, i in picked]
             types = [None if job.types is None else job.types[i] for job, i in picked]
             adapters = [job.adapter for job, _ in picked]

@@ -18,9 +18,12 @@ def add_arguments(p):
                         "ColBERT (/embed_multi) and a BGE-M3 directory (/embed, /embed_sparse, /embed_multi) as "
                         "multi-vector models")
     p.add_argument("--adapter", action="append", default=None, metavar="[MODEL:]NAME=DIR",
-                   help="a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) served as NAME "
-                        "on the model named MODEL (default: the first); repeat it for several. An embedding model "
+                   help="a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) served as "
+                        "NAME on the model named MODEL (default: the first); repeat it for several. An embedding model "
                         "only; a request picks it by TEI's `adapter` field or OpenAI's \"model\": \"MODEL:NAME\"")
+    p.add_argument("--adapter-root", default=None, metavar="DIR",
+                   help="let the admin route (POST /admin/adapters, DELETE /admin/adapters/NAME) load LoRA adapters "
+                        "at run time from directories under DIR (needs --api-key)")
     p.add_argument("--model-id", default=None,
                    help="the first model's name when --model gives it none (the name /info, /v1/models and "
                         "/v1/embeddings report)")
@@ -68,6 +71,13 @@ def run(args) -> int:
     except (RuntimeError, ValueError) as e:
         print(f"bertfast serve: {e}", file=sys.stderr)
         return 2
+    if args.adapter_root is not None and not os.path.isdir(args.adapter_root):
+        print(f"bertfast serve: --adapter-root {args.adapter_root} is not a directory", file=sys.stderr)
+        return 2
+    if args.adapter_root is not None and args.api_key is None:
+        print("bertfast serve: --adapter-root needs --api-key: the admin route loads files on the server",
+              file=sys.stderr)
+        return 2
     ranges = None
     if args.ranges is not None:
         from bertfast.precision import load_ranges
@@ -88,7 +98,7 @@ def run(args) -> int:
     access.setLevel(logging.INFO)
     access.propagate = False
     try:
-        app = create_app(models, limits, args.api_key, ranges)
+        app = create_app(models, limits, args.api_key, ranges, args.adapter_root)
     except ValueError as e:  # two models of one name
         print(f"bertfast serve: {e}", file=sys.stderr)
         return 2

@@ -27,7 +27,7 @@ async def embeddings(req: OpenAIEmbeddingRequest, service: Service = Depends(ser
         given = [given]  # one text as token ids
     dims = req.dimensions
     engine.check_dimensions(dims)
-    async with engine.admitted():
+    async with engine.admitted(adapter, openai=True):
         if isinstance(given, list) and given and isinstance(given[0], list):
             engine.check_count(len(given), "input")
             rows, prompt_len = model.check_ids(given), None

@@ -36,7 +36,7 @@ async def run_text_rows(req: TextsRequest, service: Service, route: str, key, ch
     if check is not None:
         check(engine)
     texts = engine.texts_of(req.inputs, "inputs")
-    async with engine.admitted():
+    async with engine.admitted(adapter):
         rows, prompt_len = await engine.text_rows(texts, truncate=req.truncate, direction=req.truncation_direction,
                                                   prompt_name=req.prompt_name)
         return engine, await engine.run_rows(rows, key(engine, prompt_len), adapter=adapter)
@@ -79,7 +79,7 @@ async def similarity(req: SimilarityRequest, service: Service = Depends(service_
         raise ApiError(422, "inputs.source_sentence is an empty string", field="inputs.source_sentence")
     sentences = engine.texts_of(req.inputs.sentences, "inputs.sentences")
     names = ["inputs.source_sentence"] + [f"inputs.sentences[{i}]" for i in range(len(sentences))]
-    async with engine.admitted():
+    async with engine.admitted(adapter):
         rows, prompt_len = await engine.text_rows([source, *sentences], truncate=params.truncate,
                                                   direction=params.truncation_direction,
                                                   prompt_name=params.prompt_name, field=names)

@@ -224,6 +224,20 @@ class Info(BaseModel):
     version: str
 
 
+class AdapterLoadRequest(Request):
+    """The admin route's load: a LoRA adapter directory under the server's --adapter-root, served as `name`."""
+
+    name: str = Field(description="a non-empty string without ':', not the name of a loaded adapter")
+    path: str = Field(description="a directory relative to the server's --adapter-root (no '..', no symlink out of "
+                                  "it) holding adapter_config.json and adapter_model.safetensors")
+    model: str | None = Field(None, description=MODEL)
+
+
+class AdapterState(BaseModel):
+    model: str
+    adapters: list[str]
+
+
 class ErrorBody(BaseModel):
     error: str
     error_type: str

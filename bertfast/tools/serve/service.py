@@ -4,8 +4,11 @@ the inputs, admit the request or refuse it at once (429 when its places are take
 texts on the event loop: a thread hop costs more than tokenizing them; longer ones on a worker thread), queue the
 rows and await the engine thread's result. A request may name one of its model's LoRA adapters (TEI's `adapter`
 field, OpenAI's `"model": "MODEL:ADAPTER"`); its rows carry the name to the engine thread, where they share batches
-with rows of other adapters and of the base model. The event loop never runs a model; an error raised at any step leaves
-nothing queued or held (admission is a context manager, rows are queued only once every input is checked).
+with rows of other adapters and of the base model. Adapters load and unload at run time (`Engine.load_adapter`,
+`unload_adapter`) on the engine thread between batches; an unloaded adapter is refused to new requests at once and
+leaves the model only once the requests that hold it are answered. The event loop never runs a model; an error raised
+at any step leaves nothing queued or held (admission is a context manager, rows are queued only once every input is
+checked).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from starlette.concurrency import run_in_threadpool
@@ -23,7 +27,7 @@ from bertfast.precision import quantize_embeddings
 
 from .batcher import Batcher, Busy, Closed, Job
 from .metrics import Metrics
-from .model import LOGITS, MULTI, ROUTES, SCORES, ServedModel
+from .model import EMBEDDING, LOGITS, MULTI, ROUTES, SCORES, ServedModel
 from .schemas import ApiError, Info, OpenAIError
 
 # What a model route needs, for the 424 a model of another kind answers.
@@ -42,6 +46,8 @@ SAME_AS = {"/embeddings": "/v1/embeddings", "/similarity": "/embed"}
 # Requests whose texts hold at most this many characters are tokenized on the event loop (tens of
 # microseconds); a worker thread's round trip costs more than that.
 INLINE_TOKENIZE_CHARS = 1024
+# How often an unload looks whether the requests holding its adapter are answered.
+UNLOAD_POLL_SECONDS = 0.005
 
 
 @dataclass
@@ -69,6 +75,10 @@ class Engine:
         self.batcher = Batcher(limits.max_batch_tokens, limits.max_concurrent_requests)
         metrics.add_model(model.model_id, self.batcher)
         self.info: dict | None = None  # /info's body, once loaded
+        # Adapters requests may name (insertion order: /v1/models'), changed on the event loop only, as `users`.
+        self.live: dict[str, None] = {}
+        self.users: dict[str, int] = {}  # requests in flight per adapter
+        self.changing: set[str] = set()  # names being loaded or unloaded
 
     @property
     def name(self) -> str:
@@ -77,6 +87,7 @@ class Engine:
     async def start(self) -> None:
         await asyncio.wrap_future(self.batcher.start(self.model.load))  # a load error stops the server
         self.info = Info(**self.model.info(), **vars(self.limits)).model_dump()
+        self.live = dict.fromkeys(self.model.adapters)
 
     def serves(self, route: str) -> None:
         """424 unless this model's kind answers `route`."""
@@ -112,11 +123,20 @@ class Engine:
                            field="dimensions", limit=limit)
 
     @asynccontextmanager
-    async def admitted(self):
-        """Hold one of the model's request places for the block (429 at once when none is free)."""
+    async def admitted(self, adapter: str | None = None, *, openai: bool = False):
+        """Hold one of the model's request places for the block (429 at once when none is free), and the adapter
+        `adapter` if given (404 as `adapter()` when it is gone: an unload waits until no request holds it)."""
         try:
             with self.batcher.admit():
-                yield
+                self.adapter(adapter, openai=openai)
+                if adapter is None:
+                    yield
+                    return
+                self.users[adapter] = self.users.get(adapter, 0) + 1
+                try:
+                    yield
+                finally:
+                    self.users[adapter] -= 1
         except Busy as e:
             raise ApiError(429, f"{e}: retry later", "overloaded",
                            limit=self.limits.max_concurrent_requests) from None
@@ -127,9 +147,9 @@ class Engine:
         """`name` if it names one of this model's adapters (None: the base model); 404 otherwise, in OpenAI's error
         shape on the /v1 routes (`openai`, the adapter named in `model`), in the server's own elsewhere (field
         `adapter`)."""
-        if name is None or name in self.model.adapters:
+        if name is None or name in self.live:
             return name
-        loaded = ", ".join(self.model.adapters) or "none"
+        loaded = ", ".join(self.live) or "none"
         message = (f"the model {self.name!r} has no adapter {name!r}: its adapters are {loaded} "
                    "(GET /v1/models lists them as MODEL:ADAPTER)")
         if openai:
@@ -137,6 +157,49 @@ class Engine:
         else:
             error = ApiError(404, message, "adapter_not_found", field="adapter")
         raise error
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load the PEFT LoRA directory `path` as adapter `name`, on the engine thread between two batches; requests
+        may name it once this returns. 424 on a model of another kind, 409 for a name loaded or changing, 422 naming
+        what does not fit (`Encoder.load_adapter`'s LoadError). Call it admitted."""
+        model = self.model
+        if model.kind != EMBEDDING:
+            raise ApiError(424, f"this model is {model.description()}: LoRA adapters are served on embedding models "
+                           "only", "model_type")
+        if not name or ":" in name:
+            raise ApiError(422, f"name must be a non-empty string without ':' (MODEL:ADAPTER names it), got {name!r}",
+                           field="name")
+        if name in self.live or name in self.changing:
+            raise ApiError(409, f"the model {self.name!r} already has an adapter named {name!r} (or one is being "
+                           "loaded or unloaded): unload it first", "conflict", field="name")
+        self.changing.add(name)
+        try:
+            await self.on_engine(partial(model.encoder.load_adapter, name, path))
+        except (ValueError, NotImplementedError) as e:  # LoadError is a ValueError; so is a bad name
+            raise ApiError(422, f"adapter {name!r}: {e}", "adapter_load", field="path") from None
+        finally:
+            self.changing.discard(name)
+        self.live[name] = None
+
+    async def unload_adapter(self, name: str) -> None:
+        """Refuse adapter `name` to new requests at once (404), wait until no request holds it, then unload it on the
+        engine thread; 404 if it is not loaded. Call it admitted."""
+        self.adapter(name)
+        del self.live[name]
+        self.changing.add(name)
+        try:
+            while self.users.get(name):
+                await asyncio.sleep(UNLOAD_POLL_SECONDS)
+            await self.on_engine(partial(self.model.encoder.unload_adapter, name))
+        finally:
+            self.changing.discard(name)
+
+    async def on_engine(self, fn):
+        """fn() run on the engine thread between two batches (`Batcher.call`); 503 once it has stopped."""
+        try:
+            return await asyncio.wrap_future(self.batcher.call(fn))
+        except Closed as e:
+            raise ApiError(503, str(e), "unavailable") from None
 
     async def run_rows(self, rows: list[list[int]], key: tuple, types: list[list[int]] | None = None,
                        min_tokens: int = 0, adapter: str | None = None):
@@ -201,7 +264,8 @@ class Service:
     its `model` field: with one model served the field is not checked (OpenAI clients send names of their own, as
     TEI ignores it); with several an unknown name is a 404 listing the served ones."""
 
-    def __init__(self, models: list[ServedModel], limits: Limits | list[Limits] = Limits(), ranges=None):
+    def __init__(self, models: list[ServedModel], limits: Limits | list[Limits] = Limits(), ranges=None,
+                 adapter_root: str | None = None):
         if not models:
             raise ValueError("a server needs at least one model")
         per_model = list(limits) if isinstance(limits, (list, tuple)) else [limits] * len(models)
@@ -216,6 +280,7 @@ class Service:
         self.engines = {m.model_id: Engine(m, lim, self.metrics, ranges) for m, lim in zip(models, per_model)}
         self.default = self.engines[names[0]]
         self.created = int(time.time())
+        self.adapter_root = adapter_root  # where the admin route loads adapters from (None: it is off)
 
     def engine(self, name: str | None, *, openai: bool = False) -> Engine:
         """The engine serving `name` (None: the default); 404 for an unknown name, in OpenAI's error shape on the
@@ -241,7 +306,7 @@ class Service:
 
     def names(self) -> list[str]:
         """Every name /v1/models lists: each model, then its adapters as MODEL:ADAPTER."""
-        return [n for name, e in self.engines.items() for n in (name, *(f"{name}:{a}" for a in e.model.adapters))]
+        return [n for name, e in self.engines.items() for n in (name, *(f"{name}:{a}" for a in e.live))]
 
     def unknown(self, name: str, openai: bool = False) -> ApiError:
         """The 404 of a model not served here."""
