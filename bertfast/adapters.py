@@ -350,39 +350,31 @@ class RowAdapters:
 
     def __init__(self, adapters: Sequence[Adapter | None], cu_seqlens: torch.Tensor, device):
         self.tokens = [(a, idx.to(device)) for a, idx in group_rows(cu_seqlens.cpu(), adapters)]
-        # Runs of consecutive rows on one adapter: token spans whose rows are views, not gathered copies.
-        bounds, self.spans = cu_seqlens.tolist(), []
+        # Runs of consecutive rows on one adapter as token slices: their rows are views, not gathered copies.
+        bounds, self.spans, rows = cu_seqlens.tolist(), [], {}
         for i, adapter in enumerate(adapters):
             if adapter is None:
                 continue
-            if self.spans and self.spans[-1][0] is adapter and self.spans[-1][2] == bounds[i]:
-                self.spans[-1] = (adapter, self.spans[-1][1], bounds[i + 1])
+            rows.setdefault(id(adapter), (adapter, []))[1].append(i)
+            if self.spans and self.spans[-1][0] is adapter and self.spans[-1][1].stop == bounds[i]:
+                self.spans[-1] = (adapter, slice(self.spans[-1][1].start, bounds[i + 1]))
             else:
-                self.spans.append((adapter, bounds[i], bounds[i + 1]))
-        rows: dict[int, tuple[Adapter, list[int]]] = {}
-        for i, adapter in enumerate(adapters):
-            if adapter is not None:
-                rows.setdefault(id(adapter), (adapter, []))[1].append(i)
+                self.spans.append((adapter, slice(bounds[i], bounds[i + 1])))
         self.rows = [(a, torch.tensor(r, dtype=torch.int64, device=device)) for a, r in rows.values()]
 
     def addend(self, ops, x: torch.Tensor, layer: int | None, slot: str) -> torch.Tensor | None:
         """x (T, K) the slot's input (a row per batch row for the pooler, layer None) -> (T, N) float32, or None where
         no adapter of the forward has the slot."""
         out = None
-        parts = self.rows if slot == "pooler" else self.spans
-        for adapter, *where in parts:
+        for adapter, where in self.rows if slot == "pooler" else self.spans:  # where: row indices or a token slice
             pair = adapter.pooler if slot == "pooler" else adapter.layers[layer].get(slot)
             if pair is None:
                 continue
             A, B = pair
-            rows = x.index_select(0, where[0]) if slot == "pooler" else x[where[0]:where[1]]
-            delta = ops.linear(ops.linear(rows.float(), A, None), B, None)
+            delta = ops.linear(ops.linear(x[where].float(), A, None), B, None)
             if out is None:
                 out = torch.zeros(x.shape[0], delta.shape[1], dtype=torch.float32, device=x.device)
-            if slot == "pooler":
-                out.index_copy_(0, where[0], delta)
-            else:
-                out[where[0]:where[1]] = delta
+            out[where] = delta
         return out
 
     def positions(self, ops, layer: int, bias, q, k, index, scale: float, windows):
