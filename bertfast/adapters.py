@@ -128,6 +128,7 @@ def load_adapter(path: str | os.PathLike | PeftFiles, base: ModelWeights, name: 
         raise LoadError(f"{where}: base_model_name_or_path is {trained_on!r}, the base model is {base_name!r}")
     factors, heads = _split_tensors(cfg, files.tensors)
     prefixes, table, names, prefix = _match_layout(config, set(factors), files.path)
+    _check_heads_outside(heads, prefix)
     _check_targets(config, cfg, names, where)
     parts: dict[str, dict[str, list]] = {p: {} for p in prefixes}  # layer prefix -> slot -> [(row, A, B)]
     pooler = None
@@ -189,6 +190,15 @@ def _split_tensors(cfg: dict, tensors: dict[str, torch.Tensor]):
                 raise LoadError(f"tensor {pair[kind][0]!r} has no lora_{other} "
                                 f"({SAVED_PREFIX}{module}.lora_{other}.weight is missing)")
     return factors, heads
+
+
+def _check_heads_outside(heads: dict[str, torch.Tensor], prefix: str) -> None:
+    """modules_to_save may hold task-head modules only: a copy of a module inside the encoder (prefix "" is a base
+    model, all encoder) would change the encoder's outputs, and the engine runs the base module there."""
+    for name in sorted(heads):
+        if not prefix or name.startswith(prefix):
+            raise LoadError(f"tensor {SAVED_PREFIX + name!r}: modules_to_save wraps a module of the encoder, whose "
+                            "trained copy the engine does not run (only task-head modules may be saved whole)")
 
 
 def _last(name: str) -> str:

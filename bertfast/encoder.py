@@ -201,7 +201,8 @@ class Encoder(nn.Module):
         `forward(adapter_ids=...)` and `encode(adapter=...)`. Only the adapter's factors are held (fp32), never a copy
         of the base weights. Raises ValueError for an empty name, one with ':' or one already loaded; LoadError for an
         adapter that does not fit this base model (naming the tensor, shape or field); NotImplementedError on a
-        backend without adapters (triton under fp8)."""
+        backend without adapters (triton under fp8). A task adapter's modules_to_save head tensors do not enter the
+        encoder's outputs and are not used here (`TaskModel.load_adapter` runs them)."""
         if not isinstance(name, str) or not name or ":" in name:
             raise ValueError(f"an adapter name must be a non-empty string without ':', got {name!r}")
         if name in self._adapters:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .adapters_heads import TaskAdapters, per_choice, run_heads
 from .backends import get_backend
 from .config import ModelConfig, read_config_json
 from .encoder import Encoder, EncoderOutput, choose_dtype, model_device, split_quantization
@@ -78,6 +79,7 @@ class _Resolver:
         self.dims = {"H": config.hidden_size, "E": config.embedding_size, "L": _num_labels(d),
                      "V": config.vocab_size}
         self.tied = bool(d.get("tie_word_embeddings", True))
+        self.names: dict[str, torch.Tensor] = {}  # every tensor the head reads, by its name in the task model
 
     def dim(self, sym):
         return sym if isinstance(sym, int) else self.dims[sym]
@@ -96,7 +98,9 @@ class _Resolver:
                             f"from config.json")
         if not t.is_floating_point():
             raise LoadError(f"head tensor {full!r} has dtype {t.dtype}, expected a floating point dtype")
-        return t.detach().to(device=self.word.device, dtype=self.word.dtype).contiguous()
+        if name not in self.names:  # one tensor per name, read by every step naming it
+            self.names[name] = t.detach().to(device=self.word.device, dtype=self.word.dtype).contiguous()
+        return self.names[name]
 
     def module(self, name) -> str:
         """A module's name in this checkpoint: `name`, or of a tuple of spellings the first whose weight it holds."""
@@ -144,7 +148,7 @@ class _Resolver:
                 if tuple(self.word.shape) != (V, inp):
                     raise LoadError(f"tied decoder {weight_name!r} needs word embeddings of shape {(V, inp)}, "
                                     f"found {tuple(self.word.shape)}")
-                weight = self.word
+                weight = self.names[weight_name] = self.word  # an adapter's saved decoder unties it for its rows
             else:
                 weight = self.tensor(weight_name, (V, inp))
                 biases = biases[::-1]
@@ -155,7 +159,9 @@ class _Resolver:
                 also = ", ".join(map(repr, biases[1:])) or "nothing else"
                 raise LoadError(f"head tensor {biases[0]!r} ({self.config.family} {self.task}) is missing from "
                                 f"the checkpoint (also looked for {also})")
-            return ("linear", weight, self.tensor(present[0], (V,)))
+            bias = self.tensor(present[0], (V,))
+            self.names.update({b: bias for b in biases})  # transformers' aliases of one tensor
+            return ("linear", weight, bias)
         if kind == "act":
             return ("act", self.activation(step[1]))
         if kind == "squeeze":
@@ -168,12 +174,14 @@ class _Resolver:
 
 
 class Head(nn.Module):
-    """One task head: output field -> (source, executable steps), run on the encoder's outputs."""
+    """One task head: output field -> (source, executable steps), run on the encoder's outputs; `tensors`: the
+    tensors its steps hold, by their names in the task model (what an adapter's modules_to_save replaces)."""
 
-    def __init__(self, branches: dict, eps: float):
+    def __init__(self, branches: dict, eps: float, tensors: dict[str, torch.Tensor] | None = None):
         super().__init__()
         self.branches = branches
         self.eps = eps
+        self.tensors = dict(tensors or {})
 
     def extra_repr(self):
         return ", ".join(f"{field}<-{source}({len(steps)} steps)" for field, (source, steps) in self.branches.items())
@@ -199,8 +207,10 @@ class Head(nn.Module):
                 x = x.squeeze(-1)
         return x
 
-    def forward(self, last_hidden_state, pooler_output, attention_mask) -> dict[str, torch.Tensor]:
-        """last_hidden_state: (B, S, H); pooler_output: (B, H) or None; attention_mask: (B, S) 0/1.
+    def forward(self, last_hidden_state, pooler_output, attention_mask,
+                per_sequence: bool = False) -> dict[str, torch.Tensor]:
+        """last_hidden_state: (B, S, H); pooler_output: (B, H) or None; attention_mask: (B, S) 0/1. per_sequence runs
+        per-token steps one sequence at a time, so a row's bits do not depend on the other rows (per-row adapters).
 
         Returns field -> tensor: (B, ...) for sequence-level fields, (B, S, ...) for per-token ones
         (0 at padded positions).
@@ -221,8 +231,13 @@ class Head(nn.Module):
                 out[field] = self.run(last_hidden_state.sum(1) / count, steps, per_row=True)
             else:  # per token: run on the real tokens only, scatter back with zeros at padding
                 assert source == TOKENS, source
-                packed, indices, _, _ = unpad(last_hidden_state, attention_mask)
-                out[field] = pad(self.run(packed, steps), indices, B, S)
+                packed, indices, cu_seqlens, _ = unpad(last_hidden_state, attention_mask)
+                if per_sequence and len(packed):
+                    bounds = cu_seqlens.tolist()
+                    tokens = torch.cat([self.run(packed[a:b], steps) for a, b in zip(bounds, bounds[1:]) if b > a])
+                else:
+                    tokens = self.run(packed, steps)
+                out[field] = pad(tokens, indices, B, S)
         return out
 
 
@@ -239,10 +254,10 @@ class TaskOutput(EncoderOutput):
         self.pooler_output = None
 
 
-class TaskModel(nn.Module):
+class TaskModel(TaskAdapters, nn.Module):
     """A bertfast `Encoder` plus the task head of the same checkpoint (see `load`).
 
-    forward(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states) takes
+    forward(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, adapter_ids) takes
     (B, S) tensors, or (B, C, S) for multiple choice, and returns a `TaskOutput`:
       sequence classification / NSP / SOP: logits (B, num_labels or 2); multiple choice: logits (B, C);
       token classification: logits (B, S, num_labels); QA: start_logits, end_logits (B, S);
@@ -256,6 +271,11 @@ class TaskModel(nn.Module):
     `labels` (sequence and token classification): the label names in logit order (config.json's id2label,
     transformers' `LABEL_<i>` where it has none); `problem_type` as config.json gives it; `scores(logits)`
     turns classification logits into probabilities.
+
+    LoRA adapters (`load_adapter`, `TaskAdapters`): adapter_ids gives one loaded adapter's name or None (base) per row
+    (per example for multiple choice); a row runs its adapter's LoRA in the encoder and its adapter's head tensors
+    (modules_to_save) in the head, the base head where the adapter saved none. With adapters, per-token outputs too
+    are batch-invariant.
     """
 
     def __init__(self, encoder: Encoder, head: Head, architecture: str, id2label: dict | None = None,
@@ -269,6 +289,7 @@ class TaskModel(nn.Module):
         self.id2label = id2label
         self.labels = labels
         self.problem_type = problem_type
+        self._adapter_heads: dict[str, Head] = {}  # adapter name -> its head, for adapters saving head tensors
 
     @property
     def multi_label(self) -> bool:
@@ -291,18 +312,23 @@ class TaskModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                output_hidden_states: bool = False, return_dict: bool = True):
+                output_hidden_states: bool = False, return_dict: bool = True, adapter_ids=None):
         choices = None
         if self.task == "MultipleChoice":
+            examples = input_ids.shape[0] if torch.is_tensor(input_ids) else None
             input_ids, attention_mask, token_type_ids, position_ids, choices = _flatten_choices(
                 input_ids, attention_mask, token_type_ids, position_ids)
+            adapter_ids = per_choice(adapter_ids, examples, choices)
         if FIRST in self.head.sources:
             _check_first_token(attention_mask, self.architecture)
-        enc = self.encoder(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states)
+        enc = self.encoder(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
+                           adapter_ids=adapter_ids)
         last = enc.last_hidden_state
         mask = (torch.ones(last.shape[:2], dtype=torch.int64, device=last.device) if attention_mask is None
                 else attention_mask.to(last.device))
-        fields = self.head(last, enc.pooler_output, mask)
+        heads = self._row_heads(adapter_ids, last.shape[0])
+        fields = (self.head(last, enc.pooler_output, mask) if heads is None else
+                  run_heads(heads, last, enc.pooler_output, mask))
         if self.task == "QuestionAnswering":
             logits = fields.pop("logits")
             fields = {"start_logits": logits[..., 0].contiguous(), "end_logits": logits[..., 1].contiguous()}
@@ -345,7 +371,8 @@ def _check_first_token(attention_mask, architecture):
 # Entry point.
 
 
-def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: str | None = None):
+def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: str | None = None,
+         adapters: dict | None = None):
     """Encoder + task head from a Hugging Face checkpoint directory or an in-memory transformers model.
 
     The head follows `architectures[0]` of config.json (for a directory) or the model's class name (for
@@ -354,6 +381,8 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
     a task architecture gives a `TaskModel`. dtype None keeps the checkpoint's dtype, "auto" takes the
     backend's fastest within the fidelity rule (`encoder.choose_dtype`), "int8" quantizes the encoder's GEMM
     weights as `Encoder.from_pretrained` does; the head runs in the engine's dtype (fp32 with int8).
+    adapters: {name: PEFT LoRA directory}, each loaded with `load_adapter` (a task model also takes the adapter's
+    modules_to_save head tensors for its rows).
     Raises LoadError naming the architecture, tensor or file that cannot be served
     (`supported_architectures()` lists the supported ones); ConfigError for an unsupported config.json field.
     """
@@ -384,7 +413,7 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
         src = _TensorSource({k: "the in-memory model" for k in sd}, sd.__getitem__)
     weights = assemble(src, config, dtype, engine_backend.stream_dtype(dtype))
     if task is None:
-        return Encoder(weights, engine_backend, model_dir=model_dir, quantize=quantize)
+        return _with_adapters(Encoder(weights, engine_backend, model_dir=model_dir, quantize=quantize), adapters)
 
     branches = HEADS[config.family][task]
     if task == "QuestionAnswering" and _num_labels(d) != 2:
@@ -406,8 +435,15 @@ def load(path_or_hf_model, *, backend: str = "auto", dtype=None, architecture: s
         # keys are strings in config.json, ints in an in-memory transformers config
         names = {str(k): str(v) for k, v in (id2label or {}).items()}
         labels = [names.get(str(i), f"LABEL_{i}") for i in range(_num_labels(d))]
-    return TaskModel(encoder, Head(resolved, config.layer_norm_eps), arch, id2label, labels,
-                     d.get("problem_type"))
+    model = TaskModel(encoder, Head(resolved, config.layer_norm_eps, resolver.names), arch, id2label, labels,
+                      d.get("problem_type"))
+    return _with_adapters(model, adapters)
+
+
+def _with_adapters(model, adapters: dict | None):
+    for name, path in (adapters or {}).items():
+        model.load_adapter(name, path)
+    return model
 
 
 __all__ = ["load", "supported_architectures", "TaskModel", "TaskOutput", "Head", "HEADS"]

@@ -1,7 +1,8 @@
 """PEFT LoRA adapters on the random-weight models of every family, and edits of saved adapters for the refusals.
 
-PEFT initialises lora_B to zeros (an adapter that changes nothing would hide every mapping mistake): `save_lora`
-draws both factors at random, at a scale where the deltas are comparable with the base weights.
+PEFT initialises lora_B to zeros and modules_to_save as copies of the base modules (an adapter that changes nothing
+would hide every mapping mistake): `save_lora` draws both factors at random, at a scale where the deltas are
+comparable with the base weights, and perturbs the saved copies.
 """
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ CASES = {
 
 
 def save_lora(model, path, seed=0, **lora) -> peft.PeftModel:
-    """A LoRA PeftModel over a copy of `model` (lora: LoraConfig's fields), both factors random, saved to `path`."""
+    """A LoRA PeftModel over a copy of `model` (lora: LoraConfig's fields), both factors random and the
+    modules_to_save copies perturbed, saved to `path`."""
     pm = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(**lora))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in pm.named_parameters():
             if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+            elif ".modules_to_save." in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.2)
     pm.save_pretrained(path)
     return pm.eval()
 
