@@ -45,11 +45,11 @@ def run_heads(heads: list, last: torch.Tensor, pooled: torch.Tensor | None, mask
     for i, head in enumerate(heads):
         groups.setdefault(id(head), (head, []))[1].append(i)
     if len(groups) == 1:
-        return heads[0](last, pooled, mask, per_sequence=True)
+        return heads[0](last, pooled, mask)
     out = {}
     for head, rows in groups.values():
         idx = torch.tensor(rows, device=last.device)
-        part = head(last[idx], None if pooled is None else pooled[idx], mask[idx], per_sequence=True)
+        part = head(last[idx], None if pooled is None else pooled[idx], mask[idx])
         for field, t in part.items():
             if field not in out:
                 out[field] = t.new_zeros((len(heads), *t.shape[1:]))

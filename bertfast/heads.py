@@ -207,10 +207,10 @@ class Head(nn.Module):
                 x = x.squeeze(-1)
         return x
 
-    def forward(self, last_hidden_state, pooler_output, attention_mask,
-                per_sequence: bool = False) -> dict[str, torch.Tensor]:
-        """last_hidden_state: (B, S, H); pooler_output: (B, H) or None; attention_mask: (B, S) 0/1. per_sequence runs
-        per-token steps one sequence at a time, so a row's bits do not depend on the other rows (per-row adapters).
+    def forward(self, last_hidden_state, pooler_output, attention_mask) -> dict[str, torch.Tensor]:
+        """last_hidden_state: (B, S, H); pooler_output: (B, H) or None; attention_mask: (B, S) 0/1. Per-token steps
+        run one sequence at a time (a GEMM library's summation order follows its row count), so a row's bits do not
+        depend on the other rows.
 
         Returns field -> tensor: (B, ...) for sequence-level fields, (B, S, ...) for per-token ones
         (0 at padded positions).
@@ -232,12 +232,9 @@ class Head(nn.Module):
             else:  # per token: run on the real tokens only, scatter back with zeros at padding
                 assert source == TOKENS, source
                 packed, indices, cu_seqlens, _ = unpad(last_hidden_state, attention_mask)
-                if per_sequence and len(packed):
-                    bounds = cu_seqlens.tolist()
-                    tokens = torch.cat([self.run(packed[a:b], steps) for a, b in zip(bounds, bounds[1:]) if b > a])
-                else:
-                    tokens = self.run(packed, steps)
-                out[field] = pad(tokens, indices, B, S)
+                bounds = cu_seqlens.tolist()
+                runs = [self.run(packed[a:b], steps) for a, b in zip(bounds, bounds[1:]) if b > a]
+                out[field] = pad(torch.cat(runs) if runs else self.run(packed, steps), indices, B, S)
         return out
 
 

@@ -130,17 +130,21 @@ def test_every_transformers_head_of_the_families_is_listed():
                                                (a.startswith(prefix + "For") or a == prefix + "Model")}, family
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])  # pooler, token 0 + dense, token 0 + relu
-def test_sequence_heads_are_batch_invariant(family):
+@pytest.mark.parametrize("family, task", [
+    ("bert", "SequenceClassification"), ("roberta", "SequenceClassification"),  # pooler, token 0 + dense
+    ("distilbert", "SequenceClassification"), ("bert", "TokenClassification"),  # token 0 + relu, per token
+    ("bert", "MaskedLM")])  # per token: dense, GELU, LayerNorm, decoder
+def test_heads_are_batch_invariant(family, task):
     """A row's logits alone equal its logits inside a ragged batch, bit for bit (the GEMM library picks
-    its kernel by row count, so the head runs row by row, as the engine does)."""
-    model = build(family, "SequenceClassification")
-    kwargs, mask = inputs_for(model, "SequenceClassification")
+    its kernel by row count, so the head runs row by row, per-token steps sequence by sequence)."""
+    model = build(family, task)
+    kwargs, mask = inputs_for(model, task)
     ours = load(model, backend="cpu" if "cpu" in CPU_BACKENDS else "torch")
     batch = ours(**kwargs).logits
     for i, n in enumerate(mask.sum(1).tolist()):
         alone = ours(**{k: v[i:i + 1, :n] for k, v in kwargs.items()}).logits
-        assert torch.equal(alone[0], batch[i]), i
+        want = batch[i] if batch.dim() == 2 else batch[i, :n]
+        assert torch.equal(alone[0], want), i
 
 
 @pytest.mark.parametrize("num_labels, problem_type, multi", [
