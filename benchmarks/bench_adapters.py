@@ -9,7 +9,8 @@ and every dense (attention out, FFN in and out, the pooler), both factors drawn 
 Rows: `base` (no adapter), `mixed` (row i on adapter i mod N), `peft` (for each adapter, PEFT's model with that
 adapter active on its rows, padded as transformers runs them). `mixed` is checked against PEFT per row before it is
 timed (fp32: within 1e-4 of the largest value). Timed interleaved in one process
-(`bertfast.tools.bench.measure.interleaved`), medians. Also the resident memory each loaded adapter adds.
+(`bertfast.tools.bench.measure.interleaved`), medians. Also the bytes of the tensors the loaded adapters hold, and
+the resident memory loading them adds.
 Targets (issue 59): mixed <= 1.15x base, peft >= 4x mixed.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import statistics
 import sys
@@ -37,6 +39,24 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": "int8"}
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def tensor_bytes(obj, seen=None) -> int:
+    """Bytes of the distinct tensors an object holds (tensors, tuples, lists, dicts, dataclasses, slotted objects):
+    what the loaded adapters keep, whatever the allocator reuses."""
+    seen = set() if seen is None else seen
+    if torch.is_tensor(obj):
+        key = (obj.untyped_storage().data_ptr(), obj.untyped_storage().nbytes())
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v, seen) for v in obj)
+    names = [f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else getattr(obj, "__slots__", ())
+    return sum(tensor_bytes(getattr(obj, n, None), seen) for n in names)
 
 
 def lengths_of(workload: str) -> list[int]:
@@ -87,11 +107,12 @@ def main() -> None:
         for name, path in zip(names, paths):
             enc.load_adapter(name, path)
         added = rss_bytes() - before
+        held = tensor_bytes([enc._adapters[name] for name in names])
         file_bytes = sum(os.path.getsize(os.path.join(p, "adapter_model.safetensors")) for p in paths)
         print(f"cpu tier {bertfast.cpu_info()['active']}, torch threads {torch.get_num_threads()}, {args.layers} "
               f"layers, {args.adapters} adapters of rank {args.rank}, {args.dtype}")
-        print(f"memory: loading the adapters added {added / 2**20:.1f} MiB resident "
-              f"(their safetensors files: {file_bytes / 2**20:.1f} MiB)")
+        print(f"memory: the adapters hold {held / 2**20:.1f} MiB of tensors (their safetensors files: "
+              f"{file_bytes / 2**20:.1f} MiB); loading them added {added / 2**20:.1f} MiB resident")
         pm = None
         if not args.no_peft:
             pm = peft.PeftModel.from_pretrained(copy.deepcopy(model), paths[0], adapter_name=names[0]).eval()

@@ -330,18 +330,28 @@ class UnknownAdapter(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def pack_adapter(adapter: Adapter, base: ModelWeights, pack) -> Adapter:
-    """`adapter` with each factor in the form its backend's `linear` takes (pack: `Backend.pack`, after moving the
-    tensor to the weights' device), and DeBERTa-v2's pos_key / pos_query slots as the adapted tables themselves
-    (the base's (2 span, H) table + relative_inputs A^T B^T, in float64, then the table's dtype): the position
-    projections read the same rows in every forward. Slot dicts shared between layers (ALBERT) stay shared."""
+def pack_adapter(adapter: Adapter, base: ModelWeights, pack_lora) -> Adapter:
+    """`adapter` with each slot's factors in the form its backend's `lora` takes (pack_lora: `Backend.pack_lora`
+    with the tensors on the weights' device, given the slot's runs of outputs, `_segments`), and DeBERTa-v2's
+    pos_key / pos_query slots as the adapted tables themselves (the base's (2 span, H) table + relative_inputs A^T B^T,
+    in float64, then the table's dtype): the position projections read the same rows in every forward. Slot dicts
+    shared between layers (ALBERT) stay shared."""
     seen: dict[int, dict] = {}
     for slots, layer in zip(adapter.layers, base.layers):
         if id(slots) not in seen:
             seen[id(slots)] = {slot: _position_table(base, layer, slot, A, B) if slot.startswith("pos_") else
-                               (pack(A), pack(B)) for slot, (A, B) in slots.items()}
-    pooler = None if adapter.pooler is None else (pack(adapter.pooler[0]), pack(adapter.pooler[1]))
+                               pack_lora(A, B, _segments(layer, slot)) for slot, (A, B) in slots.items()}
+    pooler = None if adapter.pooler is None else pack_lora(*adapter.pooler, 1)
     return dataclasses.replace(adapter, layers=[seen[id(slots)] for slots in adapter.layers], pooler=pooler)
+
+
+def _segments(layer: LayerWeights, slot: str) -> int:
+    """The equal runs a slot's outputs come in, each fed by its own modules: q | k | v, a gated FFN's gate | up."""
+    if slot == "qkv":
+        return 3
+    if slot == "ffn_in" and layer.ffn_in_weight.shape[0] == 2 * layer.ffn_out_weight.shape[1]:
+        return 2
+    return 1
 
 
 def _position_table(base: ModelWeights, layer: LayerWeights, slot: str, A, B) -> torch.Tensor:
@@ -351,41 +361,49 @@ def _position_table(base: ModelWeights, layer: LayerWeights, slot: str, A, B) ->
 
 
 class RowAdapters:
-    """One forward's adapters, one (packed, `pack_adapter`) or None per row: the packed batch's token indices per
-    adapter (`group_rows`), and the batch's row indices per adapter (the pooler reads one token a row), on `device`.
+    """One forward's adapters, one (packed, `pack_adapter`) or None per row: `adapters`, the distinct ones in order of
+    first appearance; each token's and each batch row's position among them (-1: the base model); and where each
+    one's rows are: runs of consecutive rows as token slices (`spans`), batch row indices (`rows`, the pooler reads
+    one token a row), token indices (`tokens`), all on `device`.
 
-    `addend` is a slot's delta for every token: (x_g A^T) B^T per group g through the backend's own `linear`, zeros
-    for the tokens of base rows. The cpu backend's GEMMs give a row the same bits whatever the other rows (M-invariant),
-    so a row's delta, like its base output, depends on its own tokens and adapter alone."""
+    `addend` is a slot's LoRA terms in the backend's form (`Backend.lora`): a row's depends on its own tokens and
+    adapter alone, as its base output does, so a row gets the same bits alone and in any batch."""
 
     def __init__(self, adapters: Sequence[Adapter | None], cu_seqlens: torch.Tensor, device):
         self.tokens = [(a, idx.to(device)) for a, idx in group_rows(cu_seqlens.cpu(), adapters)]
-        # Runs of consecutive rows on one adapter as token slices: their rows are views, not gathered copies.
-        bounds, self.spans, rows = cu_seqlens.tolist(), [], {}
+        bounds, position = cu_seqlens.tolist(), {}
+        self.adapters: list[Adapter] = []
+        self.spans: list[tuple[int, slice]] = []
+        row_index, rows = [], {}
         for i, adapter in enumerate(adapters):
             if adapter is None:
+                row_index.append(-1)
                 continue
-            rows.setdefault(id(adapter), (adapter, []))[1].append(i)
-            if self.spans and self.spans[-1][0] is adapter and self.spans[-1][1].stop == bounds[i]:
-                self.spans[-1] = (adapter, slice(self.spans[-1][1].start, bounds[i + 1]))
+            p = position.setdefault(id(adapter), len(self.adapters))
+            if p == len(self.adapters):
+                self.adapters.append(adapter)
+            row_index.append(p)
+            rows.setdefault(p, []).append(i)
+            if self.spans and self.spans[-1][0] == p and self.spans[-1][1].stop == bounds[i]:
+                self.spans[-1] = (p, slice(self.spans[-1][1].start, bounds[i + 1]))
             else:
-                self.spans.append((adapter, slice(bounds[i], bounds[i + 1])))
-        self.rows = [(a, torch.tensor(r, dtype=torch.int64, device=device)) for a, r in rows.values()]
+                self.spans.append((p, slice(bounds[i], bounds[i + 1])))
+        self.rows = [(p, torch.tensor(r, dtype=torch.int64, device=device)) for p, r in rows.items()]
+        lengths = torch.tensor([b - a for a, b in zip(bounds, bounds[1:])], dtype=torch.int64)
+        self.row_index = torch.tensor(row_index, dtype=torch.int32)
+        self.token_index = torch.repeat_interleave(self.row_index, lengths).to(device)
+        self.row_index = self.row_index.to(device)
 
-    def addend(self, ops, x: torch.Tensor, layer: int | None, slot: str) -> torch.Tensor | None:
-        """x (T, K) the slot's input (a row per batch row for the pooler, layer None) -> (T, N) float32, or None where
-        no adapter of the forward has the slot."""
-        out = None
-        for adapter, where in self.rows if slot == "pooler" else self.spans:  # where: row indices or a token slice
-            pair = adapter.pooler if slot == "pooler" else adapter.layers[layer].get(slot)
-            if pair is None:
-                continue
-            A, B = pair
-            delta = ops.linear(ops.linear(x[where].float(), A, None), B, None)
-            if out is None:
-                out = torch.zeros(x.shape[0], delta.shape[1], dtype=torch.float32, device=x.device)
-            out[where] = delta
-        return out
+    def addend(self, ops, x: torch.Tensor, layer: int | None, slot: str):
+        """x (T, K) the slot's input (a row per batch row for the pooler, layer None) -> the slot's terms in the
+        backend's form (`Backend.lora`), or None where no adapter of the forward has the slot."""
+        pooler = slot == "pooler"
+        factors = [a.pooler if pooler else a.layers[layer].get(slot) for a in self.adapters]
+        if all(f is None for f in factors):
+            return None
+        if pooler:
+            return ops.lora(x, self.row_index, factors, self.rows)
+        return ops.lora(x, self.token_index, factors, self.spans)
 
     def positions(self, ops, layer: int, bias, q, k, index, scale: float, windows):
         """DeBERTa-v2: `bias` (the layer's DisentangledBias from the base tables, `disentangled.layer_bias`) with the

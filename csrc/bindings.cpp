@@ -4,7 +4,8 @@
 //
 // Ops and their kernels (csrc/cpu/<folder>/): embeddings, layernorm, rotary_, glu, Layer, pool_rows (layer/: the
 // file of that name), attention (attention/attention*.cpp), pack_linear and linear (gemm/linear_pack.cpp,
-// gemm/linear*.cpp), sparse_pool (gemm/sparse_pool*.cpp), quantize_rows, pack_int8 and quant_linear
+// gemm/linear*.cpp), LoraTerm and lora_shrink (gemm/lora.h, gemm/lora.cpp; bindings/lora.h), sparse_pool
+// (gemm/sparse_pool*.cpp), quantize_rows, pack_int8 and quant_linear
 // (int8/quantize_rows.cpp, int8/int8_linear*.cpp), WordPiece (text/wordpiece.cpp; bindings/wordpiece.h),
 // isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni (common/isa.cpp),
 // num_threads (common/parallel.h), profile_enable / profile_counters (layer/profile.h: bertfast/profiling.py).
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "bindings/layer.h"
+#include "bindings/lora.h"
 #include "bindings/ops.h"
 #include "bindings/wordpiece.h"
 #include "cpu/common/isa.h"
@@ -65,10 +67,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("act"));
   m.def("pack_linear", &pack_linear, "pack a (N, K) weight for `linear`", py::arg("weight"));
   m.def("linear", &linear,
-        "act(x @ w.T + bias + addend) + residual on a packed weight (streaming at small M; fp32 blocked at large M); "
-        "act in none|gelu|gelu_tanh|relu|tanh|silu; addend: (M, N) float32 (a LoRA delta) or None",
+        "act(x @ w.T + bias + lora) + residual on a packed weight (streaming at small M; fp32 blocked at large M); "
+        "act in none|gelu|gelu_tanh|relu|tanh|silu; lora: a LoraTerm (the rows' LoRA terms) or None",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
-        py::arg("act") = "none", py::arg("residual") = py::none(), py::arg("addend") = py::none());
+        py::arg("act") = "none", py::arg("residual") = py::none(), py::arg("lora") = py::none());
+  py::class_<LoraOperands>(m, "LoraTerm",
+                           "the LoRA terms of one linear call, added in its epilogue before the activation: row m "
+                           "adds s[m] . bt of factor index[m] (none where it is -1); s (M, R) float32 (lora_shrink), "
+                           "index (M,) int32, per factor bt (float32: per segment, per 16-column group, its rows "
+                           "k0..k1 of 16 floats) and seg ((segments, 3) int32: k0, k1 and the offset in bt of each "
+                           "segment), segments of `width` outputs")
+      .def(py::init<at::Tensor, at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t>(),
+           py::arg("s"), py::arg("index"), py::arg("bt"), py::arg("seg"), py::arg("width"));
+  m.def("lora_shrink", &lora_shrink,
+        "s (M, R) float32 = x @ A.T per row on factor index[m] (int32; -1: a zero row); at: per factor A.T (K, r) "
+        "float32 contiguous, r a multiple of 16; R the widest r; each value's bits depend on its row alone",
+        py::arg("x"), py::arg("index"), py::arg("at"));
   py::class_<LayerTensors>(m, "LayerWeights",
                            "the weights of one encoder layer for `Layer`, as keyword arguments: qkv, attn_out, "
                            "ffn_in, ffn_out packed by pack_linear (or pack_int8, with int8_scales and int8_colsums, "
@@ -175,12 +189,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_int8", &pack_int8, "pack an int8 (N, K) weight for quant_linear", py::arg("weight"));
   m.def("quant_linear", &quant_linear,
         "quantize_rows, then the int8 GEMM on pack_int8 weights with the dequantization epilogue fused (AMX-int8 / "
-        "VNNI / AVX2 / portable by the ISA tier): act(x @ W.T + bias + addend) + residual for fp32 x (M, K); "
+        "VNNI / AVX2 / portable by the ISA tier): act(x @ W.T + bias + lora) + residual for fp32 x (M, K); "
         "unsigned_codes=False: signed codes whatever the kernel (a VNNI kernel then flips them in a pass of its own; "
         "the same bits)",
         py::arg("x"), py::arg("packed"), py::arg("w_scale"), py::arg("colsum"), py::arg("bias") = py::none(),
         py::arg("act") = "none", py::arg("residual") = py::none(), py::arg("unsigned_codes") = true,
-        py::arg("addend") = py::none());
+        py::arg("lora") = py::none());
 
   // Test and measurement knobs, none of which the product calls: kept out of the ops so none creeps in.
   py::module_ t = m.def_submodule("testing", "test and measurement knobs of the native kernels (not for products)");

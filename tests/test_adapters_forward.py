@@ -7,7 +7,8 @@
 - Batch invariance bit for bit: a row alone equals the same row inside a mixed batch of 481 tokens (past every row
   count of the native GEMM choosers: 32/33 rows, the AMX blocked kernels at 64/128), in fp32, bf16 and int8 (int8
   base, adapter fp32), on the default tier, portable, avx2, avx512_vnni-nobf16 and amx_emulated; base rows of a
-  mixed batch equal the forward without adapters (BERT: the native whole layer) bit for bit. The native linear's addend on every epilogue.
+  mixed batch equal the forward without adapters (BERT: the native whole layer) bit for bit. The native linear's LoRA
+  terms on every epilogue.
 - The triton backend under the interpreter: its kernels' addend, and a mixed batch against PEFT.
 - The errors: unknown names, a wrong adapter_ids length, a duplicate or bad name, unload of an unknown name, another
   family's adapter.
@@ -159,37 +160,58 @@ def test_row_alone_equals_row_in_mixed_batch(family, dtype, tier, peft_models):
 @pytest.mark.parametrize("act", ["none", "gelu", "relu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"], ids=["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("M", [5, 300], ids=["M5-stream", "M300-blocked"])
-def test_linear_addend_before_activation(M, dtype, act, tier):
-    """The cpu backend's linear with an addend: act(x W^T + b + addend) + residual, the addend fp32 (rows a stride
-    apart) whatever the operands' dtype; and a row's bits are its own (M-invariant) with the addend too. Every
-    epilogue: streaming and blocked, the 16-lane and the generic activations, the int8 kernels of each tier."""
+@pytest.mark.parametrize("segments, N", [(1, 70), (3, 96)], ids=["one-run", "three-runs"])
+def test_linear_lora_term_before_activation(segments, N, M, dtype, act, tier):
+    """The cpu backend's linear with LoRA terms (`Backend.lora`: the shrink now, B in the epilogue):
+    act(x W^T + b + (x A_f^T) B_f^T) + residual for each row's factor f (none for base rows), fp32 whatever the
+    operands' dtype; B block-diagonal over three runs of outputs (as q | k | v) or one; a row's bits are its own
+    (M-invariant). Every epilogue: streaming and blocked, the 16-lane and the generic activations, the int8 kernels
+    of each tier."""
     if tier is not None and isa_module.unsupported(tier) is not None:
         pytest.skip(isa_module.unsupported(tier))
     with on_cap(tier) if tier else contextlib.nullcontext():
-        _check_linear_addend(M, dtype, act)
+        _check_linear_lora(segments, N, M, dtype, act)
 
 
-def _check_linear_addend(M, dtype, act):
+def _check_linear_lora(segments, N, M, dtype, act):
     from bertfast.backends.cpu import linear as cpu_linear, quant
+    from bertfast.backends.cpu.backend import CpuBackend
     from bertfast.kernels import activation
     g = torch.Generator().manual_seed(0)
-    x, w, b = (torch.randn(*shape, generator=g) for shape in ((M, 40), (70, 40), (70,)))
-    res, addend = torch.randn(M, 70, generator=g), torch.randn(M, 80, generator=g)[:, 3:73]
+    x, w, b = (torch.randn(*shape, generator=g) for shape in ((M, 40), (N, 40), (N,)))
+    res = torch.randn(M, N, generator=g)
+    pairs = []
+    for r in (4, 8, 20):  # ranks under, at and past the shrink's 16 lanes
+        A = torch.randn(segments * r, 40, generator=g) * 0.1
+        B = torch.zeros(N, segments * r)
+        for s in range(segments):  # each run of outputs reads its own r ranks
+            B[s * N // segments:(s + 1) * N // segments, s * r:(s + 1) * r] = torch.randn(N // segments, r, generator=g)
+        pairs.append((A, B))
+    backend = CpuBackend()
+    factors = [backend.pack_lora(A, B, segments) for A, B in pairs] + [None]  # the last adapter leaves the slot
+    index = torch.randint(-1, len(factors), (M,), generator=g, dtype=torch.int32)
+    groups = [(i, (index == i).nonzero().flatten()) for i in range(len(factors))]
+
+    def run(rows):
+        term = backend.lora(x[rows], index[rows], factors, groups)
+        if dtype == "int8":
+            return quant.linear(x[rows], quant.QuantLinear.from_float(w), b, act, res[rows], term)
+        return cpu_linear.linear(x[rows], cpu_linear.PackedLinear(w.to(dtype)), b.to(dtype), act, res[rows], term)
+
+    ours = run(slice(None))
     if dtype == "int8":
-        weight = quant.QuantLinear.from_float(w)
-        ours = quant.linear(x, weight, b, act, res, addend)
-        ref = quant.linear_reference(x, weight, b, "none", None, torch.float64)
+        ref = quant.linear_reference(x, quant.QuantLinear.from_float(w), b, "none", None, torch.float64)
     else:
-        weight = cpu_linear.PackedLinear(w.to(dtype))
-        ours = cpu_linear.linear(x, weight, b.to(dtype), act, res, addend)
         ref = x.to(dtype).double() @ w.to(dtype).double().T + b.to(dtype).double()
-    ref = activation.apply(ref + addend.double(), act) + res.double()
+    delta = torch.zeros(M, N, dtype=torch.float64)
+    for i, (A, B) in enumerate(pairs):
+        rows = index == i
+        delta[rows] = (x[rows].double() @ A.double().T) @ B.double().T
+    ref = activation.apply(ref + delta, act) + res.double()
     assert ours.dtype == torch.float32
     tol = 1e-5 if dtype == torch.float32 else 2e-2 if dtype == torch.bfloat16 else 1e-5
     assert rel_err(ours, ref) <= tol
-    head = (quant.linear(x[:3], weight, b, act, res[:3], addend[:3]) if dtype == "int8" else
-            cpu_linear.linear(x[:3], weight, b.to(dtype), act, res[:3], addend[:3]))
-    assert torch.equal(head, ours[:3])
+    assert torch.equal(run(slice(0, 3)), ours[:3])
 
 
 @needs_cpu

@@ -153,8 +153,8 @@ class Backend:
 
     def linear(self, x, weight, bias, act: str = "none", residual=None, gated: bool = False, addend=None):
         """act(x @ weight.T + bias + addend) + residual. x: (M, K); weight: (N, K) or this backend's packed form;
-        bias: (N,) or None; act: an id of `kernels.activation`; residual: (M, N) or None; addend: (M, N) float32 or
-        None, added before the activation (the rows' LoRA deltas, `adapters.RowAdapters`).
+        bias: (N,) or None; act: an id of `kernels.activation`; residual: (M, N) or None; addend: the rows' LoRA
+        terms as this backend's `lora` gives them ((M, N) float32 by default) or None, added before the activation.
 
         gated (GLU: GeGLU, SwiGLU): weight (2N, K) and bias (2N,) hold two halves, rows [a; b]; the result is
         act(x @ a.T + bias_a + addend_a) * (x @ b.T + bias_b + addend_b), (M, N), addend (M, 2N); no residual then."""
@@ -162,9 +162,32 @@ class Backend:
 
     def qkv(self, x, weight, bias, num_heads, rotary: Rotary | None = None, addend=None):
         """Fused projection: x (T, H), weight (3H, H) -> q, k, v (T, heads, d), views allowed; bias (3H,) or
-        None; addend: (T, 3H) float32 or None, added to the projection before rotary; with a `Rotary`, q and k come
-        out rotated."""
+        None; addend: `lora`'s terms (T, 3H) or None, added to the projection before rotary; with a `Rotary`, q and k
+        come out rotated."""
         raise NotImplementedError
+
+    def pack_lora(self, A, B, segments: int):
+        """One adapter's factors of a slot in the form `lora` takes: A (r, K), B (N, r) float32 on the weights'
+        device, the scale folded into B; the slot's N outputs are `segments` equal runs (q | k | v: 3; gate | up: 2),
+        each reading only its own modules' rank. Default: each packed for `linear`."""
+        return self.pack(A), self.pack(B)
+
+    def lora(self, x, index, factors, groups):
+        """A slot's LoRA terms over a call's rows, the `addend` of `linear` and `qkv`: x (M, K) the slot's input;
+        index (M,) int32, each row's position in `factors` or -1; factors: per adapter of the forward its
+        `pack_lora` or None; groups: (position, rows) pairs, rows a slice or an index tensor of one adapter's rows.
+        A row's term must depend on its own x and factors alone. Default: (M, N) float32, (x A^T) B^T per group
+        through `linear`, zeros elsewhere."""
+        out = None
+        for i, rows in groups:
+            if factors[i] is None:
+                continue
+            A, B = factors[i]
+            delta = self.linear(self.linear(x[rows].float(), A, None), B, None)
+            if out is None:
+                out = torch.zeros(x.shape[0], delta.shape[1], dtype=torch.float32, device=x.device)
+            out[rows] = delta
+        return out
 
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale, bias: AttentionBias | None = None,
                   window: int = 0):

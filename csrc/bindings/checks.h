@@ -68,18 +68,6 @@ inline at::Tensor optional_operand(const c10::optional<at::Tensor>& t, const at:
   return *t;
 }
 
-// An optional fp32 operand whatever the input's dtype (a LoRA delta added before the activation): undefined when
-// absent, else of shape `shape`, contiguous along its last dim.
-inline at::Tensor optional_f32_rows(const c10::optional<at::Tensor>& t, at::IntArrayRef shape, const char* name) {
-  if (!t.has_value()) return at::Tensor();
-  check_tensor(*t, name);
-  BF_CHECK(t->scalar_type() == at::kFloat, name, " must be float32, got ", t->scalar_type());
-  BF_CHECK(t->sizes() == shape, name, " must have shape ", shape, ", got ", t->sizes());
-  BF_CHECK(t->stride(-1) == 1 || t->size(-1) <= 1, name, " must be contiguous along features, got strides ",
-           t->strides());
-  return *t;
-}
-
 // A weight packed by pack_linear for an (n, k) linear, in `ref`'s dtype.
 inline void check_packed(const at::Tensor& w, const at::Tensor& ref, int64_t n, int64_t k, const char* name) {
   check_like(w, ref, name);

@@ -6,6 +6,7 @@
 
 #include "bindings/alloc.h"
 #include "bindings/checks.h"
+#include "bindings/lora.h"
 #include "bindings/ops.h"
 #include "cpu/attention/attention_impl.h"
 #include "cpu/attention/disentangled_impl.h"
@@ -238,7 +239,7 @@ at::Tensor pack_linear(const at::Tensor& weight) {
 
 at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
                   const c10::optional<at::Tensor>& bias, const std::string& act,
-                  const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& addend) {
+                  const c10::optional<at::Tensor>& residual, const LoraOperands* lora) {
   check_float(x_in, "x");
   check_float(packed, "packed weight");
   BF_CHECK(x_in.dim() == 2, "x must be (rows, in_features), got ", x_in.sizes());
@@ -263,21 +264,22 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_
                     residual->scalar_type() == at::kFloat;
   const at::Tensor r = optional_operand(residual, wide ? *residual : x,
                                         {M, N}, Layout::Rows, "residual");
-  const at::Tensor d = optional_f32_rows(addend, {M, N}, "addend");
+  cpu::LoraTerm term;
+  if (lora != nullptr) term = lora->term(M, N);
+  const cpu::LoraTerm* lt = lora != nullptr ? &term : nullptr;
   at::Tensor out = empty_activation({M, N}, wide ? x.options().dtype(at::kFloat) : x.options());
   const int64_t ldx = M > 1 ? x.stride(0) : K;
   const int64_t ldr = r.defined() ? r.stride(0) : 0;
-  const int64_t lda = d.defined() ? d.stride(0) : 0;
   {
     py::gil_scoped_release nogil;
     if (wide) {
       bc::linear_packed_wide(ptr<bc::bf16>(x), ldx, ptr<bc::bf16>(packed), ptr<bc::bf16>(b), ptr<float>(r), ldr, M,
-                             N, K, a, ptr<float>(out), N, ptr<float>(d), lda);
+                             N, K, a, ptr<float>(out), N, lt);
     } else {
       dispatch(x.scalar_type(), [&](auto tag) {
         using T_ = decltype(tag);
         bc::linear_packed<T_>(ptr<T_>(x), ldx, ptr<T_>(packed), ptr<T_>(b), ptr<T_>(r), ldr, M, N, K, a,
-                               ptr<T_>(out), N, ptr<float>(d), lda);
+                               ptr<T_>(out), N, lt);
       });
     }
   }
@@ -460,7 +462,7 @@ at::Tensor pack_int8(const at::Tensor& weight) {
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
                         const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
                         const c10::optional<at::Tensor>& residual, bool unsigned_codes,
-                        const c10::optional<at::Tensor>& addend) {
+                        const LoraOperands* lora) {
   check_rows_f32(x, "x");
   const int64_t M = x.size(0), K = x.size(1);
   check_float(w_scale, "w_scale");
@@ -473,7 +475,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at:
   const bc::Activation a = activation(act);
   const at::Tensor b = optional_operand(bias, w_scale, {N}, Layout::Contiguous, "bias");
   const at::Tensor r = optional_operand(residual, w_scale, {M, N}, Layout::Rows, "residual");
-  const at::Tensor d = optional_f32_rows(addend, {M, N}, "addend");
+  cpu::LoraTerm term;
+  if (lora != nullptr) term = lora->term(M, N);
   at::Tensor q = empty_activation({M, K}, x.options().dtype(at::kChar));
   at::Tensor x_scale = empty_activation({M}, x.options());
   at::Tensor x_zp = empty_activation({M}, x.options().dtype(at::kInt));
@@ -486,8 +489,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at:
                       x_scale.data_ptr<float>(), x_zp.data_ptr<int32_t>(), flip);
     bc::int8_linear(q.data_ptr<int8_t>(), K, M, K, x_scale.data_ptr<float>(), x_zp.data_ptr<int32_t>(),
                     packed.data_ptr<int8_t>(), N, w_scale.data_ptr<float>(), colsum.data_ptr<float>(), ptr<float>(b),
-                    a, ptr<float>(r), r.defined() ? r.stride(0) : 0, out.data_ptr<float>(), flip, ptr<float>(d),
-                    d.defined() ? d.stride(0) : 0);
+                    a, ptr<float>(r), r.defined() ? r.stride(0) : 0, out.data_ptr<float>(), flip,
+                    lora != nullptr ? &term : nullptr);
   }
   return out;
 }

@@ -15,6 +15,8 @@ namespace py = pybind11;
 namespace bertfast {
 namespace bindings {
 
+class LoraOperands;  // bindings/lora.h
+
 namespace bc = ::bertfast::cpu;
 
 template <typename T>
@@ -48,7 +50,7 @@ at::Tensor glu(const at::Tensor& h, const std::string& act);
 at::Tensor pack_linear(const at::Tensor& weight);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                   const c10::optional<at::Tensor>& bias, const std::string& act,
-                  const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& addend);
+                  const c10::optional<at::Tensor>& residual, const LoraOperands* lora);
 at::Tensor sparse_pool(const at::Tensor& x, const at::Tensor& packed, int64_t vocab,
                        const c10::optional<at::Tensor>& bias, const at::Tensor& cu_seqlens, const std::string& pooling,
                        const std::string& activation);
@@ -84,7 +86,7 @@ at::Tensor pack_int8(const at::Tensor& weight);
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
                         const at::Tensor& colsum, const c10::optional<at::Tensor>& bias, const std::string& act,
                         const c10::optional<at::Tensor>& residual, bool unsigned_codes,
-                        const c10::optional<at::Tensor>& addend);
+                        const LoraOperands* lora);
 
 }  // namespace bindings
 }  // namespace bertfast

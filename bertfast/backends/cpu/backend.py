@@ -20,7 +20,7 @@ import torch
 from ...kernels import activation
 from ..contract import Backend, DisentangledBias, Precision, Rotary
 from ..weights import LayerWeights, ModelWeights
-from . import isa, linear, quant
+from . import isa, linear, lora, quant
 from .ext import _C, IMPORT_ERROR
 
 # Caps (`isa.active_cap`) without native bf16 dot products where the backend's bf16 forward measured slower
@@ -97,8 +97,8 @@ class CpuBackend(Backend):
     # --- ops (shapes in bertfast.reference) ---
     def linear(self, x, weight, bias, act: str = "none", residual=None, gated: bool = False, addend=None):
         """act(x @ weight.T + bias + addend) + residual. x: (M, K); weight: (N, K), PackedLinear or QuantLinear
-        (int8 GEMM, fp32 x); bias: (N,) or None; addend: (M, N) float32 or None, read in the GEMM's epilogue before
-        the activation (a row's bits still depend on that row alone).
+        (int8 GEMM, fp32 x); bias: (N,) or None; addend: the rows' LoRA terms (`lora`) or None, computed in the
+        GEMM's epilogue before the activation (a row's bits still depend on that row alone).
 
         gated: weight (2N, K) rows [a; b], bias (2N,) or None -> act(x @ a.T + bias_a) * (x @ b.T + bias_b), (M, N):
         the GEMM as for any linear (no activation), then the native gate (`_C.glu`)."""
@@ -115,6 +115,14 @@ class CpuBackend(Backend):
 
     def pack(self, weight):
         return linear.PackedLinear(weight.contiguous())
+
+    def pack_lora(self, A, B, segments: int):
+        return lora.pack_factors(A, B, segments)
+
+    def lora(self, x, index, factors, groups):
+        """A `_C.LoraTerm`: the rows' shrunk values now (`_C.lora_shrink`), their products with B in the epilogue
+        of the GEMM it is handed to (csrc/cpu/gemm/lora.h)."""
+        return lora.term(x, index, factors)
 
     def sparse_pool(self, x, weight, bias, cu_seqlens, pooling: str = "max", activation: str = "relu"):
         """The native kernel (`_C.sparse_pool`, csrc/cpu/gemm/sparse_pool*.cpp): the pooling in the vocabulary GEMM's

@@ -42,8 +42,8 @@ def packed(weight) -> PackedLinear:
 
 def linear(x, weight, bias, act: str = "none", residual=None, addend=None):
     """act(x @ weight.T + bias + addend) + residual on the extension's GEMM. x: (M, K) fp32/bf16; weight: PackedLinear
-    or (N, K) of x's dtype; bias: (N,) or None; residual: (M, N) or None; addend: (M, N) float32 or None (whatever
-    x's dtype), added in fp32 before the activation. bf16 weights also take fp32 x (rounded to bf16 once, as
+    or (N, K) of x's dtype; bias: (N,) or None; residual: (M, N) or None; addend: a `_C.LoraTerm` (`lora.term`) or
+    None, added in fp32 before the activation. bf16 weights also take fp32 x (rounded to bf16 once, as
     x.to(torch.bfloat16) would) and an fp32 residual, which makes the output fp32: the residual stream of a bf16
     forward (`CpuBackend.stream_dtype`)."""
     w = packed(weight)
@@ -52,4 +52,4 @@ def linear(x, weight, bias, act: str = "none", residual=None, addend=None):
     if x.dtype != w.dtype and not (w.dtype == torch.bfloat16 and x.dtype == torch.float32):
         raise ValueError(f"x has dtype {x.dtype} but the weight has {w.dtype}")
     activation.check(act)
-    return _C.linear(x, w.packed, w.out_features, bias, act, residual, addend)
+    return _C.linear(x, w.packed, w.out_features, bias, act, residual, lora=addend)

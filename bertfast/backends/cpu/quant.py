@@ -197,7 +197,8 @@ def linear(x: torch.Tensor, weight: QuantLinear, bias: torch.Tensor | None = Non
     """act(x @ W.T + bias + addend) + residual with W int8 per channel and x quantized per token at run time.
 
     x: (M, K) float32 (row stride may be > K); weight: QuantLinear (N, K); bias: (N,) float32 or None;
-    act: one of ACTIVATIONS; residual, addend (a LoRA delta, before the activation): (M, N) float32 or None.
+    act: one of ACTIVATIONS; residual: (M, N) float32 or None; addend (LoRA terms, before the activation): a
+    `_C.LoraTerm` (`lora.term`) on the native path, an (M, N) float32 delta on the torch one, or None.
     Returns (M, N) float32, contiguous.
     """
     if not isinstance(weight, QuantLinear):
@@ -220,7 +221,7 @@ def linear(x: torch.Tensor, weight: QuantLinear, bias: torch.Tensor | None = Non
             x = x.contiguous()
         if residual is not None and residual.stride(1) != 1:
             residual = residual.contiguous()
-        return _C.quant_linear(x, weight.packed, weight.scale, weight.colsum, bias, act, residual, addend=addend)
+        return _C.quant_linear(x, weight.packed, weight.scale, weight.colsum, bias, act, residual, lora=addend)
     qx, x_scale, x_zero_point = quantize_rows(x)
     return _epilogue_torch(int8_gemm(qx, weight), weight, x_scale, x_zero_point, bias, act, residual, addend)
 

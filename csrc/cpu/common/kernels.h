@@ -13,6 +13,8 @@
 namespace bertfast {
 namespace cpu {
 
+struct LoraTerm;  // cpu/gemm/lora.h
+
 // ---- embeddings.cpp ----
 
 // out[t, :] = LayerNorm(word[ids[t]] + type[types[t]] + pos[positions[t]]); types/type and positions/pos may be
@@ -114,13 +116,21 @@ void pack_linear(const T* w, int64_t n, int64_t k, T* packed);
 template <typename T>
 void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
                    int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo,
-                   const float* addend = nullptr, int64_t lda = 0);
+                   const LoraTerm* lora = nullptr);
 // The same on bf16 operands (x, packed, bias) with residual and out in fp32: a bf16 forward's residual stream
-// (layer.cpp). Every row's value is linear_packed<bf16>'s before its final rounding. addend (both): fp32 rows lda
-// apart added before the activation, act(x w^T + bias + addend) + residual (a LoRA delta), or null.
+// (layer.cpp). Every row's value is linear_packed<bf16>'s before its final rounding. lora (both): the rows' LoRA
+// terms (cpu/gemm/lora.h) added before the activation, act(x w^T + bias + lora) + residual, or null.
 void linear_packed_wide(const bf16* x, int64_t ldx, const bf16* packed, const bf16* bias, const float* residual,
                         int64_t ldr, int64_t m, int64_t n, int64_t k, Activation act, float* out, int64_t ldo,
-                        const float* addend = nullptr, int64_t lda = 0);
+                        const LoraTerm* lora = nullptr);
+
+// ---- lora.cpp: the shrink of LoRA terms (cpu/gemm/lora.h) ----
+
+// s[m, 0:ranks[f]) = x[m] . at[f] for each row m whose index[m] = f >= 0 (rows of index -1 untouched): x (M, K) rows
+// ldx apart, at[f] A^T of factor f (K, ranks[f]) fp32 with ranks[f] a multiple of 16; s rows lds apart.
+template <typename T>
+void lora_shrink(const T* x, int64_t ldx, int64_t M, int64_t K, const int32_t* index, const float* const* at,
+                 const int64_t* ranks, float* s, int64_t lds);
 
 // ---- convert.cpp: fp32 rows to bf16 (round to nearest even, as torch's .to(torch.bfloat16)) ----
 
@@ -176,14 +186,14 @@ void layernorm_rows_here(float* x, const float* gamma, const float* beta, float 
 // Any M, on every tier: weights packed once by pack_int8 ([N/16][K/4][16][4] int8, zero padded); x the signed
 // codes of quantize_rows, or with x_unsigned their unsigned form (quantize_rows' flip) where
 // int8_unsigned_codes(M, K) says the call's kernel takes it; out (M, N) fp32 =
-// act(xs[m] * (ws[n] * sum_k q[m, k] w[n, k] - zp[m] * colsum[n]) + bias[n] + addend[m, n]) + residual[m, n]
-// (addend: fp32 rows lda apart, a LoRA delta, or null).
+// act(xs[m] * (ws[n] * sum_k q[m, k] w[n, k] - zp[m] * colsum[n]) + bias[n] + lora[m, n]) + residual[m, n]
+// (lora: the rows' LoRA terms, cpu/gemm/lora.h, or null).
 int64_t int8_packed_numel(int64_t n, int64_t k);
 void pack_int8(const int8_t* w, int64_t n, int64_t k, int8_t* packed);
 void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                  const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
                  Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned = false,
-                 const float* addend = nullptr, int64_t lda = 0);
+                 const LoraTerm* lora = nullptr);
 // int8_linear, then then(lo, hi) on output rows [lo, hi) once all their columns are written, by the thread that wrote
 // the last of them: on the blocked paths each row block as it is finished (in cache), on the others [0, M) at the end.
 void int8_linear_then(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,

@@ -145,21 +145,20 @@ void run_linear(const T* x, int64_t ldx, const T* packed, int64_t m, int64_t n, 
 
 template <typename T>
 void linear_packed(const T* x, int64_t ldx, const T* packed, const T* bias, const T* residual, int64_t ldr,
-                    int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo, const float* addend,
-                    int64_t lda) {
-  run_linear<T>(x, ldx, packed, m, n, k, Epilogue{bias, residual, ldr, act, out, ldo, false, addend, lda});
+                    int64_t m, int64_t n, int64_t k, Activation act, T* out, int64_t ldo, const LoraTerm* lora) {
+  run_linear<T>(x, ldx, packed, m, n, k, Epilogue{bias, residual, ldr, act, out, ldo, false, lora});
 }
 
 void linear_packed_wide(const bf16* x, int64_t ldx, const bf16* packed, const bf16* bias, const float* residual,
                         int64_t ldr, int64_t m, int64_t n, int64_t k, Activation act, float* out, int64_t ldo,
-                        const float* addend, int64_t lda) {
-  run_linear<bf16>(x, ldx, packed, m, n, k, Epilogue{bias, residual, ldr, act, out, ldo, true, addend, lda});
+                        const LoraTerm* lora) {
+  run_linear<bf16>(x, ldx, packed, m, n, k, Epilogue{bias, residual, ldr, act, out, ldo, true, lora});
 }
 
 template void linear_packed<float>(const float*, int64_t, const float*, const float*, const float*, int64_t,
-                                    int64_t, int64_t, int64_t, Activation, float*, int64_t, const float*, int64_t);
+                                    int64_t, int64_t, int64_t, Activation, float*, int64_t, const LoraTerm*);
 template void linear_packed<bf16>(const bf16*, int64_t, const bf16*, const bf16*, const bf16*, int64_t, int64_t,
-                                   int64_t, int64_t, Activation, bf16*, int64_t, const float*, int64_t);
+                                   int64_t, int64_t, Activation, bf16*, int64_t, const LoraTerm*);
 
 }  // namespace cpu
 }  // namespace bertfast

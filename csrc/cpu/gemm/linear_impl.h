@@ -16,6 +16,7 @@
 #include "cpu/common/simd.h"
 #include "cpu/common/vec_math.h"
 #include "cpu/gemm/amx_gemm.h"
+#include "cpu/gemm/lora.h"
 
 namespace bertfast {
 namespace cpu {
@@ -56,8 +57,8 @@ constexpr int64_t kPackPasses = 4;
 constexpr int64_t kPortablePackPasses = 2;
 
 // bias has the operands' type; residual and out too, except `wide` (bf16 operands only): then both are fp32, the
-// residual stream of a bf16 forward (linear_packed_wide). addend: fp32 rows (ld `lda`) added before the activation,
-// act(c + bias + addend) + residual (a LoRA delta), or null.
+// residual stream of a bf16 forward (linear_packed_wide). lora: the rows' LoRA terms (lora.h) added before the
+// activation, act(c + bias + lora) + residual, or null.
 struct Epilogue {
   const void* bias;
   const void* residual;
@@ -66,8 +67,7 @@ struct Epilogue {
   void* out;
   int64_t ldo;
   bool wide = false;
-  const float* addend = nullptr;
-  int64_t lda = 0;
+  const LoraTerm* lora = nullptr;
 };
 
 template <typename T, typename O, bool kAvx512, bool kAvx2>
@@ -110,13 +110,13 @@ BF_TARGET_AVX512 void store_rows512(const float* tile, int mr, int64_t m0, int64
     const float* c = tile + r * kPanel;
     O* o = out + (m0 + r) * ep.ldo + n0;
     const O* rr = res != nullptr ? res + (m0 + r) * ep.ldr + n0 : nullptr;
-    const float* ar = ep.addend != nullptr ? ep.addend + (m0 + r) * ep.lda + n0 : nullptr;
+    __m512 y[3];
+    for (int v = 0; v < 3; ++v) y[v] = _mm512_add_ps(_mm512_maskz_loadu_ps(mk[v], c + 16 * v), b[v]);
+    lora_add48(ep.lora, m0 + r, n0, mk, y);
     for (int v = 0; v < 3 && mk[v] != 0; ++v) {
-      __m512 y = _mm512_add_ps(_mm512_maskz_loadu_ps(mk[v], c + 16 * v), b[v]);
-      if (ar != nullptr) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mk[v], ar + 16 * v));
-      if (gelu) y = gelu_erf512(y);
-      if (rr != nullptr) y = _mm512_add_ps(y, load16(rr + 16 * v, mk[v]));
-      store16(o + 16 * v, y, mk[v]);
+      if (gelu) y[v] = gelu_erf512(y[v]);
+      if (rr != nullptr) y[v] = _mm512_add_ps(y[v], load16(rr + 16 * v, mk[v]));
+      store16(o + 16 * v, y[v], mk[v]);
     }
   }
 }
@@ -152,11 +152,7 @@ BF_INLINE void store_rows(const float* tile, int mr, int64_t m0, int64_t n0, int
     float tmp[kPanel];
 #pragma omp simd
     for (int64_t j = 0; j < nvalid; ++j) tmp[j] = c[j] + (bias != nullptr ? to_float(bias[n0 + j]) : 0.f);
-    if (ep.addend != nullptr) {
-      const float* ar = ep.addend + (m0 + r) * ep.lda + n0;
-#pragma omp simd
-      for (int64_t j = 0; j < nvalid; ++j) tmp[j] += ar[j];
-    }
+    lora_add(ep.lora, m0 + r, n0, nvalid, tmp);
     activate_lanes<kAvx512 ? Lanes::Avx512 : (kAvx2 ? Lanes::Avx2 : Lanes::Generic)>(tmp, nvalid, ep.act);
     if (rr != nullptr) {
 #pragma omp simd
@@ -354,11 +350,10 @@ BF_TARGET_AVX512 BF_INLINE void finish_tile(const __m512 (&acc)[MR][3], const Ti
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     const float* rr = res != nullptr ? res + (to.m0 + r) * ep.ldr + to.n0 : nullptr;
-    const float* ar = ep.addend != nullptr ? ep.addend + (to.m0 + r) * ep.lda + to.n0 : nullptr;
+    __m512 ys[3] = {_mm512_add_ps(acc[r][0], b[0]), _mm512_add_ps(acc[r][1], b[1]), _mm512_add_ps(acc[r][2], b[2])};
+    lora_add48(ep.lora, to.m0 + r, to.n0, mk, ys);
     for (int v = 0; v < 3; ++v) {
-      __m512 y = _mm512_add_ps(acc[r][v], b[v]);
-      if (ar != nullptr) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mk[v], ar + 16 * v));
-      y = act512<ACT>(y);
+      __m512 y = act512<ACT>(ys[v]);
       if (rr != nullptr) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mk[v], rr + 16 * v));
       _mm512_mask_storeu_ps(out + r * ep.ldo + 16 * v, mk[v], y);
     }

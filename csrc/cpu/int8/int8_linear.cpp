@@ -112,11 +112,10 @@ void int8_linear_bf16(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const 
 void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                  const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
                  Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned,
-                 const float* addend, int64_t lda) {
+                 const LoraTerm* lora) {
   if (M == 0 || N == 0) return;  // x_unsigned: only where int8_unsigned_codes(M, K), as the caller quantized for
   Int8Args a{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, act, residual, ldr, out};
-  a.addend = addend;
-  a.lda = lda;
+  a.lora = lora;
   run_int8(a, x_unsigned);
 }
 

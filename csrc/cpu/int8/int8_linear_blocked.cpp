@@ -28,11 +28,7 @@ BF_INLINE void finish_cols(const int32_t* acc, int64_t m, int64_t n0, Cols n, co
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) v[j] += a.bias[n0 + j];
   }
-  if (a.addend != nullptr) {
-    const float* ar = a.addend + m * a.lda + n0;
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) v[j] += ar[j];
-  }
+  lora_add(a.lora, m, n0, int64_t(n), v);
   activate_lanes<kAvx2 ? Lanes::Avx2 : Lanes::Generic>(v, n, a.act);
   float* o = a.out + m * a.N + n0;
   if (a.residual != nullptr) {

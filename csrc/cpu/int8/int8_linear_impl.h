@@ -15,6 +15,7 @@
 #include "cpu/common/simd.h"
 #include "cpu/common/vec_math.h"
 #include "cpu/gemm/amx_gemm.h"
+#include "cpu/gemm/lora.h"
 
 namespace bertfast {
 namespace cpu {
@@ -59,8 +60,7 @@ struct Int8Args {
   int64_t ldr;
   float* out;
   bf16* out16 = nullptr;  // instead of out: the output rounded to bf16 (int8_linear_bf16; the AVX-512 epilogue only)
-  const float* addend = nullptr;  // fp32 rows lda apart added before the activation (a LoRA delta), or null
-  int64_t lda = 0;
+  const LoraTerm* lora = nullptr;  // the rows' LoRA terms added before the activation (cpu/gemm/lora.h), or null
 };
 
 constexpr int64_t kStreamRows = 16;  // avx512_vnni: the streaming tile up to here, the blocked one above
@@ -93,7 +93,7 @@ BF_TARGET_VNNI BF_INLINE void finish16(__m512i acc, int64_t m, const Cols16& col
   const __m512 o = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), col.ws);
   const __m512 centred = _mm512_fnmadd_ps(zp, col.cs, o);
   __m512 v = _mm512_fmadd_ps(xs, centred, col.b);
-  if (a.addend != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(col.mk, a.addend + m * a.lda + col.n0));
+  v = lora_add16(a.lora, m, col.n0, col.mk, v);
   if (a.act == Activation::Gelu) {
     v = gelu_erf512(v);
   } else if (a.act == Activation::Relu) {

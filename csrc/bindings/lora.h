@@ -1,0 +1,36 @@
+// `_C.LoraTerm`: the operands of one call's LoRA terms (cpu/gemm/lora.h) as Python hands them to `linear` and
+// `quant_linear` (bertfast/backends/cpu/lora.py), checked once when built; and `_C.lora_shrink`, their shrink.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "cpu/gemm/lora.h"
+
+namespace bertfast {
+namespace bindings {
+
+class LoraOperands {
+ public:
+  // s (M, R) float32 rows; index (M,) int32, each -1 or a factor's position; per factor bt (float32, contiguous; its
+  // layout: cpu/gemm/lora.h) and seg (segments, 3) int32 rows (k0, k1, offset into bt), the same segments for all;
+  // width columns per segment.
+  LoraOperands(at::Tensor s, at::Tensor index, std::vector<at::Tensor> bts, std::vector<at::Tensor> segs,
+               int64_t width);
+  // The term of a call of M rows and N outputs (checked against both).
+  cpu::LoraTerm term(int64_t M, int64_t N) const;
+
+ private:
+  at::Tensor s_, index_;
+  std::vector<at::Tensor> bts_, segs_;
+  std::vector<cpu::LoraFactor> factors_;
+  int64_t width_, segments_;
+};
+
+// s (M, R) float32 = x A^T per row on the row's factor (index[m], -1: a zero row), R the widest of the at's; x (M, K)
+// float32 or bfloat16, each at (K, r) float32 contiguous with r a multiple of 16.
+at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& index, const std::vector<at::Tensor>& at);
+
+}  // namespace bindings
+}  // namespace bertfast

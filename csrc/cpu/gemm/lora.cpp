@@ -1,0 +1,106 @@
+// The LoRA shrink (lora.h): s[m] = x[m] A^T on row m's own factor, each value an fma chain over k in order from zero,
+// so a row's bits are its own whatever rows share its block. Rows of one factor go in blocks of up to kRows that
+// share the loads of A (stored transposed, (K, R) with R a multiple of 16).
+#include "cpu/gemm/lora.h"
+
+#include <vector>
+
+#include "cpu/common/kernels.h"
+#include "cpu/common/parallel.h"
+
+namespace bertfast {
+namespace cpu {
+
+namespace {
+
+constexpr int kRows = 8;
+
+struct Block {
+  int64_t m0;
+  int rows;
+  int32_t factor;
+};
+
+template <int ROWS, typename T>
+BF_INLINE void shrink_block(const T* x, int64_t ldx, int64_t K, const float* at, int64_t R, float* s, int64_t lds) {
+  for (int64_t c0 = 0; c0 < R; c0 += 16) {
+    float acc[ROWS][16] = {};
+    for (int64_t k = 0; k < K; ++k) {
+      const float* a = at + k * R + c0;
+#pragma GCC unroll 8
+      for (int i = 0; i < ROWS; ++i) {
+        const float xv = to_float(x[i * ldx + k]);
+#pragma omp simd
+        for (int c = 0; c < 16; ++c) acc[i][c] = __builtin_fmaf(xv, a[c], acc[i][c]);
+      }
+    }
+    for (int i = 0; i < ROWS; ++i)
+      for (int c = 0; c < 16; ++c) s[i * lds + c0 + c] = acc[i][c];
+  }
+}
+
+template <typename T>
+BF_INLINE void shrink_rows(const T* x, int64_t ldx, int64_t K, const float* const* at, const int64_t* ranks,
+                           float* s, int64_t lds, const Block& b) {
+  const T* xb = x + b.m0 * ldx;
+  float* sb = s + b.m0 * lds;
+  const float* a = at[b.factor];
+  const int64_t R = ranks[b.factor];
+  switch (b.rows) {
+    case 1: return shrink_block<1>(xb, ldx, K, a, R, sb, lds);
+    case 2: return shrink_block<2>(xb, ldx, K, a, R, sb, lds);
+    case 3: return shrink_block<3>(xb, ldx, K, a, R, sb, lds);
+    case 4: return shrink_block<4>(xb, ldx, K, a, R, sb, lds);
+    case 5: return shrink_block<5>(xb, ldx, K, a, R, sb, lds);
+    case 6: return shrink_block<6>(xb, ldx, K, a, R, sb, lds);
+    case 7: return shrink_block<7>(xb, ldx, K, a, R, sb, lds);
+    default: return shrink_block<kRows>(xb, ldx, K, a, R, sb, lds);
+  }
+}
+
+template <typename T>
+void shrink_generic(const T* x, int64_t ldx, int64_t K, const float* const* at, const int64_t* ranks, float* s,
+                    int64_t lds, const Block& b) {
+  shrink_rows(x, ldx, K, at, ranks, s, lds, b);
+}
+
+#if BF_X86
+template <typename T>
+BF_TARGET_AVX2 void shrink_avx2(const T* x, int64_t ldx, int64_t K, const float* const* at, const int64_t* ranks,
+                                float* s, int64_t lds, const Block& b) {
+  shrink_rows(x, ldx, K, at, ranks, s, lds, b);
+}
+
+template <typename T>
+BF_TARGET_AVX512 void shrink_avx512(const T* x, int64_t ldx, int64_t K, const float* const* at,
+                                    const int64_t* ranks, float* s, int64_t lds, const Block& b) {
+  shrink_rows(x, ldx, K, at, ranks, s, lds, b);
+}
+#endif
+
+}  // namespace
+
+template <typename T>
+void lora_shrink(const T* x, int64_t ldx, int64_t M, int64_t K, const int32_t* index, const float* const* at,
+                 const int64_t* ranks, float* s, int64_t lds) {
+  std::vector<Block> blocks;
+  for (int64_t m = 0; m < M;) {
+    int64_t end = m + 1;
+    while (end < M && end - m < kRows && index[end] == index[m]) ++end;
+    if (index[m] >= 0) blocks.push_back({m, int(end - m), index[m]});
+    m = end;
+  }
+  int64_t work = 0;
+  for (const Block& b : blocks) work += b.rows * K * ranks[b.factor];
+  parallel_for(threads_for(work / 16), int64_t(blocks.size()), [&](int64_t i) {
+    BF_DISPATCH(shrink, x, ldx, K, at, ranks, s, lds, blocks[i]);
+  });
+}
+
+template void lora_shrink<float>(const float*, int64_t, int64_t, int64_t, const int32_t*, const float* const*,
+                                 const int64_t*, float*, int64_t);
+template void lora_shrink<bf16>(const bf16*, int64_t, int64_t, int64_t, const int32_t*, const float* const*,
+                                const int64_t*, float*, int64_t);
+
+}  // namespace cpu
+}  // namespace bertfast

@@ -1,0 +1,155 @@
+// LoRA terms in a GEMM's epilogue: the low-rank product (x A^T) B^T of each row's own adapter, computed per output
+// tile from the row's shrunk values s = x A^T (lora_shrink, lora.cpp) instead of a stored (M, N) delta.
+//
+// Both forms below (scalar, 16 lanes) compute a column's term the same way: four chains d_c = fma(s[k], b[k], d_c)
+// from zero over k = k0 + c, k0 + c + 4, ... in order (four, so that the fma latency overlaps), then
+// y + ((d_0 + d_1) + (d_2 + d_3)). fma rounds once, so the forms give the same bits, and every epilogue of every
+// kernel a tier may pick by M gives a row the same term: the engine stays batch-invariant.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "cpu/common/isa.h"
+#include "cpu/common/simd.h"
+
+namespace bertfast {
+namespace cpu {
+
+// One adapter's factor B of a slot whose N outputs are `segments` equal runs of `width` columns (q | k | v; gate | up;
+// or one run): segment i reads s[k0, k1) (seg[3i..3i+2] = k0, k1, off; B is zero there outside them, so skipping the
+// rest is exact) and its B^T rows [k0, k1), stored from bt + off in groups of 16 columns, each group the rows one
+// after another (16 floats each, the last group zero-padded): a row's term for 16 columns reads one contiguous run.
+struct LoraFactor {
+  const float* bt;     // B^T by segment and 16-column group, the scale folded in
+  const int32_t* seg;  // (segments, 3) int32
+};
+
+// The term of one call: row m adds (s[m] . bt) where index[m] >= 0 names its factor, nothing where it is -1.
+struct LoraTerm {
+  const float* s;          // (M, R) fp32 rows lds apart: the shrunk rows
+  int64_t lds;
+  const int32_t* index;    // (M,) int32
+  const LoraFactor* factors;
+  int64_t width;           // columns per segment (a multiple of 16 where segments > 1)
+};
+
+// The factor, shrunk row and segment of row m at column n, or false where the row has no term.
+struct LoraRow {
+  const float* s;
+  const float* b;      // the group of column n: its row k0 (lane 0)
+  int32_t k0, k1;
+  int64_t col, width;  // n's column in its segment, and the segment's width
+  int64_t group;       // floats between groups: 16 (k1 - k0)
+};
+BF_INLINE bool lora_row(const LoraTerm& t, int64_t m, int64_t n, LoraRow* r) {
+  const int32_t f = t.index[m];
+  if (f < 0) return false;
+  int64_t seg = 0, col = n;
+  for (; col >= t.width; col -= t.width) ++seg;  // a few segments at most: no division
+  const int32_t* g = t.factors[f].seg + 3 * seg;
+  const int64_t group = 16 * int64_t(g[1] - g[0]);
+  *r = {t.s + m * t.lds, t.factors[f].bt + g[2] + (col / 16) * group, g[0], g[1], col, t.width, group};
+  return true;
+}
+
+// v[0, n) += the term of row m at columns [n0, n0 + n), one segment at a time; plain loops (any tier).
+BF_INLINE void lora_add(const LoraTerm* t, int64_t m, int64_t n0, int64_t n, float* v) {
+  if (t == nullptr) return;
+  for (int64_t j0 = 0; j0 < n;) {
+    LoraRow r;
+    if (!lora_row(*t, m, n0 + j0, &r)) return;
+    const int64_t end = std::min(n, j0 + r.width - r.col);
+    float d[4][64] = {};  // n <= 64: a panel's columns (48 fp32/bf16, 16 int8)
+    for (int64_t j = j0, lane = r.col % 16; j < end; lane = 0) {  // a 16-column group at a time
+      const int64_t run = std::min<int64_t>(end - j, 16 - lane);
+      const float* b = r.b + lane;
+      for (int32_t k = r.k0; k < r.k1; ++k, b += 16) {
+        const float sk = r.s[k];
+        float* dc = d[(k - r.k0) & 3] + (j - j0);
+        for (int64_t l = 0; l < run; ++l) dc[l] = std::fma(sk, b[l], dc[l]);
+      }
+      j += run;
+      r.b += r.group;
+    }
+    for (int64_t j = 0; j < end - j0; ++j) v[j0 + j] += (d[0][j] + d[1][j]) + (d[2][j] + d[3][j]);
+    j0 = end;
+  }
+}
+
+#if BF_X86
+// The 16- and 48-lane forms are out of line (their callers test for a term first): inlined, their accumulators
+// would compete for registers with the GEMM's own in the kernels' hot loops.
+#define BF_LORA_OUT_OF_LINE BF_TARGET_AVX512 __attribute__((noinline)) inline
+
+// y + the term of row m at columns [n, n + 16) (lanes mk; n a multiple of 16, so one segment).
+BF_LORA_OUT_OF_LINE __m512 lora_add16_row(const LoraTerm& t, int64_t m, int64_t n, __mmask16 mk, __m512 y) {
+  LoraRow r;
+  if (mk == 0 || !lora_row(t, m, n, &r)) return y;
+  __m512 d[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  const float* b = r.b;
+  int32_t k = r.k0;
+  for (; k + 4 <= r.k1; k += 4, b += 64) {
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c)
+      d[c] = _mm512_fmadd_ps(_mm512_set1_ps(r.s[k + c]), _mm512_maskz_loadu_ps(mk, b + 16 * c), d[c]);
+  }
+#pragma GCC unroll 3
+  for (int c = 0; c < 3; ++c)  // the last k1 - k < 4 terms, chains 0.. (indices fixed: the chains stay in registers)
+    if (k + c < r.k1) d[c] = _mm512_fmadd_ps(_mm512_set1_ps(r.s[k + c]), _mm512_maskz_loadu_ps(mk, b + 16 * c), d[c]);
+  return _mm512_add_ps(y, _mm512_add_ps(_mm512_add_ps(d[0], d[1]), _mm512_add_ps(d[2], d[3])));
+}
+
+BF_TARGET_AVX512 BF_INLINE __m512 lora_add16(const LoraTerm* t, int64_t m, int64_t n, __mmask16 mk, __m512 y) {
+  return t == nullptr ? y : lora_add16_row(*t, m, n, mk, y);
+}
+
+// lora_add16 on the three vectors of a 48-column panel from n (lanes mk[v]; y[v] of the empty ones untouched): one
+// look-up and one broadcast of s[k] for all three where the panel lies in one segment, the same sums.
+BF_LORA_OUT_OF_LINE void lora_add48_row(const LoraTerm& t, int64_t m, int64_t n, const __mmask16 (&mk)[3],
+                                        __m512 (&y)[3]) {
+  LoraRow r;
+  if (!lora_row(t, m, n, &r)) return;
+  const int vectors = mk[2] != 0 ? 3 : mk[1] != 0 ? 2 : 1;
+  if (r.col + 16 * vectors > r.width) {  // the panel crosses into the next segment
+    for (int v = 0; v < vectors; ++v) y[v] = lora_add16_row(t, m, n + 16 * v, mk[v], y[v]);
+    return;
+  }
+  __m512 d[3][4];
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) d[i / 4][i % 4] = _mm512_setzero_ps();
+  const float* b = r.b;
+  int32_t k = r.k0;
+  for (; k + 4 <= r.k1; k += 4, b += 64) {
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512 s = _mm512_set1_ps(r.s[k + c]);
+#pragma GCC unroll 3
+      for (int v = 0; v < 3; ++v)
+        d[v][c] = _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(mk[v], b + 16 * c + v * r.group), d[v][c]);
+    }
+  }
+#pragma GCC unroll 3
+  for (int c = 0; c < 3; ++c) {  // the tail, as lora_add16_row's
+    if (k + c < r.k1) {
+      const __m512 s = _mm512_set1_ps(r.s[k + c]);
+#pragma GCC unroll 3
+      for (int v = 0; v < 3; ++v)
+        d[v][c] = _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(mk[v], b + 16 * c + v * r.group), d[v][c]);
+    }
+  }
+#pragma GCC unroll 3
+  for (int v = 0; v < 3; ++v)
+    if (mk[v] != 0)
+      y[v] = _mm512_add_ps(y[v], _mm512_add_ps(_mm512_add_ps(d[v][0], d[v][1]), _mm512_add_ps(d[v][2], d[v][3])));
+}
+
+BF_TARGET_AVX512 BF_INLINE void lora_add48(const LoraTerm* t, int64_t m, int64_t n, const __mmask16 (&mk)[3],
+                                           __m512 (&y)[3]) {
+  if (t != nullptr) lora_add48_row(*t, m, n, mk, y);
+}
+#endif
+
+}  // namespace cpu
+}  // namespace bertfast
