@@ -11,9 +11,11 @@ BGE-M3's head files (sparse_linear.pt, colbert_linear.pt) is BGE-M3; a modules.j
 projections only (PyLate's stack) is a ColBERT model; a sentence-transformers SparseEncoder with SpladePooling is a
 sparse model; anything else is an embedding model. A row's result depends on that row alone (the engine and the
 sequence heads are batch-invariant), so rows of different requests share a batch and still equal
-`Encoder.encode` / the TaskModel on the row alone. An embedding model may carry LoRA adapters (`--adapter`), loaded
-with it on the engine thread (`Encoder.load_adapter`); each row of a batch runs with its own adapter or none
-(`embed_tokens`' and the forward's `adapter_ids`), the same bits as `Encoder.encode(..., adapter=)` on the row alone.
+`Encoder.encode` / the TaskModel on the row alone. An embedding model, a classifier or a reranker may carry LoRA
+adapters (`--adapter`), loaded with it on the engine thread by the object that owns them (`adapted`: the Encoder, or
+the TaskModel, which also takes an adapter's modules_to_save head); each row of a batch runs with its own adapter or
+none (`embed_tokens`' and the forwards' `adapter_ids`), the same bits as `Encoder.encode(..., adapter=)` or the
+TaskModel's forward with `adapter_ids=[adapter]` on the row alone.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from .schemas import ApiError
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDING, CLASSIFIER, RERANKER, SPARSE = "embedding", "classifier", "reranker", "sparse"
 COLBERT, BGEM3 = "colbert", "bge-m3"
+# The kinds that take LoRA adapters (`ServedModel.adapted`): the others' models (SPLADE, ColBERT, BGE-M3) take no
+# per-row adapter_ids.
+ADAPTER_KINDS = (EMBEDDING, CLASSIFIER, RERANKER)
+ADAPTERS_SERVED = "LoRA adapters are served on embedding models, classifiers and rerankers only"
 # The model routes each kind answers (/tokenize, /info, /health, /metrics: every kind).
 ROUTES = {EMBEDDING: ("/embed", "/embed_all", "/v1/embeddings"), CLASSIFIER: ("/predict",),
           RERANKER: ("/rerank", "/predict"), SPARSE: ("/embed_sparse",), COLBERT: ("/embed_multi",),
@@ -111,17 +117,16 @@ class ServedModel:
             self.pooling = None if self.pooling is None else pooling_modes(self.pooling)
             self.dimension = enc.sentence_config.dimension(enc.config.hidden_size, self.pooling)
             self.normalizes = enc.sentence_config.normalizes
-        if self.adapter_paths and self.kind != EMBEDDING:
-            raise ValueError(f"--adapter: the model {self.model_id!r} is {self.description()}; LoRA adapters are "
-                             "served on embedding models only")
+        self.encoder = enc
+        if self.adapter_paths and self.kind not in ADAPTER_KINDS:
+            raise ValueError(f"--adapter: the model {self.model_id!r} is {self.description()}; {ADAPTERS_SERVED}")
         for name, adapter_path in self.adapter_paths.items():
-            enc.load_adapter(name, adapter_path)  # LoadError naming the tensor, shape or field that does not fit
+            self.load_adapter(name, adapter_path)  # LoadError naming the tensor, shape or field that does not fit
         tok = enc.tokenizer
         self.tokenizers = {"right": unpadded(tok, "right"), "left": unpadded(tok, "left")}
         self.limit = tok.truncation["max_length"]
         self.native = NativeWordPiece.of(tok) if self.limit >= 2 else None  # ASCII texts' ids, `text_ids`
         self.pad_id = tok.padding["pad_id"] if tok.padding else 0
-        self.encoder = enc
         for key, rows in self.warm_up():
             self.run(key, rows, [None] * len(rows), [None] * len(rows))
         return self.run
@@ -138,9 +143,26 @@ class ServedModel:
         return [(key, short), (key, long)]
 
     @property
+    def adapted(self):
+        """What owns the model's LoRA adapters: the TaskModel of a classifier or reranker (the encoder's LoRA and the
+        adapter's head), the Encoder of an embedding model; None for the other kinds and before `load()`."""
+        if self.kind not in ADAPTER_KINDS or self.encoder is None:
+            return None
+        return self.task if self.task is not None else self.encoder
+
+    @property
     def adapters(self) -> list[str]:
         """The names of the model's LoRA adapters (none before `load()`)."""
-        return self.encoder.adapters if self.encoder is not None else []
+        return self.adapted.adapters if self.adapted is not None else []
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Engine thread: load the PEFT LoRA directory `path` as adapter `name` (`Encoder.load_adapter`, or
+        `TaskModel.load_adapter` with its head); raises what they raise (LoadError, a ValueError)."""
+        self.adapted.load_adapter(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Engine thread: forget adapter `name` (and its head)."""
+        self.adapted.unload_adapter(name)
 
     def run(self, key: tuple, rows: list[list[int]], types: list[list[int] | None],
             adapters: list[str | None] | None = None):
@@ -168,7 +190,7 @@ class ServedModel:
         adapter_ids = adapters if adapters is not None and any(a is not None for a in adapters) else None
         if key in (SCORES, LOGITS):
             typed = token_types if self.encoder.config.type_vocab_size else None  # families without token types
-            logits = self.task(ids, mask, typed).logits
+            logits = self.task(ids, mask, typed, adapter_ids=adapter_ids).logits
             return (self.task.scores(logits) if key == SCORES else logits.float()).cpu().numpy()
         if key == TOKENS:
             with torch.inference_mode():

@@ -1,5 +1,7 @@
 """TEI's routes of sequence classifiers and cross-encoders: /predict (labels and scores, best first) and /rerank
-(texts scored against a query, best first). Scores come from the engine thread (`model.SCORES` / `LOGITS`)."""
+(texts scored against a query, best first). Scores come from the engine thread (`model.SCORES` / `LOGITS`), with the
+request's `adapter` (one of the model's LoRA adapters, its head included; 404 otherwise; absent: the base model) as
+TEI's embedding routes take it (`routes_tei`)."""
 
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ router = APIRouter(tags=["TEI"])
 async def predict(req: PredictRequest, service: Service = Depends(service_of)):
     engine = service.engine(req.model)
     engine.serves("/predict")
+    adapter = engine.adapter(req.adapter)
     single, inputs = predict_inputs(req.inputs, engine.limits.max_client_batch_size)
-    async with engine.admitted():
+    async with engine.admitted(adapter):
         scores = await engine.scores_of(inputs, raw=req.raw_scores, truncate=req.truncate,
-                                        direction=req.truncation_direction, field="inputs")
+                                        direction=req.truncation_direction, field="inputs", adapter=adapter)
     labels = engine.model.labels
     out = [sorted(({"score": float(s), "label": label} for s, label in zip(row, labels)), key=lambda p: -p["score"])
            for row in scores]
@@ -32,12 +35,13 @@ async def predict(req: PredictRequest, service: Service = Depends(service_of)):
 async def rerank(req: RerankRequest, service: Service = Depends(service_of)):
     engine = service.engine(req.model)
     engine.serves("/rerank")
+    adapter = engine.adapter(req.adapter)
     if not req.query:
         raise ApiError(422, "query is an empty string", field="query")
     texts = engine.texts_of(req.texts, "texts")
-    async with engine.admitted():
+    async with engine.admitted(adapter):
         scores = await engine.scores_of([(req.query, t) for t in texts], raw=req.raw_scores, truncate=req.truncate,
-                                        direction=req.truncation_direction, field="texts")
+                                        direction=req.truncation_direction, field="texts", adapter=adapter)
     scores = scores[:, 0]
     order = sorted(range(len(texts)), key=lambda i: -scores[i])
     return json_response([{"index": i, **({"text": texts[i]} if req.return_text else {}), "score": float(scores[i])}

@@ -107,6 +107,7 @@ class PredictRequest(Request):
     truncate: bool = Field(False, description="a boolean")
     truncation_direction: Direction = Field("right", description=DIRECTION)
     model: str | None = Field(None, description=MODEL)
+    adapter: str | None = Field(None, description=ADAPTER)
 
 
 class Prediction(BaseModel):
@@ -124,6 +125,7 @@ class RerankRequest(Request):
     truncate: bool = Field(False, description="a boolean")
     truncation_direction: Direction = Field("right", description=DIRECTION)
     model: str | None = Field(None, description=MODEL)
+    adapter: str | None = Field(None, description=ADAPTER)
 
 
 class Rank(BaseModel):

@@ -27,7 +27,7 @@ from bertfast.precision import quantize_embeddings
 
 from .batcher import Batcher, Busy, Closed, Job
 from .metrics import Metrics
-from .model import EMBEDDING, LOGITS, MULTI, ROUTES, SCORES, ServedModel
+from .model import ADAPTER_KINDS, ADAPTERS_SERVED, LOGITS, MULTI, ROUTES, SCORES, ServedModel
 from .schemas import ApiError, Info, OpenAIError
 
 # What a model route needs, for the 424 a model of another kind answers.
@@ -161,11 +161,11 @@ class Engine:
     async def load_adapter(self, name: str, path: str) -> None:
         """Load the PEFT LoRA directory `path` as adapter `name`, on the engine thread between two batches; requests
         may name it once this returns. 424 on a model of another kind, 409 for a name loaded or changing, 422 naming
-        what does not fit (`Encoder.load_adapter`'s LoadError). Call it admitted."""
+        what does not fit (`ServedModel.load_adapter`'s LoadError: a tensor, a shape, a head's num_labels). Call it
+        admitted."""
         model = self.model
-        if model.kind != EMBEDDING:
-            raise ApiError(424, f"this model is {model.description()}: LoRA adapters are served on embedding models "
-                           "only", "model_type")
+        if model.kind not in ADAPTER_KINDS:
+            raise ApiError(424, f"this model is {model.description()}: {ADAPTERS_SERVED}", "model_type")
         if not name or ":" in name:
             raise ApiError(422, f"name must be a non-empty string without ':' (MODEL:ADAPTER names it), got {name!r}",
                            field="name")
@@ -174,7 +174,7 @@ class Engine:
                            "loaded or unloaded): unload it first", "conflict", field="name")
         self.changing.add(name)
         try:
-            await self.on_engine(partial(model.encoder.load_adapter, name, path))
+            await self.on_engine(partial(model.load_adapter, name, path))
         except (ValueError, NotImplementedError) as e:  # LoadError is a ValueError; so is a bad name
             raise ApiError(422, f"adapter {name!r}: {e}", "adapter_load", field="path") from None
         finally:
@@ -190,7 +190,7 @@ class Engine:
         try:
             while self.users.get(name):
                 await asyncio.sleep(UNLOAD_POLL_SECONDS)
-            await self.on_engine(partial(self.model.encoder.unload_adapter, name))
+            await self.on_engine(partial(self.model.unload_adapter, name))
         finally:
             self.changing.discard(name)
 
@@ -235,11 +235,13 @@ class Engine:
         is_query = None if model.colbert is None else is_query  # BGE-M3 encodes queries and documents alike
         return await self.run_rows(rows, (MULTI, is_query), min_tokens=model.min_tokens(is_query))
 
-    async def scores_of(self, inputs: list, *, raw: bool, truncate: bool, direction: str, field: str) -> np.ndarray:
-        """Texts and pairs -> (len(inputs), labels) probabilities, or logits when raw, from the engine thread."""
+    async def scores_of(self, inputs: list, *, raw: bool, truncate: bool, direction: str, field: str,
+                        adapter: str | None = None) -> np.ndarray:
+        """Texts and pairs -> (len(inputs), labels) probabilities, or logits when raw, from the engine thread, with the
+        LoRA adapter `adapter` (its head where it saved one; None: the base model)."""
         encodings = await off_loop(self.model.tokenize, inputs, truncate=truncate, direction=direction, field=field)
         return await self.run_rows([e.ids for e in encodings], LOGITS if raw else SCORES,
-                                   [e.type_ids for e in encodings])
+                                   [e.type_ids for e in encodings], adapter=adapter)
 
     def quantized(self, vectors: np.ndarray, precision: str) -> np.ndarray:
         """The vectors in `precision`: float64-widened float32, or the quantized codes (each row on its own: no
