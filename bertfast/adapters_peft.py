@@ -81,18 +81,24 @@ def read_peft_dir(path: str | os.PathLike) -> PeftFiles:
 
 
 def read_peft_model(model, adapter_name: str) -> PeftFiles:
-    """Adapter `adapter_name` of an in-memory `peft.PeftModel` as `read_peft_dir` reads it from the directory
-    `save_pretrained(selected_adapters=[adapter_name])` would write (its config with sets as lists, PEFT's own
-    state dict of the adapter: the same tensor names), without writing files. Raises LoadError."""
+    """Adapter `adapter_name` of an in-memory `peft.PeftModel`, or of a transformers model given adapters through
+    transformers' PEFT integration (`add_adapter`, `load_adapter`: the model holds PEFT's layers and `peft_config`
+    itself), as `read_peft_dir` reads it from the directory `save_pretrained` would write (its config with sets as
+    lists, PEFT's own state dict of the adapter under the same tensor names), without writing files. Raises
+    LoadError."""
+    from peft import PeftModel
     from peft.utils import get_peft_model_state_dict
 
-    where = f"adapter {adapter_name!r} of the PeftModel"
+    wrapped = isinstance(model, PeftModel)
+    where = f"adapter {adapter_name!r} of the {'PeftModel' if wrapped else type(model).__name__}"
     if adapter_name not in model.peft_config:
         raise LoadError(f"{where}: no such adapter (it has {', '.join(map(repr, model.peft_config))})")
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in model.peft_config[adapter_name].to_dict().items()}
     config["peft_type"] = str(getattr(config.get("peft_type"), "value", config.get("peft_type")))
     check_config(config, where)
     tensors = get_peft_model_state_dict(model, adapter_name=adapter_name)
+    if not wrapped:  # the integration's names lack the PeftModel's prefix; its save_pretrained adds it
+        tensors = {SAVED_PREFIX + k: v for k, v in tensors.items()}
     for name, t in tensors.items():
         if t.dtype not in FLOAT_DTYPES:
             raise LoadError(f"tensor {name!r} of {where} has dtype {t.dtype}, expected a floating point dtype")

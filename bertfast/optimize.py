@@ -15,10 +15,13 @@ inside its Transformer module is optimized, every other module (pooling, dense, 
 before, so `model.encode(...)` keeps working. A stack whose first module is no such Transformer over a
 supported family is left unchanged after a warning (strict=True raises).
 
-A `peft.PeftModel` (LoRA) is served with its active adapter: the engine runs the base weights with the adapter
-unmerged, as `Encoder.default_adapter` (the PeftModel itself is returned; a call the engine cannot serve that way,
-under `disable_adapter()`, another active adapter or PEFT's per-call `adapter_names`, runs the original modules),
-or, with merge=True, the merged weights of a merged copy (returned; the PeftModel is left as it was).
+A `peft.PeftModel` (LoRA), or a transformers model given adapters through transformers' PEFT integration
+(`add_adapter`, `load_adapter`: what a SentenceTransformer's own `add_adapter` does to its Transformer's model), is
+served with its active adapter: the engine runs the base weights with the adapter unmerged, as
+`Encoder.default_adapter` (the model itself is returned; a call the engine cannot serve that way, with the adapters
+disabled, another active adapter or PEFT's per-call `adapter_names`, runs the original modules), or, with merge=True,
+the merged weights of a merged copy (returned, for a SentenceTransformer a copy of the stack around it; the model is
+left as it was).
 
 The engine reads the weights at optimize time: after changing them, call `optimize` again.
 """
@@ -92,7 +95,7 @@ class _EngineForward:
         return self._bertfast_run(call)
 
     def _bertfast_unsupported(self, call) -> str | None:
-        adapter_state = getattr(self, "_bertfast_adapter_state", None)  # a PeftModel's, see _optimize_peft
+        adapter_state = getattr(self, "_bertfast_adapter_state", None)  # an adapter's, see _optimize_peft
         if adapter_state is not None and (reason := adapter_state()) is not None:
             return reason
         if self.training:
@@ -165,19 +168,22 @@ def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False, 
     back to the model's dtype for its head. strict: raise EngineUnsupported instead of falling back.
     A sentence-transformers SentenceTransformer (or SparseEncoder: its MLM head and pooling then run in torch; the
     fused path is `bertfast.SparseEncoder`) has its Transformer module's model optimized.
-    A `peft.PeftModel` over such a model, with one active LoRA adapter: served with that adapter unmerged, or, with
-    merge=True, returns a merged copy optimized (`merge_and_unload` on a deep copy). Raises LoadError for an adapter
-    bertfast cannot serve (another peft_type, DoRA: `adapters_peft.check_config`), ValueError for several active
-    adapters or for merge=True on a model that is no PeftModel.
+    A `peft.PeftModel` over such a model, or such a model with adapters loaded through transformers' PEFT
+    integration (`add_adapter` / `load_adapter`, also a SentenceTransformer's Transformer's model), with one active
+    LoRA adapter: served with that adapter unmerged, or, with merge=True, returns a merged copy optimized
+    (`merge_and_unload` on a deep copy; a SentenceTransformer: a deep copy of it around that). Raises LoadError for an
+    adapter bertfast cannot serve (another peft_type, DoRA: `adapters_peft.check_config`; a SentenceTransformer warns
+    and runs unchanged instead, as for any model it cannot serve, unless strict), ValueError for several active
+    adapters, for merge=True with the adapters disabled or on a model without an adapter.
     """
-    peft = sys.modules.get("peft")  # imported whenever `model` can be a PeftModel
-    if peft is not None and isinstance(model, peft.PeftModel):
+    if _carries_adapter(model):
         return _optimize_peft(model, backend, dtype, strict, merge)
-    if merge:
-        raise ValueError(f"merge=True takes a peft.PeftModel, got {type(model).__name__}")
     st = sys.modules.get("sentence_transformers")  # imported whenever `model` can be one
     if st is not None and isinstance(model, (st.SentenceTransformer, getattr(st, "SparseEncoder", ()))):
-        return _optimize_sentence_transformer(model, backend, dtype, strict)
+        return _optimize_sentence_transformer(model, backend, dtype, strict, merge)
+    if merge:
+        raise ValueError(f"merge=True takes a peft.PeftModel or a model with adapters loaded through transformers' "
+                         f"PEFT integration (add_adapter, load_adapter), got {type(model).__name__}")
     base = getattr(model, "base_model", None)
     if base is None or not hasattr(base, "config"):
         raise ValueError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
@@ -205,18 +211,35 @@ def _install(model, base, encoder: Encoder, strict: bool, adapter_state=None) ->
         object.__setattr__(base, name, value)
 
 
-def _optimize_peft(model, backend, dtype, strict, merge):
-    from peft.tuners.lora import LoraLayer
+def _carries_adapter(model) -> bool:
+    """A peft.PeftModel, or a transformers model with adapters loaded through transformers' PEFT integration."""
+    peft = sys.modules.get("peft")  # imported whenever `model` can carry an adapter
+    return peft is not None and (isinstance(model, peft.PeftModel)
+                                 or getattr(model, "_hf_peft_config_loaded", False) is True)
 
-    active = list(model.active_adapters)
+
+def _optimize_peft(model, backend, dtype, strict, merge):
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    wrapped = isinstance(model, PeftModel)
+    hf = model.get_base_model() if wrapped else model
+    tuners = [m for m in hf.modules() if isinstance(m, BaseTunerLayer)]
+    # The integration's active_adapters() reads the first tuner layer too, behind transformers' PEFT version gate.
+    active = list(model.active_adapters) if wrapped else list(tuners[0].active_adapters) if tuners else []
+    kind = "PeftModel" if wrapped else type(model).__name__
     if len(active) != 1:
-        raise ValueError(f"the PeftModel has {len(active)} active adapters ({', '.join(map(repr, active))}): bertfast "
+        raise ValueError(f"the {kind} has {len(active)} active adapters ({', '.join(map(repr, active))}): bertfast "
                          "serves one; set_adapter(name) first")
     name = active[0]
     files = read_peft_model(model, name)  # refuses what the engine cannot serve exactly, merged or not
     if merge:
-        return optimize(copy.deepcopy(model).merge_and_unload(), backend=backend, dtype=dtype, strict=strict)
-    hf = model.get_base_model()
+        if any(t.disable_adapters for t in tuners):
+            raise ValueError(f"the {kind}'s adapters are disabled (disable_adapter / disable_adapters): merging "
+                             f"{name!r} would serve what the model does not run; enable them first, or optimize "
+                             "without merge=True (the engine serves calls with the adapters enabled)")
+        return optimize(_merge_and_unload(_copy(model), name), backend=backend, dtype=dtype, strict=strict)
     base = hf.base_model
     layers = [m for m in base.modules() if isinstance(m, LoraLayer)]
     if not layers:
@@ -232,12 +255,46 @@ def _optimize_peft(model, backend, dtype, strict, merge):
     return model
 
 
+def _copy(model):
+    """A deep copy of `model` without the engines an earlier `optimize` put in it: their native weights do not copy,
+    and `_install` puts a new one in the copy."""
+    engines = (getattr(m, "_bertfast_encoder", None) for m in model.modules())
+    return copy.deepcopy(model, {id(e): None for e in engines if e is not None})
+
+
+def _merge_and_unload(model, name: str):
+    """`model` (a copy, changed in place) with adapter `name` merged and PEFT's modules removed: a PeftModel's own
+    merge_and_unload, else (transformers' integration has no merge) PEFT's steps: each tuner layer merged and put back
+    as its base layer, each modules_to_save wrapper as the module it runs."""
+    from peft import PeftModel
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if isinstance(model, PeftModel):
+        return model.merge_and_unload()
+    done: list[str] = []
+    for key, module in list(model.named_modules()):
+        unload = getattr(module, "unload_and_optionally_merge_module", None)
+        if (unload is None and not isinstance(module, BaseTunerLayer)) or any(key.startswith(f"{d}.") for d in done):
+            continue
+        done.append(key)
+        if unload is not None:
+            new = unload(merge=True, safe_merge=False, adapter_names=[name])
+        else:
+            module.merge(adapter_names=[name])
+            new = module.get_base_layer()
+        parent, _, child = key.rpartition(".")
+        setattr(model.get_submodule(parent), child, new)
+    del model.peft_config
+    model._hf_peft_config_loaded = False
+    return model
+
+
 def _adapter_state(layer, name: str):
-    """A PeftModel's state as one of its LoRA layers sees it at call time -> why the engine cannot serve the call
-    with adapter `name`, or None."""
+    """The adapters' state (a PeftModel's or the integration's) as one of the LoRA layers sees it at call time -> why
+    the engine cannot serve the call with adapter `name`, or None."""
     def reason() -> str | None:
         if layer.disable_adapters:
-            return "the PeftModel's adapters are disabled (disable_adapter)"
+            return "the adapters are disabled (disable_adapter / disable_adapters)"
         if list(layer.active_adapters) != [name]:
             return f"the active adapter is no longer {name!r} (optimize again to serve {layer.active_adapters!r})"
         if layer.merged:
@@ -248,9 +305,12 @@ def _adapter_state(layer, name: str):
     return reason
 
 
-def _optimize_sentence_transformer(model, backend, dtype, strict):
+def _optimize_sentence_transformer(model, backend, dtype, strict, merge):
     first = model[0] if len(model) else None
     hf = getattr(first, "auto_model", None)
+    if merge and not _carries_adapter(hf):
+        raise ValueError(f"merge=True takes a SentenceTransformer whose Transformer's model has a PEFT adapter "
+                         f"(add_adapter, load_adapter, a peft.PeftModel), got one over {type(hf).__name__}")
     if hf is None or not hasattr(hf, "base_model"):
         reason = f"its first module is {type(first).__name__}, not a Transformer over a transformers model"
     elif getattr(model, "do_query_expansion", False) and getattr(model, "attend_to_expansion_tokens", None) is False:
@@ -258,8 +318,9 @@ def _optimize_sentence_transformer(model, backend, dtype, strict):
                   "mask 0), and the engine computes no masked position: use bertfast.ColBERT.from_pylate(model)")
     else:
         try:
-            optimize(hf, backend=backend, dtype=dtype, strict=strict)
-            return model
+            served = optimize(hf, backend=backend, dtype=dtype, strict=strict, merge=merge)
+            # merge=True: a copy of the stack with the merged copy of the model in its place (deepcopy's memo)
+            return copy.deepcopy(model, {id(hf): served}) if merge else model
         except (ConfigError, LoadError) as e:  # a family or config the engine does not serve
             reason = str(e)
     if strict:

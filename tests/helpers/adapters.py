@@ -39,17 +39,25 @@ CASES = {
 }
 
 
-def save_lora(model, path, seed=0, **lora) -> peft.PeftModel:
-    """A LoRA PeftModel over a copy of `model` (lora: LoraConfig's fields), both factors random and the
-    modules_to_save copies perturbed, saved to `path`."""
-    pm = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(**lora))
+def randomize(model, seed=0, adapter=None):
+    """Draw the LoRA factors of `model` (a PeftModel, or a model with adapters through transformers' integration)
+    at random and perturb its modules_to_save copies: every adapter's, or only those of adapter `adapter`."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in pm.named_parameters():
+        for name, p in model.named_parameters():
+            if adapter is not None and f".{adapter}." not in f".{name}":
+                continue
             if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.2)
             elif ".modules_to_save." in name:
                 p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    return model
+
+
+def save_lora(model, path, seed=0, **lora) -> peft.PeftModel:
+    """A LoRA PeftModel over a copy of `model` (lora: LoraConfig's fields), both factors random and the
+    modules_to_save copies perturbed, saved to `path`."""
+    pm = randomize(peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(**lora)), seed)
     pm.save_pretrained(path)
     return pm.eval()
 
@@ -86,4 +94,4 @@ def hidden_rows(n, width, seed=2) -> torch.Tensor:
     return torch.randn(n, width, generator=torch.Generator().manual_seed(seed))
 
 
-__all__ = ["CASES", "save_lora", "position_inputs", "edited", "hidden_rows"]
+__all__ = ["CASES", "randomize", "save_lora", "position_inputs", "edited", "hidden_rows"]
