@@ -83,30 +83,47 @@ BF_INLINE void lora_add(const LoraTerm* t, int64_t m, int64_t n0, int64_t n, flo
 // would compete for registers with the GEMM's own in the kernels' hot loops.
 #define BF_LORA_OUT_OF_LINE BF_TARGET_AVX512 __attribute__((noinline)) inline
 
-// y + the term of row m at columns [n, n + 16) (lanes mk; n a multiple of 16, so one segment).
-BF_LORA_OUT_OF_LINE __m512 lora_add16_row(const LoraTerm& t, int64_t m, int64_t n, __mmask16 mk, __m512 y) {
-  LoraRow r;
-  if (mk == 0 || !lora_row(t, m, n, &r)) return y;
-  __m512 d[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+// The terms ((d_0 + d_1) + (d_2 + d_3)) of V 16-column groups from r's (lanes mk[v]), the groups' chains interleaved:
+// one broadcast of s[k] for all of them.
+template <int V>
+BF_TARGET_AVX512 BF_INLINE void lora_sums(const LoraRow& r, const __mmask16* mk, __m512* out) {
+  __m512 d[V][4];
+#pragma GCC unroll 16
+  for (int i = 0; i < 4 * V; ++i) d[i / 4][i % 4] = _mm512_setzero_ps();
   const float* b = r.b;
   int32_t k = r.k0;
   for (; k + 4 <= r.k1; k += 4, b += 64) {
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c)
-      d[c] = _mm512_fmadd_ps(_mm512_set1_ps(r.s[k + c]), _mm512_maskz_loadu_ps(mk, b + 16 * c), d[c]);
+    for (int c = 0; c < 4; ++c) {
+      const __m512 s = _mm512_set1_ps(r.s[k + c]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        d[v][c] = _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(mk[v], b + 16 * c + v * r.group), d[v][c]);
+    }
   }
 #pragma GCC unroll 3
-  for (int c = 0; c < 3; ++c)  // the last k1 - k < 4 terms, chains 0.. (indices fixed: the chains stay in registers)
-    if (k + c < r.k1) d[c] = _mm512_fmadd_ps(_mm512_set1_ps(r.s[k + c]), _mm512_maskz_loadu_ps(mk, b + 16 * c), d[c]);
-  return _mm512_add_ps(y, _mm512_add_ps(_mm512_add_ps(d[0], d[1]), _mm512_add_ps(d[2], d[3])));
+  for (int c = 0; c < 3; ++c) {  // the last k1 - k < 4 terms, chains 0.. (indices fixed: the chains stay in registers)
+    if (k + c < r.k1) {
+      const __m512 s = _mm512_set1_ps(r.s[k + c]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        d[v][c] = _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(mk[v], b + 16 * c + v * r.group), d[v][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) out[v] = _mm512_add_ps(_mm512_add_ps(d[v][0], d[v][1]), _mm512_add_ps(d[v][2], d[v][3]));
 }
 
-BF_TARGET_AVX512 BF_INLINE __m512 lora_add16(const LoraTerm* t, int64_t m, int64_t n, __mmask16 mk, __m512 y) {
-  return t == nullptr ? y : lora_add16_row(*t, m, n, mk, y);
+// y + the term of row m at columns [n, n + 16) (lanes mk; n a multiple of 16, so one segment).
+BF_LORA_OUT_OF_LINE __m512 lora_add16_row(const LoraTerm& t, int64_t m, int64_t n, __mmask16 mk, __m512 y) {
+  LoraRow r;
+  if (mk == 0 || !lora_row(t, m, n, &r)) return y;
+  __m512 d;
+  lora_sums<1>(r, &mk, &d);
+  return _mm512_add_ps(y, d);
 }
 
-// lora_add16 on the three vectors of a 48-column panel from n (lanes mk[v]; y[v] of the empty ones untouched): one
-// look-up and one broadcast of s[k] for all three where the panel lies in one segment, the same sums.
+// lora_add16_row on the three vectors of a 48-column panel from n (lanes mk[v]; y[v] of the empty ones untouched).
 BF_LORA_OUT_OF_LINE void lora_add48_row(const LoraTerm& t, int64_t m, int64_t n, const __mmask16 (&mk)[3],
                                         __m512 (&y)[3]) {
   LoraRow r;
@@ -116,38 +133,38 @@ BF_LORA_OUT_OF_LINE void lora_add48_row(const LoraTerm& t, int64_t m, int64_t n,
     for (int v = 0; v < vectors; ++v) y[v] = lora_add16_row(t, m, n + 16 * v, mk[v], y[v]);
     return;
   }
-  __m512 d[3][4];
-#pragma GCC unroll 12
-  for (int i = 0; i < 12; ++i) d[i / 4][i % 4] = _mm512_setzero_ps();
-  const float* b = r.b;
-  int32_t k = r.k0;
-  for (; k + 4 <= r.k1; k += 4, b += 64) {
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m512 s = _mm512_set1_ps(r.s[k + c]);
-#pragma GCC unroll 3
-      for (int v = 0; v < 3; ++v)
-        d[v][c] = _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(mk[v], b + 16 * c + v * r.group), d[v][c]);
-    }
-  }
-#pragma GCC unroll 3
-  for (int c = 0; c < 3; ++c) {  // the tail, as lora_add16_row's
-    if (k + c < r.k1) {
-      const __m512 s = _mm512_set1_ps(r.s[k + c]);
-#pragma GCC unroll 3
-      for (int v = 0; v < 3; ++v)
-        d[v][c] = _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(mk[v], b + 16 * c + v * r.group), d[v][c]);
-    }
-  }
-#pragma GCC unroll 3
-  for (int v = 0; v < 3; ++v)
-    if (mk[v] != 0)
-      y[v] = _mm512_add_ps(y[v], _mm512_add_ps(_mm512_add_ps(d[v][0], d[v][1]), _mm512_add_ps(d[v][2], d[v][3])));
+  __m512 d[3];
+  lora_sums<3>(r, mk, d);
+  for (int v = 0; v < vectors; ++v) y[v] = _mm512_add_ps(y[v], d[v]);
 }
 
 BF_TARGET_AVX512 BF_INLINE void lora_add48(const LoraTerm* t, int64_t m, int64_t n, const __mmask16 (&mk)[3],
                                            __m512 (&y)[3]) {
   if (t != nullptr) lora_add48_row(*t, m, n, mk, y);
+}
+
+// The terms of row m at the `cols` (<= 64) columns from n (a multiple of 16) into out, the epilogue then adding
+// out[j] as lora_add16_row adds its sums; false (out untouched) where the row has no term. For epilogues that finish
+// 16 columns at a time (int8's finish16): the groups of a segment share their broadcasts.
+BF_LORA_OUT_OF_LINE bool lora_terms_row(const LoraTerm& t, int64_t m, int64_t n, int64_t cols, float* out) {
+  if (t.index[m] < 0) return false;
+  for (int64_t j = 0; j < cols;) {
+    LoraRow r;
+    lora_row(t, m, n + j, &r);
+    const int vectors = int(std::min<int64_t>({(cols - j + 15) / 16, (r.width - r.col + 15) / 16, 4}));
+    __mmask16 mk[4];
+    for (int v = 0; v < 4; ++v) mk[v] = v < vectors ? tail_mask(std::min<int64_t>(cols - j, r.width - r.col) - 16 * v) : 0;
+    __m512 d[4];
+    switch (vectors) {
+      case 1: lora_sums<1>(r, mk, d); break;
+      case 2: lora_sums<2>(r, mk, d); break;
+      case 3: lora_sums<3>(r, mk, d); break;
+      default: lora_sums<4>(r, mk, d); break;
+    }
+    for (int v = 0; v < vectors; ++v) _mm512_mask_storeu_ps(out + j + 16 * v, mk[v], d[v]);
+    j += std::min<int64_t>(16 * vectors, r.width - r.col);
+  }
+  return true;
 }
 #endif
 

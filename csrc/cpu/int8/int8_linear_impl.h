@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "cpu/common/activation.h"
@@ -87,13 +88,14 @@ BF_TARGET_VNNI BF_INLINE Cols16 cols16(const Int8Args& a, int64_t n0) {
 }
 
 // Row m, the columns of `col`, of the output from their int32 sums; xs = the row's scale, zp = its zero point plus
-// zp_shift (128 for sums over the unsigned codes, 0 for the signed ones: AMX), both broadcast.
+// zp_shift (128 for sums over the unsigned codes, 0 for the signed ones: AMX), both broadcast; term: the row's LoRA
+// terms for these columns (lora_terms_row), or null.
 BF_TARGET_VNNI BF_INLINE void finish16(__m512i acc, int64_t m, const Cols16& col, __m512 xs, __m512 zp,
-                                       const Int8Args& a) {
+                                       const Int8Args& a, const float* term) {
   const __m512 o = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), col.ws);
   const __m512 centred = _mm512_fnmadd_ps(zp, col.cs, o);
   __m512 v = _mm512_fmadd_ps(xs, centred, col.b);
-  v = lora_add16(a.lora, m, col.n0, col.mk, v);
+  if (term != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(col.mk, term));
   if (a.act == Activation::Gelu) {
     v = gelu_erf512(v);
   } else if (a.act == Activation::Relu) {
@@ -120,6 +122,14 @@ BF_TARGET_VNNI BF_INLINE void finish_rows(const Int8Args& args, int mr, int64_t 
                                           const Sums& sums) {
   const Int8Args a = args;
   __m512 xs[MR], zp[MR];
+  // The rows' LoRA terms for the tile's columns, computed before its epilogue.
+  alignas(64) float terms[MR][64];
+  const float* term[MR] = {};
+  if (a.lora != nullptr) {
+    if (np > 4) std::abort();  // every path's tiles are at most 4 panels (64 columns) wide
+    for (int r = 0; r < mr; ++r)
+      if (lora_terms_row(*a.lora, m0 + r, n0, std::min<int64_t>(16 * np, a.N - n0), terms[r])) term[r] = terms[r];
+  }
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
     xs[r] = _mm512_set1_ps(r < mr ? a.xs[m0 + r] : 0.f);
@@ -132,7 +142,7 @@ BF_TARGET_VNNI BF_INLINE void finish_rows(const Int8Args& args, int mr, int64_t 
       const Cols16 col = cols16(a, n);
 #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r)
-        if (r < mr) finish16(sums(r, j), m0 + r, col, xs[r], zp[r], a);
+        if (r < mr) finish16(sums(r, j), m0 + r, col, xs[r], zp[r], a, term[r] != nullptr ? term[r] + 16 * j : nullptr);
     }
   }
 }
