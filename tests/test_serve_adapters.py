@@ -30,7 +30,8 @@ pytest.importorskip("peft", reason="the adapters are saved by PEFT (the test ext
 httpx = pytest.importorskip("httpx", reason="the serve tests' HTTP client, httpx, is in the test extra")
 
 from helpers.adapters import CASES, save_lora  # noqa: E402
-from helpers.serve import ROOT, WAIT, Server, as_f32, free_port, join, ok, start_threads  # noqa: E402
+from helpers.serve import (ROOT, WAIT, Server, as_f32, free_port, join, metric, ok, queue_behind,  # noqa: E402
+                           start_threads, until)
 
 # Short texts: the random model takes 40 positions.
 TEXTS = ["hello world", "A man is eating food.", "x", "Paris is the capital of France.", "short",
@@ -110,17 +111,6 @@ def post(url: str, route: str, body) -> httpx.Response:
     return httpx.post(url + route, json=body, headers=AUTH, timeout=WAIT)
 
 
-def metric(url: str, name: str) -> float:
-    text = get(url, "/metrics").text
-    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
-
-
-def until(url: str, name: str, value: float) -> None:
-    """Until the metric `name` reads `value`; fails after WAIT s."""
-    deadline = time.monotonic() + WAIT
-    while metric(url, name) != value:
-        assert time.monotonic() < deadline, f"{name} is {metric(url, name)}, not {value}, after {WAIT} s"
-        time.sleep(0.01)
 
 
 def request(adapter: str | None, route: str, texts: list[str]) -> dict:
@@ -173,7 +163,7 @@ def test_one_model_call_mixes_adapters(server, served):
     """The engine held behind a first request: one request per adapter (and one of the base model) queue, then run as
     one model call (one batch more than before for the four requests, 2 in all); each is its own adapter's output."""
     expected, url = served[2], server.url
-    batches = metric(url, 'bertfast_batch_rows_count{model="base"}')
+    batches = metric(url, 'bertfast_batch_rows_count{model="base"}', AUTH)
     answers = {}
 
     def send(item):
@@ -181,20 +171,13 @@ def test_one_model_call_mixes_adapters(server, served):
         with httpx.Client(base_url=url, headers=AUTH, timeout=WAIT) as c:
             answers[key] = (c.post(route, json=request(adapter, route, [TEXTS[i]])), adapter, route, i)
 
-    server.hold()
-    try:
-        threads = start_threads(send, [("first", None, "/embed", 0)])
-        until(url, "bertfast_requests_in_flight", 1)
-        until(url, "bertfast_queue_depth", 0)  # the first request's row is taken: the engine waits at the gate
-        threads += start_threads(send, [("base", None, "/v1/embeddings", 1), ("legal", "legal", "/embed", 3),
-                                        ("med", "med", "/v1/embeddings", 3)])
-        until(url, "bertfast_queue_depth", 3)
-    finally:
-        server.release()
+    threads = queue_behind(server, send, ("first", None, "/embed", 0), [
+        ("base", None, "/v1/embeddings", 1), ("legal", "legal", "/embed", 3), ("med", "med", "/v1/embeddings", 3)],
+        AUTH)
     join(threads, timeout=WAIT)
     for r, adapter, route, i in answers.values():
         assert np.array_equal(vectors_of(route, r), expected[adapter][[i]]), (adapter, route)
-    assert metric(url, 'bertfast_batch_rows_count{model="base"}') == batches + 2
+    assert metric(url, 'bertfast_batch_rows_count{model="base"}', AUTH) == batches + 2
 
 
 def test_embed_all_and_similarity_take_the_adapter(server, served):
@@ -229,7 +212,7 @@ def test_unknown_adapter_is_404(server):
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "model", "model_not_found")
     assert "'nope'" in error["message"]
     assert get(server.url, "/v1/models/base:nope").status_code == 404
-    assert metric(server.url, "bertfast_requests_in_flight") == 0
+    assert metric(server.url, "bertfast_requests_in_flight", AUTH) == 0
 
 
 def test_bad_adapter_specs_are_refused(served, tmp_path):
@@ -294,7 +277,7 @@ def test_admin_refusals_change_nothing(server, root):
     assert r.status_code == 409 and r.json()["field"] == "name", r.text
     r = httpx.delete(url + "/admin/adapters/nope", headers=AUTH, timeout=WAIT)
     assert r.status_code == 404 and r.json()["error_type"] == "adapter_not_found", r.text
-    assert ok(get(url, "/v1/models")) == names and metric(url, "bertfast_requests_in_flight") == 0
+    assert ok(get(url, "/v1/models")) == names and metric(url, "bertfast_requests_in_flight", AUTH) == 0
 
 
 def test_admin_route_off_without_root(served):
@@ -366,12 +349,12 @@ def test_unload_waits_for_requests_in_flight(server, served):
     server.hold()
     try:
         threads = start_threads(send, [("first", "POST", "/embed", {"inputs": [TEXTS[0]]})])
-        until(url, "bertfast_requests_in_flight", 1)
-        until(url, "bertfast_queue_depth", 0)  # the engine waits at the gate with the first request's row
+        until(url, "bertfast_requests_in_flight", 1, AUTH)
+        until(url, "bertfast_queue_depth", 0, AUTH)  # the engine waits at the gate with the first request's row
         threads += start_threads(send, [("extra", "POST", "/embed", request("extra", "/embed", TEXTS[:3]))])
-        until(url, "bertfast_queue_depth", 3)
+        until(url, "bertfast_queue_depth", 3, AUTH)
         threads += start_threads(send, [("unload", "DELETE", "/admin/adapters/extra", None)])
-        until(url, "bertfast_requests_in_flight", 3)
+        until(url, "bertfast_requests_in_flight", 3, AUTH)
         deadline = time.monotonic() + WAIT
         while (r := post(url, "/embed", request("extra", "/embed", TEXTS[:1]))).status_code != 404:
             assert time.monotonic() < deadline, r.text  # the unload has not started yet

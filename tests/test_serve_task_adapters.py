@@ -28,7 +28,7 @@ pytest.importorskip("peft", reason="the adapters are saved by PEFT (the test ext
 httpx = pytest.importorskip("httpx", reason="the serve tests' HTTP client, httpx, is in the test extra")
 
 from helpers.adapters import ALL_BERT, save_lora  # noqa: E402
-from helpers.serve import WAIT, Server, as_f32, checkpoint, join, ok, start_threads  # noqa: E402
+from helpers.serve import WAIT, Server, as_f32, checkpoint, join, metric, ok, queue_behind, start_threads  # noqa: E402
 
 TEXTS = ["hello world", "A man is eating food.", "x", "Ünïcödé テキスト and emoji 🙂",
          "cats, dogs and other animals"]
@@ -113,17 +113,6 @@ def post(url: str, route: str, body) -> httpx.Response:
     return httpx.post(url + route, json=body, headers=AUTH, timeout=WAIT)
 
 
-def metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", headers=AUTH, timeout=WAIT).text
-    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
-
-
-def until(url: str, name: str, value: float) -> None:
-    """Until the metric `name` reads `value`; fails after WAIT s."""
-    deadline = time.monotonic() + WAIT
-    while metric(url, name) != value:
-        assert time.monotonic() < deadline, f"{name} is {metric(url, name)}, not {value}, after {WAIT} s"
-        time.sleep(0.01)
 
 
 def request(model: str, adapter: str | None, pick, raw: bool = False) -> tuple[str, dict]:
@@ -180,7 +169,7 @@ def test_one_model_call_mixes_adapters(server, served):
     """The engine held behind a first request: one /predict per adapter and one of the base model queue, then run as
     one model call (one batch more than before for the four requests, 2 in all); each gets its own adapter's scores."""
     expected, url = served[2], server.url
-    batches = metric(url, 'bertfast_batch_rows_count{model="cls"}')
+    batches = metric(url, 'bertfast_batch_rows_count{model="cls"}', AUTH)
     answers = {}
 
     def send(item):
@@ -189,19 +178,11 @@ def test_one_model_call_mixes_adapters(server, served):
         with httpx.Client(base_url=url, headers=AUTH, timeout=WAIT) as c:
             answers[key] = (c.post(route, json=body), adapter, i)
 
-    server.hold()
-    try:
-        threads = start_threads(send, [("first", None, 0)])
-        until(url, "bertfast_requests_in_flight", 1)
-        until(url, "bertfast_queue_depth", 0)  # the first request's row is taken: the engine waits at the gate
-        threads += start_threads(send, [("base", None, 5), ("a", "a", 5), ("b", "b", 1)])
-        until(url, "bertfast_queue_depth", 3)
-    finally:
-        server.release()
+    threads = queue_behind(server, send, ("first", None, 0), [("base", None, 5), ("a", "a", 5), ("b", "b", 1)], AUTH)
     join(threads, timeout=WAIT)
     for r, adapter, i in answers.values():
         assert np.array_equal(scores_of("cls", r), expected["cls", adapter, False][[i]]), adapter
-    assert metric(url, 'bertfast_batch_rows_count{model="cls"}') == batches + 2
+    assert metric(url, 'bertfast_batch_rows_count{model="cls"}', AUTH) == batches + 2
 
 
 def test_unknown_adapter_is_404(server):
@@ -214,7 +195,7 @@ def test_unknown_adapter_is_404(server):
         assert r.status_code == 404, r.text
         error = r.json()
         assert (error["error_type"], error["field"]) == ("adapter_not_found", "adapter") and loaded in error["error"]
-    assert metric(server.url, "bertfast_requests_in_flight") == 0
+    assert metric(server.url, "bertfast_requests_in_flight", AUTH) == 0
 
 
 def test_admin_load_request_unload(server, served):

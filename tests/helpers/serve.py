@@ -157,6 +157,35 @@ def join(threads, timeout: float = 120) -> None:
     assert not any(t.is_alive() for t in threads), "a client thread hung"
 
 
+def metric(url: str, name: str, headers: dict | None = None) -> float:
+    """The server's /metrics value of `name` (a series with its labels, as written there)."""
+    text = httpx.get(url + "/metrics", headers=headers, timeout=WAIT).text
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def until(url: str, name: str, value: float, headers: dict | None = None) -> None:
+    """Until the metric `name` reads `value`; fails after WAIT s."""
+    deadline = time.monotonic() + WAIT
+    while metric(url, name, headers) != value:
+        assert time.monotonic() < deadline, f"{name} is {metric(url, name, headers)}, not {value}, after {WAIT} s"
+        time.sleep(0.01)
+
+
+def queue_behind(server, send, first, rest, headers: dict | None = None) -> list[threading.Thread]:
+    """The engine held (`server.hold`) on `first`'s row, then each of `rest` sent and queued (one row each), then
+    released: what a test needs to see queued requests run as one model call. Returns the started threads."""
+    server.hold()
+    try:
+        threads = start_threads(send, [first])
+        until(server.url, "bertfast_requests_in_flight", 1, headers)
+        until(server.url, "bertfast_queue_depth", 0, headers)  # the first row is taken: the engine waits at the gate
+        threads += start_threads(send, rest)
+        until(server.url, "bertfast_queue_depth", len(rest), headers)
+    finally:
+        server.release()
+    return threads
+
+
 def as_f32(vectors) -> np.ndarray:
     """JSON floats as float32 (through float64: the values the server wrote)."""
     return np.asarray(vectors, dtype=np.float64).astype(np.float32)
