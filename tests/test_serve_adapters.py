@@ -30,8 +30,8 @@ pytest.importorskip("peft", reason="the adapters are saved by PEFT (the test ext
 httpx = pytest.importorskip("httpx", reason="the serve tests' HTTP client, httpx, is in the test extra")
 
 from helpers.adapters import CASES, save_lora  # noqa: E402
-from helpers.serve import (ROOT, WAIT, Server, as_f32, free_port, join, metric, ok, queue_behind,  # noqa: E402
-                           start_threads, until)
+from helpers.serve import (ROOT, WAIT, as_f32, concurrent_clients, free_port, join, metric, ok,  # noqa: E402
+                           one_model_call, serving, start_threads, until)
 
 # Short texts: the random model takes 40 positions.
 TEXTS = ["hello world", "A man is eating food.", "x", "Paris is the capital of France.", "short",
@@ -92,15 +92,9 @@ def root(served, tmp_path_factory) -> str:
 def server(served, root):
     base, dirs, _ = served
     # A small token budget: requests are split across batches and merged with others. Gated: the engine can be held.
-    srv = Server("--model", f"base={base}", "--adapter", f"legal={dirs['legal']}",
-                 "--adapter", f"base:med={dirs['med']}", "--max-batch-tokens", "48", "--max-client-batch-size", "8",
-                 "--api-key", KEY, "--adapter-root", root,
-                 gated=True)
-    try:
-        yield srv
-    finally:
-        log = srv.stop()
-    assert "Exception in ASGI application" not in log, log[-3000:]
+    yield from serving("--model", f"base={base}", "--adapter", f"legal={dirs['legal']}",
+                       "--adapter", f"base:med={dirs['med']}", "--max-batch-tokens", "48", "--max-client-batch-size",
+                       "8", "--api-key", KEY, "--adapter-root", root, gated=True)
 
 
 def get(url: str, route: str) -> httpx.Response:
@@ -135,49 +129,35 @@ def test_concurrent_mixed_adapters(server, served):
     """CLIENTS threads send REQUESTS_PER_CLIENT requests each, with a random adapter or none, on a random route: each
     answer is `Encoder.encode` with that adapter, bit for bit (the model echoed as asked on /v1/embeddings)."""
     expected = served[2]
-    failures, lock, stop = [], threading.Lock(), time.monotonic() + SECONDS
 
-    def client(seed):
-        rng = np.random.default_rng(seed)
-        with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as c:
-            for _ in range(REQUESTS_PER_CLIENT):
-                if time.monotonic() > stop:
-                    break
-                adapter = ADAPTERS[int(rng.integers(3))]
-                route = ["/embed", "/v1/embeddings"][int(rng.integers(2))]
-                pick = rng.choice(len(TEXTS), size=int(rng.integers(1, 6)), replace=True)
-                body = request(adapter, route, [TEXTS[i] for i in pick])
-                r = c.post(route, json=body)
-                same = r.status_code == 200 and np.array_equal(vectors_of(route, r), expected[adapter][pick])
-                if route == "/v1/embeddings" and same:
-                    same = r.json()["model"] == body["model"]
-                if not same:
-                    with lock:
-                        failures.append((adapter, route, r.status_code, r.text[:200]))
+    def check(c, rng):
+        adapter = ADAPTERS[int(rng.integers(3))]
+        route = ["/embed", "/v1/embeddings"][int(rng.integers(2))]
+        pick = rng.choice(len(TEXTS), size=int(rng.integers(1, 6)), replace=True)
+        body = request(adapter, route, [TEXTS[i] for i in pick])
+        r = c.post(route, json=body)
+        same = r.status_code == 200 and np.array_equal(vectors_of(route, r), expected[adapter][pick])
+        if route == "/v1/embeddings" and same:
+            same = r.json()["model"] == body["model"]
+        return None if same else (adapter, route, r.status_code, r.text[:200])
 
-    join(start_threads(client, range(CLIENTS)), timeout=SECONDS + WAIT)
+    failures = concurrent_clients(server.url, AUTH, CLIENTS, REQUESTS_PER_CLIENT, SECONDS, check)
     assert not failures, failures[:5]
 
 
 def test_one_model_call_mixes_adapters(server, served):
     """The engine held behind a first request: one request per adapter (and one of the base model) queue, then run as
     one model call (one batch more than before for the four requests, 2 in all); each is its own adapter's output."""
-    expected, url = served[2], server.url
-    batches = metric(url, 'bertfast_batch_rows_count{model="base"}', AUTH)
-    answers = {}
+    expected = served[2]
+    rest = [(None, "/v1/embeddings", 1), ("legal", "/embed", 3), ("med", "/v1/embeddings", 3)]
 
-    def send(item):
-        key, adapter, route, i = item
-        with httpx.Client(base_url=url, headers=AUTH, timeout=WAIT) as c:
-            answers[key] = (c.post(route, json=request(adapter, route, [TEXTS[i]])), adapter, route, i)
+    def post_one(c, item):
+        adapter, route, i = item
+        return c.post(route, json=request(adapter, route, [TEXTS[i]]))
 
-    threads = queue_behind(server, send, ("first", None, "/embed", 0), [
-        ("base", None, "/v1/embeddings", 1), ("legal", "legal", "/embed", 3), ("med", "med", "/v1/embeddings", 3)],
-        AUTH)
-    join(threads, timeout=WAIT)
-    for r, adapter, route, i in answers.values():
+    answers = one_model_call(server, "base", post_one, (None, "/embed", 0), rest, AUTH)
+    for r, (adapter, route, i) in zip(answers, rest):
         assert np.array_equal(vectors_of(route, r), expected[adapter][[i]]), (adapter, route)
-    assert metric(url, 'bertfast_batch_rows_count{model="base"}', AUTH) == batches + 2
 
 
 def test_embed_all_and_similarity_take_the_adapter(server, served):

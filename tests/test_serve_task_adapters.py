@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -28,7 +26,8 @@ pytest.importorskip("peft", reason="the adapters are saved by PEFT (the test ext
 httpx = pytest.importorskip("httpx", reason="the serve tests' HTTP client, httpx, is in the test extra")
 
 from helpers.adapters import ALL_BERT, save_lora  # noqa: E402
-from helpers.serve import WAIT, Server, as_f32, checkpoint, join, metric, ok, queue_behind, start_threads  # noqa: E402
+from helpers.serve import (WAIT, as_f32, checkpoint, concurrent_clients, metric, ok,  # noqa: E402
+                           one_model_call, serving)
 
 TEXTS = ["hello world", "A man is eating food.", "x", "Ünïcödé テキスト and emoji 🙂",
          "cats, dogs and other animals"]
@@ -97,16 +96,11 @@ def root(served, tmp_path_factory) -> str:
 def server(served, root):
     paths, dirs, _ = served
     # A small token budget: requests are split across batches and merged with others. Gated: the engine can be held.
-    srv = Server("--model", f"cls={paths['cls']}", "--model", f"rr={paths['rr']}",
-                 "--adapter", f"a={dirs['cls', 'a']}", "--adapter", f"cls:b={dirs['cls', 'b']}",
-                 "--adapter", f"rr:x={dirs['rr', 'x']}", "--adapter", f"rr:y={dirs['rr', 'y']}",
-                 "--max-batch-tokens", "48", "--max-client-batch-size", "8", "--api-key", KEY, "--adapter-root", root,
-                 gated=True)
-    try:
-        yield srv
-    finally:
-        log = srv.stop()
-    assert "Exception in ASGI application" not in log, log[-3000:]
+    yield from serving("--model", f"cls={paths['cls']}", "--model", f"rr={paths['rr']}",
+                       "--adapter", f"a={dirs['cls', 'a']}", "--adapter", f"cls:b={dirs['cls', 'b']}",
+                       "--adapter", f"rr:x={dirs['rr', 'x']}", "--adapter", f"rr:y={dirs['rr', 'y']}",
+                       "--max-batch-tokens", "48", "--max-client-batch-size", "8", "--api-key", KEY,
+                       "--adapter-root", root, gated=True)
 
 
 def post(url: str, route: str, body) -> httpx.Response:
@@ -143,46 +137,35 @@ def test_concurrent_mixed_adapters(server, served):
     """CLIENTS threads send REQUESTS_PER_CLIENT requests each to a random model (/predict on cls, /rerank on rr) with a
     random adapter of it or none, scores or logits: each answer is the TaskModel's on each input alone, bit for bit."""
     expected = served[2]
-    failures, lock, stop = [], threading.Lock(), time.monotonic() + SECONDS
 
-    def client(seed):
-        rng = np.random.default_rng(seed)
-        with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as c:
-            for _ in range(REQUESTS_PER_CLIENT):
-                if time.monotonic() > stop:
-                    break
-                model = ["cls", "rr"][int(rng.integers(2))]
-                adapter = [None, *MODELS[model][1]][int(rng.integers(3))]
-                count = len(INPUTS if model == "cls" else TEXTS)
-                pick, raw = rng.choice(count, size=int(rng.integers(1, 6)), replace=True), bool(rng.integers(2))
-                route, body = request(model, adapter, pick, raw)
-                r = c.post(route, json=body)
-                if r.status_code != 200 or not np.array_equal(scores_of(model, r), expected[model, adapter, raw][pick]):
-                    with lock:
-                        failures.append((model, adapter, raw, r.status_code, r.text[:200]))
+    def check(c, rng):
+        model = ["cls", "rr"][int(rng.integers(2))]
+        adapter = [None, *MODELS[model][1]][int(rng.integers(3))]
+        count = len(INPUTS if model == "cls" else TEXTS)
+        pick, raw = rng.choice(count, size=int(rng.integers(1, 6)), replace=True), bool(rng.integers(2))
+        route, body = request(model, adapter, pick, raw)
+        r = c.post(route, json=body)
+        if r.status_code != 200 or not np.array_equal(scores_of(model, r), expected[model, adapter, raw][pick]):
+            return model, adapter, raw, r.status_code, r.text[:200]
+        return None
 
-    join(start_threads(client, range(CLIENTS)), timeout=SECONDS + WAIT)
+    failures = concurrent_clients(server.url, AUTH, CLIENTS, REQUESTS_PER_CLIENT, SECONDS, check)
     assert not failures, failures[:5]
 
 
 def test_one_model_call_mixes_adapters(server, served):
     """The engine held behind a first request: one /predict per adapter and one of the base model queue, then run as
     one model call (one batch more than before for the four requests, 2 in all); each gets its own adapter's scores."""
-    expected, url = served[2], server.url
-    batches = metric(url, 'bertfast_batch_rows_count{model="cls"}', AUTH)
-    answers = {}
+    expected = served[2]
+    rest = [(None, 5), ("a", 5), ("b", 1)]
 
-    def send(item):
-        key, adapter, i = item
-        route, body = request("cls", adapter, [i])
-        with httpx.Client(base_url=url, headers=AUTH, timeout=WAIT) as c:
-            answers[key] = (c.post(route, json=body), adapter, i)
+    def post_one(c, item):
+        route, body = request("cls", item[0], [item[1]])
+        return c.post(route, json=body)
 
-    threads = queue_behind(server, send, ("first", None, 0), [("base", None, 5), ("a", "a", 5), ("b", "b", 1)], AUTH)
-    join(threads, timeout=WAIT)
-    for r, adapter, i in answers.values():
+    answers = one_model_call(server, "cls", post_one, (None, 0), rest, AUTH)
+    for r, (adapter, i) in zip(answers, rest):
         assert np.array_equal(scores_of("cls", r), expected["cls", adapter, False][[i]]), adapter
-    assert metric(url, 'bertfast_batch_rows_count{model="cls"}', AUTH) == batches + 2
 
 
 def test_unknown_adapter_is_404(server):

@@ -141,6 +141,17 @@ def serve_gated(fd: int) -> None:
     sys.exit(main(sys.argv[1:]))
 
 
+def serving(*args, **kwargs):
+    """A `Server(*args, **kwargs)` for a fixture (`yield from serving(...)`): yields it, stops it, then fails if the
+    app logged an exception."""
+    srv = Server(*args, **kwargs)
+    try:
+        yield srv
+    finally:
+        log = srv.stop()
+    assert "Exception in ASGI application" not in log, log[-3000:]
+
+
 def start_threads(target, args) -> list[threading.Thread]:
     """One started thread per argument, running target(arg)."""
     threads = [threading.Thread(target=target, args=(a,)) for a in args]
@@ -173,7 +184,8 @@ def until(url: str, name: str, value: float, headers: dict | None = None) -> Non
 
 def queue_behind(server, send, first, rest, headers: dict | None = None) -> list[threading.Thread]:
     """The engine held (`server.hold`) on `first`'s row, then each of `rest` sent and queued (one row each), then
-    released: what a test needs to see queued requests run as one model call. Returns the started threads."""
+    released: what a test needs to see queued requests run as one model call. send(item) sends one; returns the
+    started threads."""
     server.hold()
     try:
         threads = start_threads(send, [first])
@@ -184,6 +196,42 @@ def queue_behind(server, send, first, rest, headers: dict | None = None) -> list
     finally:
         server.release()
     return threads
+
+
+def one_model_call(server, model: str, post, first, rest, headers: dict) -> list:
+    """`queue_behind` for one-row requests post(client, item) -> response: the responses to `rest`, in its order,
+    once the queued requests ran as one model call (checked: the served `model`'s batches rose by 2 in all)."""
+    name = f'bertfast_batch_rows_count{{model="{model}"}}'
+    batches, answers = metric(server.url, name, headers), {}
+
+    def send(item):
+        with httpx.Client(base_url=server.url, headers=headers, timeout=WAIT) as c:
+            answers[id(item)] = post(c, item)
+
+    join(queue_behind(server, send, first, rest, headers), timeout=WAIT)
+    assert metric(server.url, name, headers) == batches + 2
+    return [answers[id(item)] for item in rest]
+
+
+def concurrent_clients(url: str, headers: dict, clients: int, requests: int, seconds: float, check) -> list:
+    """`clients` threads, each with its own HTTP client and a generator seeded by its number, each calling
+    check(client, rng) up to `requests` times or until `seconds` have passed; returns what the calls returned other
+    than None (the failures)."""
+    failures, lock, stop = [], threading.Lock(), time.monotonic() + seconds
+
+    def client(seed):
+        rng = np.random.default_rng(seed)
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as c:
+            for _ in range(requests):
+                if time.monotonic() > stop:
+                    break
+                failure = check(c, rng)
+                if failure is not None:
+                    with lock:
+                        failures.append(failure)
+
+    join(start_threads(client, range(clients)), timeout=seconds + WAIT)
+    return failures
 
 
 def as_f32(vectors) -> np.ndarray:
