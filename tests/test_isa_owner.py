@@ -90,7 +90,8 @@ def test_user_settings_win(monkeypatch):
     """A variable the user set stays as it is; cap_libraries sets the cap's others and records them (APPLIED: what a
     child process under another cap must not inherit)."""
     for name in _LIBRARY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so that what cap_libraries sets is undone after the test
+        monkeypatch.delenv(name)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     monkeypatch.setattr(isa, "APPLIED", {})
     applied = isa.cap_libraries("portable")
