@@ -364,13 +364,12 @@ class RowAdapters:
     """One forward's adapters, one (packed, `pack_adapter`) or None per row: `adapters`, the distinct ones in order of
     first appearance; each token's and each batch row's position among them (-1: the base model); and where each
     one's rows are: runs of consecutive rows as token slices (`spans`), batch row indices (`rows`, the pooler reads
-    one token a row), token indices (`tokens`), all on `device`.
+    one token a row), all on `device`.
 
     `addend` is a slot's LoRA terms in the backend's form (`Backend.lora`): a row's depends on its own tokens and
     adapter alone, as its base output does, so a row gets the same bits alone and in any batch."""
 
     def __init__(self, adapters: Sequence[Adapter | None], cu_seqlens: torch.Tensor, device):
-        self.tokens = [(a, idx.to(device)) for a, idx in group_rows(cu_seqlens.cpu(), adapters)]
         bounds, position = cu_seqlens.tolist(), {}
         self.adapters: list[Adapter] = []
         self.spans: list[tuple[int, slice]] = []
@@ -409,11 +408,12 @@ class RowAdapters:
         """DeBERTa-v2: `bias` (the layer's DisentangledBias from the base tables, `disentangled.layer_bias`) with the
         c2p / p2c rows of each group whose adapter has pos_key / pos_query computed from its adapter's tables."""
         c2p, p2c = bias.c2p, bias.p2c
-        for adapter, idx in self.tokens:
+        for p, adapter in enumerate(self.adapters):
             slots = adapter.layers[layer]
             key, query = slots.get("pos_key"), slots.get("pos_query")
             if key is None and query is None:
                 continue
+            idx = (self.token_index == p).nonzero().flatten()  # the adapter's tokens, in order
             rows = [None if t is None else t[index.lo:index.hi] for t in (key, query)]
             group = ops.disentangled(q.index_select(0, idx), k.index_select(0, idx), *rows, scale,
                                      tuple(w.index_select(0, idx) for w in windows))
