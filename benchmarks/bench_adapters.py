@@ -2,7 +2,7 @@
 running PEFT's model (transformers, the same adapters) on each adapter's own rows one adapter after another.
 
     python benchmarks/bench_adapters.py [--adapters 8] [--rank 16] [--layers 12] [--dtype fp32]
-                                        [--workloads b8xs128,ragged] [--rounds 7] [--no-peft]
+                                        [--workloads b8xs128,ragged] [--rounds 7] [--no-peft] [--device cpu]
 
 BERT-base random weights (`BertConfig()`, --layers of them), N random adapters of rank --rank on query, key, value
 and every dense (attention out, FFN in and out, the pooler), both factors drawn at 0.02 (PEFT's B starts at zero).
@@ -12,6 +12,8 @@ timed (fp32: within 1e-4 of the largest value). Timed interleaved in one process
 (`bertfast.tools.bench.measure.interleaved`), medians. Also the bytes of the tensors the loaded adapters hold, and
 the resident memory loading them adds.
 Targets (issue 59): mixed <= 1.15x base, peft >= 4x mixed.
+--device cuda: the triton backend (its segmented LoRA kernels) on the GPU, PEFT's model there in the same dtype
+(fp32, fp16 or bf16), each call timed between synchronizations.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -33,7 +36,7 @@ from bertfast.accuracy import rel_error  # noqa: E402
 from bertfast.tools.bench.measure import interleaved, timer  # noqa: E402
 
 TARGETS = ["query", "key", "value", "dense"]
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": "int8"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": "int8"}
 
 
 def rss_bytes() -> int:
@@ -67,18 +70,23 @@ def lengths_of(workload: str) -> list[int]:
 
 
 def save_adapters(model, root: str, n: int, rank: int) -> list[str]:
-    import peft
+    """n PEFT LoRA directories (rank, alpha 2 rank, TARGETS) written without PEFT, which a GPU machine may lack."""
+    from safetensors.torch import save_file
     paths = []
     for i in range(n):
-        pm = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=rank, lora_alpha=2 * rank,
-                                                                        target_modules=TARGETS))
         g = torch.Generator().manual_seed(100 + i)
-        with torch.no_grad():
-            for name, p in pm.named_parameters():
-                if "lora_" in name:
-                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+        tensors = {}
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in TARGETS:
+                for kind, shape in (("A", (rank, module.in_features)), ("B", (module.out_features, rank))):
+                    tensors[f"base_model.model.{name}.lora_{kind}.weight"] = torch.randn(shape, generator=g) * 0.02
         paths.append(os.path.join(root, f"a{i}"))
-        pm.save_pretrained(paths[-1])
+        os.makedirs(paths[-1])
+        save_file(tensors, os.path.join(paths[-1], "adapter_model.safetensors"))
+        with open(os.path.join(paths[-1], "adapter_config.json"), "w") as f:
+            json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": TARGETS,
+                       "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
+                       "task_type": None, "base_model_name_or_path": None}, f)
     return paths
 
 
@@ -91,9 +99,15 @@ def main() -> None:
     ap.add_argument("--workloads", default="b8xs128,ragged")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-peft", action="store_true", help="leave out the PEFT row (and its check)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="cpu: the cpu backend; cuda: the triton backend on the GPU")
     args = ap.parse_args()
+    device = args.device
+    backend = "cpu" if device == "cpu" else "triton"
+    offered = {"cpu": ("fp32", "bf16", "int8"), "cuda": ("fp32", "fp16", "bf16")}[device]
+    if args.dtype not in offered:
+        raise SystemExit(f"--dtype {args.dtype} is not offered on {device} (offered: {', '.join(offered)})")
     bertfast.cap_libraries()
-    import peft
     import transformers
 
     torch.manual_seed(0)
@@ -101,7 +115,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         model.save_pretrained(os.path.join(root, "base"))
         paths = save_adapters(model, root, args.adapters, args.rank)
-        enc = bertfast.Encoder.from_pretrained(os.path.join(root, "base"), dtype=DTYPES[args.dtype], backend="cpu")
+        if device == "cpu":
+            enc = bertfast.Encoder.from_pretrained(os.path.join(root, "base"), dtype=DTYPES[args.dtype], backend="cpu")
+        else:
+            enc = bertfast.Encoder.from_hf(copy.deepcopy(model).to(device), dtype=DTYPES[args.dtype], backend=backend)
         names = [f"a{i}" for i in range(args.adapters)]
         before = rss_bytes()
         for name, path in zip(names, paths):
@@ -109,21 +126,25 @@ def main() -> None:
         added = rss_bytes() - before
         held = tensor_bytes([enc._adapters[name] for name in names])
         file_bytes = sum(os.path.getsize(os.path.join(p, "adapter_model.safetensors")) for p in paths)
-        print(f"cpu tier {bertfast.cpu_info()['active']}, torch threads {torch.get_num_threads()}, {args.layers} "
-              f"layers, {args.adapters} adapters of rank {args.rank}, {args.dtype}")
+        where = (f"cpu tier {bertfast.cpu_info()['active']}, torch threads {torch.get_num_threads()}" if device == "cpu"
+                 else f"{torch.cuda.get_device_name()}, backend triton")
+        print(f"{where}, {args.layers} layers, {args.adapters} adapters of rank {args.rank}, {args.dtype}")
         print(f"memory: the adapters hold {held / 2**20:.1f} MiB of tensors (their safetensors files: "
               f"{file_bytes / 2**20:.1f} MiB); loading them added {added / 2**20:.1f} MiB resident")
         pm = None
         if not args.no_peft:
-            pm = peft.PeftModel.from_pretrained(copy.deepcopy(model), paths[0], adapter_name=names[0]).eval()
+            import peft
+            peft_dtype = torch.float32 if device == "cpu" else DTYPES[args.dtype]
+            pm = peft.PeftModel.from_pretrained(copy.deepcopy(model).to(device, peft_dtype), paths[0],
+                                                adapter_name=names[0]).eval()
             for name, path in zip(names[1:], paths[1:]):
                 pm.load_adapter(path, adapter_name=name)
         g = torch.Generator().manual_seed(1)
         for workload in args.workloads.split(","):
             lengths = lengths_of(workload)
             B, S = len(lengths), max(lengths)
-            ids = torch.randint(1000, 30000, (B, S), generator=g)
-            mask = (torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]).long()
+            ids = torch.randint(1000, 30000, (B, S), generator=g).to(device)
+            mask = (torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]).long().to(device)
             mixed_ids = [names[i % len(names)] for i in range(B)]
             groups = {name: [i for i in range(B) if mixed_ids[i] == name] for name in names}
 
@@ -140,7 +161,7 @@ def main() -> None:
                             pm.set_adapter(name)
                             pm(input_ids=ids[rows], attention_mask=mask[rows])
 
-            contenders = {"base": timer(base), "mixed": timer(mixed)}
+            contenders = {"base": timer(base, device=device), "mixed": timer(mixed, device=device)}
             if pm is not None:
                 with torch.inference_mode():
                     ours = enc(ids, mask, adapter_ids=mixed_ids).last_hidden_state.float()
@@ -150,10 +171,10 @@ def main() -> None:
                         pm.set_adapter(name)
                         ref = pm(input_ids=ids[rows], attention_mask=mask[rows]).last_hidden_state
                         keep = mask[rows].bool()
-                        err = rel_error(ours[rows][keep], ref[keep])
+                        err = rel_error(ours[rows][keep], ref[keep].float())
                         if args.dtype == "fp32" and err > 1e-4:
                             raise SystemExit(f"{workload}: adapter {name}'s rows differ from PEFT's by {err:.2e}")
-                contenders["peft"] = timer(peft_rows)
+                contenders["peft"] = timer(peft_rows, device=device)
             times = interleaved(contenders, args.rounds, warmup=1)
             med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
             line = "  ".join(f"{k} {v:8.1f} ms" for k, v in med.items())

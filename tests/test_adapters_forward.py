@@ -9,7 +9,9 @@
   base, adapter fp32), on the default tier, portable, avx2, avx512_vnni-nobf16 and amx_emulated; base rows of a
   mixed batch equal the forward without adapters (BERT: the native whole layer) bit for bit. The native linear's LoRA
   terms on every epilogue.
-- The triton backend under the interpreter: its kernels' addend, and a mixed batch against PEFT.
+- The triton backend under the interpreter: its kernels' addend; the segmented shrink and expand kernels (SGMV) against
+  fp64, bit for bit whatever the tiles, two launches per slot whatever the number of adapters; a mixed batch against
+  PEFT.
 - The errors: unknown names, a wrong adapter_ids length, a duplicate or bad name, unload of an unknown name, another
   family's adapter.
 """
@@ -345,3 +347,59 @@ def test_triton_backend_matches_peft(family, peft_models):
     assert rel_err(out, ref, mask) <= 1e-5
     row = {k: v[2:3, :7] for k, v in kwargs.items() if k != "attention_mask"}
     assert torch.equal(enc(**row, adapter_ids=["b"]).last_hidden_state[0], out[2, :7])
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_triton_segmented_lora_kernels(dtype):
+    """The shrink and expand kernels (`kernels.triton.lora`) through the backend's `lora`: each row's (x A^T) B^T of
+    its own adapter within 1e-5 of fp64 (ranks 4, 20, 7 padded to 16s; an adapter without the slot; base rows zero),
+    runs longer than a tile (32 rows) and cut at every offset; a run alone gets the bits it has in the batch, and
+    the pooler's batch rows (an index tensor) the bits of the same tokens."""
+    from bertfast.backends.cuda.triton import TritonBackend
+    from bertfast.kernels.triton import lora as tlora
+    backend = TritonBackend()
+    g = torch.Generator().manual_seed(0)
+    T, K, N = 101, 48, 96
+    x = torch.randn(T, K, generator=g).to(dtype)
+    pairs = [(torch.randn(r, K, generator=g), torch.randn(N, r, generator=g)) for r in (4, 20, 7)]
+    factors = [backend.pack_lora(A, B, 3) for A, B in pairs] + [None]
+    spans = [(0, slice(0, 5)), (1, slice(9, 75)), (2, slice(75, 76)), (0, slice(76, 90)), (3, slice(90, 95))]
+    out = backend.lora(x, None, factors, spans)
+    ref = torch.zeros(T, N, dtype=torch.float64)
+    for p, rows in spans:
+        if factors[p] is not None:
+            A, B = pairs[p]
+            ref[rows] = (x[rows].double() @ A.double().T) @ B.double().T
+    assert out.dtype == torch.float32 and out.shape == (T, N)
+    assert rel_err(out, ref) <= 1e-5
+    assert torch.equal(out[5:9], torch.zeros(4, N)) and torch.equal(out[95:], torch.zeros(T - 95, N))
+    for start in (9, 10, 40, 41, 43):  # the run from each offset: another cut into tiles, the same bits
+        alone = backend.lora(x[start:75], None, factors, [(1, slice(0, 75 - start))])
+        assert torch.equal(alone, out[start:75])
+    pooled = backend.lora(x[:12], None, factors, [(1, torch.tensor([10, 2])), (0, torch.tensor([4]))])
+    assert torch.equal(pooled[10], out[10]) and torch.equal(pooled[4], out[4])
+    assert torch.equal(pooled[[0, 1, 3, 5, 6, 7, 8, 9, 11]], torch.zeros(9, N))
+    with pytest.raises(ValueError, match="pointer table"):
+        tlora.lora_terms(x, tlora.tiles([(0, 0, T)], x.device), tlora.table(factors[:1]), factors, N)
+
+
+@needs_triton
+def test_triton_lora_launches_do_not_grow_with_adapters(peft_models):
+    """A forward mixing three adapters and base rows launches the same kernels as one whose rows all use one adapter:
+    per adapted slot one shrink and one expand, whatever the number of adapters (SGMV)."""
+    from bertfast.tools.launches import count_launches
+    model, _, paths = peft_models("bert")
+    enc = _encoder(model, paths, backend="triton", dtype=torch.float32)
+    lengths = [5, 1, 7, 3, 4]
+    kwargs, _ = _batch(model, lengths)
+    layers = model.config.num_hidden_layers
+    counts = []
+    for names in (["a", None, "b", "c", "b"], ["a"] * 5):
+        enc(**kwargs, adapter_ids=names)  # tables built once per forward and adapter set
+        with torch.inference_mode(), count_launches() as launches:
+            enc(**kwargs, adapter_ids=names)
+        counts.append(launches)
+    mixed, single = counts
+    assert mixed.triton["_shrink_kernel"] == mixed.triton["_expand_kernel"] == 4 * layers + 1  # + the pooler
+    assert mixed.triton == single.triton, (mixed.summary(), single.summary())

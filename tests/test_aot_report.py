@@ -68,16 +68,17 @@ def test_the_real_modules_declare_their_min_arch():
 
 
 def test_every_kernel_module_is_built_above_its_min_arch():
-    """Every kernel module declares its variants; fp8's build from sm_89, the TMA GEMM's and the persistent layer's
-    narrow-tile variants from sm_90, the rest everywhere."""
-    from bertfast.kernels.triton import fp8, layer, linear_tma
+    """Every kernel module declares its variants (the LoRA epilogues' and SGMV kernels' too); fp8's build from sm_89,
+    the TMA GEMM's and the persistent layer's narrow-tile variants from sm_90, the rest everywhere."""
+    from bertfast.kernels.triton import fp8, layer, linear_tma, lora
 
     names = [m.__name__ for m in aot.kernel_modules()]
-    assert {fp8.__name__, layer.__name__, linear_tma.__name__} <= set(names)
+    assert {fp8.__name__, layer.__name__, linear_tma.__name__, lora.__name__} <= set(names)
     mins = {v[0]: v[4] for v in aot.variants("fp16")}
     assert {mins[n] for n in mins if n.startswith("fp8_")} == {89}
     assert {mins[n] for n in mins if "tma" in n} == {90}
     assert mins["bert_layer"] == 0 and mins["bert_layer_s16"] == mins["bert_layer_s128"] == 90
+    assert mins["lora_shrink"] == mins["lora_expand"] == mins["linear_gelu_lora"] == mins["qkv_lora"] == 0
 
 
 def test_a_tma_kernel_builds_for_hopper_only(tmp_path):

@@ -42,9 +42,9 @@ def add_arguments(parser) -> None:
 def kernel_modules() -> list:
     """The kernel modules that declare `aot_variants`, in build order."""
     from bertfast.kernels.triton import (attention, attention_tma, disentangled, embedding, fp8, layer, layernorm,
-                                         linear, linear_tma, qkv)
+                                         linear, linear_tma, lora, qkv)
 
-    return [embedding, qkv, disentangled, attention, attention_tma, linear, linear_tma, layernorm, layer, fp8]
+    return [embedding, qkv, disentangled, attention, attention_tma, linear, linear_tma, lora, layernorm, layer, fp8]
 
 
 def variants(dtype: str = "fp16"):

@@ -8,6 +8,7 @@ and fp32/fp16 only: the interpreter cannot compute in bf16).
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 
@@ -58,6 +59,7 @@ class TritonBackend(Backend):
 
         self._ops = ops
         self._gemm = gemm_choice.GemmChoices([], None)  # read from the table in `prepare`, for the weights' GPU
+        self._lora_tables = _LoraTables(ops.lora)
 
     def precision(self, device):
         # The interpreter (CPU) computes no bf16: fp32 there; on CUDA bf16 where supported.
@@ -154,6 +156,21 @@ class TritonBackend(Backend):
             return "adapters on the triton backend under fp8: not yet (the e4m3 GEMMs' epilogue takes no LoRA delta)"
         return None
 
+    def pack_lora(self, A, B, segments):
+        """A^T and B^T float32, the rank padded to 16 (`kernels.triton.lora.Factors`); the q | k | v runs' zero
+        blocks of B are kept (they add exact zeros)."""
+        return self._ops.lora.pack_factors(A, B)
+
+    def lora(self, x, index, factors, groups):
+        """(T, N) float32: the rows' terms from the segmented shrink and expand kernels (`kernels.triton.lora`), two
+        launches for any number of adapters; the tile and pointer tables are built once per forward and adapter set."""
+        present = [f for f in factors if f is not None]
+        if not present:
+            return None
+        N = present[0].bt.shape[1]
+        return self._ops.lora.lora_terms(x, self._lora_tables.tiles(groups, x.shape[0], x.device),
+                                         self._lora_tables.pointers(factors, x.device), factors, N)
+
     def qkv(self, x, weight, bias, num_heads, rotary=None, addend=None):
         if addend is not None:  # the Triton kernel, whose epilogue adds it (cuBLAS and the TMA GEMM take none)
             if self._fp8 is not None and isinstance(weight, self._fp8.Fp8Weight):
@@ -208,6 +225,51 @@ class TritonBackend(Backend):
 
     def layernorm(self, x, weight, bias, eps):
         return self._ops.layernorm.layernorm(x, weight, bias, eps)
+
+
+class _LoraTables:
+    """The device tables of the LoRA kernels: a forward's tile table (one per `groups` object: a forward hands every
+    slot the same one) and each adapter set's pointer table, checked through weak references to be the same live
+    factors (an unloaded adapter's tensors are not kept alive by its table)."""
+
+    def __init__(self, ops):
+        self._ops = ops
+        self._tiles: tuple | None = None
+        self._pointers: dict[tuple, tuple] = {}
+
+    def tiles(self, groups, T: int, device) -> torch.Tensor:
+        if self._tiles is not None and self._tiles[0] is groups and self._tiles[1] == T:
+            return self._tiles[2]
+        spans = []
+        for p, rows in groups:
+            if isinstance(rows, slice):
+                spans.append((p, rows.start, rows.stop))
+            else:  # batch rows (the pooler's), each a run of one
+                spans.extend((p, r, r + 1) for r in rows.tolist())
+        spans.sort(key=lambda span: span[1])
+        covered, end = [], 0
+        for p, start, stop in spans:  # the base rows between: adapter -1, their terms zero
+            if start > end:
+                covered.append((-1, end, start))
+            covered.append((p, start, stop))
+            end = stop
+        if end < T:
+            covered.append((-1, end, T))
+        table = self._ops.tiles(covered, device)
+        self._tiles = (groups, T, table)
+        return table
+
+    def pointers(self, factors, device) -> torch.Tensor:
+        key = tuple(None if f is None else id(f) for f in factors)
+        hit = self._pointers.get(key)
+        if hit is not None and all((r is None and f is None) or (r is not None and r() is f)
+                                   for r, f in zip(hit[0], factors)):
+            return hit[1]
+        if len(self._pointers) >= 4096:  # a long-lived server loading and unloading adapters: start over
+            self._pointers.clear()
+        table = self._ops.table(factors).to(device)
+        self._pointers[key] = (tuple(None if f is None else weakref.ref(f) for f in factors), table)
+        return table
 
 
 class _WorkCounters:

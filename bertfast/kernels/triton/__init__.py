@@ -11,8 +11,8 @@ re-exported here, where names like `linear` would shadow the modules of the same
 
 from __future__ import annotations
 
-from . import attention, disentangled, embedding, layer, layernorm, linear, qkv
+from . import attention, disentangled, embedding, layer, layernorm, linear, lora, qkv
 from ._common import INTERPRET, INTERPRETER_DTYPES
 
-__all__ = ["attention", "disentangled", "embedding", "layer", "layernorm", "linear", "qkv", "INTERPRET",
+__all__ = ["attention", "disentangled", "embedding", "layer", "layernorm", "linear", "lora", "qkv", "INTERPRET",
            "INTERPRETER_DTYPES"]

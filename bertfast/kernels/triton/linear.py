@@ -249,7 +249,7 @@ def linear_residual(x, weight, bias, residual) -> torch.Tensor:
 
 def aot_variants(dtype: torch.dtype = torch.float16, tokens: int = 1024, hidden: int = 768):
     """Representative BERT-base launches for ahead-of-time builds (`bertfast kernels`): the FFN input
-    projection (bias + GELU), an output projection (bias + residual), contiguous operands, and the gated
+    projection (bias + GELU; also with LoRA terms), an output projection (bias + residual), contiguous operands, and the gated
     projections without biases (ModernBERT's GeGLU, NomicBERT's and GTE's SwiGLU, intermediate 4H).
     Yields (name, jit_fn, {argument: representative value}, configs)."""
     t = torch.empty(16, dtype=dtype)  # stands for any 16-byte aligned buffer of this dtype
@@ -264,6 +264,10 @@ def aot_variants(dtype: torch.dtype = torch.float16, tokens: int = 1024, hidden:
     yield ("linear_residual", _linear_kernel.fn,
            {**common, "N": hidden, "K": inter, "stride_xm": inter, "stride_wn": inter, "stride_rm": hidden,
             "stride_om": hidden, "ACTIVATION": "none", "HAS_RESIDUAL": True}, configs)
+    yield ("linear_gelu_lora", _linear_kernel.fn,  # with the rows' LoRA terms (`kernels.triton.lora`'s fp32 addend)
+           {**common, "add_ptr": torch.empty(16, dtype=torch.float32), "N": inter, "K": hidden, "stride_xm": hidden,
+            "stride_wn": hidden, "stride_rm": inter, "stride_om": inter, "stride_am": inter, "ACTIVATION": "gelu",
+            "HAS_RESIDUAL": False, "HAS_ADDEND": True}, configs)
     pair_configs = _prune_pair_configs(_PAIR_CONFIGS, {"M": tokens, "x_ptr": t})
     gated = {"x_ptr": t, "w_ptr": t, "b_ptr": t, "add_ptr": t, "out_ptr": t, "M": tokens, "N": inter, "K": hidden,
              "m_bucket": next_pow2(tokens), "stride_xm": hidden, "stride_xk": 1, "stride_wn": hidden, "stride_wk": 1,

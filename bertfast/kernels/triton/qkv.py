@@ -167,8 +167,8 @@ def qkv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, num_he
 
 
 def aot_variants(dtype: torch.dtype = torch.float16, tokens: int = 1024, hidden: int = 768):
-    """Representative BERT-base fused QKV launches for `bertfast kernels`, plain and rotary (no bias, d = 64,
-    as ModernBERT-base): yields (name, jit_fn, {argument: representative value}, configs)."""
+    """Representative BERT-base fused QKV launches for `bertfast kernels`, plain (without and with LoRA terms) and
+    rotary (no bias, d = 64, as ModernBERT-base): yields (name, jit_fn, {argument: representative value}, configs)."""
     t = torch.empty(16, dtype=dtype)  # stands for any 16-byte aligned buffer of this dtype
     configs = _prune_configs(_CONFIGS, {"M": tokens, "x_ptr": t})
     yield ("qkv", _qkv_kernel.fn,
@@ -176,6 +176,12 @@ def aot_variants(dtype: torch.dtype = torch.float16, tokens: int = 1024, hidden:
             "K": hidden, "m_bucket": next_pow2(tokens), "hidden": hidden, "q_scale": 0.125, "stride_xm": hidden,
             "stride_xk": 1, "stride_wn": hidden, "stride_wk": 1, "stride_am": 0, "HAS_BIAS": True, "SCALE_Q": True,
             "HAS_ADDEND": False, "INPUT_PRECISION": dot_precision(dtype)}, configs)
+    yield ("qkv_lora", _qkv_kernel.fn,  # with the rows' LoRA terms (`kernels.triton.lora`'s fp32 addend)
+           {"x_ptr": t, "w_ptr": t, "b_ptr": t, "add_ptr": torch.empty(16, dtype=torch.float32), "out_ptr": t,
+            "M": tokens, "N": 3 * hidden, "K": hidden, "m_bucket": next_pow2(tokens), "hidden": hidden,
+            "q_scale": 0.125, "stride_xm": hidden, "stride_xk": 1, "stride_wn": hidden, "stride_wk": 1,
+            "stride_am": 3 * hidden, "HAS_BIAS": True, "SCALE_Q": True, "HAS_ADDEND": True,
+            "INPUT_PRECISION": dot_precision(dtype)}, configs)
     head_dim = 64
     yield ("qkv_rotary", _qkv_rotary_kernel.fn,
            {"x_ptr": t, "w_ptr": t, "b_ptr": t, "add_ptr": t, "cos_ptr": torch.empty(16, dtype=torch.float32),
