@@ -286,6 +286,39 @@ def merge(base: ModelWeights, adapter: Adapter, position_inputs: torch.Tensor | 
     return dataclasses.replace(base, layers=layers, pooler_weight=pooler_weight, extra={})
 
 
+def stack(adapters: Sequence[Adapter], name: str) -> Adapter:
+    """Several adapters active at once (PEFT's forward sums their deltas) as one adapter: per slot the ranks of each
+    in turn, A's rows and B's columns (scales already in B), so x A^T B^T is the sum of theirs. Slot dicts shared
+    between layers (ALBERT) stay shared. Raises LoadError for adapters with head tensors (modules_to_save: PEFT runs
+    one adapter's copy at a time) or for other prefixes."""
+    if not adapters:
+        raise ValueError("stack takes at least one adapter")
+    for a in adapters:
+        if a.heads:
+            raise LoadError(f"adapter {a.name!r} has modules_to_save tensors ({', '.join(sorted(a.heads))}): adapters "
+                            "active together cannot each bring their own copy of a head")
+        if a.prefix != adapters[0].prefix or len(a.layers) != len(adapters[0].layers):
+            raise LoadError(f"adapters {adapters[0].name!r} and {a.name!r} adapt different models")
+
+    def joined(pairs: list[Pair]) -> Pair:
+        return torch.cat([A for A, _ in pairs]).contiguous(), torch.cat([B for _, B in pairs], 1).contiguous()
+
+    seen: dict[tuple, dict[str, Pair]] = {}
+    layers = []
+    for i in range(len(adapters[0].layers)):
+        key = tuple(id(a.layers[i]) for a in adapters)
+        if key not in seen:
+            slots: dict[str, list[Pair]] = {}
+            for a in adapters:
+                for slot, pair in a.layers[i].items():
+                    slots.setdefault(slot, []).append(pair)
+            seen[key] = {slot: joined(pairs) for slot, pairs in slots.items()}
+        layers.append(seen[key])
+    poolers = [a.pooler for a in adapters if a.pooler is not None]
+    return Adapter(name=name, layers=layers, pooler=joined(poolers) if poolers else None,
+                   config={"stacked": [a.config for a in adapters]}, prefix=adapters[0].prefix)
+
+
 def group_rows(cu_seqlens: torch.Tensor, adapters: Sequence[Adapter | None]) -> list[tuple[Adapter, torch.Tensor]]:
     """The packed batch's rows grouped by adapter: (adapter, token indices int64 [n]) per distinct adapter, in order
     of first appearance; rows without an adapter are in no group. cu_seqlens: (batch+1,) int32."""
@@ -441,5 +474,5 @@ class LayerAdapters:
         return self.rows.positions(self.ops, self.layer, bias, q, k, index, scale, windows)
 
 
-__all__ = ["Adapter", "SLOTS", "UnknownAdapter", "RowAdapters", "LayerAdapters", "load_adapter", "merge", "pack_adapter", "group_rows",
-           "reference_delta", "apply_adapters_reference"]
+__all__ = ["Adapter", "SLOTS", "UnknownAdapter", "RowAdapters", "LayerAdapters", "load_adapter", "merge", "stack",
+           "pack_adapter", "group_rows", "reference_delta", "apply_adapters_reference"]

@@ -169,12 +169,13 @@ def optimize(model, *, backend: str = "auto", dtype=None, strict: bool = False, 
     A sentence-transformers SentenceTransformer (or SparseEncoder: its MLM head and pooling then run in torch; the
     fused path is `bertfast.SparseEncoder`) has its Transformer module's model optimized.
     A `peft.PeftModel` over such a model, or such a model with adapters loaded through transformers' PEFT
-    integration (`add_adapter` / `load_adapter`, also a SentenceTransformer's Transformer's model), with one active
-    LoRA adapter: served with that adapter unmerged, or, with merge=True, returns a merged copy optimized
-    (`merge_and_unload` on a deep copy; a SentenceTransformer: a deep copy of it around that). Raises LoadError for an
-    adapter bertfast cannot serve (another peft_type, DoRA: `adapters_peft.check_config`; a SentenceTransformer warns
-    and runs unchanged instead, as for any model it cannot serve, unless strict), ValueError for several active
-    adapters, for merge=True with the adapters disabled or on a model without an adapter.
+    integration (`add_adapter` / `load_adapter`, also a SentenceTransformer's Transformer's model), with its active
+    LoRA adapter (or several: PEFT sums them, the engine serves them stacked as one adapter named "a+b"): served
+    unmerged, or, with merge=True, returns a merged copy optimized (`merge_and_unload` on a deep copy; a
+    SentenceTransformer: a deep copy of it around that). Raises LoadError for an adapter bertfast cannot serve
+    (another peft_type, DoRA: `adapters_peft.check_config`; a SentenceTransformer warns and runs unchanged instead, as
+    for any model it cannot serve, unless strict), ValueError for no active adapter, for merge=True with the adapters
+    disabled or on a model without an adapter.
     """
     if _carries_adapter(model):
         return _optimize_peft(model, backend, dtype, strict, merge)
@@ -229,17 +230,17 @@ def _optimize_peft(model, backend, dtype, strict, merge):
     # The integration's active_adapters() reads the first tuner layer too, behind transformers' PEFT version gate.
     active = list(model.active_adapters) if wrapped else list(tuners[0].active_adapters) if tuners else []
     kind = "PeftModel" if wrapped else type(model).__name__
-    if len(active) != 1:
-        raise ValueError(f"the {kind} has {len(active)} active adapters ({', '.join(map(repr, active))}): bertfast "
-                         "serves one; set_adapter(name) first")
-    name = active[0]
-    files = read_peft_model(model, name)  # refuses what the engine cannot serve exactly, merged or not
+    if not active:
+        raise ValueError(f"the {kind} has no active adapter: set_adapter(name) first")
+    # Several active adapters: PEFT sums their deltas, the engine serves them stacked as one (`adapters.stack`).
+    name = "+".join(active)
+    files = [read_peft_model(model, n) for n in active]  # refuses what the engine cannot serve exactly, merged or not
     if merge:
         if any(t.disable_adapters for t in tuners):
             raise ValueError(f"the {kind}'s adapters are disabled (disable_adapter / disable_adapters): merging "
                              f"{name!r} would serve what the model does not run; enable them first, or optimize "
                              "without merge=True (the engine serves calls with the adapters enabled)")
-        return optimize(_merge_and_unload(_copy(model), name), backend=backend, dtype=dtype, strict=strict)
+        return optimize(_merge_and_unload(_copy(model), active), backend=backend, dtype=dtype, strict=strict)
     base = hf.base_model
     layers = [m for m in base.modules() if isinstance(m, LoraLayer)]
     if not layers:
@@ -249,9 +250,9 @@ def _optimize_peft(model, backend, dtype, strict, merge):
         raise ValueError("the adapter is merged into the PeftModel's weights (merge_adapter): unmerge_adapter() "
                          "first, or optimize(model, merge=True)")
     encoder = Encoder.from_hf(BaseWeights(base), backend=backend, dtype=dtype)
-    encoder.load_adapter(name, files)
+    encoder.load_adapter(name, files if len(files) > 1 else files[0])
     encoder.default_adapter = name
-    _install(hf, base, encoder, strict, _adapter_state(layers[0], name))
+    _install(hf, base, encoder, strict, _adapter_state(layers[0], active))
     return model
 
 
@@ -262,10 +263,10 @@ def _copy(model):
     return copy.deepcopy(model, {id(e): None for e in engines if e is not None})
 
 
-def _merge_and_unload(model, name: str):
-    """`model` (a copy, changed in place) with adapter `name` merged and PEFT's modules removed: a PeftModel's own
-    merge_and_unload, else (transformers' integration has no merge) PEFT's steps: each tuner layer merged and put back
-    as its base layer, each modules_to_save wrapper as the module it runs."""
+def _merge_and_unload(model, names: list[str]):
+    """`model` (a copy, changed in place) with its active adapters `names` merged and PEFT's modules removed: a
+    PeftModel's own merge_and_unload, else (transformers' integration has no merge) PEFT's steps: each tuner layer
+    merged and put back as its base layer, each modules_to_save wrapper as the module it runs."""
     from peft import PeftModel
     from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -278,9 +279,9 @@ def _merge_and_unload(model, name: str):
             continue
         done.append(key)
         if unload is not None:
-            new = unload(merge=True, safe_merge=False, adapter_names=[name])
+            new = unload(merge=True, safe_merge=False, adapter_names=names)
         else:
-            module.merge(adapter_names=[name])
+            module.merge(adapter_names=names)
             new = module.get_base_layer()
         parent, _, child = key.rpartition(".")
         setattr(model.get_submodule(parent), child, new)
@@ -289,14 +290,16 @@ def _merge_and_unload(model, name: str):
     return model
 
 
-def _adapter_state(layer, name: str):
+def _adapter_state(layer, names: list[str]):
     """The adapters' state (a PeftModel's or the integration's) as one of the LoRA layers sees it at call time -> why
-    the engine cannot serve the call with adapter `name`, or None."""
+    the engine cannot serve the call with the active adapters `names`, or None."""
+    served = names[0] if len(names) == 1 else names
+
     def reason() -> str | None:
         if layer.disable_adapters:
             return "the adapters are disabled (disable_adapter / disable_adapters)"
-        if list(layer.active_adapters) != [name]:
-            return f"the active adapter is no longer {name!r} (optimize again to serve {layer.active_adapters!r})"
+        if list(layer.active_adapters) != names:
+            return f"the active adapter is no longer {served!r} (optimize again to serve {layer.active_adapters!r})"
         if layer.merged:
             return "the adapter was merged into the weights after optimize"
         if layer._forward_pre_hooks:  # PEFT's per-call adapter_names hooks its LoRA layers

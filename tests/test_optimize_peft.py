@@ -7,15 +7,17 @@
 - `Encoder.default_adapter`: every row gets it when the call names none, bit for bit as when named per row; an
   explicit adapter_ids with None rows gives base rows; it is validated and cannot be unloaded while set.
 - A call the engine cannot serve with the adapter (`disable_adapter()`) runs the original modules after a warning.
-- The errors: several active adapters, DoRA, another peft_type, unmerged: an adapter merged already or a
-  modules_to_save inside the encoder; merge=True without a PeftModel.
+- Several active adapters (PEFT sums their deltas): served stacked as one, unmerged and merged, within 1e-5;
+  `Encoder.load_adapter(name, [dirs])` the same, and its errors.
+- The errors: DoRA, another peft_type, unmerged: an adapter merged already or a modules_to_save inside the encoder;
+  merge=True without a PeftModel.
 - A SentenceTransformer whose Transformer's model has the adapter (transformers' PEFT integration: `add_adapter`,
   `load_adapter` of a saved PEFT directory, a saved SentenceTransformer with its adapter; or a PeftModel put in its
   place): `encode` within 1e-5 (relative) of its own, unmerged and merged (the original unchanged; merged also
   once served unmerged); each text's token embeddings and embedding alone equal to themselves in a batch of over
-  256 tokens, bit for bit; a disabled or switched adapter runs the original modules; the errors (several active
-  adapters, merge=True disabled or without adapter, DoRA: the SentenceTransformer's warning, or EngineUnsupported
-  under strict).
+  256 tokens, bit for bit; a disabled or switched adapter runs the original modules; two active adapters served as
+  their sum; the errors (merge=True disabled or without adapter, DoRA: the SentenceTransformer's warning, or
+  EngineUnsupported under strict).
 """
 
 from __future__ import annotations
@@ -148,13 +150,61 @@ def test_disabled_adapter_runs_the_original_modules(tmp_path):
     assert rel_err(off, base, mask) <= 1e-6
 
 
+def _two_active(tmp_path):
+    """A BERT PeftModel with adapters "default" (every target, r 4) and "b" (query and the denses, r 3, rsLoRA), both
+    active (PEFT sums their deltas), and the output with "default" alone."""
+    model, pm = _peft("bert", tmp_path)
+    save_lora(model, tmp_path / "b", seed=1, r=3, lora_alpha=5, use_rslora=True, target_modules=["query", "dense"])
+    pm.load_adapter(tmp_path / "b", adapter_name="b")
+    kwargs, mask = families.batch_for(model, LENGTHS)
+    with torch.no_grad():
+        one = pm(**kwargs).last_hidden_state
+    pm.base_model.set_adapter(["default", "b"])
+    return model, pm, kwargs, mask, one
+
+
+def test_several_active_adapters_served_as_their_sum(tmp_path):
+    """Two active adapters served stacked as one ("default+b"), unmerged and merged, within 1e-5 of PEFT's sum; back
+    to one active adapter, the engine steps aside (the original modules run)."""
+    model, pm, kwargs, mask, one = _two_active(tmp_path)
+    with torch.no_grad():
+        ref = pm(**kwargs).last_hidden_state
+        merged = bertfast.optimize(pm, merge=True)
+        assert rel_err(merged(**kwargs).last_hidden_state, ref, mask) <= 1e-5
+        assert bertfast.optimize(pm) is pm and _served(pm)
+        assert pm.get_base_model().base_model._bertfast_encoder.default_adapter == "default+b"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the engine serves the call: no fallback
+            ours = pm(**kwargs).last_hidden_state
+        assert rel_err(ours, ref, mask) <= 1e-5
+        assert rel_err(ref, one, mask) > 1e-2  # "b" does change the output
+        pm.base_model.set_adapter("default")
+        with pytest.warns(UserWarning, match=r"no longer \['default', 'b'\]"):
+            assert torch.equal(pm(**kwargs).last_hidden_state, one)
+
+
+def test_encoder_loads_a_list_of_adapters_as_their_sum(tmp_path):
+    """`Encoder.load_adapter(name, [dir, dir])`: PEFT's two active adapters within 1e-5, each row alone bit for bit
+    as in the batch; the errors: an empty list, a list with a task adapter's head tensors (nothing loaded)."""
+    model, pm, kwargs, mask, _ = _two_active(tmp_path)
+    with torch.no_grad():
+        ref = pm(**kwargs).last_hidden_state
+    enc = Encoder.from_hf(model, dtype=torch.float32)
+    enc.load_adapter("ab", [tmp_path / "a", tmp_path / "b"])
+    out = enc(**kwargs, adapter_ids=["ab", None, "ab", "ab"]).last_hidden_state
+    assert rel_err(out[[0, 2, 3]], ref[[0, 2, 3]], mask[[0, 2, 3]]) <= 1e-5
+    row = {k: v[2:3, :LENGTHS[2]] for k, v in kwargs.items()}
+    assert torch.equal(enc(**row, adapter_ids=["ab"]).last_hidden_state[0], out[2, :LENGTHS[2]])
+    with pytest.raises(ValueError, match="empty list"):
+        enc.load_adapter("none", [])
+    _, task = _peft("bert-seq-cls", tmp_path / "task")
+    with pytest.raises(LoadError, match="modules_to_save tensors"):
+        enc.load_adapter("task", [tmp_path / "a", tmp_path / "task" / "a"])
+    assert enc.adapters == ["ab"]
+
+
 def test_errors(tmp_path):
     model, pm = _peft("bert", tmp_path)
-    pm.load_adapter(tmp_path / "a", adapter_name="b")
-    pm.base_model.set_adapter(["default", "b"])
-    with pytest.raises(ValueError, match="2 active adapters"):
-        bertfast.optimize(pm)
-    assert not _served(pm)
     dora = peft.get_peft_model(MODELS["bert"](), peft.LoraConfig(r=4, target_modules=TARGETS, use_dora=True))
     with pytest.raises(LoadError, match="use_dora"):
         bertfast.optimize(dora)
@@ -298,16 +348,20 @@ def test_sentence_transformer_disabled_or_switched_adapter_runs_the_original_mod
         assert torch.equal(_encode(model), ref_b)
 
 
-def test_sentence_transformer_adapter_errors(integration, tiny_text_model):
+def test_sentence_transformer_adapter_sum_and_errors(integration, tiny_text_model):
     model = _st(tiny_text_model)
     with pytest.raises(ValueError, match="merge=True takes a SentenceTransformer whose Transformer's model has"):
         bertfast.optimize(model, merge=True)
     for name in ("a", "b"):
         model.add_adapter(_lora(), adapter_name=name)
-    model.set_adapter(["a", "b"])  # PEFT sums both deltas; the engine serves one adapter per row
-    for merge in (False, True):
-        with pytest.raises(ValueError, match="the BertModel has 2 active adapters"):
-            bertfast.optimize(model, merge=merge)
+    randomize(model[0].auto_model)
+    model.set_adapter(["a", "b"])  # PEFT sums both deltas; the engine serves them stacked as one adapter
+    ref = _encode(model)
+    assert rel_err(_encode(bertfast.optimize(model, merge=True)), ref) <= 1e-5
+    bertfast.optimize(model)
+    assert _engine(model).default_adapter == "a+b" and rel_err(_encode(model), ref) <= 1e-5
+    model = _st(tiny_text_model)
+    model.add_adapter(_lora(), adapter_name="a")
     model.set_adapter("a")
     model.disable_adapters()
     with pytest.raises(ValueError, match="adapters are disabled .*merging 'a'"):
