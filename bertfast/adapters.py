@@ -426,16 +426,18 @@ class RowAdapters:
         self.token_index = torch.repeat_interleave(self.row_index, lengths).to(device)
         self.row_index = self.row_index.to(device)
 
+    def factors(self, layer: int | None, slot: str) -> list | None:
+        """Per adapter its packed factors of the slot (None: it leaves the slot alone), None where none has it."""
+        factors = [a.pooler if slot == "pooler" else a.layers[layer].get(slot) for a in self.adapters]
+        return None if all(f is None for f in factors) else factors
+
     def addend(self, ops, x: torch.Tensor, layer: int | None, slot: str):
         """x (T, K) the slot's input (a row per batch row for the pooler, layer None) -> the slot's terms in the
         backend's form (`Backend.lora`), or None where no adapter of the forward has the slot."""
-        pooler = slot == "pooler"
-        factors = [a.pooler if pooler else a.layers[layer].get(slot) for a in self.adapters]
-        if all(f is None for f in factors):
+        if (factors := self.factors(layer, slot)) is None:
             return None
-        if pooler:
-            return ops.lora(x, self.row_index, factors, self.rows)
-        return ops.lora(x, self.token_index, factors, self.spans)
+        index, groups = (self.row_index, self.rows) if slot == "pooler" else (self.token_index, self.spans)
+        return ops.lora(x, index, factors, groups)
 
     def positions(self, ops, layer: int, bias, q, k, index, scale: float, windows):
         """DeBERTa-v2: `bias` (the layer's DisentangledBias from the base tables, `disentangled.layer_bias`) with the
@@ -461,14 +463,17 @@ class RowAdapters:
 
 
 class LayerAdapters:
-    """One layer's share of a forward's `RowAdapters`: called with (slot, x), the slot's addend or None; `positions`:
-    DeBERTa-v2's per-row position terms."""
+    """One layer's share of a forward's `RowAdapters`: called with (slot, x), the slot's addend or None; `factors(slot)`
+    and `index` (T,) int32 for a whole layer (`Backend.whole_layer`); `positions`: DeBERTa-v2's per-row terms."""
 
     def __init__(self, rows: RowAdapters, ops, layer: int):
-        self.rows, self.ops, self.layer = rows, ops, layer
+        self.rows, self.ops, self.layer, self.index = rows, ops, layer, rows.token_index
 
     def __call__(self, slot: str, x: torch.Tensor) -> torch.Tensor | None:
         return self.rows.addend(self.ops, x, self.layer, slot)
+
+    def factors(self, slot: str) -> list | None:
+        return self.rows.factors(self.layer, slot)
 
     def positions(self, bias, q, k, index, scale: float, windows):
         return self.rows.positions(self.ops, self.layer, bias, q, k, index, scale, windows)

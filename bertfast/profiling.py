@@ -196,8 +196,8 @@ def _wrap_backend(backend, prof: Profile, sync) -> list[str]:
         x = args[0]
         return 2 * x.shape[0] * x.shape[-1] * sum(t[0].numel() for t in out)
 
-    def whole_layer(x, layer):
-        run = type(backend).whole_layer(backend, x, layer)
+    def whole_layer(x, layer, lora=None):
+        run = type(backend).whole_layer(backend, x, layer, lora)
         return None if run is None else timed(_NATIVE_LAYER, run)
 
     ops = {"embeddings": timed("embeddings", backend.embeddings),

@@ -4,7 +4,7 @@
 //
 // Ops and their kernels (csrc/cpu/<folder>/): embeddings, layernorm, rotary_, glu, Layer, pool_rows (layer/: the
 // file of that name), attention (attention/attention*.cpp), pack_linear and linear (gemm/linear_pack.cpp,
-// gemm/linear*.cpp), LoraTerm and lora_shrink (gemm/lora.h, gemm/lora.cpp; bindings/lora.h), sparse_pool
+// gemm/linear*.cpp), LoraTerm, LoraSlot and lora_shrink (gemm/lora.h, gemm/lora.cpp; bindings/lora.h), sparse_pool
 // (gemm/sparse_pool*.cpp), quantize_rows, pack_int8 and quant_linear
 // (int8/quantize_rows.cpp, int8/int8_linear*.cpp), WordPiece (text/wordpiece.cpp; bindings/wordpiece.h),
 // isa / detected_isa / set_isa / isa_supported / has_avx512_bf16 / set_avx512_bf16 / has_avx_vnni (common/isa.cpp),
@@ -79,6 +79,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                            "segment), segments of `width` outputs")
       .def(py::init<at::Tensor, at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t>(),
            py::arg("s"), py::arg("index"), py::arg("bt"), py::arg("seg"), py::arg("width"));
+  py::class_<LoraSlotOperands>(m, "LoraSlot",
+                                "the LoRA operands of one GEMM of a `Layer` call before their shrink, which the layer "
+                                "computes on that GEMM's own input: index (T,) int32 (-1: no term), per factor at "
+                                "(A.T as lora_shrink takes it), bt and seg (as LoraTerm takes them, seg's ranks within "
+                                "the factor's), segments of `width` outputs")
+      .def(py::init<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t>(),
+           py::arg("index"), py::arg("at"), py::arg("bt"), py::arg("seg"), py::arg("width"));
   m.def("lora_shrink", &lora_shrink,
         "s (M, R) float32 = x @ A.T per row on factor index[m] (int32; -1: a zero row); at: per factor A.T (K, r) "
         "float32 contiguous, r a multiple of 16; R the widest r; each value's bits depend on its row alone",
@@ -116,12 +123,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Layer>(m, "Layer",
                     "one post-LayerNorm encoder layer on packed weights (a LayerWeights), run whole in C++ on the "
                     "extension's GEMMs; call it with (x, cu_seqlens, max_seqlen, scale[, bias_table, bias_positions]), "
-                    "the bias as in `attention`; carry: a LayerCarry, the same one for each layer of a forward in turn")
+                    "the bias as in `attention`; carry: a LayerCarry, the same one for each layer of a forward in "
+                    "turn; lora: the rows' LoRA adapters, a LoraSlot or None per GEMM (qkv, attn_out, ffn_in, "
+                    "ffn_out), their terms computed as `linear` adds a LoraTerm's (the same bits)")
       .def(py::init<const LayerTensors&, int64_t, int64_t, int64_t, double, const std::string&>(), py::arg("weights"),
            py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("eps"), py::arg("act"))
       .def("__call__", &Layer::forward, py::arg("x"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
            py::arg("bias_table") = py::none(), py::arg("bias_positions") = py::none(),
-           py::arg("carry") = static_cast<LayerCarry*>(nullptr));
+           py::arg("carry") = static_cast<LayerCarry*>(nullptr), py::arg("lora") = py::none());
   py::class_<WordPiece>(m, "WordPiece",
                         "BERT's WordPiece on ASCII texts, the ids of the tokenizers library's BertNormalizer (clean_text) "
                         "-> BertPreTokenizer -> WordPiece -> [cls] text [sep] pipeline, truncated on the right "

@@ -186,7 +186,7 @@ def test_choosers_refuse_unknown_names():
 # bertfast/profiling.py). A knob for tests or measurement goes to `_C.testing`, never here.
 MAIN_EXPORTS = {
     "embeddings", "layernorm", "attention", "position_scores", "rotary_", "glu", "pack_linear", "linear",
-    "sparse_pool", "pool_rows", "quantize_rows", "pack_int8", "quant_linear", "LoraTerm", "lora_shrink",
+    "sparse_pool", "pool_rows", "quantize_rows", "pack_int8", "quant_linear", "LoraTerm", "LoraSlot", "lora_shrink",
     "LayerWeights", "LayerCarry", "Layer", "WordPiece",
     "isa", "detected_isa", "requested_cap", "set_isa", "isa_supported", "has_avx512_bf16", "set_avx512_bf16", "has_avx_vnni",
     "num_threads", "set_num_threads", "profile_enable", "profile_counters",

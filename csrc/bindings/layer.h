@@ -12,6 +12,7 @@
 
 #include "bindings/alloc.h"
 #include "bindings/checks.h"
+#include "bindings/lora.h"
 #include "bindings/ops.h"
 #include "cpu/common/kernels.h"
 
@@ -48,7 +49,9 @@ struct LayerCarry {
 };
 
 // One encoder layer on packed weights, run whole in C++ (csrc/cpu/layer/layer.cpp): the weights are checked
-// once here, each call checks only its input.
+// once here, each call checks only its input. lora: a call's LoRA adapters per row, one LoraSlot (or None: no adapter
+// of the call adapts it) per GEMM in the order qkv, attn_out, ffn_in, ffn_out; the layer shrinks each GEMM's own
+// input and adds the terms in its epilogue, as `linear` and `quant_linear` do with a LoraTerm.
 class Layer {
  public:
   Layer(const LayerTensors& w, int64_t hidden, int64_t intermediate, int64_t heads, double eps, const std::string& act)
@@ -91,7 +94,8 @@ class Layer {
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale,
                      const c10::optional<at::Tensor>& bias_table,
-                     const c10::optional<at::Tensor>& bias_positions, LayerCarry* carry) const {
+                     const c10::optional<at::Tensor>& bias_positions, LayerCarry* carry,
+                     const c10::optional<std::vector<const LoraSlotOperands*>>& lora) const {
     const int64_t H = config_.hidden, I = config_.intermediate;
     check_tensor(x, "x");
     BF_CHECK(x.scalar_type() == at::kFloat, "x (the residual stream) must be float32 in every dtype, got ",
@@ -101,6 +105,25 @@ class Layer {
     const int64_t T = x.size(0);
     const int64_t B = check_cu_seqlens(cu_seqlens, T, max_seqlen, "x");
     const bc::AttnBias bias = check_attn_bias(bias_table, bias_positions, config_.heads, T, cu_seqlens);
+    // LoRA: each GEMM's slot checked against the call, their shrunk rows in one block ((T, rank) floats a slot).
+    bc::LoraSlot slots[4];
+    const bc::LoraSlot* slot[4] = {};
+    at::Tensor shrunk;
+    if (lora.has_value()) {
+      BF_CHECK(lora->size() == 4, "lora needs one LoraSlot or None per GEMM (4), got ", lora->size());
+      int64_t numel = 0;
+      for (const LoraSlotOperands* l : *lora) numel += l != nullptr ? T * l->rank() : 0;
+      shrunk = at::empty({numel}, x.options());
+      float* s = ptr<float>(shrunk);
+      for (int g = 0; g < 4; ++g) {
+        const LoraSlotOperands* l = (*lora)[size_t(g)];
+        if (l == nullptr) continue;
+        slots[g] = l->slot(T, gemm(g).k, gemm(g).n, s);
+        slot[g] = &slots[g];
+        s += T * l->rank();
+      }
+    }
+    const bc::LayerLora layer_lora{slot[0], slot[1], slot[2], slot[3]};
     at::Tensor out = empty_activation({T, H}, x.options());
     // The scratch in one block (empty_activation: from 1 MB the cache's): the float work, then under int8 the operand
     // codes' scales and zero points, then the codes, 64-byte aligned. As three allocations of their own from torch's
@@ -146,7 +169,7 @@ class Layer {
                                      ptr<float>(w_.ffn_ln_bias)};
         bc::encoder_layer<T_>(ptr<float>(x), T, cu, B, float(scale), w, config_, ptr<float>(work), q8,
                               ptr<float>(out), bias.table ? &bias : nullptr, carried ? &codes : nullptr,
-                              carrying ? &codes : nullptr);
+                              carrying ? &codes : nullptr, lora.has_value() ? &layer_lora : nullptr);
       });
     }
     if (carrying) {

@@ -1,8 +1,10 @@
-// The LoRA operands' checks (lora.h) and the shrink's wrapper.
+// The LoRA operands' checks (lora.h), shared by LoraTerm and LoraSlot, and the shrink's wrapper.
 #include "bindings/lora.h"
 
 #include <ATen/ops/zeros.h>
 #include <pybind11/pybind11.h>
+
+#include <algorithm>
 
 #include "bindings/checks.h"
 #include "cpu/common/kernels.h"
@@ -23,6 +25,58 @@ void check_index_rows(const at::Tensor& index, int64_t factors) {
     BF_CHECK(p[i] >= -1 && p[i] < factors, "lora index[", i, "] = ", p[i], " is out of range [-1, ", factors, ")");
 }
 
+// Each factor's A^T, (K, r) float32 contiguous with r a multiple of 16: their pointers and ranks.
+void check_at(const std::vector<at::Tensor>& at, int64_t K, std::vector<const float*>* ptrs,
+              std::vector<int64_t>* ranks) {
+  BF_CHECK(!at.empty(), "lora needs at least one factor");
+  for (size_t f = 0; f < at.size(); ++f) {
+    check_tensor(at[f], "lora at");
+    BF_CHECK(at[f].scalar_type() == at::kFloat && at[f].is_contiguous() && at[f].dim() == 2 &&
+                 at[f].size(0) == K && at[f].size(1) % 16 == 0,
+             "lora at ", f, " must be contiguous float32 (", K, ", a multiple of 16), got ", at[f].scalar_type(), " ",
+             at[f].sizes());
+    ptrs->push_back(at[f].data_ptr<float>());
+    ranks->push_back(at[f].size(1));
+  }
+}
+
+// Each factor's bt and seg as the epilogue reads them (cpu/gemm/lora.h): the same segments of `width` columns for
+// all, factor f's ranks within ranks[f] (its shrunk values) and its runs within its bt. Returns the segments.
+int64_t check_factors(const std::vector<at::Tensor>& bts, const std::vector<at::Tensor>& segs, int64_t width,
+                      const std::vector<int64_t>& ranks, std::vector<cpu::LoraFactor>* factors) {
+  BF_CHECK(width > 0, "lora width must be positive, got ", width);
+  BF_CHECK(bts.size() == segs.size() && !bts.empty(), "lora needs one seg per bt and at least one, got ", bts.size(),
+           " and ", segs.size());
+  const int64_t segments = segs[0].dim() == 2 ? segs[0].size(0) : 0;
+  for (size_t f = 0; f < bts.size(); ++f) {
+    const at::Tensor &bt = bts[f], &seg = segs[f];
+    check_tensor(bt, "lora bt");
+    check_tensor(seg, "lora seg");
+    BF_CHECK(bt.scalar_type() == at::kFloat && bt.is_contiguous(), "lora bt ", f, " must be contiguous float32");
+    BF_CHECK(seg.scalar_type() == at::kInt && seg.is_contiguous() && seg.dim() == 2 && seg.size(1) == 3 &&
+                 seg.size(0) == segments && segments > 0,
+             "lora seg ", f, " must be contiguous int32 (", segments, ", 3), got ", seg.scalar_type(), " ",
+             seg.sizes());
+    const int32_t* g = seg.data_ptr<int32_t>();
+    const int64_t padded = (width + 15) / 16 * 16;  // a segment's columns in whole 16-column groups
+    for (int64_t i = 0; i < segments; ++i, g += 3) {
+      BF_CHECK(0 <= g[0] && g[0] <= g[1] && g[1] <= ranks[f] && g[2] >= 0 &&
+                   g[2] + int64_t(g[1] - g[0]) * padded <= bt.numel(),
+               "lora seg ", f, " segment ", i, " (", g[0], ", ", g[1], ", ", g[2], ") does not fit s of rank ",
+               ranks[f], " and bt of ", bt.numel(), " values");
+    }
+    factors->push_back({bt.data_ptr<float>(), seg.data_ptr<int32_t>()});
+  }
+  return segments;
+}
+
+// A call's M rows and N outputs against the operands' index rows and segments.
+void check_call(const at::Tensor& index, int64_t segments, int64_t width, int64_t M, int64_t N) {
+  BF_CHECK(index.size(0) == M, "lora has ", index.size(0), " rows but x has ", M);
+  BF_CHECK(segments * width == N, "lora covers ", segments, " x ", width, " columns but the output has ", N);
+  BF_CHECK(segments == 1 || width % 16 == 0, "lora segments must be a multiple of 16 wide, got ", width);
+}
+
 }  // namespace
 
 LoraOperands::LoraOperands(at::Tensor s, at::Tensor index, std::vector<at::Tensor> bts, std::vector<at::Tensor> segs,
@@ -31,39 +85,34 @@ LoraOperands::LoraOperands(at::Tensor s, at::Tensor index, std::vector<at::Tenso
   check_tensor(s_, "lora s");
   BF_CHECK(s_.scalar_type() == at::kFloat && s_.dim() == 2 && (s_.stride(1) == 1 || s_.size(1) <= 1),
            "lora s must be (rows, rank) float32 contiguous along rank, got ", s_.scalar_type(), " ", s_.sizes());
-  BF_CHECK(width_ > 0, "lora width must be positive, got ", width_);
-  BF_CHECK(bts_.size() == segs_.size() && !bts_.empty(), "lora needs one seg per bt and at least one, got ",
-           bts_.size(), " and ", segs_.size());
+  segments_ = check_factors(bts_, segs_, width_, std::vector<int64_t>(bts_.size(), s_.size(1)), &factors_);
   check_index_rows(index_, int64_t(bts_.size()));
   BF_CHECK(index_.size(0) == s_.size(0), "lora index has ", index_.size(0), " rows but s has ", s_.size(0));
-  segments_ = segs_[0].dim() == 2 ? segs_[0].size(0) : 0;
-  for (size_t f = 0; f < bts_.size(); ++f) {
-    const at::Tensor &bt = bts_[f], &seg = segs_[f];
-    check_tensor(bt, "lora bt");
-    check_tensor(seg, "lora seg");
-    BF_CHECK(bt.scalar_type() == at::kFloat && bt.is_contiguous(), "lora bt ", f, " must be contiguous float32");
-    BF_CHECK(seg.scalar_type() == at::kInt && seg.is_contiguous() && seg.dim() == 2 && seg.size(1) == 3 &&
-                 seg.size(0) == segments_ && segments_ > 0,
-             "lora seg ", f, " must be contiguous int32 (", segments_, ", 3), got ", seg.scalar_type(), " ",
-             seg.sizes());
-    const int32_t* g = seg.data_ptr<int32_t>();
-    const int64_t padded = (width_ + 15) / 16 * 16;  // a segment's columns in whole 16-column groups
-    for (int64_t i = 0; i < segments_; ++i, g += 3) {
-      BF_CHECK(0 <= g[0] && g[0] <= g[1] && g[1] <= s_.size(1) && g[2] >= 0 &&
-                   g[2] + int64_t(g[1] - g[0]) * padded <= bt.numel(),
-               "lora seg ", f, " segment ", i, " (", g[0], ", ", g[1], ", ", g[2], ") does not fit s of rank ",
-               s_.size(1), " and bt of ", bt.numel(), " values");
-    }
-    factors_.push_back({bt.data_ptr<float>(), seg.data_ptr<int32_t>()});
-  }
 }
 
 cpu::LoraTerm LoraOperands::term(int64_t M, int64_t N) const {
-  BF_CHECK(index_.size(0) == M, "lora has ", index_.size(0), " rows but x has ", M);
-  BF_CHECK(segments_ * width_ == N, "lora covers ", segments_, " x ", width_, " columns but the output has ", N);
-  BF_CHECK(segments_ == 1 || width_ % 16 == 0, "lora segments must be a multiple of 16 wide, got ", width_);
+  check_call(index_, segments_, width_, M, N);
   return {s_.data_ptr<float>(), s_.size(0) > 1 ? s_.stride(0) : s_.size(1), index_.data_ptr<int32_t>(),
           factors_.data(), width_};
+}
+
+LoraSlotOperands::LoraSlotOperands(at::Tensor index, std::vector<at::Tensor> at, std::vector<at::Tensor> bts,
+                                   std::vector<at::Tensor> segs, int64_t width)
+    : index_(std::move(index)), at_(std::move(at)), bts_(std::move(bts)), segs_(std::move(segs)), width_(width) {
+  BF_CHECK(!at_.empty() && at_.size() == bts_.size(), "lora needs one at per bt and at least one, got ", at_.size(),
+           " and ", bts_.size());
+  check_tensor(at_[0], "lora at");
+  k_ = at_[0].dim() == 2 ? at_[0].size(0) : 0;
+  check_at(at_, k_, &at_ptrs_, &ranks_);
+  rank_ = *std::max_element(ranks_.begin(), ranks_.end());
+  segments_ = check_factors(bts_, segs_, width_, ranks_, &factors_);
+  check_index_rows(index_, int64_t(at_.size()));
+}
+
+cpu::LoraSlot LoraSlotOperands::slot(int64_t M, int64_t K, int64_t N, float* s) const {
+  check_call(index_, segments_, width_, M, N);
+  BF_CHECK(k_ == K, "lora at has ", k_, " rows but the GEMM's input has ", K, " features");
+  return {index_.data_ptr<int32_t>(), at_ptrs_.data(), ranks_.data(), factors_.data(), width_, s, rank()};
 }
 
 at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& index, const std::vector<at::Tensor>& at) {
@@ -71,22 +120,12 @@ at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& index, const std::
   BF_CHECK(x.dim() == 2 && (x.stride(1) == 1 || x.size(1) <= 1), "x must be (rows, in_features) contiguous along "
            "in_features, got ", x.sizes(), " strides ", x.strides());
   const int64_t M = x.size(0), K = x.size(1);
-  BF_CHECK(!at.empty(), "lora_shrink needs at least one factor");
-  check_index_rows(index, int64_t(at.size()));
-  BF_CHECK(index.size(0) == M, "lora index has ", index.size(0), " rows but x has ", M);
   std::vector<const float*> ptrs;
   std::vector<int64_t> ranks;
-  int64_t R = 0;
-  for (size_t f = 0; f < at.size(); ++f) {
-    check_tensor(at[f], "lora at");
-    BF_CHECK(at[f].scalar_type() == at::kFloat && at[f].is_contiguous() && at[f].dim() == 2 &&
-                 at[f].size(0) == K && at[f].size(1) % 16 == 0,
-             "lora at ", f, " must be contiguous float32 (", K, ", a multiple of 16), got ", at[f].scalar_type(), " ",
-             at[f].sizes());
-    ptrs.push_back(at[f].data_ptr<float>());
-    ranks.push_back(at[f].size(1));
-    R = std::max(R, at[f].size(1));
-  }
+  check_at(at, K, &ptrs, &ranks);
+  check_index_rows(index, int64_t(at.size()));
+  BF_CHECK(index.size(0) == M, "lora index has ", index.size(0), " rows but x has ", M);
+  const int64_t R = *std::max_element(ranks.begin(), ranks.end());
   at::Tensor s = at::zeros({M, R}, x.options().dtype(at::kFloat));
   if (M == 0 || R == 0) return s;
   const int64_t ldx = M > 1 ? x.stride(0) : K;

@@ -1,5 +1,6 @@
 // `_C.LoraTerm`: the operands of one call's LoRA terms (cpu/gemm/lora.h) as Python hands them to `linear` and
 // `quant_linear` (bertfast/backends/cpu/lora.py), checked once when built; and `_C.lora_shrink`, their shrink.
+// `_C.LoraSlot`: a GEMM's operands before their shrink, for `Layer` (layer.h), which shrinks each GEMM's own input.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,6 +27,27 @@ class LoraOperands {
   std::vector<at::Tensor> bts_, segs_;
   std::vector<cpu::LoraFactor> factors_;
   int64_t width_, segments_;
+};
+
+class LoraSlotOperands {
+ public:
+  // index (T,) int32, each -1 or a factor's position; per factor at (A^T: (K, r) float32 contiguous, r a multiple of
+  // 16, the same K for all), bt and seg as LoraOperands takes them (seg's ranks within the factor's r); width as there.
+  LoraSlotOperands(at::Tensor index, std::vector<at::Tensor> at, std::vector<at::Tensor> bts,
+                   std::vector<at::Tensor> segs, int64_t width);
+  // The widest factor's rank: a row of the shrunk values.
+  int64_t rank() const { return rank_; }
+  // The slot of a GEMM of K inputs and N outputs on a call of M rows (checked against all three), the shrunk values
+  // into s, (M, rank()) float32.
+  cpu::LoraSlot slot(int64_t M, int64_t K, int64_t N, float* s) const;
+
+ private:
+  at::Tensor index_;
+  std::vector<at::Tensor> at_, bts_, segs_;
+  std::vector<const float*> at_ptrs_;
+  std::vector<int64_t> ranks_;
+  std::vector<cpu::LoraFactor> factors_;
+  int64_t width_, segments_, k_, rank_;
 };
 
 // s (M, R) float32 = x A^T per row on the row's factor (index[m], -1: a zero row), R the widest of the at's; x (M, K)

@@ -7,6 +7,7 @@ comparable with the base weights, and perturbs the saved copies.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -94,4 +95,23 @@ def hidden_rows(n, width, seed=2) -> torch.Tensor:
     return torch.randn(n, width, generator=torch.Generator().manual_seed(seed))
 
 
-__all__ = ["CASES", "randomize", "save_lora", "position_inputs", "edited", "hidden_rows"]
+@contextlib.contextmanager
+def native_layer_calls(backend):
+    """The cpu backend's native layers (`_C.Layer`, one per distinct plain layer: `backend._whole`) counted while in
+    the block: yields the list of their calls' `lora` (each GEMM's `_C.LoraSlot` or None; None: a call without)."""
+    layers, calls = backend._whole, []
+
+    def counted(layer):
+        def call(*args, **kwargs):
+            calls.append(kwargs.get("lora"))
+            return layer(*args, **kwargs)
+        return call
+
+    backend._whole = {key: counted(layer) for key, layer in layers.items()}
+    try:
+        yield calls
+    finally:
+        backend._whole = layers
+
+
+__all__ = ["CASES", "randomize", "save_lora", "position_inputs", "edited", "hidden_rows", "native_layer_calls"]

@@ -7,7 +7,7 @@ right after the QKV GEMM), the GLU gate and LayerNorm
 run in C++ (code per ISA tier, `isa`). GEMMs run on the extension's kernel at every token count, on weights
 packed once in `prepare` (`linear.PackedLinear`, or `quant.QuantLinear` under int8). A plain BERT layer runs
 whole in C++ (`_C.Layer`, csrc/cpu/layer/layer.cpp): the same kernels in the same order, without the Python between
-them. fp32 and bf16; with quantize="int8" (`dtype="int8"`) the four per-layer
+them, LoRA adapters per row included. fp32 and bf16; with quantize="int8" (`dtype="int8"`) the four per-layer
 GEMMs run int8 (docs/int8.md), everything else fp32.
 """
 
@@ -22,6 +22,7 @@ from ..contract import Backend, DisentangledBias, Precision, Rotary
 from ..weights import LayerWeights, ModelWeights
 from . import isa, linear, lora, quant
 from .ext import _C, IMPORT_ERROR
+from .lora import layer_slots
 
 # Caps (`isa.active_cap`) without native bf16 dot products where the backend's bf16 forward measured slower
 # than its fp32 one (docs/cpu-gemm.md#bf16-slower-tiers).
@@ -189,13 +190,16 @@ class CpuBackend(Backend):
         return _C.Layer(weights, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
                         cfg.layer_norm_eps, cfg.activation)
 
-    def whole_layer(self, x, layer):
-        """`_C.Layer` for a layer it can run (bit-identical to the ops composed one by one), else None."""
+    def whole_layer(self, x, layer, lora=None):
+        """`_C.Layer` for a layer it can run (bit-identical to the ops composed one by one), else None; lora: the
+        layer's `adapters.LayerAdapters`, each GEMM's terms computed inside the layer as `linear` adds them
+        (`lora.layer_slots`)."""
         whole = getattr(self, "_whole", {}).get(id(layer))
-        if whole is not None and x.is_contiguous():
-            return lambda x, cu_seqlens, max_seqlen, scale, bias, carry=None: whole(
-                x, cu_seqlens, max_seqlen, scale, carry=carry, **_bias_args(bias))
-        return None
+        if whole is None or not x.is_contiguous():
+            return None
+        slots = {} if lora is None else {"lora": layer_slots(lora)}
+        return lambda x, cu_seqlens, max_seqlen, scale, bias, carry=None: whole(
+            x, cu_seqlens, max_seqlen, scale, carry=carry, **slots, **_bias_args(bias))
 
     def layer_carry(self):
         """An int8 model's `_C.LayerCarry`: each native layer quantizes its output for the next one's QKV GEMM as it

@@ -1,5 +1,6 @@
 """LoRA terms on the cpu backend: the low-rank product of each row's own adapter computed inside the GEMM's epilogue
-(csrc/cpu/gemm/lora.h) from the row's shrunk values x A^T (`_C.lora_shrink`), never stored as an (M, N) delta.
+(csrc/cpu/gemm/lora.h) from the row's shrunk values x A^T (`_C.lora_shrink`), never stored as an (M, N) delta. An op's
+term (`term`) is shrunk here; a whole layer's (`layer_slots`) inside `_C.Layer`, from each GEMM's own input.
 
 A slot's factors (`Factors`) hold A^T (K, r rounded up to 16, zero columns) and, per run of the slot's outputs
 (q | k | v; gate | up; or the whole slot), only the ranks that run reads: B's block-diagonal zeros are skipped.
@@ -55,16 +56,41 @@ def pack_factors(A: torch.Tensor, B: torch.Tensor, segments: int) -> Factors:
     return Factors(at.contiguous(), bt, torch.tensor(seg, dtype=torch.int32, device=A.device), width)
 
 
-def term(x: torch.Tensor, index: torch.Tensor, factors: list[Factors | None]):
-    """The `_C.LoraTerm` of one call: x (M, K) the slot's input, index (M,) int32 each row's position in `factors`
-    or -1, factors per adapter (None: the adapter leaves the slot alone, its rows get no term)."""
+# `_C.Layer`'s GEMMs, in the order its `lora` takes them.
+LAYER_SLOTS = ("qkv", "attn_out", "ffn_in", "ffn_out")
+
+
+def _present(index: torch.Tensor, factors: list[Factors | None]) -> tuple[torch.Tensor, list[Factors]]:
+    """(index into the factors present, those factors): rows of an adapter that leaves the slot alone get -1."""
     present = [i for i, f in enumerate(factors) if f is not None]
     if len(present) < len(factors):
         lut = torch.full((len(factors) + 1,), -1, dtype=torch.int32)  # lut[-1]: the base rows' -1 stays -1
         lut[present] = torch.arange(len(present), dtype=torch.int32)
         index = lut[index.long()]
-    used = [factors[i] for i in present]
+    return index, [factors[i] for i in present]
+
+
+def term(x: torch.Tensor, index: torch.Tensor, factors: list[Factors | None]):
+    """The `_C.LoraTerm` of one call: x (M, K) the slot's input, index (M,) int32 each row's position in `factors`
+    or -1, factors per adapter (None: the adapter leaves the slot alone, its rows get no term)."""
+    index, used = _present(index, factors)
     if x.stride(-1) != 1:
         x = x.contiguous()
     s = _C.lora_shrink(x, index, [f.at for f in used])
     return _C.LoraTerm(s, index, [f.bt for f in used], [f.seg for f in used], used[0].width)
+
+
+def layer_slots(lora) -> list:
+    """`_C.Layer`'s lora: per GEMM (LAYER_SLOTS) its rows' operands before their shrink (`_C.LoraSlot`: index and
+    factors as `term` takes them), or None where no adapter of the forward adapts it. lora: the layer's
+    `adapters.LayerAdapters` (`factors`, `index`)."""
+    slots = []
+    for name in LAYER_SLOTS:
+        factors = lora.factors(name)
+        if factors is None:
+            slots.append(None)
+            continue
+        index, used = _present(lora.index, factors)
+        slots.append(_C.LoraSlot(index, [f.at for f in used], [f.bt for f in used], [f.seg for f in used],
+                                 used[0].width))
+    return slots

@@ -117,11 +117,12 @@ class TritonBackend(Backend):
                 return None
         return cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation, len(weights.layers)
 
-    def whole_layer(self, x, layer):
+    def whole_layer(self, x, layer, lora=None):
         """The persistent one-launch layer for a call of at most `layer.MAX_TOKENS` tokens (the same bits as the ops
-        composed, so the token count that picks it never changes a row), else None."""
+        composed, so the token count that picks it never changes a row), else None; None with LoRA adapters too (its
+        kernel takes no addend: the engine composes those layers)."""
         shape = getattr(self, "_whole", None)
-        if shape is None or not self._ops.layer.fits(x.shape[0], x.shape[1], shape[0], x.dtype) \
+        if shape is None or lora is not None or not self._ops.layer.fits(x.shape[0], x.shape[1], shape[0], x.dtype) \
                 or not x.is_contiguous():
             return None
         heads, eps, act, _ = shape

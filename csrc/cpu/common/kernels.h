@@ -14,6 +14,7 @@ namespace bertfast {
 namespace cpu {
 
 struct LoraTerm;  // cpu/gemm/lora.h
+struct LoraSlot;  // cpu/gemm/lora.h
 
 // ---- embeddings.cpp ----
 
@@ -131,6 +132,11 @@ void linear_packed_wide(const bf16* x, int64_t ldx, const bf16* packed, const bf
 template <typename T>
 void lora_shrink(const T* x, int64_t ldx, int64_t M, int64_t K, const int32_t* index, const float* const* at,
                  const int64_t* ranks, float* s, int64_t lds);
+// The LoraTerm of a GEMM on rows [t0, t0 + M) of `slot` (x (M, K): their inputs, rows ldx apart): their shrink
+// computed now (lora_shrink) into the slot's rows of s, which the term reads.
+template <typename T>
+void lora_shrink_term(const LoraSlot& slot, int64_t t0, const T* x, int64_t ldx, int64_t M, int64_t K,
+                      LoraTerm* term);
 
 // ---- convert.cpp: fp32 rows to bf16 (round to nearest even, as torch's .to(torch.bfloat16)) ----
 
@@ -199,17 +205,18 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
 void int8_linear_then(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                       const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
                       Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned,
-                      const std::function<void(int64_t lo, int64_t hi)>& then);
+                      const std::function<void(int64_t lo, int64_t hi)>& then, const LoraTerm* lora = nullptr);
 // Whether int8_linear on M x K codes runs a kernel of unsigned bytes (vpdpbusd: the blocked AVX-512 VNNI and AVX-VNNI
 // paths) that reads them from a row-major buffer K wide (K % 4 == 0): then its caller may quantize with flip and
 // pass x_unsigned, sparing the GEMM its own pass flipping the codes (same bits).
 bool int8_unsigned_codes(int64_t M, int64_t K);
-// int8_linear without activation or residual, its output rounded to bf16 (round to nearest even) into out (M, N), as
-// its fp32 output rounded; only where int8_linear_bf16_supported() (the avx512_vnni tier), else it aborts.
+// int8_linear without activation or residual (with its LoRA terms), its output rounded to bf16 (round to nearest
+// even) into out (M, N), as its fp32 output rounded; only where int8_linear_bf16_supported() (the avx512_vnni tier),
+// else it aborts.
 bool int8_linear_bf16_supported();
 void int8_linear_bf16(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                       const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
-                      bf16* out, bool x_unsigned = false);
+                      bf16* out, bool x_unsigned = false, const LoraTerm* lora = nullptr);
 
 // ---- layer.cpp: one post-LayerNorm encoder layer on the extension's GEMMs ----
 
@@ -234,6 +241,12 @@ struct LayerConfig {
   float eps;
   Activation act;
   bool int8;  // int8 GEMMs with x quantized per token (T = float), attention's products in bf16
+};
+// A layer call's LoRA terms: per GEMM its rows' operands before their shrink (the call's tokens' rows), which the
+// layer computes on the GEMM's own input as the op-by-op path does (lora_shrink_term), or null where no adapter of the
+// call adapts that GEMM.
+struct LayerLora {
+  const LoraSlot *qkv, *attn_out, *ffn_in, *ffn_out;
 };
 // Scratch: work, layer_work_numel(T, H, I) floats; under int8 also codes, int8_codes_numel(T, H, I) int8 (a GEMM
 // operand's T rows of up to H, then one FFN chunk's rows of I), with a scale and a zero point per row (int8_codes_rows).
@@ -267,12 +280,14 @@ std::vector<uint8_t> int8_code_forms(const int32_t* cu_seqlens, int64_t batch, i
 // stream) whatever T, the GEMMs' operand type. int8 only, each optional (T rows, H codes a row): x_codes, x's codes
 // as the previous call's out_codes wrote them for the same cu_seqlens and tier (its QKV GEMM then quantizes nothing);
 // out_codes, where out's are written, each row as its group's QKV GEMM takes it (the next layer's x_codes). The two
-// may be one buffer: x's codes are read before out's are written.
+// may be one buffer: x's codes are read before out's are written. lora: the rows' LoRA terms of the four GEMMs, or
+// null (each GEMM's shrink reads its fp32 or bf16 input as the op-by-op path's does: for the QKV GEMM x itself, even
+// where its codes are carried).
 template <typename T>
 void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
                    const LayerWeights<T>& w, const LayerConfig& c, float* work, const Int8Scratch& q8, float* out,
                    const AttnBias* bias = nullptr, const Int8Scratch* x_codes = nullptr,
-                   const Int8Scratch* out_codes = nullptr);
+                   const Int8Scratch* out_codes = nullptr, const LayerLora* lora = nullptr);
 
 }  // namespace cpu
 }  // namespace bertfast

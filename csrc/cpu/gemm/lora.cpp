@@ -1,6 +1,7 @@
 // The LoRA shrink (lora.h): s[m] = x[m] A^T on row m's own factor, each value an fma chain over k in order from zero,
 // so a row's bits are its own whatever rows share its block. Rows of one factor go in blocks of up to kRows that
-// share the loads of A (stored transposed, (K, R) with R a multiple of 16).
+// share the loads of A (stored transposed, (K, R) with R a multiple of 16). lora_shrink_term: a LoraSlot's rows
+// shrunk into their term (the whole layer's GEMMs).
 #include "cpu/gemm/lora.h"
 
 #include <vector>
@@ -97,10 +98,22 @@ void lora_shrink(const T* x, int64_t ldx, int64_t M, int64_t K, const int32_t* i
   });
 }
 
+template <typename T>
+void lora_shrink_term(const LoraSlot& slot, int64_t t0, const T* x, int64_t ldx, int64_t M, int64_t K,
+                      LoraTerm* term) {
+  const int32_t* index = slot.index + t0;
+  float* s = slot.s + t0 * slot.rank;
+  lora_shrink(x, ldx, M, K, index, slot.at, slot.ranks, s, slot.rank);
+  *term = {s, slot.rank, index, slot.factors, slot.width};
+}
+
 template void lora_shrink<float>(const float*, int64_t, int64_t, int64_t, const int32_t*, const float* const*,
                                  const int64_t*, float*, int64_t);
 template void lora_shrink<bf16>(const bf16*, int64_t, int64_t, int64_t, const int32_t*, const float* const*,
                                 const int64_t*, float*, int64_t);
+
+template void lora_shrink_term<float>(const LoraSlot&, int64_t, const float*, int64_t, int64_t, int64_t, LoraTerm*);
+template void lora_shrink_term<bf16>(const LoraSlot&, int64_t, const bf16*, int64_t, int64_t, int64_t, LoraTerm*);
 
 }  // namespace cpu
 }  // namespace bertfast

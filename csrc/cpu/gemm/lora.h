@@ -35,6 +35,20 @@ struct LoraTerm {
   int64_t width;           // columns per segment (a multiple of 16 where segments > 1)
 };
 
+// One GEMM's LoRA operands before their shrink, for a caller that shrinks the GEMM's own input itself (the whole
+// layer, layer.cpp, through lora_shrink_term): per row its factor (index, as LoraTerm's), per factor A^T (at[f],
+// (K, ranks[f]) as lora_shrink takes it) and B^T (factors[f]); s: where the rows' shrunk values go, (rows, rank) fp32
+// with rank the widest of ranks.
+struct LoraSlot {
+  const int32_t* index;
+  const float* const* at;
+  const int64_t* ranks;
+  const LoraFactor* factors;
+  int64_t width;
+  float* s;
+  int64_t rank;
+};
+
 // The factor, shrunk row and segment of row m at column n, or false where the row has no term.
 struct LoraRow {
   const float* s;

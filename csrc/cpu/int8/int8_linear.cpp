@@ -92,7 +92,7 @@ bool int8_linear_bf16_supported() {
 
 void int8_linear_bf16(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                       const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
-                      bf16* out, bool x_unsigned) {
+                      bf16* out, bool x_unsigned, const LoraTerm* lora) {
 #if BF_X86
   if (M == 0 || N == 0) return;
   if (!int8_linear_bf16_supported()) {
@@ -101,10 +101,11 @@ void int8_linear_bf16(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const 
   }
   Int8Args a{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, Activation::None, nullptr, N, nullptr};
   a.out16 = out;
+  a.lora = lora;
   run_int8(a, x_unsigned);
 #else
   (void)x, (void)ldx, (void)M, (void)K, (void)xs, (void)zp, (void)packed, (void)N, (void)ws, (void)colsum, (void)bias,
-      (void)out, (void)x_unsigned;
+      (void)out, (void)x_unsigned, (void)lora;
   std::abort();
 #endif
 }
@@ -122,10 +123,12 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
 void int8_linear_then(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                       const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
                       Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned,
-                      const RowsThen& then) {
+                      const RowsThen& then, const LoraTerm* lora) {
   if (M == 0) return;
   if (N == 0) return then(0, M);
-  run_int8(Int8Args{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, act, residual, ldr, out}, x_unsigned, &then);
+  Int8Args a{x, ldx, M, K, xs, zp, packed, N, ws, colsum, bias, act, residual, ldr, out};
+  a.lora = lora;
+  run_int8(a, x_unsigned, &then);
 }
 
 namespace {

@@ -8,11 +8,16 @@
 // The residual stream (x, the attention block's output, out) and the LayerNorms are fp32 in every dtype: in bf16
 // only the GEMMs' and attention's operands are bf16, rounded once from the stream (to_bf16) where a GEMM reads it.
 // Rounding the stream itself to bf16 after every residual add cost ~4x the error (docs/bf16.md#bf16-accuracy).
+//
+// LoRA adapters per row (LayerLora): each GEMM's rows shrunk from the input the op-by-op path shrinks (the fp32
+// stream where a bf16 GEMM rounds it; x itself where int8 carries its codes), then its term added in the GEMM's
+// epilogue as there. A shrunk row's bits and an epilogue's are the row's own, so groups and chunks change none.
 #include <algorithm>
 #include <vector>
 
 #include "cpu/common/kernels.h"
 #include "cpu/common/parallel.h"
+#include "cpu/gemm/lora.h"
 #include "cpu/layer/profile.h"
 
 namespace bertfast {
@@ -34,6 +39,16 @@ static void for_each_group(const int32_t* cu, int64_t batch, int64_t max_rows, F
     b1 = group_end(cu, batch, b0, max_rows);
     if (cu[b1] > cu[b0]) f(b0, b1, int64_t(cu[b0]), int64_t(cu[b1] - cu[b0]));
   }
+}
+
+// The LoRA term of a GEMM on rows [t0, t0 + M) of the call (x: their inputs, rows ldx apart), shrunk now into `term`;
+// null where no adapter of the call adapts the GEMM (slot null).
+template <typename T>
+static const LoraTerm* lora_rows(const LoraSlot* slot, int64_t t0, const T* x, int64_t ldx, int64_t M, int64_t K,
+                                 LoraTerm* term) {
+  if (slot == nullptr) return nullptr;
+  lora_shrink_term(*slot, t0, x, ldx, M, K, term);
+  return term;
 }
 
 // Codes, scales and zero points of the rows from row t on (rows of H codes).
@@ -74,9 +89,10 @@ std::vector<uint8_t> int8_code_forms(const int32_t* cu, int64_t batch, int64_t H
 // normalized in place, and its codes in q8: int8_attention_group) into `out`, whose rows are normalized (out's
 // LayerNorm) and, with out_codes, quantized for the next layer's QKV GEMM as the FFN-out GEMM finishes them (from L2,
 // where a pass in the next layer read them from L3), in the group's form (flip): the next layer's groups are this
-// layer's (int8_code_forms).
+// layer's (int8_code_forms). lora: the call's, the group's rows from its first token t0 on.
 static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const LayerConfig& c, float* inner,
-                     const Int8Scratch& q8, float* out, const Int8Scratch* out_codes) {
+                     const Int8Scratch& q8, float* out, const Int8Scratch* out_codes, const LayerLora& lora,
+                     int64_t t0) {
   const int64_t H = c.hidden, I = c.intermediate;
   const bool flip = int8_unsigned_codes(T_, H);  // the group's form: mid's codes (int8_attention_group), out's
   // The FFN in chunks of kFfnRows to 2 x kFfnRows - 1 rows: a chunk's GELU output (at most 191 x I fp32, MiniLM's
@@ -95,15 +111,18 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
     const LayerGemm<float>& fi = w.ffn_in;
     const LayerGemm<float>& fo = w.ffn_out;
     const bool flip_out = int8_unsigned_codes(rows, I);
+    LoraTerm term;
     {
       profile::Scope timed(profile::kFfnIn, 2 * rows * H * I);
+      const LoraTerm* lt = lora_rows(lora.ffn_in, t0 + r0, mid + r0 * H, H, rows, H, &term);  // the normalized rows
       int8_linear_then(q8.q + r0 * H, H, rows, H, q8.scale + r0, q8.zp + r0, static_cast<const int8_t*>(fi.packed), I,
                        fi.w_scale, fi.colsum, fi.bias, c.act, nullptr, I, act, flip, [&](int64_t lo, int64_t hi) {
                          profile::Inner quantizing(profile::kQuantize, profile::kFfnIn);
                          quantize_rows_here(act, I, lo, hi, I, g8.q, g8.scale, g8.zp, flip_out);
-                       });
+                       }, lt);
     }
     profile::Scope timed(profile::kFfnOut, 2 * rows * I * H);
+    const LoraTerm* lt = lora_rows(lora.ffn_out, t0 + r0, act, I, rows, I, &term);  // the chunk's GELU output, fp32
     int8_linear_then(g8.q, I, rows, I, g8.scale, g8.zp, static_cast<const int8_t*>(fo.packed), H, fo.w_scale,
                      fo.colsum, fo.bias, Activation::None, mid + r0 * H, H, out + r0 * H, flip_out,
                      [&](int64_t lo, int64_t hi) {
@@ -115,7 +134,7 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
                        profile::Inner quantizing(profile::kQuantize, profile::kFfnOut);
                        quantize_rows_here(out, H, r0 + lo, r0 + hi, H, out_codes->q, out_codes->scale, out_codes->zp,
                                           flip);
-                     });
+                     }, lt);
   }
 }
 
@@ -126,10 +145,12 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
 // which it no longer reads once the block is written. mid, qkv, ctx and q8 are the group's rows from the first row
 // of their buffers: the same rows for every group, which stay in L2 (GroupView). x_codes: the QKV GEMM's codes of the
 // group's rows, quantized by the previous layer as it normalized x (in this group's form), or nullptr: x quantized
-// here into q8.
+// here into q8. lora: the call's, the group's rows from its first token t0 on (the QKV GEMM's shrunk from x, its
+// codes carried or not).
 static void int8_attention_group(const float* x, const GroupView& view, int64_t batch, float scale,
                                  const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
-                                 const Int8Scratch& q8, float* mid, const Int8Scratch* x_codes) {
+                                 const Int8Scratch& q8, float* mid, const Int8Scratch* x_codes, const LayerLora& lora,
+                                 int64_t t0) {
   const int64_t H = c.hidden, d = H / c.heads, rows = view.cu[size_t(batch)];
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
   const bool from_bf16 = attention_from_bf16(d, view.bias != nullptr) && int8_linear_bf16_supported();
@@ -140,21 +161,24 @@ static void int8_attention_group(const float* x, const GroupView& view, int64_t 
     quantize_rows(x, H, rows, H, q8.q, q8.scale, q8.zp, flip);
   }
   const int8_t* packed = static_cast<const int8_t*>(w.qkv.packed);
+  LoraTerm term;
   if (from_bf16) {  // q, k, v rounded to bf16 by the GEMM's epilogue: half the bytes to the attention, which would
                     // round them itself (attention_from_bf16)
     bf16* qkv16 = reinterpret_cast<bf16*>(qkv);  // the same buffer, half of it
     {
       profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
+      const LoraTerm* lt = lora_rows(lora.qkv, t0, x, H, rows, H, &term);
       int8_linear_bf16(in.q, H, rows, H, in.scale, in.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
-                       qkv16, flip);
+                       qkv16, flip, lt);
     }
     profile::Scope timed(profile::kAttention);
     attention_bf16_products(qkv16, qkv16 + H, qkv16 + 2 * H, st, view.cu.data(), batch, c.heads, d, scale, ctx);
   } else {
     {
       profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
+      const LoraTerm* lt = lora_rows(lora.qkv, t0, x, H, rows, H, &term);
       int8_linear(in.q, H, rows, H, in.scale, in.zp, packed, 3 * H, w.qkv.w_scale, w.qkv.colsum, w.qkv.bias,
-                  Activation::None, nullptr, 3 * H, qkv, flip);
+                  Activation::None, nullptr, 3 * H, qkv, flip, lt);
     }
     profile::Scope timed(profile::kAttention);
     attention<float>(qkv, qkv + H, qkv + 2 * H, st, view.cu.data(), batch, c.heads, d, scale, ctx, true, view.bias);
@@ -165,13 +189,14 @@ static void int8_attention_group(const float* x, const GroupView& view, int64_t 
     quantize_rows(ctx, H, rows, H, q8.q, q8.scale, q8.zp, flip);
   }
   profile::Scope timed(profile::kAttnOut, 2 * rows * H * H);
+  const LoraTerm* lt = lora_rows(lora.attn_out, t0, ctx, H, rows, H, &term);
   int8_linear_then(q8.q, H, rows, H, q8.scale, q8.zp, static_cast<const int8_t*>(w.attn_out.packed), H,
                    w.attn_out.w_scale, w.attn_out.colsum, w.attn_out.bias, Activation::None, x, H, mid, flip,
                    [&](int64_t lo, int64_t hi) {
                      profile::Inner normalizing(profile::kLayerNorm, profile::kAttnOut);
                      layernorm_rows_here(mid, w.attn_ln_weight, w.attn_ln_bias, c.eps, lo, hi, H);
                      quantize_rows_here(mid, H, lo, hi, H, q8.q, q8.scale, q8.zp, flip);
-                   });
+                   }, lt);
 }
 
 // fp32's attention block by the same groups of whole sequences as int8's (int8_attention_block): the QKV GEMM, the
@@ -181,15 +206,17 @@ static void int8_attention_group(const float* x, const GroupView& view, int64_t 
 // GEMM would read the weights once per group, for no attention gain at its 512-token batches.
 static void fp32_attention_block(const float* x, const int32_t* cu, int64_t batch, float scale,
                                  const LayerWeights<float>& w, const LayerConfig& c, float* qkv, float* ctx,
-                                 const AttnBias* bias, float* mid) {
+                                 const AttnBias* bias, float* mid, const LayerLora& lora) {
   const int64_t H = c.hidden, d = H / c.heads;
   const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
   for_each_group(cu, batch, kQkvRows, [&](int64_t b0, int64_t b1, int64_t t0, int64_t rows) {
     const GroupView view(cu, b0, b1, bias, c.heads);  // the group's q, k, v and ctx in the buffers' first rows
+    LoraTerm term;
     {
       profile::Scope timed(profile::kQkv, 2 * rows * H * 3 * H);
+      const LoraTerm* lt = lora_rows(lora.qkv, t0, x + t0 * H, H, rows, H, &term);
       linear_packed<float>(x + t0 * H, H, static_cast<const float*>(w.qkv.packed), w.qkv.bias, nullptr, 3 * H, rows,
-                           3 * H, H, Activation::None, qkv, 3 * H);
+                           3 * H, H, Activation::None, qkv, 3 * H, lt);
     }
     {
       profile::Scope timed(profile::kAttention);
@@ -197,16 +224,19 @@ static void fp32_attention_block(const float* x, const int32_t* cu, int64_t batc
                        view.bias);
     }
     profile::Scope timed(profile::kAttnOut, 2 * rows * H * H);
+    const LoraTerm* lt = lora_rows(lora.attn_out, t0, ctx, H, rows, H, &term);
     linear_packed<float>(ctx, H, static_cast<const float*>(w.attn_out.packed), w.attn_out.bias, x + t0 * H,
-                         H, rows, H, H, Activation::None, mid + t0 * H, H);
+                         H, rows, H, H, Activation::None, mid + t0 * H, H, lt);
   });
 }
 
 template <typename T>
 void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, int64_t batch, float scale,
                    const LayerWeights<T>& w, const LayerConfig& c, float* work, const Int8Scratch& q8, float* out,
-                   const AttnBias* bias, const Int8Scratch* x_codes, const Int8Scratch* out_codes) {
+                   const AttnBias* bias, const Int8Scratch* x_codes, const Int8Scratch* out_codes,
+                   const LayerLora* adapters) {
   const int64_t T_ = tokens, H = c.hidden, I = c.intermediate;
+  const LayerLora lora = adapters != nullptr ? *adapters : LayerLora{};
   // work (layer_work_numel floats): the fp32 attention block output, then the operands in T.
   float* mid = work;                         // (T, H) fp32: after the attention block
   T* qkv = reinterpret_cast<T*>(mid + T_ * H);  // (T, 3H): q | k | v per token
@@ -223,19 +253,22 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
       return s;
     }
   };
-  // o (T, N) = act(in (T, K) . g^T + bias) + residual (T, N); o and residual fp32 where residual is given (the
+  // o (T, N) = act(in (T, K) . g^T + bias + lora) + residual (T, N); o and residual fp32 where residual is given (the
   // stream), of type T otherwise. What the backend's linear runs on the extension (fp32 and bf16; int8 runs its own
-  // blocks, int8_attention_block and int8_ffn).
+  // blocks, int8_attention_block and int8_ffn). slot: the GEMM's LoRA, shrunk from `from` (fp32 or T): what the
+  // op-by-op path shrinks, the fp32 stream where `in` is its bf16 rounding.
   const auto gemm = [&](profile::Stage stage, const LayerGemm<T>& g, const T* in, int64_t K, int64_t N,
-                        const float* residual, Activation act, void* o) {
+                        const float* residual, Activation act, void* o, const LoraSlot* slot, const auto* from) {
     profile::Scope timed(stage, 2 * T_ * K * N);
+    LoraTerm term;
+    const LoraTerm* lt = lora_rows(slot, 0, from, K, T_, K, &term);
     const T* packed = static_cast<const T*>(g.packed);
     if constexpr (sizeof(T) == 2) {
       if (residual != nullptr)
-        return linear_packed_wide(in, K, packed, g.bias, residual, N, T_, N, K, act, static_cast<float*>(o), N);
-      linear_packed<T>(in, K, packed, g.bias, nullptr, N, T_, N, K, act, static_cast<T*>(o), N);
+        return linear_packed_wide(in, K, packed, g.bias, residual, N, T_, N, K, act, static_cast<float*>(o), N, lt);
+      linear_packed<T>(in, K, packed, g.bias, nullptr, N, T_, N, K, act, static_cast<T*>(o), N, lt);
     } else {
-      linear_packed<T>(in, K, packed, g.bias, residual, N, T_, N, K, act, static_cast<T*>(o), N);
+      linear_packed<T>(in, K, packed, g.bias, residual, N, T_, N, K, act, static_cast<T*>(o), N, lt);
     }
   };
   const auto norm = [&](float* y, const float* gamma, const float* beta) {
@@ -253,41 +286,41 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
         const Int8Scratch in_codes = x_codes != nullptr ? codes_from(*x_codes, t0, H) : Int8Scratch{};
         const Int8Scratch out8 = out_codes != nullptr ? codes_from(*out_codes, t0, H) : Int8Scratch{};
         int8_attention_group(x + t0 * H, view, b1 - b0, scale, w, c, qkv, ctx, q8, mid,
-                             x_codes != nullptr ? &in_codes : nullptr);
-        int8_ffn(mid, rows, w, c, inner, q8, out + t0 * H, out_codes != nullptr ? &out8 : nullptr);
+                             x_codes != nullptr ? &in_codes : nullptr, lora, t0);
+        int8_ffn(mid, rows, w, c, inner, q8, out + t0 * H, out_codes != nullptr ? &out8 : nullptr, lora, t0);
       });
     }
-    fp32_attention_block(x, cu_seqlens, batch, scale, w, c, qkv, ctx, bias, mid);
+    fp32_attention_block(x, cu_seqlens, batch, scale, w, c, qkv, ctx, bias, mid, lora);
   } else {
     {
-      gemm(profile::kQkv, w.qkv, operand(x), H, 3 * H, nullptr, Activation::None, qkv);
+      gemm(profile::kQkv, w.qkv, operand(x), H, 3 * H, nullptr, Activation::None, qkv, lora.qkv, x);
       profile::Scope timed(profile::kAttention);
       const int64_t d = H / c.heads;
       const AttnStrides st{3 * H, d, 3 * H, d, 3 * H, d};
       attention<T>(qkv, qkv + H, qkv + 2 * H, st, cu_seqlens, batch, c.heads, d, scale, ctx, false, bias);
     }
-    gemm(profile::kAttnOut, w.attn_out, ctx, H, H, x, Activation::None, mid);
+    gemm(profile::kAttnOut, w.attn_out, ctx, H, H, x, Activation::None, mid, lora.attn_out, ctx);
   }
   if constexpr (sizeof(T) == 2) {  // the LayerNorm and the FFN-in operand's rounding in one pass (same bits)
     {
       profile::Scope timed(profile::kLayerNorm);
       layernorm_to_bf16(mid, w.attn_ln_weight, w.attn_ln_bias, c.eps, T_, H, op);
     }
-    gemm(profile::kFfnIn, w.ffn_in, op, H, I, nullptr, c.act, inner);
+    gemm(profile::kFfnIn, w.ffn_in, op, H, I, nullptr, c.act, inner, lora.ffn_in, mid);
   } else {
     norm(mid, w.attn_ln_weight, w.attn_ln_bias);
-    gemm(profile::kFfnIn, w.ffn_in, operand(mid), H, I, nullptr, c.act, inner);
+    gemm(profile::kFfnIn, w.ffn_in, operand(mid), H, I, nullptr, c.act, inner, lora.ffn_in, mid);
   }
-  gemm(profile::kFfnOut, w.ffn_out, inner, I, H, mid, Activation::None, out);
+  gemm(profile::kFfnOut, w.ffn_out, inner, I, H, mid, Activation::None, out, lora.ffn_out, inner);
   norm(out, w.ffn_ln_weight, w.ffn_ln_bias);
 }
 
 template void encoder_layer<float>(const float*, int64_t, const int32_t*, int64_t, float, const LayerWeights<float>&,
                                    const LayerConfig&, float*, const Int8Scratch&, float*, const AttnBias*,
-                                   const Int8Scratch*, const Int8Scratch*);
+                                   const Int8Scratch*, const Int8Scratch*, const LayerLora*);
 template void encoder_layer<bf16>(const float*, int64_t, const int32_t*, int64_t, float, const LayerWeights<bf16>&,
                                   const LayerConfig&, float*, const Int8Scratch&, float*, const AttnBias*,
-                                  const Int8Scratch*, const Int8Scratch*);
+                                  const Int8Scratch*, const Int8Scratch*, const LayerLora*);
 
 }  // namespace cpu
 }  // namespace bertfast
