@@ -12,7 +12,8 @@ ModernBERT's local layers pass their window to attention. A plain BERT layer run
 (`Backend.whole_layer`: the same kernels in the same order). A key mask (`key_bias`) leaves tokens out of every
 softmax while still computing them (ColBERT's query expansion). LoRA adapters chosen per row (`adapters`) add
 each slot's delta, per row from its own adapter, into the slot's GEMM epilogue before the activation (the ops'
-`addend`); a forward with any adapted row composes every layer from the ops. Inputs are assumed validated
+`addend`); a plain BERT layer with adapters still runs whole where the backend's whole layer takes them (the cpu
+backend's: the same terms, the same bits), else it is composed from the ops. Inputs are assumed validated
 (`inputs.check_inputs`); padded positions of the outputs hold 0.
 """
 
@@ -103,9 +104,11 @@ def _addend(lora, slot: str, x) -> dict:
 def run_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: int, heads: int, scale: float,
               eps: float, act: str, bias: AttentionBias | None = None, carry=None, **modern) -> torch.Tensor:
     """The layer whole where the backend offers it for these tokens (plain BERT layers: no `modern` keyword of
-    `compose_layer` set, `lora` included), else `compose_layer`; carry: `Backend.layer_carry`'s, the same for each layer
-    of a forward."""
-    whole = None if any(modern.values()) or isinstance(bias, DisentangledBias) else ops.whole_layer(x, layer)
+    `compose_layer` set but `lora`, which the backend's whole layer must then take), else `compose_layer`; carry:
+    `Backend.layer_carry`'s, the same for each layer of a forward."""
+    lora = modern.get("lora")
+    plain = not any(v for k, v in modern.items() if k != "lora") and not isinstance(bias, DisentangledBias)
+    whole = ops.whole_layer(x, layer, lora=lora) if plain else None
     if whole is not None:
         return whole(x, cu_seqlens, int(max_seqlen), float(scale), bias, carry)
     return compose_layer(ops, x, layer, cu_seqlens, max_seqlen, heads, scale, eps, act, bias, **modern)

@@ -9,6 +9,8 @@
   base, adapter fp32), on the default tier, portable, avx2, avx512_vnni-nobf16 and amx_emulated; base rows of a
   mixed batch equal the forward without adapters (BERT: the native whole layer) bit for bit. The native linear's LoRA
   terms on every epilogue.
+- BERT's adapted layers run whole (`_C.Layer`, each GEMM's terms inside it), bit for bit the layers composed from the
+  ops, in every dtype and on every tier, a row alone as in the mixed batch (the layer itself: test_adapters_layer.py).
 - The triton backend under the interpreter: its kernels' addend; the segmented shrink and expand kernels (SGMV) against
   fp64, bit for bit whatever the tiles, two launches per slot whatever the number of adapters; a mixed batch against
   PEFT.
@@ -32,7 +34,7 @@ from bertfast.backends import available_backends
 from bertfast.backends.cpu import isa as isa_module
 from conftest import rel_err
 from helpers import families
-from helpers.adapters import CASES, save_lora
+from helpers.adapters import CASES, native_layer_calls, save_lora
 from helpers.caps import on_cap
 
 CPU_REASON = available_backends("cpu").get("cpu")
@@ -155,6 +157,38 @@ def test_row_alone_equals_row_in_mixed_batch(family, dtype, tier, peft_models):
                 assert torch.equal(together[b, :n], plain[b, :n]), f"base row {b} differs from the plain forward"
             else:
                 assert not torch.equal(together[b, :n], plain[b, :n])
+
+
+@needs_cpu
+@pytest.mark.parametrize("tier", TIERS, ids=TIER_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"], ids=["fp32", "bf16", "int8"])
+def test_adapted_bert_layers_run_whole(dtype, tier, peft_models):
+    """A BERT forward with adapters runs each layer whole (`_C.Layer`, handed each GEMM's `_C.LoraSlot`): the same
+    bits as its layers composed from the ops (int8: the layers' carried codes too), and a row alone the same bits as
+    in the mixed batch of 481 tokens."""
+    if tier is not None and isa_module.unsupported(tier) is not None:
+        pytest.skip(isa_module.unsupported(tier))
+    model, _, paths = peft_models("bert")
+    kwargs, mask = _batch(model, LONG_LENGTHS, seed=3)
+    with on_cap(tier) if tier else contextlib.nullcontext():
+        enc = _encoder(model, paths, backend="cpu", dtype=dtype)
+        backend, layers = enc.engine.backend, model.config.num_hidden_layers
+        b = LONG_ADAPTERS.index("c")
+        n = int(mask[b].sum())
+        with native_layer_calls(backend) as calls:
+            whole = enc(**kwargs, adapter_ids=LONG_ADAPTERS).last_hidden_state
+            row = {k: v[b:b + 1, :n] for k, v in kwargs.items() if k != "attention_mask"}
+            alone = enc(**row, adapter_ids=["c"]).last_hidden_state[0]
+        assert len(calls) == 2 * layers and all(c is not None and len(c) == 4 for c in calls)
+        backend.whole_layer = lambda x, layer, lora=None: None  # the layers composed from the ops
+        try:
+            composed = enc(**kwargs, adapter_ids=LONG_ADAPTERS).last_hidden_state
+        finally:
+            del backend.whole_layer
+        plain = enc(**kwargs).last_hidden_state
+    assert torch.equal(whole, composed)
+    assert torch.equal(alone, whole[b, :n])
+    assert not torch.equal(whole[b, :n], plain[b, :n])
 
 
 @needs_cpu
