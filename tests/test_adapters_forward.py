@@ -192,6 +192,47 @@ def test_adapted_bert_layers_run_whole(dtype, tier, peft_models):
 
 
 @needs_cpu
+@pytest.mark.parametrize("M", [5, 300], ids=["M5-stream", "M300-blocked"])
+@pytest.mark.parametrize("segments, N", [(1, 70), (3, 96)], ids=["one-run", "three-runs"])
+def test_lora_terms_same_bits_in_every_epilogue(segments, N, M):
+    """The LoRA term a row gets is the same bits in every epilogue form, dtype and tier (lora.h: four fma chains in
+    a fixed order, ((d_0 + d_1) + (d_2 + d_3))): with zero weights each output is bias + term, so the fp32, bf16 and
+    int8 linears (int8: runs of rows on one factor sharing B^T loads; fp32: a row at a time) on every tier must agree
+    bit for bit. Runs of 7 rows per factor (2 at M 5), base rows between, ranks 4, 8 and 20."""
+    from bertfast.backends.cpu import linear as cpu_linear, quant
+    from bertfast.backends.cpu.backend import CpuBackend
+    g = torch.Generator().manual_seed(0)
+    K = 40
+    x, bias = torch.randn(M, K, generator=g), torch.randn(N, generator=g).bfloat16().float()
+    backend = CpuBackend()
+    factors = []
+    for r in (4, 8, 20):
+        A, B = torch.randn(segments * r, K, generator=g) * 0.1, torch.zeros(N, segments * r)
+        for s in range(segments):
+            B[s * N // segments:(s + 1) * N // segments, s * r:(s + 1) * r] = torch.randn(N // segments, r, generator=g)
+        factors.append(backend.pack_lora(A, B, segments))
+    run = 2 if M < 20 else 7
+    index = (torch.arange(M, dtype=torch.int32) // run + 1) % 4 - 1
+    groups = [(i, (index == i).nonzero().flatten()) for i in range(len(factors))]
+    outs = {}
+    for tier in TIERS:
+        if tier is not None and isa_module.unsupported(tier) is not None:
+            continue
+        with on_cap(tier) if tier else contextlib.nullcontext():
+            term = backend.lora(x, index, factors, groups)
+            outs[f"{tier} fp32"] = cpu_linear.linear(x, cpu_linear.PackedLinear(torch.zeros(N, K)), bias, "none",
+                                                     None, term)
+            outs[f"{tier} bf16"] = cpu_linear.linear(x.bfloat16(), cpu_linear.PackedLinear(torch.zeros(N, K).bfloat16()),
+                                                     bias.bfloat16(), "none", None, term)
+            outs[f"{tier} int8"] = quant.linear(x, quant.QuantLinear.from_float(torch.zeros(N, K)), bias, "none",
+                                                None, term)
+    first = next(iter(outs.values()))
+    assert first[index >= 0].abs().max() > 0 and torch.equal(first[index < 0], bias.expand(M, N)[index < 0])
+    differ = [name for name, out in outs.items() if not torch.equal(out, first.to(out.dtype))]  # bf16: rounded once
+    assert not differ, differ
+
+
+@needs_cpu
 @pytest.mark.parametrize("tier", TIERS, ids=TIER_IDS)
 @pytest.mark.parametrize("act", ["none", "gelu", "relu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"], ids=["fp32", "bf16", "int8"])

@@ -157,28 +157,97 @@ BF_TARGET_AVX512 BF_INLINE void lora_add48(const LoraTerm* t, int64_t m, int64_t
   if (t != nullptr) lora_add48_row(*t, m, n, mk, y);
 }
 
-// The terms of row m at the `cols` (<= 64) columns from n (a multiple of 16) into out, the epilogue then adding
-// out[j] as lora_add16_row adds its sums; false (out untouched) where the row has no term. For epilogues that finish
-// 16 columns at a time (int8's finish16): the groups of a segment share their broadcasts.
-BF_LORA_OUT_OF_LINE bool lora_terms_row(const LoraTerm& t, int64_t m, int64_t n, int64_t cols, float* out) {
-  if (t.index[m] < 0) return false;
-  for (int64_t j = 0; j < cols;) {
-    LoraRow r;
-    lora_row(t, m, n + j, &r);
-    const int vectors = int(std::min<int64_t>({(cols - j + 15) / 16, (r.width - r.col + 15) / 16, 4}));
-    __mmask16 mk[4];
-    for (int v = 0; v < 4; ++v) mk[v] = v < vectors ? tail_mask(std::min<int64_t>(cols - j, r.width - r.col) - 16 * v) : 0;
-    __m512 d[4];
-    switch (vectors) {
-      case 1: lora_sums<1>(r, mk, d); break;
-      case 2: lora_sums<2>(r, mk, d); break;
-      case 3: lora_sums<3>(r, mk, d); break;
-      default: lora_sums<4>(r, mk, d); break;
+// lora_sums<V> of R rows sharing a factor and segment (s[i]: row i's shrunk values) into o[i] (16 V floats, all
+// lanes written): one chain at a time over all the rows, each B^T vector loaded once for the R rows. The same chains
+// summed the same way ((d_0 + d_1) + (d_2 + d_3), d_0 + d_1 kept in o, d_2 in d2), so the same bits as lora_sums.
+template <int R, int V>
+BF_TARGET_AVX512 BF_INLINE void lora_sums_rows(const LoraRow& r, const float* const* s, const __mmask16* mk,
+                                               float* const* o) {
+  alignas(64) float d2[R][V][16];
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    __m512 acc[R][V];
+#pragma GCC unroll 24
+    for (int i = 0; i < R * V; ++i) acc[i / V][i % V] = _mm512_setzero_ps();
+    for (int32_t k = r.k0 + c; k < r.k1; k += 4) {
+      const float* b = r.b + 16 * (k - r.k0);
+      __m512 bv[V];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) bv[v] = _mm512_maskz_loadu_ps(mk[v], b + v * r.group);
+#pragma GCC unroll 6
+      for (int i = 0; i < R; ++i) {
+        const __m512 sk = _mm512_set1_ps(s[i][k]);
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) acc[i][v] = _mm512_fmadd_ps(sk, bv[v], acc[i][v]);
+      }
     }
-    for (int v = 0; v < vectors; ++v) _mm512_mask_storeu_ps(out + j + 16 * v, mk[v], d[v]);
-    j += std::min<int64_t>(16 * vectors, r.width - r.col);
+#pragma GCC unroll 24
+    for (int i = 0; i < R * V; ++i) {
+      float* oi = o[i / V] + 16 * (i % V);
+      float* p = d2[i / V][i % V];
+      if (c == 0 || c == 2) {
+        _mm512_storeu_ps(c == 0 ? oi : p, acc[i / V][i % V]);
+      } else if (c == 1) {
+        _mm512_storeu_ps(oi, _mm512_add_ps(_mm512_loadu_ps(oi), acc[i / V][i % V]));
+      } else {
+        _mm512_storeu_ps(oi, _mm512_add_ps(_mm512_loadu_ps(oi), _mm512_add_ps(_mm512_load_ps(p), acc[i / V][i % V])));
+      }
+    }
   }
-  return true;
+}
+
+template <int R>
+BF_TARGET_AVX512 BF_INLINE void lora_sums_rows_v(int vectors, const LoraRow& r, const float* const* s,
+                                                 const __mmask16* mk, float* const* o) {
+  switch (vectors) {
+    case 1: return lora_sums_rows<R, 1>(r, s, mk, o);
+    case 2: return lora_sums_rows<R, 2>(r, s, mk, o);
+    case 3: return lora_sums_rows<R, 3>(r, s, mk, o);
+    default: return lora_sums_rows<R, 4>(r, s, mk, o);
+  }
+}
+
+// The terms of rows [m0, m0 + mr) at the `cols` (<= 64) columns from n (a multiple of 16) into out[i], the epilogue
+// then adding them as lora_add16_row adds its sums (int8's finish16, 16 columns at a time); term[i] is set to out[i]
+// for the rows with a term, left null for the others. Runs of consecutive rows on one factor (a
+// sequence's tokens) share each B^T load, up to 6 rows at a time (6 x 4 accumulators, the B^T vectors, s[k]). A
+// segment's piece writes whole 16-lane vectors (its zeros past `cols` stay inside out's 64 floats, or are overwritten
+// by the next segment's piece).
+BF_LORA_OUT_OF_LINE void lora_terms_rows(const LoraTerm& t, int64_t m0, int mr, int64_t n, int64_t cols,
+                                         float (*out)[64], const float** term) {
+  for (int i0 = 0; i0 < mr;) {
+    const int32_t f = t.index[m0 + i0];
+    if (f < 0) {
+      ++i0;
+      continue;
+    }
+    int rows = 1;
+    while (rows < 6 && i0 + rows < mr && t.index[m0 + i0 + rows] == f) ++rows;
+    const float* s[6];
+    for (int i = 0; i < rows; ++i) {
+      s[i] = t.s + (m0 + i0 + i) * t.lds;
+      term[i0 + i] = out[i0 + i];
+    }
+    for (int64_t j = 0; j < cols;) {
+      LoraRow r;
+      lora_row(t, m0 + i0, n + j, &r);
+      const int vectors = int(std::min<int64_t>({(cols - j + 15) / 16, (r.width - r.col + 15) / 16, 4}));
+      __mmask16 mk[4];
+      for (int v = 0; v < 4; ++v) mk[v] = v < vectors ? tail_mask(std::min<int64_t>(cols - j, r.width - r.col) - 16 * v) : 0;
+      float* o[6];
+      for (int i = 0; i < rows; ++i) o[i] = out[i0 + i] + j;
+      switch (rows) {
+        case 1: lora_sums_rows_v<1>(vectors, r, s, mk, o); break;
+        case 2: lora_sums_rows_v<2>(vectors, r, s, mk, o); break;
+        case 3: lora_sums_rows_v<3>(vectors, r, s, mk, o); break;
+        case 4: lora_sums_rows_v<4>(vectors, r, s, mk, o); break;
+        case 5: lora_sums_rows_v<5>(vectors, r, s, mk, o); break;
+        default: lora_sums_rows_v<6>(vectors, r, s, mk, o); break;
+      }
+      j += std::min<int64_t>(16 * vectors, r.width - r.col);
+    }
+    i0 += rows;
+  }
 }
 #endif
 

@@ -89,7 +89,7 @@ BF_TARGET_VNNI BF_INLINE Cols16 cols16(const Int8Args& a, int64_t n0) {
 
 // Row m, the columns of `col`, of the output from their int32 sums; xs = the row's scale, zp = its zero point plus
 // zp_shift (128 for sums over the unsigned codes, 0 for the signed ones: AMX), both broadcast; term: the row's LoRA
-// terms for these columns (lora_terms_row), or null.
+// terms for these columns (lora_terms_rows), or null.
 BF_TARGET_VNNI BF_INLINE void finish16(__m512i acc, int64_t m, const Cols16& col, __m512 xs, __m512 zp,
                                        const Int8Args& a, const float* term) {
   const __m512 o = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), col.ws);
@@ -127,8 +127,7 @@ BF_TARGET_VNNI BF_INLINE void finish_rows(const Int8Args& args, int mr, int64_t 
   const float* term[MR] = {};
   if (a.lora != nullptr) {
     if (np > 4) std::abort();  // every path's tiles are at most 4 panels (64 columns) wide
-    for (int r = 0; r < mr; ++r)
-      if (lora_terms_row(*a.lora, m0 + r, n0, std::min<int64_t>(16 * np, a.N - n0), terms[r])) term[r] = terms[r];
+    lora_terms_rows(*a.lora, m0, mr, n0, std::min<int64_t>(16 * np, a.N - n0), terms, term);
   }
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
