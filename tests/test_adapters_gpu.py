@@ -17,14 +17,13 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
-import sys
 import tempfile
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from helpers.gpu_child import compiled_rows
+
 RANK, ALPHA = 16, 32
 TARGETS = ("query", "key", "value", "dense")
 LENGTHS = [1, 130, 7, 67, 300, 45]
@@ -116,13 +115,7 @@ def _checks(device="cuda", dtypes=("float32", "float16", "bfloat16"), hidden=768
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available())")
 def test_adapters_on_gpu():
-    env = dict(os.environ, TRITON_INTERPRET="0",
-               PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", "import test_adapters_gpu as t; t._checks()"], cwd=HERE, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    print("\n".join(json.dumps(r) for r in rows))
+    rows = compiled_rows("test_adapters_gpu", "_checks")
     assert len(rows) == 3 * 4
     for row in rows:
         assert row["err"] <= row["bound"] if row["check"] == "parity" else row["equal"], row

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from helpers.gpu_child import compiled_rows
+
 BUDGET = 30  # kernels per BERT-base forward (issue 55)
 
 
@@ -69,13 +68,7 @@ def _checks():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available())")
 def test_persistent_layer_on_gpu():
-    env = dict(os.environ, TRITON_INTERPRET="0",
-               PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", "import test_layer_gpu as t; t._checks()"], cwd=HERE, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    print("\n".join(json.dumps(r) for r in rows))
+    rows = compiled_rows("test_layer_gpu", "_checks")
     assert len(rows) == 3 * 4 + 1
     for row in rows[:-1]:
         assert row["equal"], row

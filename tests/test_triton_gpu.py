@@ -10,12 +10,11 @@ scale, and the test holds each to the house rule. Skipped without CUDA.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from helpers.gpu_child import compiled_rows
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available())")]
@@ -74,13 +73,7 @@ def _check_on_gpu():
 def test_new_kernels_compiled_on_gpu_match_reference():
     from bertfast.accuracy import within
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([here, os.path.dirname(here),
-                                                                             os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", "import test_triton_gpu as t; t._check_on_gpu()"], cwd=here,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    rows = compiled_rows("test_triton_gpu", "_check_on_gpu", timeout=600)
     assert len(rows) == 3 * (3 + 2 + 3 + 1)
     for row in rows:
         dtype = getattr(torch, row["dtype"].replace("torch.", ""))
