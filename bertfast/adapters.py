@@ -1,5 +1,5 @@
-"""LoRA adapters in the engine's weight layout, the exact math of applying them per row, and the per-row deltas of
-a forward (`RowAdapters`).
+"""LoRA adapters in the engine's weight layout and the exact math of applying them per row (a forward's per-row
+terms: `adapters_rows`).
 
 `load_adapter` maps a PEFT LoRA directory (`adapters_peft`) onto the fused slots of `LayerWeights`: `qkv` (rows
 q | k | v), `attn_out`, `ffn_in` (gated: rows gate | up), `ffn_out`, DeBERTa-v2's position projections `pos_key` /
@@ -319,6 +319,16 @@ def stack(adapters: Sequence[Adapter], name: str) -> Adapter:
                    config={"stacked": [a.config for a in adapters]}, prefix=adapters[0].prefix)
 
 
+def load_adapters(path, base: ModelWeights, name: str) -> Adapter:
+    """`load_adapter` of one directory (or `PeftFiles`), or the sum (`stack`) of a list of them; raises LoadError, or
+    ValueError for an empty list."""
+    if not isinstance(path, (list, tuple)):
+        return load_adapter(path, base, name)
+    if not path:
+        raise ValueError(f"adapter {name!r}: an empty list of adapters to sum")
+    return stack([load_adapter(p, base, name) for p in path], name)
+
+
 def group_rows(cu_seqlens: torch.Tensor, adapters: Sequence[Adapter | None]) -> list[tuple[Adapter, torch.Tensor]]:
     """The packed batch's rows grouped by adapter: (adapter, token indices int64 [n]) per distinct adapter, in order
     of first appearance; rows without an adapter are in no group. cu_seqlens: (batch+1,) int32."""
@@ -363,121 +373,5 @@ class UnknownAdapter(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def pack_adapter(adapter: Adapter, base: ModelWeights, pack_lora) -> Adapter:
-    """`adapter` with each slot's factors in the form its backend's `lora` takes (pack_lora: `Backend.pack_lora`
-    with the tensors on the weights' device, given the slot's runs of outputs, `_segments`), and DeBERTa-v2's
-    pos_key / pos_query slots as the adapted tables themselves (the base's (2 span, H) table + relative_inputs A^T B^T,
-    in float64, then the table's dtype): the position projections read the same rows in every forward. Slot dicts
-    shared between layers (ALBERT) stay shared."""
-    seen: dict[int, dict] = {}
-    for slots, layer in zip(adapter.layers, base.layers):
-        if id(slots) not in seen:
-            seen[id(slots)] = {slot: _position_table(base, layer, slot, A, B) if slot.startswith("pos_") else
-                               pack_lora(A, B, _segments(layer, slot)) for slot, (A, B) in slots.items()}
-    pooler = None if adapter.pooler is None else pack_lora(*adapter.pooler, 1)
-    return dataclasses.replace(adapter, layers=[seen[id(slots)] for slots in adapter.layers], pooler=pooler)
-
-
-def _segments(layer: LayerWeights, slot: str) -> int:
-    """The equal runs a slot's outputs come in, each fed by its own modules: q | k | v, a gated FFN's gate | up."""
-    if slot == "qkv":
-        return 3
-    if slot == "ffn_in" and layer.ffn_in_weight.shape[0] == 2 * layer.ffn_out_weight.shape[1]:
-        return 2
-    return 1
-
-
-def _position_table(base: ModelWeights, layer: LayerWeights, slot: str, A, B) -> torch.Tensor:
-    table, inputs = getattr(layer, slot), base.embeddings.relative_inputs
-    delta = inputs.double() @ A.double().to(inputs.device).T @ B.double().to(inputs.device).T
-    return (table.double() + delta).to(table.dtype).contiguous()
-
-
-class RowAdapters:
-    """One forward's adapters, one (packed, `pack_adapter`) or None per row: `adapters`, the distinct ones in order of
-    first appearance; each token's and each batch row's position among them (-1: the base model); and where each
-    one's rows are: runs of consecutive rows as token slices (`spans`), batch row indices (`rows`, the pooler reads
-    one token a row), all on `device`.
-
-    `addend` is a slot's LoRA terms in the backend's form (`Backend.lora`): a row's depends on its own tokens and
-    adapter alone, as its base output does, so a row gets the same bits alone and in any batch."""
-
-    def __init__(self, adapters: Sequence[Adapter | None], cu_seqlens: torch.Tensor, device):
-        bounds, position = cu_seqlens.tolist(), {}
-        self.adapters: list[Adapter] = []
-        self.spans: list[tuple[int, slice]] = []
-        row_index, rows = [], {}
-        for i, adapter in enumerate(adapters):
-            if adapter is None:
-                row_index.append(-1)
-                continue
-            p = position.setdefault(id(adapter), len(self.adapters))
-            if p == len(self.adapters):
-                self.adapters.append(adapter)
-            row_index.append(p)
-            rows.setdefault(p, []).append(i)
-            if self.spans and self.spans[-1][0] == p and self.spans[-1][1].stop == bounds[i]:
-                self.spans[-1] = (p, slice(self.spans[-1][1].start, bounds[i + 1]))
-            else:
-                self.spans.append((p, slice(bounds[i], bounds[i + 1])))
-        self.rows = [(p, torch.tensor(r, dtype=torch.int64, device=device)) for p, r in rows.items()]
-        lengths = torch.tensor([b - a for a, b in zip(bounds, bounds[1:])], dtype=torch.int64)
-        self.row_index = torch.tensor(row_index, dtype=torch.int32)
-        self.token_index = torch.repeat_interleave(self.row_index, lengths).to(device)
-        self.row_index = self.row_index.to(device)
-
-    def factors(self, layer: int | None, slot: str) -> list | None:
-        """Per adapter its packed factors of the slot (None: it leaves the slot alone), None where none has it."""
-        factors = [a.pooler if slot == "pooler" else a.layers[layer].get(slot) for a in self.adapters]
-        return None if all(f is None for f in factors) else factors
-
-    def addend(self, ops, x: torch.Tensor, layer: int | None, slot: str):
-        """x (T, K) the slot's input (a row per batch row for the pooler, layer None) -> the slot's terms in the
-        backend's form (`Backend.lora`), or None where no adapter of the forward has the slot."""
-        if (factors := self.factors(layer, slot)) is None:
-            return None
-        index, groups = (self.row_index, self.rows) if slot == "pooler" else (self.token_index, self.spans)
-        return ops.lora(x, index, factors, groups)
-
-    def positions(self, ops, layer: int, bias, q, k, index, scale: float, windows):
-        """DeBERTa-v2: `bias` (the layer's DisentangledBias from the base tables, `disentangled.layer_bias`) with the
-        c2p / p2c rows of each group whose adapter has pos_key / pos_query computed from its adapter's tables."""
-        c2p, p2c = bias.c2p, bias.p2c
-        for p, adapter in enumerate(self.adapters):
-            slots = adapter.layers[layer]
-            key, query = slots.get("pos_key"), slots.get("pos_query")
-            if key is None and query is None:
-                continue
-            idx = (self.token_index == p).nonzero().flatten()  # the adapter's tokens, in order
-            rows = [None if t is None else t[index.lo:index.hi] for t in (key, query)]
-            group = ops.disentangled(q.index_select(0, idx), k.index_select(0, idx), *rows, scale,
-                                     tuple(w.index_select(0, idx) for w in windows))
-            for table, part in zip((c2p, p2c), group):
-                if part is not None:
-                    table.index_copy_(0, idx, part)
-        return bias
-
-    def layer(self, ops, i: int) -> "LayerAdapters":
-        """Executed layer i's view (`engine.compose_layer`'s lora)."""
-        return LayerAdapters(self, ops, i)
-
-
-class LayerAdapters:
-    """One layer's share of a forward's `RowAdapters`: called with (slot, x), the slot's addend or None; `factors(slot)`
-    and `index` (T,) int32 for a whole layer (`Backend.whole_layer`); `positions`: DeBERTa-v2's per-row terms."""
-
-    def __init__(self, rows: RowAdapters, ops, layer: int):
-        self.rows, self.ops, self.layer, self.index = rows, ops, layer, rows.token_index
-
-    def __call__(self, slot: str, x: torch.Tensor) -> torch.Tensor | None:
-        return self.rows.addend(self.ops, x, self.layer, slot)
-
-    def factors(self, slot: str) -> list | None:
-        return self.rows.factors(self.layer, slot)
-
-    def positions(self, bias, q, k, index, scale: float, windows):
-        return self.rows.positions(self.ops, self.layer, bias, q, k, index, scale, windows)
-
-
-__all__ = ["Adapter", "SLOTS", "UnknownAdapter", "RowAdapters", "LayerAdapters", "load_adapter", "merge", "stack",
-           "pack_adapter", "group_rows", "reference_delta", "apply_adapters_reference"]
+__all__ = ["Adapter", "SLOTS", "UnknownAdapter", "load_adapter", "load_adapters", "merge", "stack", "group_rows",
+           "reference_delta", "apply_adapters_reference"]

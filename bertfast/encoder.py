@@ -197,27 +197,19 @@ class Encoder(nn.Module):
         self._default_adapter = name
 
     def load_adapter(self, name: str, path) -> None:
-        """Load the PEFT LoRA directory `path` (or the `adapters_peft.PeftFiles` read of one) under `name`, for
-        `forward(adapter_ids=...)` and `encode(adapter=...)`; a list of them loads their sum, as PEFT runs several
-        active adapters (`adapters.stack`: their ranks side by side). Only the adapter's factors are held (fp32),
-        never a copy of the base weights. Raises ValueError for an empty name, one with ':' or one already loaded;
-        LoadError for an adapter that does not fit this base model (naming the tensor, shape or field);
-        NotImplementedError on a backend without adapters (triton under fp8). A task adapter's modules_to_save head
-        tensors do not enter the encoder's outputs and are not used here (`TaskModel.load_adapter` runs them); a
-        list refuses them."""
+        """Load the PEFT LoRA directory `path` (or its `adapters_peft.PeftFiles`; a list: their sum, as PEFT runs
+        several active adapters) under `name` for `forward(adapter_ids=...)` and `encode(adapter=...)`. Only the
+        factors are held (fp32), never a copy of the base weights. Raises ValueError for an empty name, one with ':'
+        or one already loaded; LoadError for an adapter that does not fit this base model (naming the tensor, shape
+        or field); NotImplementedError on a backend without adapters (triton under fp8). Head tensors
+        (modules_to_save) are not used here (`TaskModel.load_adapter` runs them); a list refuses them."""
         if not isinstance(name, str) or not name or ":" in name:
             raise ValueError(f"an adapter name must be a non-empty string without ':', got {name!r}")
         if name in self._adapters:
             raise ValueError(f"an adapter named {name!r} is already loaded: unload_adapter({name!r}) first")
         if self.engine.backend.no_adapters is not None:
             raise NotImplementedError(self.engine.backend.no_adapters)
-        if isinstance(path, (list, tuple)):
-            if not path:
-                raise ValueError(f"adapter {name!r}: an empty list of adapters to sum")
-            adapter = lora.stack([lora.load_adapter(p, self.engine.weights, name) for p in path], name)
-        else:
-            adapter = lora.load_adapter(path, self.engine.weights, name)
-        self._adapters[name] = self.engine.pack_adapter(adapter)
+        self._adapters[name] = self.engine.pack_adapter(lora.load_adapters(path, self.engine.weights, name))
 
     def unload_adapter(self, name: str) -> None:
         """Forget `name`; raises `adapters.UnknownAdapter` (a KeyError) if not loaded, ValueError if the default."""

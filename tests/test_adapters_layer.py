@@ -15,7 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertfast.adapters import Adapter, RowAdapters, pack_adapter
+from bertfast.adapters import Adapter
+from bertfast.adapters_rows import RowAdapters, pack_adapter
 from bertfast.backends import available_backends
 from bertfast.engine import compose_layer
 from helpers.adapters import native_layer_calls

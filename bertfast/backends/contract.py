@@ -237,7 +237,7 @@ class Backend:
     def whole_layer(self, x, layer: LayerWeights, lora=None):
         """A callable (x, cu_seqlens, max_seqlen, scale, bias, carry=None) -> x running `layer` on `x` in one piece
         (bias: an AttentionBias or None; carry: `layer_carry`'s), or None for the engine to compose it from the ops
-        above (the default). lora: None, or the layer's `adapters.LayerAdapters` (rows' adapters, `compose_layer`'s
+        above (the default). lora: None, or the layer's `adapters_rows.LayerAdapters` (rows' adapters, `compose_layer`'s
         lora): the callable then adds each GEMM's terms as the composed layer hands them to the ops, the same bits;
         a backend whose whole layer cannot returns None for it."""
         return None

@@ -27,7 +27,7 @@ class EmbeddingWeights:
     projection_bias: torch.Tensor | None = None  # [H]
     relative_bias: torch.Tensor | None = None  # [buckets, heads]: MPNet's relative position bias, for every layer
     # [2 span, H]: DeBERTa-v2's relative embeddings as its position projections read them (LayerNorm'd when
-    # norm_rel_ebd), kept for LoRA adapters of those projections (`adapters.pack_adapter`)
+    # norm_rel_ebd), kept for LoRA adapters of those projections (`adapters_rows.pack_adapter`)
     relative_inputs: torch.Tensor | None = None
 
 

@@ -192,7 +192,7 @@ class CpuBackend(Backend):
 
     def whole_layer(self, x, layer, lora=None):
         """`_C.Layer` for a layer it can run (bit-identical to the ops composed one by one), else None; lora: the
-        layer's `adapters.LayerAdapters`, each GEMM's terms computed inside the layer as `linear` adds them
+        layer's `adapters_rows.LayerAdapters`, each GEMM's terms computed inside the layer as `linear` adds them
         (`lora.layer_slots`)."""
         whole = getattr(self, "_whole", {}).get(id(layer))
         if whole is None or not x.is_contiguous():

@@ -83,7 +83,7 @@ def term(x: torch.Tensor, index: torch.Tensor, factors: list[Factors | None]):
 def layer_slots(lora) -> list:
     """`_C.Layer`'s lora: per GEMM (LAYER_SLOTS) its rows' operands before their shrink (`_C.LoraSlot`: index and
     factors as `term` takes them), or None where no adapter of the forward adapts it. lora: the layer's
-    `adapters.LayerAdapters` (`factors`, `index`)."""
+    `adapters_rows.LayerAdapters` (`factors`, `index`)."""
     slots = []
     for name in LAYER_SLOTS:
         factors = lora.factors(name)
