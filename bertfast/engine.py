@@ -69,8 +69,8 @@ def compose_layer(ops: Backend, x, layer: LayerWeights, cu_seqlens, max_seqlen: 
     gated: a GLU FFN; norm_first: pre-LayerNorm (ModernBERT; attn_ln None = no norm before attention);
     disentangled: DeBERTa-v2's (DistanceIndex, positions (T,) int32, token_windows): the layer's c2p / p2c
     terms from its q and k (`ops.disentangled`) become the attention's bias; lora: None, or the layer's
-    `adapters_rows.LayerAdapters`: (slot, x) -> the slot's per-row deltas (T, N) float32 or None, handed to the op as its
-    `addend`, and the adapted rows' position terms."""
+    `adapters_rows.LayerAdapters`: (slot, x) -> the slot's per-row deltas (T, N) float32 or None, handed to the op as
+    its `addend`, and the adapted rows' position terms."""
     qkv_extra = {} if rotary is None else {"rotary": rotary}
     attn_extra = {"window": window} if window else {}
     ffn_extra = {"gated": True} if gated else {}

@@ -222,8 +222,8 @@ def test_lora_terms_same_bits_in_every_epilogue(segments, N, M):
             term = backend.lora(x, index, factors, groups)
             outs[f"{tier} fp32"] = cpu_linear.linear(x, cpu_linear.PackedLinear(torch.zeros(N, K)), bias, "none",
                                                      None, term)
-            outs[f"{tier} bf16"] = cpu_linear.linear(x.bfloat16(), cpu_linear.PackedLinear(torch.zeros(N, K).bfloat16()),
-                                                     bias.bfloat16(), "none", None, term)
+            zero16 = cpu_linear.PackedLinear(torch.zeros(N, K).bfloat16())
+            outs[f"{tier} bf16"] = cpu_linear.linear(x.bfloat16(), zero16, bias.bfloat16(), "none", None, term)
             outs[f"{tier} int8"] = quant.linear(x, quant.QuantLinear.from_float(torch.zeros(N, K)), bias, "none",
                                                 None, term)
     first = next(iter(outs.values()))

@@ -165,10 +165,9 @@ class TritonBackend(Backend):
     def lora(self, x, index, factors, groups):
         """(T, N) float32: the rows' terms from the segmented shrink and expand kernels (`kernels.triton.lora`), two
         launches for any number of adapters; the tile and pointer tables are built once per forward and adapter set."""
-        present = [f for f in factors if f is not None]
-        if not present:
+        N = next((f.bt.shape[1] for f in factors if f is not None), None)
+        if N is None:  # no adapter of the forward has the slot
             return None
-        N = present[0].bt.shape[1]
         return self._ops.lora.lora_terms(x, self._lora_tables.tiles(groups, x.shape[0], x.device),
                                          self._lora_tables.pointers(factors, x.device), factors, N)
 

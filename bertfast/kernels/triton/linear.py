@@ -249,8 +249,8 @@ def linear_residual(x, weight, bias, residual) -> torch.Tensor:
 
 def aot_variants(dtype: torch.dtype = torch.float16, tokens: int = 1024, hidden: int = 768):
     """Representative BERT-base launches for ahead-of-time builds (`bertfast kernels`): the FFN input
-    projection (bias + GELU; also with LoRA terms), an output projection (bias + residual), contiguous operands, and the gated
-    projections without biases (ModernBERT's GeGLU, NomicBERT's and GTE's SwiGLU, intermediate 4H).
+    projection (bias + GELU; also with LoRA terms), an output projection (bias + residual), contiguous operands,
+    and the gated projections without biases (ModernBERT's GeGLU, NomicBERT's and GTE's SwiGLU, intermediate 4H).
     Yields (name, jit_fn, {argument: representative value}, configs)."""
     t = torch.empty(16, dtype=dtype)  # stands for any 16-byte aligned buffer of this dtype
     inter = 4 * hidden

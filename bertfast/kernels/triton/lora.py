@@ -33,7 +33,8 @@ BLOCK_M, BLOCK_K, BLOCK_N, BLOCK_R, NUM_WARPS = 32, 32, 64, 16, 4
 @dataclass(frozen=True)
 class Factors:
     """One adapter's factors of one slot on the triton backend: at = A^T (K, r16) and bt = B^T (r16, N), float32
-    contiguous, rank r rounded up to 16 with zeros (a zero column of A^T gives s a zero that meets a zero row of B^T)."""
+    contiguous, rank r rounded up to 16 with zeros (a zero column of A^T gives s a zero that meets a zero row of
+    B^T)."""
     at: torch.Tensor
     bt: torch.Tensor
 

@@ -233,7 +233,8 @@ BF_LORA_OUT_OF_LINE void lora_terms_rows(const LoraTerm& t, int64_t m0, int mr, 
       lora_row(t, m0 + i0, n + j, &r);
       const int vectors = int(std::min<int64_t>({(cols - j + 15) / 16, (r.width - r.col + 15) / 16, 4}));
       __mmask16 mk[4];
-      for (int v = 0; v < 4; ++v) mk[v] = v < vectors ? tail_mask(std::min<int64_t>(cols - j, r.width - r.col) - 16 * v) : 0;
+      const int64_t run = std::min<int64_t>(cols - j, r.width - r.col);
+      for (int v = 0; v < 4; ++v) mk[v] = v < vectors ? tail_mask(run - 16 * v) : 0;
       float* o[6];
       for (int i = 0; i < rows; ++i) o[i] = out[i0 + i] + j;
       switch (rows) {
