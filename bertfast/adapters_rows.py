@@ -46,9 +46,9 @@ def _position_table(base: ModelWeights, layer: LayerWeights, slot: str, A, B) ->
 
 class RowAdapters:
     """One forward's adapters, one (packed, `pack_adapter`) or None per row: `adapters`, the distinct ones in order of
-    first appearance; each token's and each batch row's position among them (-1: the base model); and where each
-    one's rows are: runs of consecutive rows as token slices (`spans`), batch row indices (`rows`, the pooler reads
-    one token a row), all on `device`.
+    first appearance; each token's and each batch row's position among them (-1: the base model, indices on
+    `device`); and where each one's rows are: runs of consecutive rows as token slices (`spans`) and as batch row
+    slices (`rows`, the pooler reads one token a row).
 
     `addend` is a slot's LoRA terms in the backend's form (`Backend.lora`): a row's depends on its own tokens and
     adapter alone, as its base output does, so a row gets the same bits alone and in any batch."""
@@ -57,7 +57,8 @@ class RowAdapters:
         bounds, position = cu_seqlens.tolist(), {}
         self.adapters: list[Adapter] = []
         self.spans: list[tuple[int, slice]] = []
-        row_index, rows = [], {}
+        self.rows: list[tuple[int, slice]] = []
+        row_index = []
         for i, adapter in enumerate(adapters):
             if adapter is None:
                 row_index.append(-1)
@@ -66,12 +67,8 @@ class RowAdapters:
             if p == len(self.adapters):
                 self.adapters.append(adapter)
             row_index.append(p)
-            rows.setdefault(p, []).append(i)
-            if self.spans and self.spans[-1][0] == p and self.spans[-1][1].stop == bounds[i]:
-                self.spans[-1] = (p, slice(self.spans[-1][1].start, bounds[i + 1]))
-            else:
-                self.spans.append((p, slice(bounds[i], bounds[i + 1])))
-        self.rows = [(p, torch.tensor(r, dtype=torch.int64, device=device)) for p, r in rows.items()]
+            _extend(self.spans, p, bounds[i], bounds[i + 1])
+            _extend(self.rows, p, i, i + 1)
         lengths = torch.tensor([b - a for a, b in zip(bounds, bounds[1:])], dtype=torch.int64)
         self.row_index = torch.tensor(row_index, dtype=torch.int32)
         self.token_index = torch.repeat_interleave(self.row_index, lengths).to(device)
@@ -111,6 +108,14 @@ class RowAdapters:
     def layer(self, ops, i: int) -> "LayerAdapters":
         """Executed layer i's view (`engine.compose_layer`'s lora)."""
         return LayerAdapters(self, ops, i)
+
+
+def _extend(runs: list[tuple[int, slice]], p: int, start: int, stop: int) -> None:
+    """Add rows [start, stop) of adapter p to `runs`, joining the last run where it is p's and ends at start."""
+    if runs and runs[-1][0] == p and runs[-1][1].stop == start:
+        runs[-1] = (p, slice(runs[-1][1].start, stop))
+    else:
+        runs.append((p, slice(start, stop)))
 
 
 class LayerAdapters:

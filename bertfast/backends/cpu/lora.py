@@ -26,10 +26,6 @@ class Factors:
     seg: torch.Tensor
     width: int
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.at, self.bt, self.seg))
-
 
 def pack_factors(A: torch.Tensor, B: torch.Tensor, segments: int) -> Factors:
     """A (r, K), B (N, r) float32 (scale folded) -> Factors; N in `segments` runs of equal width where each run is a

@@ -244,7 +244,7 @@ class _LoraTables:
         for p, rows in groups:
             if isinstance(rows, slice):
                 spans.append((p, rows.start, rows.stop))
-            else:  # batch rows (the pooler's), each a run of one
+            else:  # an index tensor (`Backend.lora` allows one; the engine's groups are slices), each row a run
                 spans.extend((p, r, r + 1) for r in rows.tolist())
         spans.sort(key=lambda span: span[1])
         covered, end = [], 0

@@ -42,10 +42,6 @@ class Factors:
     def rank(self) -> int:
         return self.at.shape[1]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.at, self.bt))
-
 
 def pack_factors(A: torch.Tensor, B: torch.Tensor) -> Factors:
     """A (r, K), B (N, r) (the scale folded into B) -> `Factors` on their device."""
