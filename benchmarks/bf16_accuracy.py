@@ -1,11 +1,11 @@
 """bf16's error against fp32 on BERT-base random weights (`BertModel(config)` init, 8 x 128 random tokens): transformers
-in bf16, bertfast's bf16 output (`last_hidden_state`, rounded to bf16) and its fp32 residual stream (what
-`Encoder.encode` pools), as max |x - fp32| / max |fp32| and rms |x - fp32| / rms |fp32| (the max moves by ~+-5-10%
-with any change that flips one rounding, the rms does not), transformers' fp32 as the reference. --model: a
-checkpoint's real weights instead (the same random tokens). --tiers: bertfast on each of these ISA tiers (the same
-model: `BERTFAST_ISA` would also cap ATen, whose random init then draws other weights). --openvino: OpenVINO's CPU
-plugin with a bf16 inference precision on the same model and tokens (fp32 outputs). docs/cpu-gemm.md#bf16-accuracy
-has the numbers.
+in bf16, bertfast's bf16 output (`last_hidden_state`, rounded to bf16) and its fp32 output
+(`output_dtype=torch.float32`: the residual stream `Encoder.encode` pools), as max |x - fp32| / max |fp32| and rms
+|x - fp32| / rms |fp32| (the max moves by ~+-5-10% with any change that flips one rounding, the rms does not),
+transformers' fp32 as the reference. --model: a checkpoint's real weights instead (the same random tokens). --tiers:
+bertfast on each of these ISA tiers (the same model: `BERTFAST_ISA` would also cap ATen, whose random init then draws
+other weights). --openvino: OpenVINO's CPU plugin with a bf16 inference precision on the same model and tokens (fp32
+outputs). docs/bf16.md#bf16-accuracy has the numbers.
 
     python3 benchmarks/bf16_accuracy.py [--layers 12] [--seed 0] [--model DIR] [--tiers avx512_vnni,amx_emulated]
                                         [--openvino]
@@ -63,9 +63,9 @@ def main() -> None:
         with torch.inference_mode():
             enc = bertfast.Encoder.from_hf(model, backend="cpu", dtype=torch.bfloat16, add_pooling_layer=False)
             ours = enc(input_ids=ids).last_hidden_state
-            stream = enc.engine.forward(ids, mask, pool=False, stream=True)[0]
+            stream = enc(input_ids=ids, output_dtype=torch.float32).last_hidden_state
         row(f"bertfast bf16 output ({tier})", ours)
-        row(f"bertfast bf16 fp32 stream ({tier})", stream)
+        row(f"bertfast bf16 fp32 output ({tier})", stream)
     if args.openvino:
         print(f"  {openvino_row(model, ids, mask, row)}")
 

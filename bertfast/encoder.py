@@ -19,46 +19,12 @@ from .config import ConfigError, read_config_json
 from .engine import Engine
 from .inputs import check_inputs, to_host
 from .loading import ModelWeights, load_hf_model, load_pretrained, resolve_dtype
+from .outputs import EncoderOutput
 from .precision import check_precision, quantize_embeddings
 from .profiling import stage
 from .sentence import SentenceConfig, pooling_modes, read_sentence_config
 from .tokenization import NativeWordPiece, library_tokenize, load_tokenizer, prompt_length, token_budget_batches
 from .workers import ordered_map, plan
-
-
-class EncoderOutput:
-    """Like transformers' ModelOutput: attributes, integer and key indexing over non-None fields."""
-
-    _fields = ("last_hidden_state", "pooler_output", "hidden_states")
-
-    def __init__(self, last_hidden_state, pooler_output=None, hidden_states=None):
-        self.last_hidden_state = last_hidden_state
-        self.pooler_output = pooler_output
-        self.hidden_states = hidden_states
-
-    def to_tuple(self):
-        return tuple(getattr(self, f) for f in self._fields if getattr(self, f) is not None)
-
-    def keys(self):
-        return [f for f in self._fields if getattr(self, f) is not None]
-
-    def __getitem__(self, key):
-        if isinstance(key, str):
-            if key not in self.keys():
-                raise KeyError(key)
-            return getattr(self, key)
-        return self.to_tuple()[key]
-
-    def __iter__(self):
-        return iter(self.to_tuple())
-
-    def __len__(self):
-        return len(self.to_tuple())
-
-    def __repr__(self):
-        parts = ", ".join(f"{k}={tuple(getattr(self, k).shape) if torch.is_tensor(getattr(self, k)) else '...'}"
-                          for k in self.keys())
-        return f"{type(self).__name__}({parts})"
 
 
 def model_device(model) -> torch.device:
@@ -237,15 +203,24 @@ class Encoder(nn.Module):
 
     # --- inference ---
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                output_hidden_states: bool = False, return_dict: bool = True, adapter_ids=None):
+                output_hidden_states: bool = False, return_dict: bool = True, adapter_ids=None, output_dtype=None):
         """input_ids: (B, S) integer; attention_mask: (B, S) 0/1; token_type_ids, position_ids: (B, S);
         adapter_ids: None (default_adapter), or B entries, each a loaded adapter's name or None (base) for its row.
+        output_dtype: None (the engine's dtype) or torch.float32: the states as the residual stream holds them, not
+        rounded to the engine's dtype (under bf16 on the cpu backend the stream is fp32: docs/bf16.md).
 
         Returns EncoderOutput(last_hidden_state (B, S, H), pooler_output (B, H) or None,
         hidden_states (embeddings + each layer) when output_hidden_states). Padded positions are 0.
         """
-        out = EncoderOutput(*self._run(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
-                                       self.engine.weights.pooler_weight is not None, adapter_ids=adapter_ids))
+        if output_dtype not in (None, torch.float32):
+            raise ValueError(f"output_dtype takes None (the engine's dtype) or torch.float32, got {output_dtype!r}")
+        outs = self._run(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
+                         self.engine.weights.pooler_weight is not None, stream=output_dtype is not None,
+                         adapter_ids=adapter_ids)
+        if output_dtype is not None:
+            outs = [None if o is None else tuple(h.float() for h in o) if isinstance(o, tuple) else o.float()
+                    for o in outs]
+        out = EncoderOutput(*outs)
         return out if return_dict else out.to_tuple()
 
     def _run(self, input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states: bool, pool: bool,

@@ -269,7 +269,7 @@ class Engine:
 
         Returns (last_hidden_state (B, S, H), pooler_output (B, H) or None (no pooler, or pool=False),
         hidden_states or None); padded positions hold 0. The states have the weights' dtype, or with stream=True
-        the residual stream's (fp32 under bf16 on the cpu backend: what sentence embeddings pool).
+        the residual stream's (fp32 under bf16 on the cpu backend: what sentence embeddings pool), and so the pooler's.
         """
         w = self.weights
         B, S = input_ids.shape
@@ -296,6 +296,8 @@ class Engine:
             cls = last[:, 0].contiguous()
             extra = {} if lora is None else _addend(lambda slot, x: lora.addend(self.backend, x, None, slot), "pooler",
                                                     cls)
-            pooled = self.backend.linear(cls, w.pooler_weight, w.pooler_bias, "tanh", **extra)
+            # A zero residual in the stream's dtype keeps tanh's output unrounded where the stream is wider.
+            residual = torch.zeros_like(cls) if stream and cls.dtype != w.dtype else None
+            pooled = self.backend.linear(cls, w.pooler_weight, w.pooler_bias, "tanh", residual, **extra)
         hidden = tuple(pad(h, indices, B, S) for h in states) if output_hidden_states else None
         return last, pooled, hidden

@@ -23,9 +23,10 @@ from torch import nn
 from .adapters_heads import TaskAdapters, per_choice, run_heads
 from .backends import get_backend
 from .config import ModelConfig, read_config_json
-from .encoder import Encoder, EncoderOutput, choose_dtype, model_device, split_quantization
+from .encoder import Encoder, choose_dtype, model_device, split_quantization
 from .loading import BASE_PREFIX, LoadError, _TensorSource, assemble, open_checkpoint
 from .loading import POOLER as POOLER_MODULES
+from .outputs import EncoderOutput
 from .padding import pad, unpad
 from .kernels.activation import apply as activation
 from .tasks import (CONFIG_ACTIVATIONS, ELECTRA_SUMMARY, FIRST, FIRST_REAL, HEAD_ACTIVATIONS, HEADS, MEAN, POOLER,

@@ -125,6 +125,33 @@ def test_dtype_conversion_at_load():
     assert next(model.parameters()).dtype == torch.float32  # the user's model is untouched
 
 
+@pytest.mark.parametrize("backend, dtype", [(b, d) for b in CPU_BACKENDS for d in (torch.bfloat16, torch.float32)]
+                         + [("cpu", "int8")] * ("cpu" in CPU_BACKENDS))
+def test_output_dtype_float32_is_the_unrounded_stream(backend, dtype):
+    """forward(output_dtype=torch.float32): every output fp32, each the very values the default output rounds to the
+    engine's dtype (where the backend keeps a wider stream, as the cpu backend does under bf16) or equals."""
+    model = hf_bert(seed=33)
+    enc = Encoder.from_hf(model, backend=backend, dtype=dtype)
+    ids, mask, types = ragged_batch([7, 3, 12], seed=34)
+    plain = enc(ids, mask, types, output_hidden_states=True)
+    wide = enc(ids, mask, types, output_hidden_states=True, output_dtype=torch.float32)
+    outs = [(wide.last_hidden_state, plain.last_hidden_state), (wide.pooler_output, plain.pooler_output)]
+    outs += list(zip(wide.hidden_states, plain.hidden_states))
+    for w, p in outs:
+        assert w.dtype == torch.float32 and w.shape == p.shape
+        assert torch.equal(w.to(p.dtype), p)
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask, token_type_ids=types)
+    stream_wider = enc.engine.backend.stream_dtype(enc.dtype) != enc.dtype
+    real = mask.bool()  # transformers' padded positions hold values, the engine's zeros
+    if stream_wider:  # unrounded: closer to fp32 than the rounded output
+        assert rel_err(wide.last_hidden_state[real], ref.last_hidden_state[real]) < rel_err(
+            plain.last_hidden_state[real].float(), ref.last_hidden_state[real])
+    assert stream_wider == (backend == "cpu" and dtype == torch.bfloat16)
+    with pytest.raises(ValueError, match="output_dtype takes None"):
+        enc(ids, mask, output_dtype=torch.float16)
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -173,7 +173,8 @@ def test_embed_all_and_similarity_take_the_adapter(server, served):
         for text, states in zip(TEXTS[:2], got):
             ids = enc.tokenize([text])[0][:1]
             with torch.inference_mode():
-                want = enc(ids, torch.ones_like(ids), adapter_ids=[adapter]).last_hidden_state[0].float().numpy()
+                want = enc(ids, torch.ones_like(ids), adapter_ids=[adapter],
+                           output_dtype=torch.float32).last_hidden_state[0].numpy()
             assert np.array_equal(as_f32(states), want), adapter
         body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:4]}, "adapter": adapter}
         got = ok(post(server.url, "/similarity", body))

@@ -69,7 +69,7 @@ class Reference:
             ids = self.encoder.tokenize([text])[0][0].tolist()
         ids = torch.tensor([ids])
         with torch.inference_mode():
-            return self.encoder(ids, torch.ones_like(ids)).last_hidden_state[0].float().numpy()
+            return self.encoder(ids, torch.ones_like(ids), output_dtype=torch.float32).last_hidden_state[0].numpy()
 
 
 @pytest.fixture(scope="module")
@@ -279,3 +279,20 @@ def test_each_model_has_its_own_request_places(models, minilm_path):
         assert in_flight(srv.url) == 0
     finally:
         srv.stop()
+
+
+def test_embed_all_under_bf16_sends_the_unrounded_stream(tmp_path, minilm_path):
+    """/embed_all's batch call on a bf16 model (cpu backend): each row's states are the fp32 residual stream
+    (`output_dtype=torch.float32`) of that text alone, bit for bit, not their rounding to bf16 (JSON carries fp32)."""
+    from bertfast.tools.serve.model import TOKENS, ServedModel
+
+    served = ServedModel(save_model(tmp_path / "m", minilm_path, seed=5), backend="cpu", dtype="bf16")
+    served.load()
+    rows = [served.encoder.tokenize([t])[0][0].tolist() for t in TEXTS[:3]]
+    got = served.run(TOKENS, rows, [None] * len(rows))
+    for row, states in zip(rows, got):
+        ids = torch.tensor([row])
+        with torch.inference_mode():
+            want = served.encoder(ids, torch.ones_like(ids), output_dtype=torch.float32).last_hidden_state[0]
+        assert states.dtype == np.float32 and np.array_equal(states, want.numpy())
+        assert not np.array_equal(states, want.to(torch.bfloat16).float().numpy())

@@ -194,7 +194,9 @@ class ServedModel:
             return (self.task.scores(logits) if key == SCORES else logits.float()).cpu().numpy()
         if key == TOKENS:
             with torch.inference_mode():
-                states = self.encoder(ids, mask, adapter_ids=adapter_ids).last_hidden_state.float().cpu().numpy()
+                # JSON carries fp32: under bf16 the cpu backend's fp32 stream, not its rounding
+                states = self.encoder(ids, mask, adapter_ids=adapter_ids,
+                                      output_dtype=torch.float32).last_hidden_state.cpu().numpy()
             return [states[i, :len(r)] for i, r in enumerate(rows)]
         if self.m3 is not None:
             multi, lexical = key[0] == MULTI, key == LEXICAL
