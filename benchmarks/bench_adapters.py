@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bertfast  # noqa: E402
 from bertfast.accuracy import rel_error  # noqa: E402
+from bertfast.adapters_peft import write_peft_dir  # noqa: E402
 from bertfast.tools.bench.measure import interleaved, timer  # noqa: E402
 
 TARGETS = ["query", "key", "value", "dense"]
@@ -71,22 +72,15 @@ def lengths_of(workload: str) -> list[int]:
 
 def save_adapters(model, root: str, n: int, rank: int) -> list[str]:
     """n PEFT LoRA directories (rank, alpha 2 rank, TARGETS) written without PEFT, which a GPU machine may lack."""
-    from safetensors.torch import save_file
     paths = []
     for i in range(n):
         g = torch.Generator().manual_seed(100 + i)
-        tensors = {}
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in TARGETS:
-                for kind, shape in (("A", (rank, module.in_features)), ("B", (module.out_features, rank))):
-                    tensors[f"base_model.model.{name}.lora_{kind}.weight"] = torch.randn(shape, generator=g) * 0.02
+        factors = {name: (torch.randn(rank, module.in_features, generator=g) * 0.02,
+                          torch.randn(module.out_features, rank, generator=g) * 0.02)
+                   for name, module in model.named_modules()
+                   if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in TARGETS}
         paths.append(os.path.join(root, f"a{i}"))
-        os.makedirs(paths[-1])
-        save_file(tensors, os.path.join(paths[-1], "adapter_model.safetensors"))
-        with open(os.path.join(paths[-1], "adapter_config.json"), "w") as f:
-            json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": TARGETS,
-                       "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
-                       "task_type": None, "base_model_name_or_path": None}, f)
+        write_peft_dir(paths[-1], factors, rank=rank, alpha=2 * rank, target_modules=TARGETS)
     return paths
 
 

@@ -1,5 +1,5 @@
 """Reading a PEFT LoRA directory (`adapter_config.json` and `adapter_model.safetensors`) or an adapter of an in-memory
-`PeftModel`, checked field by field.
+`PeftModel`, checked field by field; writing one without PEFT (`write_peft_dir`).
 
 Only what bertfast can serve exactly passes: plain LoRA (no DoRA, no LoRA biases, no embedding LoRA), safetensors
 only (a pickle file is never unpickled). Each refusal is a `LoadError` naming the field, tensor or file. PEFT's own
@@ -196,3 +196,20 @@ def layer_index(config: dict, module: str) -> int | None:
 def in_modules_to_save(config: dict, name: str) -> bool:
     """Whether tensor `name` (without SAVED_PREFIX) belongs to a module of modules_to_save (PEFT's rule)."""
     return any(re.match(rf"(^|.*\.){re.escape(m)}($|\..*)", name) for m in config.get("modules_to_save") or ())
+
+
+def write_peft_dir(path: str | os.PathLike, factors: dict, *, rank: int, alpha: float, target_modules) -> None:
+    """Write a PEFT LoRA directory without PEFT (benchmarks, and GPU machines that lack it): factors maps a module
+    name to its (A (rank, in), B (out, rank)); plain LoRA, the config fields `check_config` reads."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, (A, B) in factors.items():
+        tensors[f"{SAVED_PREFIX}{name}.lora_A.weight"] = A.contiguous()
+        tensors[f"{SAVED_PREFIX}{name}.lora_B.weight"] = B.contiguous()
+    os.makedirs(path)
+    save_file(tensors, os.path.join(path, WEIGHTS_FILE))
+    with open(os.path.join(path, CONFIG_FILE), "w") as f:
+        json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": list(target_modules),
+                   "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
+                   "task_type": None, "base_model_name_or_path": None}, f)

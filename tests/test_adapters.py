@@ -10,16 +10,16 @@ PEFT itself, and every refusal naming its tensor, shape or field.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from bertfast.adapters import apply_adapters_reference, group_rows, load_adapter, merge
+from bertfast.adapters_peft import write_peft_dir
 from bertfast.loading import LoadError, load_hf_model
 from helpers import families
 from helpers.adapters import CASES, edited, hidden_rows, position_inputs, save_lora
@@ -114,13 +114,28 @@ def _hub_adapter(path, base, modules, r=2, alpha=3):
     factors = {}
     for module, rows, cols in modules:
         factors[module] = (torch.randn(r, cols, generator=g), torch.randn(rows, r, generator=g))
-    os.makedirs(path)
-    save_file({f"base_model.model.{m}.lora_{k}.weight": t for m, (A, B) in factors.items()
-               for k, t in (("A", A), ("B", B))}, os.path.join(path, "adapter_model.safetensors"))
     targets = sorted({m.rsplit(".", 1)[-1] for m, _, _ in modules})
-    with open(os.path.join(path, "adapter_config.json"), "w") as f:
-        json.dump(dict(peft_type="LORA", r=r, lora_alpha=alpha, target_modules=targets, bias="none"), f)
+    write_peft_dir(path, factors, rank=r, alpha=alpha, target_modules=targets)
     return factors, alpha / r
+
+
+def test_written_dir_is_peft_format(tmp_path):
+    """`write_peft_dir` writes what PEFT itself loads: its factors and scale in PEFT's modules."""
+    peft = pytest.importorskip("peft")
+    model = families.build("bert")
+    modules = dict(model.named_modules())
+    g = torch.Generator().manual_seed(3)
+    factors = {name: (torch.randn(4, modules[name].in_features, generator=g),
+                      torch.randn(modules[name].out_features, 4, generator=g))
+               for name in ("encoder.layer.0.attention.self.query", "encoder.layer.1.output.dense")}
+    write_peft_dir(tmp_path / "a", factors, rank=4, alpha=6, target_modules=["query", "dense"])
+    loaded = dict(peft.PeftModel.from_pretrained(model, str(tmp_path / "a")).named_modules())
+    for name, (A, B) in factors.items():
+        layer = loaded[f"base_model.model.{name}"]
+        assert torch.equal(layer.lora_A["default"].weight, A) and torch.equal(layer.lora_B["default"].weight, B)
+        assert layer.scaling["default"] == 6 / 4
+    untouched = loaded["base_model.model.encoder.layer.0.attention.self.key"]
+    assert not hasattr(untouched, "lora_A")
 
 
 @pytest.mark.parametrize("family", ["gte", "nomic_bert"])

@@ -22,6 +22,7 @@ import tempfile
 import pytest
 import torch
 
+from bertfast.adapters_peft import write_peft_dir
 from helpers.gpu_child import compiled_rows
 
 RANK, ALPHA = 16, 32
@@ -31,25 +32,15 @@ ROWS = ["a", None, "b", "c", "d", "a"]
 
 
 def _write_lora(model, path: str, seed: int) -> dict:
-    """A PEFT LoRA directory for `model` written without PEFT (which the GPU machine may lack): returns
+    """A PEFT LoRA directory for `model` (written without PEFT, which the GPU machine may lack): returns
     {module name: (A, B)} of the factors it holds."""
-    from safetensors.torch import save_file
-
     g = torch.Generator().manual_seed(seed)
-    factors, tensors = {}, {}
+    factors = {}
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in TARGETS and "pooler" not in name:
-            A = torch.randn(RANK, module.in_features, generator=g) * 0.05
-            B = torch.randn(module.out_features, RANK, generator=g) * 0.05
-            factors[name] = (A, B)
-            tensors[f"base_model.model.{name}.lora_A.weight"] = A
-            tensors[f"base_model.model.{name}.lora_B.weight"] = B
-    os.makedirs(path)
-    save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
-    with open(os.path.join(path, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "r": RANK, "lora_alpha": ALPHA, "target_modules": list(TARGETS),
-                   "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
-                   "task_type": None, "base_model_name_or_path": None}, f)
+            factors[name] = (torch.randn(RANK, module.in_features, generator=g) * 0.05,
+                             torch.randn(module.out_features, RANK, generator=g) * 0.05)
+    write_peft_dir(path, factors, rank=RANK, alpha=ALPHA, target_modules=TARGETS)
     return factors
 
 
