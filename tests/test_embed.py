@@ -7,42 +7,23 @@ model's tokenizer keeps the file fast; one test runs the default model itself.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
 
 import numpy as np
 import pytest
-import pyarrow as pa
 from pyarrow import parquet as pq
 
 from conftest import corpus
+from helpers.embed import embed, read_output, write_input
 
 
 from bertfast import Encoder  # noqa: E402
 from bertfast.tokenization import token_budget_batches  # noqa: E402
-from bertfast.tools.cli import main  # noqa: E402
 from bertfast.tools.embed import writer as writer_module  # noqa: E402
 
 TEXTS = corpus(150)
-
-
-def embed(*argv) -> int:
-    return main(["embed", *map(str, argv)])
-
-
-def read_output(directory) -> dict:
-    """Shards in order -> {'id': list, 'embedding': (N, D) float32, 'text': list or None}."""
-    manifest = json.loads((directory / "_manifest.json").read_text())
-    assert manifest["complete"]
-    files = [manifest["shards"][k]["file"] for k in sorted(manifest["shards"], key=int)]
-    assert files == sorted(p.name for p in directory.glob("part-*.parquet"))
-    table = pa.concat_tables([pq.read_table(directory / f) for f in files])
-    dim = table.schema.field("embedding").type.list_size
-    emb = table.column("embedding").combine_chunks().values.to_numpy().reshape(-1, dim)
-    return {"id": table.column("id").to_pylist(), "embedding": emb,
-            "text": table.column("text").to_pylist() if "text" in table.column_names else None}
 
 
 @pytest.fixture(scope="module")
@@ -53,25 +34,6 @@ def encoder(tiny_text_model):
 @pytest.fixture(scope="module")
 def expected(encoder):
     return encoder.encode(TEXTS, convert_to_numpy=True)
-
-
-def write_input(path, texts, ids=None):
-    """texts (and ids) as a .txt/.jsonl/.csv/.parquet file, by path's suffix."""
-    ids = list(range(len(texts))) if ids is None else ids
-    suffix = path.suffix
-    if suffix == ".txt":
-        path.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
-    elif suffix == ".jsonl":
-        path.write_text("".join(json.dumps({"doc": i, "text": t}) + "\n" for i, t in zip(ids, texts)),
-                        encoding="utf-8")
-    elif suffix == ".csv":
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(["doc", "text"])
-            w.writerows(zip(ids, texts))
-    else:
-        pq.write_table(pa.table({"doc": ids, "text": texts}), path, row_group_size=37)
-    return path
 
 
 def test_token_budget_batches():
