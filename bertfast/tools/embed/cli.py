@@ -243,6 +243,8 @@ def _run(args, progress: _Progress) -> int:
             ray = cluster.connect(args.ray)
             signals.install()  # ray.init sets its own SIGTERM handler
             pool = embed_chunks = cluster.ActorPool(ray, options, args.ray_actors, args.ray_cpus_per_actor)
+            counted = cluster.count_all_rows(ray, files)  # on the cluster while the actors load their model
+            pool.ready()  # a model the actors cannot load fails here, before OUTPUT is created
             chunk, takers = job.CHUNK, 1
             rows = cluster.read_rows_on(ray, files, args.column, args.id_column)
         embed_chunks = _quantized(embed_chunks, args.precision, _load_ranges(args.ranges))
@@ -255,7 +257,7 @@ def _run(args, progress: _Progress) -> int:
         if writer.complete:
             print(f"{args.output}: already complete, nothing to do")
             return 0
-        total = (sum(count_rows(f) for f in files) if args.ray is None else cluster.count_all_rows(ray, files))
+        total = (sum(count_rows(f) for f in files) if args.ray is None else counted())
         print(f"embedding {len(files)} file(s) into {args.output} ({args.model}, "
               f"{'Ray ' + args.ray if args.ray else 'this process'})", file=sys.stderr)
         # The model and the libraries are loaded: their objects (~200k: torch's, transformers', pyarrow's) leave

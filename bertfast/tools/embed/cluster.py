@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import re
 from collections import deque
 from contextlib import contextmanager
 
@@ -39,10 +40,12 @@ def connect(address: str):
     return ray
 
 
-def count_all_rows(ray, files: list[str]) -> int:
-    """`readers.count_rows` of every file (the progress bar's total), run on the cluster."""
+def count_all_rows(ray, files: list[str]):
+    """`readers.count_rows` of every file (the progress bar's total), run on the cluster: returns a callable that
+    waits for the sum, so the counting runs while the driver goes on (the actors loading their model)."""
     task = ray.remote(num_cpus=0)(count_rows)
-    return sum(ray.get([task.remote(f) for f in files]))
+    refs = [task.remote(f) for f in files]
+    return lambda: sum(ray.get(refs))
 
 
 def _readers(ray) -> int:
@@ -111,6 +114,12 @@ def _block(index: int, rows: list[Row]):
                      "problem": pa.array([r.problem for r in rows], pa.string())})
 
 
+def _last_line(message: str) -> str:
+    """The exception line that ends a Ray error's remote traceback (its colour codes removed)."""
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", message).splitlines() if line.strip()]
+    return lines[-1] if lines else message
+
+
 class ActorPool:
     """`actors` Embedder actors of `cpus` CPUs each (default: as many as the cluster's CPUs allow)."""
 
@@ -122,6 +131,14 @@ class ActorPool:
             actors = max(1, int(ray.cluster_resources().get("CPU", 1) // cpus))
         remote = ray.remote(num_cpus=cpus)(Embedder)
         self.actors = [remote.remote(**embedder_kwargs) for _ in range(actors)]
+
+    def ready(self) -> None:
+        """Wait until every actor holds its engine; RuntimeError with the error of one that could not load its model
+        or adapter."""
+        try:
+            self.ray.get([actor.__ray_ready__.remote() for actor in self.actors])
+        except self.ray.exceptions.RayActorError as e:
+            raise RuntimeError(f"an embedding actor did not start: {_last_line(str(e))}") from None
 
     def __call__(self, chunks):
         """Yields (embeddings, tokens) per chunk, in the chunks' order."""
