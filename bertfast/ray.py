@@ -50,15 +50,20 @@ class Embedder:
     `Encoder.from_pretrained`; column / output_column: the batch's text column and the embedding column
     `__call__` adds; batch_tokens: the engine's token budget per forward; pooling, normalize, prompt_name,
     prompt, truncate_dim, workers: as `Encoder.encode` (workers split the threads); threads: torch threads
-    (default: the CPUs Ray assigned this actor; outside Ray, unchanged).
+    (default: the CPUs Ray assigned this actor; outside Ray, unchanged); adapter: a PEFT LoRA directory every text
+    runs through, as `Encoder.encode(texts, adapter=...)` after `load_adapter` (a LoadError names what does not fit).
     """
+
+    ADAPTER = "adapter"  # the name `adapter` is loaded under
 
     def __init__(self, model: str | None = None, *, dtype=None, backend: str = "auto", column: str = "text",
                  output_column: str = "embedding", batch_tokens: int = BATCH_TOKENS, pooling=None,
                  normalize: bool | None = None, prompt_name: str | None = None, prompt: str | None = None,
-                 truncate_dim: int | None = None, threads: int | None = None, workers: int | None = None):
+                 truncate_dim: int | None = None, threads: int | None = None, workers: int | None = None,
+                 adapter: str | None = None):
         from . import default_model_path
         from .encoder import Encoder
+        from .loading import LoadError
         from .workers import plan
 
         assigned = _assigned_cpus()
@@ -70,9 +75,15 @@ class Embedder:
         if threads:
             torch.set_num_threads(threads)
         self.encoder = Encoder.from_pretrained(model or default_model_path(), backend=backend, dtype=dtype)
+        if adapter is not None:
+            try:
+                self.encoder.load_adapter(self.ADAPTER, adapter)
+            except LoadError as e:  # a tensor's message alone does not say which directory it came from
+                raise (e if str(adapter) in str(e) else LoadError(f"adapter {adapter}: {e}")) from None
         self.column, self.output_column = column, output_column
         self.options = dict(batch_tokens=batch_tokens, pooling=pooling, normalize=normalize,
-                            prompt_name=prompt_name, prompt=prompt, truncate_dim=truncate_dim, workers=workers)
+                            prompt_name=prompt_name, prompt=prompt, truncate_dim=truncate_dim, workers=workers,
+                            adapter=None if adapter is None else self.ADAPTER)
         self.dim = self.encoder.embedding_dim(pooling, truncate_dim)
         plan(self.encoder.device, 1, workers, self.encoder.backend)  # a bad value fails here, not at a batch
         self.encoder.sentence_config.resolve_prompt(prompt, prompt_name)  # a bad prompt name fails here

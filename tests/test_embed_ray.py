@@ -1,9 +1,11 @@
 """Ray: `bertfast.ray.Embedder` on Ray Data and `bertfast embed --ray` on a local 2-CPU cluster give the
-single-process `bertfast embed` output bit for bit (cpu backend, fp32), row ids aligned."""
+single-process `bertfast embed` output bit for bit (cpu backend, fp32), row ids aligned; with `--adapter` every
+actor loads the adapter, and one the actors cannot load stops the command before OUTPUT exists."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import numpy as np
@@ -13,7 +15,9 @@ import ray
 import ray.data  # noqa: F401
 
 from conftest import corpus
+from helpers.embed import lora_dir
 
+from bertfast import Encoder  # noqa: E402
 from bertfast.ray import Embedder  # noqa: E402
 from bertfast.tools.cli import main  # noqa: E402
 
@@ -76,6 +80,27 @@ def test_embed_cli_on_ray(cluster, single_process, tiny_text_model, tmp_path, ca
     bar = capsys.readouterr().err
     assert re.search(rf"{len(TEXTS)}/{len(TEXTS)} \[\d\d:\d\d<\d\d:\d\d, +[\d.]+text/s, \d+ tok/s, 0 bad\]", bar), bar
     assert "Running Dataset" not in bar and "Starting execution" not in bar  # Ray Data's own output stays out
+
+
+def test_embed_cli_on_ray_with_adapter(cluster, single_process, tiny_text_model, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    src, _ = single_process
+    adapter = lora_dir(tiny_text_model, tmp_path / "lora", seed=1)
+    common = [str(src), "--model", tiny_text_model, "--backend", "cpu", "--id-column", "id", "--shard-rows", "700",
+              "--ray", "--ray-actors", "2"]
+    assert main(["embed", *common[:1], str(tmp_path / "ray"), *common[1:], "--adapter", adapter]) == 0
+    enc = Encoder.from_pretrained(tiny_text_model, backend="cpu")
+    enc.load_adapter("a", adapter)
+    _, got = _rows(pq.read_table(tmp_path / "ray"))
+    assert np.array_equal(got, enc.encode(TEXTS, adapter="a", convert_to_numpy=True))
+    capsys.readouterr()
+    os.remove(os.path.join(adapter, "adapter_model.safetensors"))  # now a config without weights
+    assert main(["embed", *common[:1], str(tmp_path / "bad"), *common[1:], "--adapter", adapter]) == 2
+    err = capsys.readouterr().err
+    assert f"an embedding actor did not start: bertfast.loading.LoadError: adapter directory {adapter} has no " \
+           "adapter_model.safetensors" in err, err
+    assert not (tmp_path / "bad").exists()
 
 
 def write_mixed(directory):

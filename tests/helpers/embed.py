@@ -1,4 +1,5 @@
-"""`bertfast embed` in the tests: the command run in-process, its inputs written and its Parquet output read back."""
+"""`bertfast embed` in the tests: the command run in-process, its inputs written and its Parquet output read back,
+and a LoRA adapter drawn for a model directory."""
 
 from __future__ import annotations
 
@@ -48,4 +49,15 @@ def write_input(path, texts, ids=None):
     return path
 
 
-__all__ = ["embed", "read_output", "write_input"]
+def lora_dir(model_dir: str, path, seed: int = 0) -> str:
+    """A rank-4 LoRA on every linear of the BERT in `model_dir` (both factors random), saved by PEFT to `path`."""
+    import transformers
+
+    from helpers.adapters import ALL_BERT, save_lora
+
+    save_lora(transformers.BertModel.from_pretrained(model_dir), path, seed, r=4, lora_alpha=8,
+              target_modules=ALL_BERT)
+    return str(path)
+
+
+__all__ = ["embed", "read_output", "write_input", "lora_dir"]

@@ -41,6 +41,9 @@ def add_arguments(p):
     p.add_argument("--id-column", default=None, help="column carried through as the id (default: the row's "
                    "0-based position among all input rows)")
     p.add_argument("--keep-text", action="store_true", help="store the text next to its embedding (Parquet)")
+    p.add_argument("--adapter", default=None, metavar="DIR",
+                   help="a PEFT LoRA directory (adapter_config.json + adapter_model.safetensors) every text runs "
+                        "through, as Encoder.encode(texts, adapter=...); loaded by each worker and Ray actor")
     p.add_argument("--dtype", default=None, help="fp32, bf16, int8, or auto (default: the checkpoint's)")
     p.add_argument("--backend", default="auto", help="backend: auto, cpu, torch, triton (default auto)")
     p.add_argument("--batch-tokens", type=int, default=None,
@@ -112,6 +115,9 @@ def _check_args(args, files: list[str]) -> str | None:
         return "--profile times the stages in this process: it cannot see into Ray actors (leave out --ray)"
     if os.path.isfile(args.output) and not args.output.endswith(".npy"):
         return f"OUTPUT {args.output} is a file: give a directory, or a path ending in .npy"
+    if args.adapter is not None and not os.path.isdir(args.adapter):
+        return (f"--adapter {args.adapter} is not a directory: give a PEFT LoRA directory (adapter_config.json + "
+                "adapter_model.safetensors)")
     return None
 
 
@@ -123,12 +129,23 @@ def settings(args, files: list[str]) -> dict:
             "column": args.column, "id_column": args.id_column, "keep_text": args.keep_text,
             "shard_rows": args.shard_rows, "precision": args.precision,
             "ranges_sha256": _sha256(args.ranges) if args.ranges else None,
+            "adapter": os.path.realpath(args.adapter) if args.adapter else None,
+            "adapter_sha256": _adapter_sha256(args.adapter) if args.adapter else None,
             "inputs": [[os.path.abspath(f), os.path.getsize(f)] for f in files]}
 
 
 def _sha256(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
+
+
+def _adapter_sha256(directory: str) -> str:
+    """One digest of the adapter's config and weights: an adapter retrained in place is another adapter."""
+    from bertfast.adapters_peft import CONFIG_FILE, WEIGHTS_FILE
+
+    files = [(name, os.path.join(directory, name)) for name in (CONFIG_FILE, WEIGHTS_FILE)]
+    listing = "".join(f"{name} {_sha256(path) if os.path.isfile(path) else None}\n" for name, path in files)
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 def _load_ranges(path: str | None):
@@ -227,9 +244,11 @@ def _run(args, progress: _Progress) -> int:
         return _fail(str(e))
     options = dict(model=args.model, dtype=args.dtype, backend=args.backend, column=args.column,
                    batch_tokens=args.batch_tokens or BATCH_TOKENS, pooling=args.pooling, normalize=args.normalize,
-                   prompt_name=args.prompt_name, prompt=args.prompt, truncate_dim=args.truncate_dim)
+                   prompt_name=args.prompt_name, prompt=args.prompt, truncate_dim=args.truncate_dim,
+                   adapter=os.path.abspath(args.adapter) if args.adapter else None)
     pool = None
     try:
+        run_settings = settings(args, files)  # before the adapter loads: its digest is of the files it loads
         if args.ray is None:
             # Worker threads take whole chunks (tokenizing them too), each chunk's batches on the worker's cores.
             embedder = Embedder(**options, workers=1)
@@ -244,11 +263,11 @@ def _run(args, progress: _Progress) -> int:
             signals.install()  # ray.init sets its own SIGTERM handler
             pool = embed_chunks = cluster.ActorPool(ray, options, args.ray_actors, args.ray_cpus_per_actor)
             counted = cluster.count_all_rows(ray, files)  # on the cluster while the actors load their model
-            pool.ready()  # a model the actors cannot load fails here, before OUTPUT is created
+            pool.ready()  # a model or adapter the actors cannot load fails here, before OUTPUT is created
             chunk, takers = job.CHUNK, 1
             rows = cluster.read_rows_on(ray, files, args.column, args.id_column)
         embed_chunks = _quantized(embed_chunks, args.precision, _load_ranges(args.ranges))
-        progress.writer = writer = ShardWriter(args.output, settings(args, files), resume=args.resume)
+        progress.writer = writer = ShardWriter(args.output, run_settings, resume=args.resume)
     except (OutputError, ValueError, RuntimeError, OSError) as e:  # LoadError, ConfigError are ValueErrors
         if pool is not None:
             pool.close()
@@ -258,7 +277,8 @@ def _run(args, progress: _Progress) -> int:
             print(f"{args.output}: already complete, nothing to do")
             return 0
         total = (sum(count_rows(f) for f in files) if args.ray is None else counted())
-        print(f"embedding {len(files)} file(s) into {args.output} ({args.model}, "
+        adapter = f", adapter {run_settings['adapter']}" if args.adapter else ""
+        print(f"embedding {len(files)} file(s) into {args.output} ({args.model}{adapter}, "
               f"{'Ray ' + args.ray if args.ray else 'this process'})", file=sys.stderr)
         # The model and the libraries are loaded: their objects (~200k: torch's, transformers', pyarrow's) leave
         # the cyclic collector's generations, which the run's allocations made it walk again and again
