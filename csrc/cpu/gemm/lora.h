@@ -158,41 +158,37 @@ BF_TARGET_AVX512 BF_INLINE void lora_add48(const LoraTerm* t, int64_t m, int64_t
 }
 
 // lora_sums<V> of R rows sharing a factor and segment (s[i]: row i's shrunk values) into o[i] (16 V floats, all
-// lanes written): one chain at a time over all the rows, each B^T vector loaded once for the R rows. The same chains
-// summed the same way ((d_0 + d_1) + (d_2 + d_3), d_0 + d_1 kept in o, d_2 in d2), so the same bits as lora_sums.
+// lanes written): a vector at a time, its four chains for the R rows in registers, each B^T vector loaded once for the
+// R rows and s[k] broadcast inside the fma. The same chains summed the same way, so the same bits as lora_sums.
 template <int R, int V>
 BF_TARGET_AVX512 BF_INLINE void lora_sums_rows(const LoraRow& r, const float* const* s, const __mmask16* mk,
                                                float* const* o) {
-  alignas(64) float d2[R][V][16];
 #pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
-    __m512 acc[R][V];
+  for (int v = 0; v < V; ++v) {
+    __m512 d[R][4];
 #pragma GCC unroll 24
-    for (int i = 0; i < R * V; ++i) acc[i / V][i % V] = _mm512_setzero_ps();
-    for (int32_t k = r.k0 + c; k < r.k1; k += 4) {
-      const float* b = r.b + 16 * (k - r.k0);
-      __m512 bv[V];
+    for (int i = 0; i < 4 * R; ++i) d[i / 4][i % 4] = _mm512_setzero_ps();
+    const float* b = r.b + v * r.group;
+    int32_t k = r.k0;
+    for (; k + 4 <= r.k1; k += 4, b += 64) {
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) bv[v] = _mm512_maskz_loadu_ps(mk[v], b + v * r.group);
+      for (int c = 0; c < 4; ++c) {
+        const __m512 bv = _mm512_maskz_loadu_ps(mk[v], b + 16 * c);
 #pragma GCC unroll 6
-      for (int i = 0; i < R; ++i) {
-        const __m512 sk = _mm512_set1_ps(s[i][k]);
-#pragma GCC unroll 4
-        for (int v = 0; v < V; ++v) acc[i][v] = _mm512_fmadd_ps(sk, bv[v], acc[i][v]);
+        for (int i = 0; i < R; ++i) d[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(s[i][k + c]), bv, d[i][c]);
       }
     }
-#pragma GCC unroll 24
-    for (int i = 0; i < R * V; ++i) {
-      float* oi = o[i / V] + 16 * (i % V);
-      float* p = d2[i / V][i % V];
-      if (c == 0 || c == 2) {
-        _mm512_storeu_ps(c == 0 ? oi : p, acc[i / V][i % V]);
-      } else if (c == 1) {
-        _mm512_storeu_ps(oi, _mm512_add_ps(_mm512_loadu_ps(oi), acc[i / V][i % V]));
-      } else {
-        _mm512_storeu_ps(oi, _mm512_add_ps(_mm512_loadu_ps(oi), _mm512_add_ps(_mm512_load_ps(p), acc[i / V][i % V])));
+#pragma GCC unroll 3
+    for (int c = 0; c < 3; ++c) {  // the last k1 - k < 4 terms, chains 0..
+      if (k + c < r.k1) {
+        const __m512 bv = _mm512_maskz_loadu_ps(mk[v], b + 16 * c);
+#pragma GCC unroll 6
+        for (int i = 0; i < R; ++i) d[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(s[i][k + c]), bv, d[i][c]);
       }
     }
+#pragma GCC unroll 6
+    for (int i = 0; i < R; ++i)
+      _mm512_storeu_ps(o[i] + 16 * v, _mm512_add_ps(_mm512_add_ps(d[i][0], d[i][1]), _mm512_add_ps(d[i][2], d[i][3])));
   }
 }
 
