@@ -1,9 +1,10 @@
 """`bertfast.optimize(peft_model)`: a LoRA PeftModel served with its active adapter, unmerged or merged.
 
-- fp32 within 1e-5 (relative, padded positions excluded) of the PeftModel's own forward, on a random BERT base model
-  and a sequence classifier (PEFT's SEQ_CLS: the classifier in modules_to_save, run by PEFT in torch), unmerged
-  (the PeftModel returned, its base served with the adapter as `Encoder.default_adapter`) and with merge=True (a
-  merged copy returned, the PeftModel's state dict and classes unchanged).
+- fp32 within 1e-5 (relative, padded positions excluded) of the PeftModel's own forward, on every family's random
+  base model (helpers.adapters.CASES: its targets) and a BERT sequence classifier (PEFT's SEQ_CLS: the classifier
+  in modules_to_save, run by PEFT in torch), unmerged (the PeftModel returned, its base served with the adapter as
+  `Encoder.default_adapter`) and with merge=True (a merged copy returned, the PeftModel's state dict and classes
+  unchanged).
 - `Encoder.default_adapter`: every row gets it when the call names none, bit for bit as when named per row; an
   explicit adapter_ids with None rows gives base rows; it is validated and cannot be unloaded while set.
 - A call the engine cannot serve with the adapter (`disable_adapter()`) runs the original modules after a warning.
@@ -56,14 +57,17 @@ def _classifier():
     return transformers.BertForSequenceClassification(transformers.BertConfig(**families.COMMON, num_labels=3)).eval()
 
 
-MODELS = {"bert": lambda: CASES["bert"][0]().eval(), "bert-seq-cls": _classifier}
-TASK = {"bert": None, "bert-seq-cls": "SEQ_CLS"}
+# Every family's base model (its adapter's targets: helpers.adapters.CASES), and BERT's sequence classifier.
+MODELS = {**{name: (lambda build=build: build().eval()) for name, (build, _) in CASES.items()},
+          "bert-seq-cls": _classifier}
+TASK = {"bert-seq-cls": "SEQ_CLS"}
 
 
 def _peft(name, tmp_path, **lora):
     model = MODELS[name]()
-    return model, save_lora(model, tmp_path / "a", r=4, lora_alpha=6, target_modules=TARGETS, task_type=TASK[name],
-                            **lora)
+    targets = CASES[name][1] if name in CASES else TARGETS
+    return model, save_lora(model, tmp_path / "a", r=4, lora_alpha=6, target_modules=targets,
+                            task_type=TASK.get(name), **lora)
 
 
 def _output(out):
