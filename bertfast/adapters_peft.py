@@ -194,8 +194,11 @@ def layer_index(config: dict, module: str) -> int | None:
 
 
 def in_modules_to_save(config: dict, name: str) -> bool:
-    """Whether tensor `name` (without SAVED_PREFIX) belongs to a module of modules_to_save (PEFT's rule)."""
-    return any(re.match(rf"(^|.*\.){re.escape(m)}($|\..*)", name) for m in config.get("modules_to_save") or ())
+    """Whether tensor `name` (without SAVED_PREFIX) belongs to a module of modules_to_save, by PEFT's rule: a module
+    whose name ends with an entry, as text ("classifier" takes DistilBERT's `pre_classifier` too, as PEFT wraps it)."""
+    parts = name.split(".")
+    modules = [".".join(parts[:i]) for i in range(1, len(parts))]
+    return any(module.endswith(m) for module in modules for m in config.get("modules_to_save") or ())
 
 
 def write_peft_dir(path: str | os.PathLike, factors: dict, *, rank: int, alpha: float, target_modules) -> None:

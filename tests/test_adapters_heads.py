@@ -30,7 +30,8 @@ from bertfast.backends import available_backends
 from bertfast.loading import LoadError
 from conftest import rel_err
 from helpers import families
-from helpers.adapters import ALL_BERT, edited, save_lora
+from helpers.adapters import ALL_BERT, CASES as ADAPTER_CASES, edited, save_lora
+from helpers.heads import PREFIX, build as build_task
 
 CPU_REASON = available_backends("cpu").get("cpu")
 needs_cpu = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")
@@ -120,6 +121,36 @@ def test_fp32_matches_each_peft_model(case, backend, task):
         row = slice(None) if real is None else slice(0, LENGTHS[i])
         if a is not None:
             assert rel_err(logits[i][row], base[i][row]) > 1e-2, f"row {i} ({a}) unchanged"
+
+
+# The encoder linears each family's task adapter adapts: helpers.adapters' lists, DeBERTa-v2's without its head's
+# pooler (`pooler.dense`: LoRA on a head is refused) and without pos_key_proj (this config shares the keys).
+HEAD_TARGETS = {**{f: ADAPTER_CASES[f][1] for f in PREFIX if f in ADAPTER_CASES},
+                "deberta-v2": ["query_proj", "key_proj", "value_proj", "intermediate.dense", "output.dense"]}
+
+
+@needs_cpu
+@pytest.mark.parametrize("task", ["SequenceClassification", "TokenClassification"])
+@pytest.mark.parametrize("family", list(PREFIX))
+def test_every_family_task_adapter_matches_peft(family, task, tmp_path):
+    """A PEFT task adapter (SEQ_CLS / TOKEN_CLS: PEFT saves the head's modules by its suffix rule, DistilBERT's
+    pre_classifier with its classifier) on each family's classifier: its rows within 1e-5 of the PeftModel, base rows
+    the base model's."""
+    model = build_task(family, task)
+    model.save_pretrained(tmp_path / "model")
+    pm = save_lora(model, tmp_path / "a", seed=1, r=4, lora_alpha=6, target_modules=HEAD_TARGETS[family],
+                   task_type={"SequenceClassification": "SEQ_CLS", "TokenClassification": "TOKEN_CLS"}[task])
+    kwargs, mask = families.batch_for(model, [7, 1, 12, 5])
+    rows = ["a", None, "a", None]
+    with torch.no_grad():
+        ref, base = pm(**kwargs).logits, model(**kwargs).logits
+    ours = _load(tmp_path / "model", {"a": (pm, tmp_path / "a")})
+    assert sorted(ours._adapter_heads) == ["a"]
+    logits = ours(**kwargs, adapter_ids=rows).logits
+    real = mask if logits.dim() == 3 else None
+    want = torch.stack([(ref if a else base)[i] for i, a in enumerate(rows)])
+    assert rel_err(logits, want, real) <= 1e-5
+    assert rel_err(logits[0], base[0], None if real is None else real[0]) > 1e-2  # the adapter changes its rows
 
 
 @needs_cpu
