@@ -102,15 +102,17 @@ def _check_family(config: ModelConfig, adapter_config: dict, where: str) -> None
                         f"family than the base model's ({config.family})")
 
 
-def _check_targets(config: ModelConfig, adapter_config: dict, names: dict, where: str) -> None:
-    """Each target_modules list entry must name a linear bertfast adapts in the family (a suffix after a dot)."""
+def _check_targets(config: ModelConfig, adapter_config: dict, names: dict, modules, where: str) -> None:
+    """Each target_modules list entry must name a linear bertfast adapts in the family, by PEFT's rule (a module name
+    equal to it or ending in "." + it): a layer-relative suffix, or a whole name of `modules` (the adapted model's
+    layer linears and pooler, as PEFT writes `all-linear` out)."""
     targets = adapter_config["target_modules"]
     if isinstance(targets, str):
         return
     known = {m for part, m in names.items() if part in _PART_SLOT} | {POOLER.get(config.family)} - {None}
     saved = adapter_config.get("modules_to_save") or ()  # PEFT never adapts these: whole copies instead
     for t in targets:
-        if t not in saved and not any(m == t or m.endswith("." + t) for m in known):
+        if t not in saved and not any(m == t or m.endswith("." + t) for m in known | set(modules)):
             raise LoadError(f"{where}: target module {t!r} (target_modules) is not a linear of a {config.family} "
                             f"model that bertfast adapts ({', '.join(sorted(known))})")
 
@@ -129,7 +131,8 @@ def load_adapter(path: str | os.PathLike | PeftFiles, base: ModelWeights, name: 
     factors, heads = _split_tensors(cfg, files.tensors)
     prefixes, table, names, prefix = _match_layout(config, set(factors), files.path)
     _check_heads_outside(heads, prefix)
-    _check_targets(config, cfg, names, where)
+    pooler = [prefix + POOLER[config.family]] if config.family in POOLER else []
+    _check_targets(config, cfg, names, [prefix + m for m in table] + pooler, where)
     parts: dict[str, dict[str, list]] = {p: {} for p in prefixes}  # layer prefix -> slot -> [(row, A, B)]
     pooler = None
     layer_of = {p: base.layers[prefixes.index(p)] for p in prefixes}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from safetensors.torch import load_file
 
 from bertfast.adapters import apply_adapters_reference, group_rows, load_adapter, merge
 from bertfast.adapters_peft import write_peft_dir
-from bertfast.loading import LoadError, load_hf_model
+from bertfast.loading import PROJECTION, LoadError, load_hf_model
 from helpers import families
 from helpers.adapters import CASES, edited, hidden_rows, position_inputs, save_lora
 
@@ -61,6 +62,21 @@ def test_merged_equals_peft(family, tmp_path):
     distinct = {id(d): d for d in adapter.layers}.values()  # ALBERT's shared layers count once
     pairs = [p for d in distinct for p in d.values()] + ([adapter.pooler] if adapter.pooler else [])
     assert adapter.nbytes == sum(4 * (A.numel() + B.numel()) for A, B in pairs)
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_all_linear_targets(family, tmp_path):
+    """target_modules="all-linear": PEFT writes every linear's whole name into the config, each matched by PEFT's rule
+    (equal, or ending in "." + it). ELECTRA's and ALBERT's then include the embedding projection, which adapters
+    do not reach: refused, naming it."""
+    build, _ = CASES[family]
+    model = build()
+    pm = save_lora(model, tmp_path, r=4, lora_alpha=6, target_modules="all-linear")
+    if family in PROJECTION:
+        with pytest.raises(LoadError, match=re.escape(repr(PROJECTION[family]))):
+            load_adapter(tmp_path, load_hf_model(model), "a")
+        return
+    _assert_merged_like_peft(model, pm, tmp_path)
 
 
 @pytest.mark.parametrize("family, lora", [
