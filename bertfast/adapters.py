@@ -46,18 +46,21 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 class Adapter:
     """One loaded adapter. layers[i]: slot -> (A fp32 [r, K], B fp32 [N, r], scale folded into B) of executed layer
     i (one dict shared by the layers sharing weights, as ALBERT's); pooler: the pooler's pair or None; heads: the
-    modules_to_save tensors (task heads) by their name in the task model, fp32; config: adapter_config.json."""
+    modules_to_save tensors (task heads) by their name in the task model, fp32; head_lora: the pairs of linears of a
+    task head (outside the encoder), by module name in the task model; config: adapter_config.json."""
     name: str
     layers: list[dict[str, Pair]]
     pooler: Pair | None = None
     heads: dict[str, torch.Tensor] = field(default_factory=dict)
+    head_lora: dict[str, Pair] = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     prefix: str = ""  # the encoder's prefix in the adapted model ("bert." for a task model, "" for a base one)
 
     @property
     def nbytes(self) -> int:
         tensors = {id(t): t for slots in self.layers for pair in slots.values() for t in pair}
-        tensors.update({id(t): t for t in [*(self.pooler or ()), *self.heads.values()]})
+        heads = [*self.heads.values(), *(t for pair in self.head_lora.values() for t in pair)]
+        tensors.update({id(t): t for t in [*(self.pooler or ()), *heads]})
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
@@ -110,9 +113,9 @@ def _check_targets(config: ModelConfig, adapter_config: dict, names: dict, modul
     if isinstance(targets, str):
         return
     known = {m for part, m in names.items() if part in _PART_SLOT} | {POOLER.get(config.family)} - {None}
-    saved = adapter_config.get("modules_to_save") or ()  # PEFT never adapts these: whole copies instead
-    for t in targets:
-        if t not in saved and not any(m == t or m.endswith("." + t) for m in known | set(modules)):
+    for t in targets:  # modules_to_save (and what lies inside them) PEFT never adapts: whole copies instead
+        if not in_modules_to_save(adapter_config, t + ".weight") and not any(
+                m == t or m.endswith("." + t) for m in known | set(modules)):
             raise LoadError(f"{where}: target module {t!r} (target_modules) is not a linear of a {config.family} "
                             f"model that bertfast adapts ({', '.join(sorted(known))})")
 
@@ -131,12 +134,13 @@ def load_adapter(path: str | os.PathLike | PeftFiles, base: ModelWeights, name: 
     factors, heads = _split_tensors(cfg, files.tensors)
     prefixes, table, names, prefix = _match_layout(config, set(factors), files.path)
     _check_heads_outside(heads, prefix)
+    head_factors = {m: factors.pop(m) for m in sorted(factors) if not m.startswith(prefix)}  # a task head's linears
     pooler = [prefix + POOLER[config.family]] if config.family in POOLER else []
-    _check_targets(config, cfg, names, [prefix + m for m in table] + pooler, where)
+    _check_targets(config, cfg, names, [prefix + m for m in table] + pooler + list(head_factors), where)
     parts: dict[str, dict[str, list]] = {p: {} for p in prefixes}  # layer prefix -> slot -> [(row, A, B)]
-    pooler = None
+    pooler, head_lora = None, {}
     layer_of = {p: base.layers[prefixes.index(p)] for p in prefixes}
-    for full, pair in sorted(factors.items()):
+    for full, pair in sorted({**factors, **head_factors}.items()):
         module = full[len(prefix):]
         (a_name, A), (b_name, B) = pair["A"], pair["B"]
         if not is_targeted(cfg, full):
@@ -146,6 +150,10 @@ def load_adapter(path: str | os.PathLike | PeftFiles, base: ModelWeights, name: 
         if wanted is not None and layer_index(cfg, full) not in ([wanted] if isinstance(wanted, int) else wanted):
             raise LoadError(f"tensor {a_name!r} lies outside layers_to_transform {wanted!r}")
         r, scale = rank_and_scale(cfg, full)
+        if full in head_factors:  # merged into the adapter's copy of the head (`adapters_heads.adapted_head`)
+            _check_shapes(a_name, A, b_name, B, r, B.shape[0], A.shape[1] if A.dim() == 2 else 0)
+            head_lora[full] = (A.contiguous(), (B * scale).contiguous())
+            continue
         if module == POOLER.get(config.family):
             if base.pooler_weight is None:
                 raise LoadError(f"tensor {a_name!r} adapts the pooler, which the base model does not have")
@@ -164,8 +172,8 @@ def load_adapter(path: str | os.PathLike | PeftFiles, base: ModelWeights, name: 
                 parts[layer_prefix].setdefault(pos, []).append((0, A, B * scale))
     built = {p: {slot: _fuse(items, _slot_rows(layer_of[p], slot)) for slot, items in slots.items()}
              for p, slots in parts.items()}
-    return Adapter(name=name, layers=[built[p] for p in prefixes], pooler=pooler, heads=heads, config=cfg,
-                   prefix=prefix)
+    return Adapter(name=name, layers=[built[p] for p in prefixes], pooler=pooler, heads=heads, head_lora=head_lora,
+                   config=cfg, prefix=prefix)
 
 
 def _split_tensors(cfg: dict, tensors: dict[str, torch.Tensor]):
@@ -218,7 +226,9 @@ def _match_layout(config: ModelConfig, modules: set[str], path: str):
         for prefix in encoder_prefixes:
             known = table.keys() | pooler
             missing = sorted(m for m in modules if not m.startswith(prefix) or m[len(prefix):] not in known)
-            if not missing:
+            # A task model's adapter (prefix "bert." ...) may adapt its head's linears too, outside the prefix.
+            head_only = prefix and len(missing) < len(modules) and all(not m.startswith(prefix) for m in missing)
+            if not missing or head_only:
                 return prefixes, table, names, prefix
             if best is None or len(missing) < len(best):
                 best = missing
@@ -297,8 +307,9 @@ def stack(adapters: Sequence[Adapter], name: str) -> Adapter:
     if not adapters:
         raise ValueError("stack takes at least one adapter")
     for a in adapters:
-        if a.heads:
-            raise LoadError(f"adapter {a.name!r} has modules_to_save tensors ({', '.join(sorted(a.heads))}): adapters "
+        if a.heads or a.head_lora:
+            own = ", ".join(sorted([*a.heads, *a.head_lora]))
+            raise LoadError(f"adapter {a.name!r} has modules_to_save tensors or LoRA of a head ({own}): adapters "
                             "active together cannot each bring their own copy of a head")
         if a.prefix != adapters[0].prefix or len(a.layers) != len(adapters[0].layers):
             raise LoadError(f"adapters {adapters[0].name!r} and {a.name!r} adapt different models")

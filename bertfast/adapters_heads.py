@@ -19,10 +19,19 @@ from .adapters_peft import SAVED_PREFIX, PeftFiles
 from .loading import LoadError
 
 
-def adapted_head(head, tensors: dict[str, torch.Tensor], where: str, architecture: str):
-    """`head` (a `heads.Head`) with `tensors` (name in the task model -> tensor, `Adapter.heads`) in place of its own;
-    raises LoadError for a name the head does not read or a shape other than the head's."""
+def adapted_head(head, tensors: dict[str, torch.Tensor], where: str, architecture: str, lora: dict | None = None):
+    """`head` (a `heads.Head`) with `tensors` (name in the task model -> tensor, `Adapter.heads`) in place of its own,
+    and lora (module -> (A, B with the scale), `Adapter.head_lora`) merged into its linears (W + B A in fp32, as
+    PEFT's merge: a head runs once per row group, so its own copy costs nothing per token); raises LoadError for a
+    name the head does not read or a shape other than the head's."""
     own = head.tensors
+    tensors = dict(tensors)
+    for module, (A, B) in sorted((lora or {}).items()):
+        name = module + ".weight"
+        if name not in own or name in tensors or tuple(own[name].shape) != (B.shape[0], A.shape[1]):
+            raise LoadError(f"{where}: LoRA of {module!r} ({B.shape[0]} x {A.shape[1]}) does not fit a linear the "
+                            f"{architecture} head reads ({', '.join(sorted(own))})")
+        tensors[name] = own[name].float() + B.to(own[name].device) @ A.to(own[name].device)
     for name, t in sorted(tensors.items()):
         if name not in own:
             raise LoadError(f"{where}: tensor {SAVED_PREFIX + name!r} (modules_to_save) is not one the {architecture} "
@@ -93,10 +102,11 @@ class TaskAdapters:
         or whose shape differs from the head's (num_labels); nothing stays loaded after an error."""
         self.encoder.load_adapter(name, path)
         try:
-            heads = self.encoder._adapter(name).heads
-            if heads:
+            adapter = self.encoder._adapter(name)
+            if adapter.heads or adapter.head_lora:
                 where = path.path if isinstance(path, PeftFiles) else os.fspath(path)
-                self._adapter_heads[name] = adapted_head(self.head, heads, where, self.architecture)
+                self._adapter_heads[name] = adapted_head(self.head, adapter.heads, where, self.architecture,
+                                                         adapter.head_lora)
         except BaseException:
             self.encoder.unload_adapter(name)
             raise

@@ -123,23 +123,33 @@ def test_fp32_matches_each_peft_model(case, backend, task):
             assert rel_err(logits[i][row], base[i][row]) > 1e-2, f"row {i} ({a}) unchanged"
 
 
-# The encoder linears each family's task adapter adapts: helpers.adapters' lists, DeBERTa-v2's without its head's
-# pooler (`pooler.dense`: LoRA on a head is refused) and without pos_key_proj (this config shares the keys).
+# The encoder linears each family's task adapter adapts: helpers.adapters' lists, DeBERTa-v2's without
+# pos_key_proj (this config shares the keys) and with its head's ContextPooler (`dense`: `pooler.dense`, a head
+# linear, merged into the adapter's copy of the head).
 HEAD_TARGETS = {**{f: ADAPTER_CASES[f][1] for f in PREFIX if f in ADAPTER_CASES},
-                "deberta-v2": ["query_proj", "key_proj", "value_proj", "intermediate.dense", "output.dense"]}
+                "deberta-v2": ["query_proj", "key_proj", "value_proj", "dense"]}
+TASK_TYPES = {"SequenceClassification": "SEQ_CLS", "TokenClassification": "TOKEN_CLS", "MaskedLM": None}
+# (family, task, targets): every family's classifiers with its list; `all-linear` where PEFT builds it (not token
+# classification, nor DistilBERT's sequence head: PEFT raises) and no embedding projection is reached (ELECTRA,
+# ALBERT: refused, test_adapters.py); masked LM heads whose transform dense is adapted (a head linear).
+HEAD_CASES = ([(f, t, "family") for f in PREFIX for t in ("SequenceClassification", "TokenClassification")]
+              + [(f, "SequenceClassification", "all-linear") for f in PREFIX
+                 if f not in ("distilbert", "electra", "albert")]
+              + [("bert", "MaskedLM", ["query", "value", "dense"]), ("roberta", "MaskedLM", "all-linear")])
 
 
 @needs_cpu
-@pytest.mark.parametrize("task", ["SequenceClassification", "TokenClassification"])
-@pytest.mark.parametrize("family", list(PREFIX))
-def test_every_family_task_adapter_matches_peft(family, task, tmp_path):
+@pytest.mark.parametrize("family, task, targets", HEAD_CASES, ids=[f"{f}-{t}-{g if isinstance(g, str) else 'dense'}"
+                                                                   for f, t, g in HEAD_CASES])
+def test_every_family_task_adapter_matches_peft(family, task, targets, tmp_path):
     """A PEFT task adapter (SEQ_CLS / TOKEN_CLS: PEFT saves the head's modules by its suffix rule, DistilBERT's
-    pre_classifier with its classifier) on each family's classifier: its rows within 1e-5 of the PeftModel, base rows
-    the base model's."""
+    pre_classifier with its classifier; LoRA on a head's own linears merged into the adapter's head) on each family's
+    task model: its rows within 1e-5 of the PeftModel, base rows the base model's."""
     model = build_task(family, task)
     model.save_pretrained(tmp_path / "model")
-    pm = save_lora(model, tmp_path / "a", seed=1, r=4, lora_alpha=6, target_modules=HEAD_TARGETS[family],
-                   task_type={"SequenceClassification": "SEQ_CLS", "TokenClassification": "TOKEN_CLS"}[task])
+    pm = save_lora(model, tmp_path / "a", seed=1, r=4, lora_alpha=6,
+                   target_modules=HEAD_TARGETS[family] if targets == "family" else targets,
+                   task_type=TASK_TYPES[task])
     kwargs, mask = families.batch_for(model, [7, 1, 12, 5])
     rows = ["a", None, "a", None]
     with torch.no_grad():
@@ -151,6 +161,33 @@ def test_every_family_task_adapter_matches_peft(family, task, tmp_path):
     want = torch.stack([(ref if a else base)[i] for i, a in enumerate(rows)])
     assert rel_err(logits, want, real) <= 1e-5
     assert rel_err(logits[0], base[0], None if real is None else real[0]) > 1e-2  # the adapter changes its rows
+
+
+@needs_cpu
+def test_head_lora_is_the_heads_own(tmp_path):
+    """LoRA on a head's linear lives in the adapter's copy of the head: a bare Encoder ignores it (its outputs equal
+    the task model's encoder outputs), stacking refuses it, and a factor on a linear the head lacks is refused
+    naming it, leaving nothing loaded."""
+    model = build_task("bert", "MaskedLM")
+    model.save_pretrained(tmp_path / "model")
+    pm = save_lora(model, tmp_path / "a", seed=1, r=4, lora_alpha=6, target_modules=["query", "value", "dense"])
+    kwargs, _ = families.batch_for(model, LENGTHS)
+    ours = _load(tmp_path / "model", {"a": (pm, tmp_path / "a")})
+    assert sorted(ours.encoder._adapter("a").head_lora) == ["cls.predictions.transform.dense"]
+    enc = Encoder.from_pretrained(tmp_path / "model", backend="cpu", dtype=torch.float32)
+    enc.load_adapter("a", tmp_path / "a")
+    rows = ["a", None] * (len(LENGTHS) // 2)
+    assert torch.equal(enc(**kwargs, adapter_ids=rows).last_hidden_state,
+                       ours(**kwargs, adapter_ids=rows).last_hidden_state)
+    with pytest.raises(LoadError, match=r"LoRA of a head \(cls\.predictions\.transform\.dense\)"):
+        enc.load_adapter("twice", [tmp_path / "a", tmp_path / "a"])
+    bogus = edited(tmp_path / "a", tmp_path / "bogus",
+                   tensors={"base_model.model.cls.bogus.dense.lora_A.weight": torch.zeros(4, 64),
+                            "base_model.model.cls.bogus.dense.lora_B.weight": torch.zeros(64, 4)})
+    with pytest.raises(LoadError, match=r"LoRA of 'cls\.bogus\.dense' \(64 x 64\) does not fit a linear the "
+                                        r"BertForMaskedLM head reads"):
+        ours.load_adapter("x", bogus)
+    assert ours.adapters == ["a"] and list(ours._adapter_heads) == ["a"]
 
 
 @needs_cpu
