@@ -23,7 +23,7 @@ from .adapters_peft import (SAVED_PREFIX, PeftFiles, in_modules_to_save, is_targ
                             read_peft_dir)
 from .backends.weights import LayerWeights, ModelWeights
 from .config import ModelConfig
-from .loading import (BASE_PREFIX, EXTRA_PREFIXES, LAYER_NAMES, POOLER, ROTARY_LAYOUTS, LoadError,
+from .loading import (BASE_PREFIX, EXTRA_PREFIXES, LAYER_NAMES, POOLER, PROJECTION, ROTARY_LAYOUTS, LoadError,
                       _layer_prefixes)
 
 SLOTS = ("qkv", "attn_out", "ffn_in", "ffn_out", "pos_key", "pos_query")
@@ -45,12 +45,14 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 @dataclass
 class Adapter:
     """One loaded adapter. layers[i]: slot -> (A fp32 [r, K], B fp32 [N, r], scale folded into B) of executed layer
-    i (one dict shared by the layers sharing weights, as ALBERT's); pooler: the pooler's pair or None; heads: the
+    i (one dict shared by the layers sharing weights, as ALBERT's); pooler: the pooler's pair or None; projection:
+    the factorised embeddings' projection's (ELECTRA, ALBERT: embedding -> hidden) or None; heads: the
     modules_to_save tensors (task heads) by their name in the task model, fp32; head_lora: the pairs of linears of a
     task head (outside the encoder), by module name in the task model; config: adapter_config.json."""
     name: str
     layers: list[dict[str, Pair]]
     pooler: Pair | None = None
+    projection: Pair | None = None
     heads: dict[str, torch.Tensor] = field(default_factory=dict)
     head_lora: dict[str, Pair] = field(default_factory=dict)
     config: dict = field(default_factory=dict)
@@ -60,7 +62,7 @@ class Adapter:
     def nbytes(self) -> int:
         tensors = {id(t): t for slots in self.layers for pair in slots.values() for t in pair}
         heads = [*self.heads.values(), *(t for pair in self.head_lora.values() for t in pair)]
-        tensors.update({id(t): t for t in [*(self.pooler or ()), *heads]})
+        tensors.update({id(t): t for t in [*(self.pooler or ()), *(self.projection or ()), *heads]})
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
@@ -112,7 +114,8 @@ def _check_targets(config: ModelConfig, adapter_config: dict, names: dict, modul
     targets = adapter_config["target_modules"]
     if isinstance(targets, str):
         return
-    known = {m for part, m in names.items() if part in _PART_SLOT} | {POOLER.get(config.family)} - {None}
+    known = ({m for part, m in names.items() if part in _PART_SLOT}
+             | {POOLER.get(config.family), PROJECTION.get(config.family)} - {None})
     for t in targets:  # modules_to_save (and what lies inside them) PEFT never adapts: whole copies instead
         if not in_modules_to_save(adapter_config, t + ".weight") and not any(
                 m == t or m.endswith("." + t) for m in known | set(modules)):
@@ -135,10 +138,10 @@ def load_adapter(path: str | os.PathLike | PeftFiles, base: ModelWeights, name: 
     prefixes, table, names, prefix = _match_layout(config, set(factors), files.path)
     _check_heads_outside(heads, prefix)
     head_factors = {m: factors.pop(m) for m in sorted(factors) if not m.startswith(prefix)}  # a task head's linears
-    pooler = [prefix + POOLER[config.family]] if config.family in POOLER else []
-    _check_targets(config, cfg, names, [prefix + m for m in table] + pooler + list(head_factors), where)
+    own = [prefix + d[config.family] for d in (POOLER, PROJECTION) if config.family in d]
+    _check_targets(config, cfg, names, [prefix + m for m in table] + own + list(head_factors), where)
     parts: dict[str, dict[str, list]] = {p: {} for p in prefixes}  # layer prefix -> slot -> [(row, A, B)]
-    pooler, head_lora = None, {}
+    pooler, projection, head_lora = None, None, {}
     layer_of = {p: base.layers[prefixes.index(p)] for p in prefixes}
     for full, pair in sorted({**factors, **head_factors}.items()):
         module = full[len(prefix):]
@@ -153,6 +156,12 @@ def load_adapter(path: str | os.PathLike | PeftFiles, base: ModelWeights, name: 
         if full in head_factors:  # merged into the adapter's copy of the head (`adapters_heads.adapted_head`)
             _check_shapes(a_name, A, b_name, B, r, B.shape[0], A.shape[1] if A.dim() == 2 else 0)
             head_lora[full] = (A.contiguous(), (B * scale).contiguous())
+            continue
+        if module == PROJECTION.get(config.family):
+            if base.embeddings.projection_weight is None:
+                raise LoadError(f"tensor {a_name!r} adapts the embedding projection, which the base model lacks")
+            _check_shapes(a_name, A, b_name, B, r, *base.embeddings.projection_weight.shape)
+            projection = (A.contiguous(), (B * scale).contiguous())
             continue
         if module == POOLER.get(config.family):
             if base.pooler_weight is None:
@@ -172,8 +181,8 @@ def load_adapter(path: str | os.PathLike | PeftFiles, base: ModelWeights, name: 
                 parts[layer_prefix].setdefault(pos, []).append((0, A, B * scale))
     built = {p: {slot: _fuse(items, _slot_rows(layer_of[p], slot)) for slot, items in slots.items()}
              for p, slots in parts.items()}
-    return Adapter(name=name, layers=[built[p] for p in prefixes], pooler=pooler, heads=heads, head_lora=head_lora,
-                   config=cfg, prefix=prefix)
+    return Adapter(name=name, layers=[built[p] for p in prefixes], pooler=pooler, projection=projection, heads=heads,
+                   head_lora=head_lora, config=cfg, prefix=prefix)
 
 
 def _split_tensors(cfg: dict, tensors: dict[str, torch.Tensor]):
@@ -220,11 +229,11 @@ def _match_layout(config: ModelConfig, modules: set[str], path: str):
     """(layer prefixes, module table, layout names, encoder prefix) of the family's layout and prefix holding every
     adapted module (names as saved, relative to the adapted model)."""
     encoder_prefixes = ("", BASE_PREFIX[config.family]) + EXTRA_PREFIXES.get(config.family, ())
-    pooler = {POOLER[config.family]} if config.family in POOLER else set()
+    own = {d[config.family] for d in (POOLER, PROJECTION) if config.family in d}  # pooler, embedding projection
     best = None
     for prefixes, table, names in _module_table(config):
         for prefix in encoder_prefixes:
-            known = table.keys() | pooler
+            known = table.keys() | own
             missing = sorted(m for m in modules if not m.startswith(prefix) or m[len(prefix):] not in known)
             # A task model's adapter (prefix "bert." ...) may adapt its head's linears too, outside the prefix.
             head_only = prefix and len(missing) < len(modules) and all(not m.startswith(prefix) for m in missing)
@@ -296,7 +305,12 @@ def merge(base: ModelWeights, adapter: Adapter, position_inputs: torch.Tensor | 
     pooler_weight = base.pooler_weight
     if adapter.pooler is not None:
         pooler_weight = (base.pooler_weight.float() + adapter.pooler[1] @ adapter.pooler[0]).to(base.dtype)
-    return dataclasses.replace(base, layers=layers, pooler_weight=pooler_weight, extra={})
+    embeddings = base.embeddings
+    if adapter.projection is not None:
+        w = embeddings.projection_weight
+        embeddings = dataclasses.replace(embeddings, projection_weight=(w.float() + adapter.projection[1]
+                                                                         @ adapter.projection[0]).to(w.dtype))
+    return dataclasses.replace(base, layers=layers, pooler_weight=pooler_weight, embeddings=embeddings, extra={})
 
 
 def stack(adapters: Sequence[Adapter], name: str) -> Adapter:
@@ -329,7 +343,9 @@ def stack(adapters: Sequence[Adapter], name: str) -> Adapter:
             seen[key] = {slot: joined(pairs) for slot, pairs in slots.items()}
         layers.append(seen[key])
     poolers = [a.pooler for a in adapters if a.pooler is not None]
+    projections = [a.projection for a in adapters if a.projection is not None]
     return Adapter(name=name, layers=layers, pooler=joined(poolers) if poolers else None,
+                   projection=joined(projections) if projections else None,
                    config={"stacked": [a.config for a in adapters]}, prefix=adapters[0].prefix)
 
 

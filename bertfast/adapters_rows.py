@@ -25,8 +25,9 @@ def pack_adapter(adapter: Adapter, base: ModelWeights, pack_lora) -> Adapter:
         if id(slots) not in seen:
             seen[id(slots)] = {slot: _position_table(base, layer, slot, A, B) if slot.startswith("pos_") else
                                pack_lora(A, B, _segments(layer, slot)) for slot, (A, B) in slots.items()}
-    pooler = None if adapter.pooler is None else pack_lora(*adapter.pooler, 1)
-    return dataclasses.replace(adapter, layers=[seen[id(slots)] for slots in adapter.layers], pooler=pooler)
+    pooler, projection = (None if p is None else pack_lora(*p, 1) for p in (adapter.pooler, adapter.projection))
+    return dataclasses.replace(adapter, layers=[seen[id(slots)] for slots in adapter.layers], pooler=pooler,
+                               projection=projection)
 
 
 def _segments(layer: LayerWeights, slot: str) -> int:
@@ -75,8 +76,9 @@ class RowAdapters:
         self.row_index = self.row_index.to(device)
 
     def factors(self, layer: int | None, slot: str) -> list | None:
-        """Per adapter its packed factors of the slot (None: it leaves the slot alone), None where none has it."""
-        factors = [a.pooler if slot == "pooler" else a.layers[layer].get(slot) for a in self.adapters]
+        """Per adapter its packed factors of the slot (None: it leaves the slot alone), None where none has it; layer
+        None: the model's own slots, "pooler" and "projection" (factorised embeddings)."""
+        factors = [getattr(a, slot) if layer is None else a.layers[layer].get(slot) for a in self.adapters]
         return None if all(f is None for f in factors) else factors
 
     def addend(self, ops, x: torch.Tensor, layer: int | None, slot: str):

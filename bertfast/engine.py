@@ -185,7 +185,8 @@ class Engine:
         cu_seqlens, max_seqlen = tokens.cu_seqlens, tokens.max_seqlen
         x = ops.embeddings(tokens.ids, tokens.positions, tokens.types, w.embeddings, cfg.layer_norm_eps)
         if w.embeddings.projection_weight is not None:  # factorised embeddings (ELECTRA, ALBERT)
-            x = ops.linear(x, w.embeddings.projection_weight, w.embeddings.projection_bias)
+            extra = {} if lora is None else _addend(lambda slot, h: lora.addend(ops, h, None, slot), "projection", x)
+            x = ops.linear(x, w.embeddings.projection_weight, w.embeddings.projection_bias, **extra)
         x = x.to(ops.stream_dtype(w.dtype))  # the residual stream (fp32 under bf16 on the cpu backend)
         hidden = [x] if output_hidden_states else None
         heads, eps, act = cfg.num_attention_heads, cfg.layer_norm_eps, cfg.activation

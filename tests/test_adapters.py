@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 
 import pytest
 import torch
@@ -30,8 +29,8 @@ FP32 = dict(rtol=1e-6, atol=1e-6)
 
 
 def _assert_merged_like_peft(model, pm, path, **load_kw):
-    """load_adapter + merge == PEFT's merge_and_unload() through load_hf_model, every slot and the pooler; and every
-    slot the adapter holds changed the base."""
+    """load_adapter + merge == PEFT's merge_and_unload() through load_hf_model, every slot, the pooler and the embedding
+    projection; and every slot the adapter holds changed the base."""
     base = load_hf_model(model)
     adapter = load_adapter(path, base, "a", **load_kw)
     ours = merge(base, adapter, position_inputs(model))
@@ -47,6 +46,10 @@ def _assert_merged_like_peft(model, pm, path, **load_kw):
             assert not torch.equal(getattr(o, name), getattr(b, name)), f"layer {i}: {slot} unchanged"
     if ref.pooler_weight is not None:
         torch.testing.assert_close(ours.pooler_weight, ref.pooler_weight, **FP32)
+    if ref.embeddings.projection_weight is not None:
+        torch.testing.assert_close(ours.embeddings.projection_weight, ref.embeddings.projection_weight, **FP32)
+        changed = not torch.equal(ours.embeddings.projection_weight, base.embeddings.projection_weight)
+        assert changed == (adapter.projection is not None)
     def sharing(layers):  # which executed layers are one object (ALBERT's groups)
         return [next(j for j, m in enumerate(layers) if m is layer) for layer in layers]
     assert sharing(ours.layers) == sharing(base.layers) == sharing(adapter.layers)
@@ -60,23 +63,19 @@ def test_merged_equals_peft(family, tmp_path):
     pm = save_lora(model, tmp_path, r=4, lora_alpha=6, target_modules=targets)
     adapter = _assert_merged_like_peft(model, pm, tmp_path)
     distinct = {id(d): d for d in adapter.layers}.values()  # ALBERT's shared layers count once
-    pairs = [p for d in distinct for p in d.values()] + ([adapter.pooler] if adapter.pooler else [])
+    pairs = [p for d in distinct for p in d.values()] + [p for p in (adapter.pooler, adapter.projection) if p]
     assert adapter.nbytes == sum(4 * (A.numel() + B.numel()) for A, B in pairs)
 
 
 @pytest.mark.parametrize("family", sorted(CASES))
 def test_all_linear_targets(family, tmp_path):
     """target_modules="all-linear": PEFT writes every linear's whole name into the config, each matched by PEFT's rule
-    (equal, or ending in "." + it). ELECTRA's and ALBERT's then include the embedding projection, which adapters
-    do not reach: refused, naming it."""
+    (equal, or ending in "." + it); ELECTRA's and ALBERT's include the embedding projection."""
     build, _ = CASES[family]
     model = build()
     pm = save_lora(model, tmp_path, r=4, lora_alpha=6, target_modules="all-linear")
-    if family in PROJECTION:
-        with pytest.raises(LoadError, match=re.escape(repr(PROJECTION[family]))):
-            load_adapter(tmp_path, load_hf_model(model), "a")
-        return
-    _assert_merged_like_peft(model, pm, tmp_path)
+    adapter = _assert_merged_like_peft(model, pm, tmp_path)
+    assert (adapter.projection is not None) == (family in PROJECTION)
 
 
 @pytest.mark.parametrize("family, lora", [

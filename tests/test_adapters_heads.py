@@ -130,11 +130,10 @@ HEAD_TARGETS = {**{f: ADAPTER_CASES[f][1] for f in PREFIX if f in ADAPTER_CASES}
                 "deberta-v2": ["query_proj", "key_proj", "value_proj", "dense"]}
 TASK_TYPES = {"SequenceClassification": "SEQ_CLS", "TokenClassification": "TOKEN_CLS", "MaskedLM": None}
 # (family, task, targets): every family's classifiers with its list; `all-linear` where PEFT builds it (not token
-# classification, nor DistilBERT's sequence head: PEFT raises) and no embedding projection is reached (ELECTRA,
-# ALBERT: refused, test_adapters.py); masked LM heads whose transform dense is adapted (a head linear).
+# classification, nor DistilBERT's sequence head: PEFT raises); masked LM heads whose transform dense is adapted (a
+# head linear).
 HEAD_CASES = ([(f, t, "family") for f in PREFIX for t in ("SequenceClassification", "TokenClassification")]
-              + [(f, "SequenceClassification", "all-linear") for f in PREFIX
-                 if f not in ("distilbert", "electra", "albert")]
+              + [(f, "SequenceClassification", "all-linear") for f in PREFIX if f != "distilbert"]
               + [("bert", "MaskedLM", ["query", "value", "dense"]), ("roberta", "MaskedLM", "all-linear")])
 
 

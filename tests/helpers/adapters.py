@@ -26,8 +26,9 @@ CASES = {
     "bert": (lambda: families.build("bert"), ALL_BERT),
     "roberta": (lambda: families.build("roberta"), ["query", "value", "intermediate.dense"]),  # no key: zero block
     "xlm-roberta": (lambda: families.build("xlm-roberta"), ["key", "value", "attention.output.dense"]),
-    "electra": (lambda: families.build("electra"), ["key", "value", "output.dense"]),
-    "albert": (lambda: families.build("albert"), ["query", "key", "value", "dense", "ffn", "ffn_output", "pooler"]),
+    "electra": (lambda: families.build("electra"), ["key", "value", "output.dense", "embeddings_project"]),
+    "albert": (lambda: families.build("albert"), ["query", "key", "value", "dense", "ffn", "ffn_output", "pooler",
+                                                   "embedding_hidden_mapping_in"]),
     "distilbert": (lambda: families.build("distilbert"), ["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"]),
     "mpnet": (lambda: families.build("mpnet"), ["q", "k", "v", "o", "intermediate.dense", "output.dense"]),
     "deberta-v2": (lambda: deberta.build("v2"), ["query_proj", "key_proj", "value_proj", "pos_key_proj",
