@@ -32,6 +32,7 @@ from conftest import rel_err
 from helpers import families
 from helpers.adapters import ALL_BERT, CASES as ADAPTER_CASES, edited, save_lora
 from helpers.heads import PREFIX, build as build_task
+from helpers.modern_tasks import PREFIX as MODERN_PREFIX, build as build_modern
 
 CPU_REASON = available_backends("cpu").get("cpu")
 needs_cpu = pytest.mark.skipif(CPU_REASON is not None, reason=f"backend 'cpu' unavailable: {CPU_REASON}")
@@ -160,6 +161,27 @@ def test_every_family_task_adapter_matches_peft(family, task, targets, tmp_path)
     want = torch.stack([(ref if a else base)[i] for i, a in enumerate(rows)])
     assert rel_err(logits, want, real) <= 1e-5
     assert rel_err(logits[0], base[0], None if real is None else real[0]) > 1e-2  # the adapter changes its rows
+
+
+MODERN_CASES = [(f, t, g) for f in MODERN_PREFIX for t in ("SequenceClassification", "MaskedLM")
+                for g in ("family", "all-linear")]
+
+
+@needs_cpu
+@pytest.mark.parametrize("family, task, targets", MODERN_CASES, ids=[f"{f}-{t}-{g}" for f, t, g in MODERN_CASES])
+def test_rotary_family_task_adapter_matches_peft(family, task, targets, tmp_path):
+    """ModernBERT, NomicBERT and GTE task models with a PEFT adapter (all-linear reaching the head's dense: merged
+    into the adapter's head): within 1e-5 of the PeftModel."""
+    model = build_modern(family, MODERN_PREFIX[family] + "For" + task)
+    model.save_pretrained(tmp_path / "model")
+    pm = save_lora(model, tmp_path / "a", seed=1, r=4, lora_alpha=6, task_type=TASK_TYPES[task],
+                   target_modules=ADAPTER_CASES[family][1] if targets == "family" else targets)
+    kwargs, mask = families.batch_for(model, [7, 1, 12, 5])
+    with torch.no_grad():
+        ref = pm(**kwargs).logits
+    ours = _load(tmp_path / "model", {"a": (pm, tmp_path / "a")})
+    logits = ours(**kwargs, adapter_ids=["a"] * 4).logits
+    assert rel_err(logits, ref, mask if logits.dim() == 3 else None) <= 1e-5
 
 
 @needs_cpu
