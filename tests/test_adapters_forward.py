@@ -407,7 +407,7 @@ def test_triton_kernels_add_the_addend_before_activation(rotary):
 
 
 @needs_triton
-@pytest.mark.parametrize("family", ["bert", "modernbert"])
+@pytest.mark.parametrize("family", ["bert", "modernbert", "electra"])
 def test_triton_backend_matches_peft(family, peft_models):
     """The triton backend (under the interpreter here): fp32 within 1e-5 of PEFT's mixed batch, and a row alone
     equals the same row in the batch, bit for bit."""
