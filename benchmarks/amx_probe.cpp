@@ -101,37 +101,25 @@ BF_TARGET_TILES __attribute__((noinline)) long loads_l2(long n) {
   return 2 * n;
 }
 
-// Four accumulators, each multiply-add's B operand loaded just before it: into one register (each load waits
-// for the previous reader where tiles are not renamed) or into two in turn.
-BF_TARGET_TILES_BF16 __attribute__((noinline)) long reload_same(long n) {
-  for (long i = 0; i < n; ++i) {
-    const uint8_t* b = b_buf + (i & 7) * 16 * 192;
-    BF_TILE_LOADD(6, b, 192);
-    DP_BF16(0, 4, 6);
-    BF_TILE_LOADD(6, b + 64, 192);
-    DP_BF16(1, 4, 6);
-    BF_TILE_LOADD(6, b + 128, 192);
-    DP_BF16(2, 4, 6);
-    BF_TILE_LOADD(6, b_buf + ((i + 1) & 7) * 16 * 192, 192);
-    DP_BF16(3, 4, 6);
+// Four accumulators, each multiply-add's B operand loaded just before it: into one register (R2 = 6: each load
+// waits for the previous reader where tiles are not renamed) or into two in turn (R2 = 7).
+#define RELOAD(NAME, R2)                                                  \
+  BF_TARGET_TILES_BF16 __attribute__((noinline)) long NAME(long n) {     \
+    for (long i = 0; i < n; ++i) {                                        \
+      const uint8_t* b = b_buf + (i & 7) * 16 * 192;                      \
+      BF_TILE_LOADD(6, b, 192);                                           \
+      DP_BF16(0, 4, 6);                                                   \
+      BF_TILE_LOADD(R2, b + 64, 192);                                     \
+      DP_BF16(1, 4, R2);                                                  \
+      BF_TILE_LOADD(6, b + 128, 192);                                     \
+      DP_BF16(2, 4, 6);                                                   \
+      BF_TILE_LOADD(R2, b_buf + ((i + 1) & 7) * 16 * 192, 192);           \
+      DP_BF16(3, 4, R2);                                                  \
+    }                                                                     \
+    return 4 * n;                                                         \
   }
-  return 4 * n;
-}
-
-BF_TARGET_TILES_BF16 __attribute__((noinline)) long reload_two(long n) {
-  for (long i = 0; i < n; ++i) {
-    const uint8_t* b = b_buf + (i & 7) * 16 * 192;
-    BF_TILE_LOADD(6, b, 192);
-    DP_BF16(0, 4, 6);
-    BF_TILE_LOADD(7, b + 64, 192);
-    DP_BF16(1, 4, 7);
-    BF_TILE_LOADD(6, b + 128, 192);
-    DP_BF16(2, 4, 6);
-    BF_TILE_LOADD(7, b_buf + ((i + 1) & 7) * 16 * 192, 192);
-    DP_BF16(3, 4, 7);
-  }
-  return 4 * n;
-}
+RELOAD(reload_same, 6)
+RELOAD(reload_two, 7)
 
 // The blocked kernel's steps on L1-resident operands (amx_blocked.h): a 2 x 2 step as it orders it (the four loads,
 // then the four multiply-adds), the same step with each load just before its first reader, and the 2 x 1 step of

@@ -16,7 +16,7 @@ import pytest
 from pyarrow import parquet as pq
 
 from conftest import corpus
-from helpers.embed import embed, read_output, write_input
+from helpers.embed import embed, interrupt_at_commit, read_output, write_input
 
 
 from bertfast import Encoder  # noqa: E402
@@ -262,16 +262,7 @@ def test_npy_output_and_resume(tmp_path, tiny_text_model, expected, monkeypatch)
     src = write_input(tmp_path / "c.csv", TEXTS)
     out = tmp_path / "emb.npy"
     args = [src, out, "--model", tiny_text_model, "--shard-rows", 50]
-    calls = {"n": 0}
-    original = writer_module.ShardFile.commit
-
-    def dying(self, *a, **k):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt("killed")
-        return original(self, *a, **k)
-
-    monkeypatch.setattr(writer_module.ShardFile, "commit", dying)
+    interrupt_at_commit(monkeypatch)
     assert embed(*args) == 130
     monkeypatch.undo()
     assert not out.exists() and (tmp_path / "emb.npy.shards" / "part-00000.parquet").exists()

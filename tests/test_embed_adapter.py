@@ -18,10 +18,9 @@ import torch
 
 from conftest import corpus, hf_bert
 from helpers.adapters import ALL_BERT, edited, save_lora
-from helpers.embed import embed, lora_dir, read_output, write_input
+from helpers.embed import embed, interrupt_at_commit, lora_dir, read_output, write_input
 
 from bertfast import Encoder
-from bertfast.tools.embed import writer as writer_module
 
 TEXTS = corpus(300, seed=5)
 SHARD_ROWS = 128  # 3 shards, the last one short
@@ -116,15 +115,7 @@ def test_resume_checks_the_adapter(tmp_path, tiny_text_model, adapters, encoders
     shutil.copytree(adapters["a"], live)
     common = ["--model", tiny_text_model, "--backend", "cpu", "--shard-rows", SHARD_ROWS, "--no-progress"]
     out = tmp_path / "out"
-    original, calls = writer_module.ShardFile.commit, {"n": 0}
-
-    def dying(self, *a, **k):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt("killed")
-        return original(self, *a, **k)
-
-    monkeypatch.setattr(writer_module.ShardFile, "commit", dying)
+    interrupt_at_commit(monkeypatch)
     assert embed(src, out, *common, "--adapter", live) == 130
     monkeypatch.undo()
     assert sorted(json.loads((out / "_manifest.json").read_text())["shards"]) == ["0"]

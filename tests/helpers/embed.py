@@ -61,3 +61,19 @@ def lora_dir(model_dir: str, path, seed: int = 0) -> str:
 
 
 __all__ = ["embed", "read_output", "write_input", "lora_dir"]
+
+
+def interrupt_at_commit(monkeypatch, call: int = 2) -> None:
+    """Make the `call`-th shard commit of the next run raise KeyboardInterrupt (as a Ctrl-C there would); the run
+    before it commits what it has. `monkeypatch.undo()` restores the writer."""
+    from bertfast.tools.embed import writer
+
+    original, calls = writer.ShardFile.commit, {"n": 0}
+
+    def dying(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise KeyboardInterrupt("killed")
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(writer.ShardFile, "commit", dying)
