@@ -183,16 +183,18 @@ class BGEM3(nn.Module):
 
     @torch.inference_mode()
     def embed_tokens(self, input_ids, attention_mask, *, sparse: bool = True, colbert: bool = True,
-                     normalize: bool | None = None):
+                     normalize: bool | None = None, adapter_ids=None):
         """Texts already tokenized (right padded, each row starting with CLS) -> (dense (N, H) fp32, token weights
         (T,) fp32 or None, ColBERT vectors (T - N, D) fp32 or None, cu_seqlens (N+1,) int32). T counts the real
         tokens (row-major, as `padding.unpad` packs them); ColBERT vectors leave each row's first token out. Dense
-        and ColBERT vectors normalized when normalize (None: the model's normalize_embeddings). A row's outputs
-        depend on it alone."""
+        and ColBERT vectors normalized when normalize (None: the model's normalize_embeddings). adapter_ids: as
+        `Encoder.forward`'s (LoRA adapters of `self.encoder.load_adapter`). A row's outputs depend on it (and its
+        adapter) alone."""
         mask = attention_mask.to(self.encoder.device)
         if mask.shape[0] and int(mask.sum(1).min()) == 0:
             raise ValueError("every row needs at least one real token (its CLS)")
-        last = self.encoder._run(input_ids, attention_mask, None, None, False, pool=False, stream=True)[0]
+        last = self.encoder._run(input_ids, attention_mask, None, None, False, pool=False, stream=True,
+                                 adapter_ids=adapter_ids)[0]
         with stage("bgem3 heads"):
             x, _, cu_seqlens, _ = unpad(last, mask)
             x = x.float().contiguous()
@@ -222,14 +224,15 @@ class BGEM3(nn.Module):
 
     def encode(self, sentences, *, batch_size: int = 256, batch_tokens: int | None = None,
                max_length: int | None = None, return_dense: bool = True, return_sparse: bool = True,
-               return_colbert_vecs: bool = False, show_progress_bar: bool | None = None):
+               return_colbert_vecs: bool = False, show_progress_bar: bool | None = None, adapter=None):
         """FlagEmbedding's `BGEM3FlagModel.encode`: sentences (a string or a list) -> {'dense_vecs': (N, H) float32
         NumPy, 'lexical_weights': [{str(token id): np.float32 weight}], 'colbert_vecs': [(n_tokens - 1, D) float32
         NumPy]}, None for an output not asked for; one string gives one vector, dict and array. max_length: tokens
         per text (None: 512, at most the model's limit). Batches of batch_size texts, longest first (in tokens), or
         with batch_tokens as many as fit that many padded tokens (`tokenization.token_budget_batches`); the outputs
         do not depend on the batching. Unlike FlagEmbedding's default, sparse weights are on by default.
-        show_progress_bar: None shows a bar on a terminal for 8 batches or more."""
+        show_progress_bar: None shows a bar on a terminal for 8 batches or more. adapter: a LoRA adapter's name
+        (`self.encoder.load_adapter`) for every text, or one name or None per text (None: `encoder.default_adapter`)."""
         if not (return_dense or return_sparse or return_colbert_vecs):
             raise ValueError("ask for at least one of return_dense, return_sparse, return_colbert_vecs")
         if batch_size < 1:
@@ -240,6 +243,9 @@ class BGEM3(nn.Module):
             raise ValueError(f"max_length must be in [2, {self.max_length}] (this model's positions), got {max_length}")
         single = isinstance(sentences, str)
         texts = [sentences] if single else list(sentences)
+        adapters = [adapter] * len(texts) if adapter is None or isinstance(adapter, str) else list(adapter)
+        if adapter is not None:
+            self.encoder._row_adapters(adapters, len(texts))  # unknown names, a wrong length: before any batch
         with stage("tokenize"):
             encodings = self._tokenizer(max_length).encode_batch(texts) if texts else []
         lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
@@ -263,7 +269,8 @@ class BGEM3(nn.Module):
                 ids[r, :lengths[i]] = encodings[i].ids
                 mask[r, :lengths[i]] = 1
             out = self.encode_tokens(torch.from_numpy(ids), torch.from_numpy(mask), return_dense=return_dense,
-                                     return_sparse=return_sparse, return_colbert_vecs=return_colbert_vecs)
+                                     return_sparse=return_sparse, return_colbert_vecs=return_colbert_vecs,
+                                     adapter_ids=None if adapter is None else [adapters[i] for i in rows])
             if return_dense:
                 dense[rows] = out["dense_vecs"]
             for name, results in (("lexical_weights", lexical), ("colbert_vecs", colbert)):
@@ -276,12 +283,12 @@ class BGEM3(nn.Module):
         return {"dense_vecs": dense, "lexical_weights": lexical, "colbert_vecs": colbert}
 
     def encode_tokens(self, input_ids, attention_mask, *, return_dense: bool = True, return_sparse: bool = True,
-                      return_colbert_vecs: bool = False, normalize: bool | None = None) -> dict:
+                      return_colbert_vecs: bool = False, normalize: bool | None = None, adapter_ids=None) -> dict:
         """One batch already tokenized ((N, S) int64, right padded, each row starting with CLS) -> `encode`'s dict for
         these rows: 'dense_vecs' (N, H) float32 NumPy, 'lexical_weights' [N dicts], 'colbert_vecs' [N (n_tokens - 1,
-        D) float32 NumPy], None for an output not asked for. normalize as `embed_tokens`."""
+        D) float32 NumPy], None for an output not asked for. normalize, adapter_ids as `embed_tokens`."""
         d, w, v, cu = self.embed_tokens(input_ids, attention_mask, sparse=return_sparse, colbert=return_colbert_vecs,
-                                        normalize=normalize)
+                                        normalize=normalize, adapter_ids=adapter_ids)
         cu = cu.cpu().numpy()
         lexical = colbert = None
         if return_sparse:

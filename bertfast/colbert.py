@@ -258,17 +258,18 @@ class ColBERT(nn.Module):
 
     @torch.inference_mode()
     def embed_tokens(self, input_ids, attention_mask, token_type_ids=None, is_query: bool = True,
-                     normalize: bool = True) -> list[torch.Tensor]:
+                     normalize: bool = True, adapter_ids=None) -> list[torch.Tensor]:
         """Texts already tokenized (`tokenize`'s (N, S) int64 tensors) -> per text its (tokens, dim) float32 vectors:
         a query's every position with expansion (else its real tokens), a document's real tokens outside the
-        skiplist. A text's vectors depend on that text alone."""
+        skiplist. adapter_ids: as `Encoder.forward`'s (LoRA adapters of `self.encoder.load_adapter`). A text's
+        vectors depend on that text and its adapter alone."""
         expand = is_query and self.colbert.do_query_expansion
         run_mask, key_mask = attention_mask, None
         if expand and not self.colbert.attend_to_expansion_tokens:  # the [MASK]s are computed, never attended to
             run_mask, key_mask = torch.ones_like(attention_mask), attention_mask
         types = token_type_ids if self.encoder.config.type_vocab_size else None
         last = self.encoder._run(input_ids, run_mask, types, None, False, pool=False, stream=True,
-                                  key_mask=key_mask)[0]
+                                  key_mask=key_mask, adapter_ids=adapter_ids)[0]
         keep = run_mask.bool()
         if not is_query and self.skiplist:
             keep = keep & ~torch.isin(input_ids, torch.tensor(self.skiplist, device=input_ids.device))
@@ -282,12 +283,13 @@ class ColBERT(nn.Module):
 
     def encode(self, sentences, *, is_query: bool = True, prompt_name: str | None = None, prompt: str | None = None,
                batch_size: int = 32, show_progress_bar: bool | None = None, convert_to_numpy: bool = True,
-               convert_to_tensor: bool = False, normalize_embeddings: bool = True):
+               convert_to_tensor: bool = False, normalize_embeddings: bool = True, adapter=None):
         """Per text its (tokens, dim) float32 token vectors, as PyLate's `ColBERT.encode`: sentences (a string or a
         list of strings) -> a list of NumPy arrays (convert_to_tensor=True or convert_to_numpy=False: torch tensors);
         one string -> one array. is_query: the query rules (prefix, expansion), else the document's (prefix,
-        skiplist). prompt / prompt_name prepend a prompt as PyLate does. Batches of batch_size texts, longest first;
-        a text's vectors do not depend on its batch."""
+        skiplist). prompt / prompt_name prepend a prompt as PyLate does. adapter: a LoRA adapter's name
+        (`self.encoder.load_adapter`) for every text, or one name or None per text (None: `encoder.default_adapter`).
+        Batches of batch_size texts, longest first; a text's vectors do not depend on its batch."""
         single = isinstance(sentences, str)
         texts = [sentences] if single else list(sentences)
         bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
@@ -298,6 +300,9 @@ class ColBERT(nn.Module):
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if not isinstance(is_query, bool):
             raise TypeError(f"is_query must be True or False, got {is_query!r}")
+        adapters = [adapter] * len(texts) if adapter is None or isinstance(adapter, str) else list(adapter)
+        if adapter is not None:
+            self.encoder._row_adapters(adapters, len(texts))  # unknown names, a wrong length: before any batch
         text = resolve_prompt(self.colbert.prompts, self.colbert.default_prompt_name, prompt, prompt_name)
         if text:
             texts = [text + t for t in texts]
@@ -311,7 +316,8 @@ class ColBERT(nn.Module):
         for start in batches:
             group = order[start:start + batch_size]
             vectors = self.embed_tokens(*self.tokenize([texts[i] for i in group], is_query), is_query=is_query,
-                                        normalize=normalize_embeddings)
+                                        normalize=normalize_embeddings,
+                                        adapter_ids=None if adapter is None else [adapters[i] for i in group])
             for i, v in zip(group, vectors):
                 out[i] = v.cpu().numpy() if convert_to_numpy and not convert_to_tensor else v
         return out[0] if single else out
