@@ -107,8 +107,9 @@ class RowAdapters:
                     table.index_copy_(0, idx, part)
         return bias
 
-    def layer(self, ops, i: int) -> "LayerAdapters":
-        """Executed layer i's view (`engine.compose_layer`'s lora)."""
+    def layer(self, ops, i: int | None) -> "LayerAdapters":
+        """Executed layer i's view (`engine.compose_layer`'s lora); None: the model's own slots (the embedding
+        projection, the pooler)."""
         return LayerAdapters(self, ops, i)
 
 
@@ -124,7 +125,7 @@ class LayerAdapters:
     """One layer's share of a forward's `RowAdapters`: called with (slot, x), the slot's addend or None; `factors(slot)`
     and `index` (T,) int32 for a whole layer (`Backend.whole_layer`); `positions`: DeBERTa-v2's per-row terms."""
 
-    def __init__(self, rows: RowAdapters, ops, layer: int):
+    def __init__(self, rows: RowAdapters, ops, layer: int | None):
         self.rows, self.ops, self.layer, self.index = rows, ops, layer, rows.token_index
 
     def __call__(self, slot: str, x: torch.Tensor) -> torch.Tensor | None:

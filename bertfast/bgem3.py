@@ -243,9 +243,7 @@ class BGEM3(nn.Module):
             raise ValueError(f"max_length must be in [2, {self.max_length}] (this model's positions), got {max_length}")
         single = isinstance(sentences, str)
         texts = [sentences] if single else list(sentences)
-        adapters = [adapter] * len(texts) if adapter is None or isinstance(adapter, str) else list(adapter)
-        if adapter is not None:
-            self.encoder._row_adapters(adapters, len(texts))  # unknown names, a wrong length: before any batch
+        adapters = self.encoder._text_adapters(adapter, len(texts))
         with stage("tokenize"):
             encodings = self._tokenizer(max_length).encode_batch(texts) if texts else []
         lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
@@ -270,7 +268,7 @@ class BGEM3(nn.Module):
                 mask[r, :lengths[i]] = 1
             out = self.encode_tokens(torch.from_numpy(ids), torch.from_numpy(mask), return_dense=return_dense,
                                      return_sparse=return_sparse, return_colbert_vecs=return_colbert_vecs,
-                                     adapter_ids=None if adapter is None else [adapters[i] for i in rows])
+                                     adapter_ids=None if adapters is None else [adapters[i] for i in rows])
             if return_dense:
                 dense[rows] = out["dense_vecs"]
             for name, results in (("lexical_weights", lexical), ("colbert_vecs", colbert)):

@@ -300,9 +300,7 @@ class ColBERT(nn.Module):
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if not isinstance(is_query, bool):
             raise TypeError(f"is_query must be True or False, got {is_query!r}")
-        adapters = [adapter] * len(texts) if adapter is None or isinstance(adapter, str) else list(adapter)
-        if adapter is not None:
-            self.encoder._row_adapters(adapters, len(texts))  # unknown names, a wrong length: before any batch
+        adapters = self.encoder._text_adapters(adapter, len(texts))
         text = resolve_prompt(self.colbert.prompts, self.colbert.default_prompt_name, prompt, prompt_name)
         if text:
             texts = [text + t for t in texts]
@@ -317,7 +315,7 @@ class ColBERT(nn.Module):
             group = order[start:start + batch_size]
             vectors = self.embed_tokens(*self.tokenize([texts[i] for i in group], is_query), is_query=is_query,
                                         normalize=normalize_embeddings,
-                                        adapter_ids=None if adapter is None else [adapters[i] for i in group])
+                                        adapter_ids=None if adapters is None else [adapters[i] for i in group])
             for i, v in zip(group, vectors):
                 out[i] = v.cpu().numpy() if convert_to_numpy and not convert_to_tensor else v
         return out[0] if single else out

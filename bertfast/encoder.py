@@ -190,6 +190,13 @@ class Encoder(nn.Module):
             raise lora.UnknownAdapter(f"no adapter named {name!r} is loaded (loaded: {loaded})")
         return self._adapters[name]
 
+    def _text_adapters(self, adapter, texts: int) -> list | None:
+        """An encode call's adapter argument (None, one name, or one name or None per text) -> None or one per text,
+        unknown names and a wrong length raising here, before any batch runs."""
+        adapter = adapter if adapter is None or not isinstance(adapter, str) else [adapter] * texts
+        self._row_adapters(adapter, texts)
+        return None if adapter is None else list(adapter)
+
     def _row_adapters(self, adapter_ids, rows: int) -> list | None:
         """adapter_ids: None (default_adapter), or a name or None per row -> the engine's adapters per row or None."""
         if adapter_ids is None:
@@ -352,9 +359,7 @@ class Encoder(nn.Module):
         texts = [texts] if isinstance(texts, str) else list(texts)
         if pooling is not None:
             pooling_modes(pooling)  # raises ValueError for a bad mode at the call, not at the first batch
-        if adapter is None or isinstance(adapter, str):
-            adapter = None if adapter is None else [adapter] * len(texts)
-        self._row_adapters(adapter, len(texts))  # unknown names and a wrong length raise here, before any batch
+        adapter = self._text_adapters(adapter, len(texts))
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         cfg = self.sentence_config

@@ -185,7 +185,7 @@ class Engine:
         cu_seqlens, max_seqlen = tokens.cu_seqlens, tokens.max_seqlen
         x = ops.embeddings(tokens.ids, tokens.positions, tokens.types, w.embeddings, cfg.layer_norm_eps)
         if w.embeddings.projection_weight is not None:  # factorised embeddings (ELECTRA, ALBERT)
-            extra = {} if lora is None else _addend(lambda slot, h: lora.addend(ops, h, None, slot), "projection", x)
+            extra = {} if lora is None else _addend(lora.layer(ops, None), "projection", x)
             x = ops.linear(x, w.embeddings.projection_weight, w.embeddings.projection_bias, **extra)
         x = x.to(ops.stream_dtype(w.dtype))  # the residual stream (fp32 under bf16 on the cpu backend)
         hidden = [x] if output_hidden_states else None
@@ -295,8 +295,7 @@ class Engine:
         pooled = None
         if pool and w.pooler_weight is not None:  # tanh(W h[CLS] + b)
             cls = last[:, 0].contiguous()
-            extra = {} if lora is None else _addend(lambda slot, x: lora.addend(self.backend, x, None, slot), "pooler",
-                                                    cls)
+            extra = {} if lora is None else _addend(lora.layer(self.backend, None), "pooler", cls)
             # A zero residual in the stream's dtype keeps tanh's output unrounded where the stream is wider.
             residual = torch.zeros_like(cls) if stream and cls.dtype != w.dtype else None
             pooled = self.backend.linear(cls, w.pooler_weight, w.pooler_bias, "tanh", residual, **extra)
