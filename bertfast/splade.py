@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .adapters_heads import TaskAdapters
 from .config import ConfigError, read_config_json
 from .heads import load as load_task
 from .kernels.activation import apply as activation
@@ -107,35 +108,69 @@ def top_k(dense: torch.Tensor, k: int | None) -> torch.Tensor:
     return torch.zeros_like(dense).scatter_(-1, indices, dense.gather(-1, indices))
 
 
-class SparseEncoder(nn.Module):
-    """SPLADE on bertfast: `encode(texts)` -> (N, vocab) sparse vectors, as sentence-transformers'
-    `SparseEncoder.encode` returns them. Build it with `from_pretrained(dir)` or `from_sentence_transformers(model)`.
-    """
+class VocabHead:
+    """An MLM head as the SparseEncoder runs it: the transform's steps on the backend's ops (("linear", packed
+    weight, bias, act) | ("layernorm", weight, bias) | ("act", id)), then the packed vocabulary projection and its
+    bias. `base`: the base model's, whose packed projection an adapter's head shares when it left it alone."""
 
-    def __init__(self, task_model, config: SpladeConfig):
-        super().__init__()
-        self.encoder, self.splade = task_model.encoder, config
-        self.backend = self.encoder.engine.backend
-        source, steps = task_model.head.branches["logits"]
-        V = self.encoder.config.vocab_size
-        if source != TOKENS or steps[-1][0] != "linear" or steps[-1][1].shape[0] != V:
-            raise ConfigError(f"{task_model.architecture}: its head does not end in a vocabulary projection")
-        self.eps = task_model.head.eps
-        self.transform = []  # ("linear", packed weight, bias, act) | ("layernorm", weight, bias) | ("act", id)
+    def __init__(self, head, backend, architecture: str, vocab_size: int, base: "VocabHead | None" = None):
+        source, steps = head.branches["logits"]
+        if source != TOKENS or steps[-1][0] != "linear" or steps[-1][1].shape[0] != vocab_size:
+            raise ConfigError(f"{architecture}: its head does not end in a vocabulary projection")
+        self.transform = []
         for i, step in enumerate(steps[:-1]):
             if step[0] == "linear":
                 fused = i + 1 < len(steps) - 1 and steps[i + 1][0] == "act"
                 act = (steps[i + 1][1] or "none") if fused else "none"
-                self.transform.append(("linear", self.backend.pack(step[1]), step[2], act))
+                self.transform.append(("linear", backend.pack(step[1]), step[2], act))
             elif step[0] == "layernorm":
                 bias = step[2] if step[2] is not None else torch.zeros_like(step[1])
                 self.transform.append(("layernorm", step[1], bias))
             elif step[0] == "act" and (i == 0 or steps[i - 1][0] != "linear"):
                 self.transform.append(("act", step[1] or "none"))
         weight, bias = steps[-1][1], steps[-1][2]
-        vocab_dtype = weight.dtype if weight.dtype in self.backend.sparse_pool_dtypes else torch.float32
-        self.decoder = self.backend.pack(weight.to(vocab_dtype).contiguous())
+        self.weight = weight
+        if base is not None and weight is base.weight:
+            self.decoder = base.decoder
+        else:
+            vocab_dtype = weight.dtype if weight.dtype in backend.sparse_pool_dtypes else torch.float32
+            self.decoder = backend.pack(weight.to(vocab_dtype).contiguous())
         self.decoder_bias = None if bias is None else bias.float().contiguous()
+
+
+class SparseEncoder(TaskAdapters, nn.Module):
+    """SPLADE on bertfast: `encode(texts)` -> (N, vocab) sparse vectors, as sentence-transformers'
+    `SparseEncoder.encode` returns them. Build it with `from_pretrained(dir)` or `from_sentence_transformers(model)`.
+    LoRA adapters (`load_adapter`, as `TaskModel`'s): the encoder's per row, and an adapter's LoRA or modules_to_save
+    on the MLM head's transform or vocabulary as that adapter's own copy of the head (the base's tensors shared).
+    """
+
+    def __init__(self, task_model, config: SpladeConfig):
+        super().__init__()
+        self.encoder, self.splade = task_model.encoder, config
+        self.head, self.architecture = task_model.head, task_model.architecture
+        self.backend = self.encoder.engine.backend
+        self.eps = task_model.head.eps
+        self._adapter_heads: dict = {}  # adapter name -> its Head (TaskAdapters)
+        self._vocab_heads: dict[str, VocabHead] = {}  # adapter name -> its head packed
+        self._vocab = VocabHead(self.head, self.backend, self.architecture, self.vocab_size)
+
+    def load_adapter(self, name: str, path) -> None:
+        """Load the PEFT LoRA directory `path` under `name` (`TaskModel.load_adapter`: the encoder's factors, and
+        the MLM head's LoRA or modules_to_save as this adapter's head, packed beside the base's)."""
+        super().load_adapter(name, path)
+        head = self._adapter_heads.get(name)
+        if head is not None:
+            try:
+                self._vocab_heads[name] = VocabHead(head, self.backend, self.architecture, self.vocab_size, self._vocab)
+            except BaseException:
+                super().unload_adapter(name)
+                raise
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget `name` and its head; raises as `Encoder.unload_adapter`."""
+        super().unload_adapter(name)
+        self._vocab_heads.pop(name, None)
 
     @classmethod
     def from_pretrained(cls, path, *, backend: str = "auto", dtype=None):
@@ -180,35 +215,55 @@ class SparseEncoder(nn.Module):
                 f"max_active_dims={self.splade.max_active_dims}, backend={self.encoder.backend!r}")
 
     @torch.inference_mode()
-    def embed_tokens(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+    def embed_tokens(self, input_ids, attention_mask, token_type_ids=None, adapter_ids=None) -> torch.Tensor:
         """Texts already tokenized -> (N, vocab) fp32 dense SPLADE vectors (no top-k). input_ids, attention_mask,
-        token_type_ids: (N, S) integer (token_type_ids None: zeros). A row's vector depends on that row alone."""
+        token_type_ids: (N, S) integer (token_type_ids None: zeros); adapter_ids: as `Encoder.forward`'s. A row's
+        vector depends on that row and its adapter alone."""
         types = token_type_ids if self.encoder.config.type_vocab_size else None
-        last = self.encoder._run(input_ids, attention_mask, types, None, False, pool=False)[0]
-        x, _, cu_seqlens, _ = unpad(last, attention_mask.to(last.device))
-        for step in self.transform:
+        last = self.encoder._run(input_ids, attention_mask, types, None, False, pool=False,
+                                 adapter_ids=adapter_ids)[0]
+        mask = attention_mask.to(last.device)
+        if adapter_ids is None and self.encoder.default_adapter is not None:
+            adapter_ids = [self.encoder.default_adapter] * last.shape[0]
+        heads = [self._vocab if a is None else self._vocab_heads.get(a, self._vocab) for a in adapter_ids or ()]
+        if all(h is self._vocab for h in heads):
+            return self._pooled(self._vocab, last, mask)
+        out = None
+        for head in {id(h): h for h in heads}.values():  # rows grouped by head, one run per group
+            idx = torch.tensor([i for i, h in enumerate(heads) if h is head], device=last.device)
+            part = self._pooled(head, last[idx], mask[idx])
+            if out is None:
+                out = part.new_zeros((len(heads), part.shape[1]))
+            out[idx] = part
+        return out
+
+    def _pooled(self, head: VocabHead, last: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x, _, cu_seqlens, _ = unpad(last, mask)
+        for step in head.transform:
             if step[0] == "linear":
                 x = self.backend.linear(x, step[1], step[2], step[3])
             elif step[0] == "layernorm":
                 x = self.backend.layernorm(x, step[1], step[2], self.eps)
             else:
                 x = activation(x, step[1])
-        return self.backend.sparse_pool(x, self.decoder, self.decoder_bias, cu_seqlens, self.splade.pooling,
+        return self.backend.sparse_pool(x, head.decoder, head.decoder_bias, cu_seqlens, self.splade.pooling,
                                         self.splade.activation)
 
     def encode(self, texts, *, prompt_name: str | None = None, prompt: str | None = None, batch_size: int = 32,
                max_active_dims: int | None = None, convert_to_tensor: bool = True,
-               convert_to_sparse_tensor: bool = True, show_progress_bar: bool | None = None):
+               convert_to_sparse_tensor: bool = True, show_progress_bar: bool | None = None, adapter=None):
         """Sparse embeddings as sentence-transformers' `SparseEncoder.encode` makes them: texts (a string or a list)
         -> a (N, vocab) torch sparse COO tensor (one string: (vocab,)); convert_to_sparse_tensor=False: dense;
         convert_to_tensor=False: a list of 1-D tensors. max_active_dims keeps each vector's largest values (None:
         the checkpoint's max_active_dims, if any). prompt / prompt_name prepend a prompt, as sentence-transformers.
-        Batches of batch_size texts, longest first; a vector does not depend on its batch."""
+        adapter: a LoRA adapter's name (`load_adapter`) for every text, or one name or None per text (None:
+        `default_adapter`). Batches of batch_size texts, longest first; a vector does not depend on its batch."""
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         check_max_active_dims(max_active_dims)
+        adapters = self.encoder._text_adapters(adapter, len(texts))
         k = max_active_dims if max_active_dims is not None else self.splade.max_active_dims
         prefix = self.splade.resolve_prompt(prompt, prompt_name)
         if prefix:
@@ -222,7 +277,9 @@ class SparseEncoder(nn.Module):
         rows, cols, values, dense = [], [], [], []
         for start in batches:
             group = order[start:start + batch_size]
-            vectors = top_k(self.embed_tokens(*self.encoder.tokenize([texts[i] for i in group])), k)
+            vectors = top_k(self.embed_tokens(*self.encoder.tokenize([texts[i] for i in group]),
+                                              adapter_ids=None if adapters is None else [adapters[i] for i in group]),
+                            k)
             if convert_to_sparse_tensor:
                 r, c = vectors.nonzero(as_tuple=True)
                 rows.append(torch.tensor(group, device=r.device)[r])

@@ -7,13 +7,11 @@ adapter or none, scores or raw logits: every answer equals, bit for bit, the `Ta
 with `adapter_ids=[adapter]` (then `scores`), whatever it was batched with (cpu backend: batch-invariant, heads
 included); with the engine held, rows of the base model and of both adapters run as one model call. An unknown adapter
 is a 404 naming `adapter`; the admin route loads an adapter onto a task model, requests get its scores, the unload
-refuses it again; an adapter saved for another num_labels is a 422 that loads nothing; the kinds without adapters
-answer 424. Every loop is bounded in count and time; the server is killed in `finally`.
+refuses it again; an adapter saved for another num_labels is a 422 that loads nothing. Every loop is bounded in count and time; the server is killed in `finally`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 
 import numpy as np
@@ -198,20 +196,3 @@ def test_admin_load_request_unload(server, served):
     assert r.status_code == 422 and r.json()["field"] == "path" and "num_labels" in r.json()["error"], r.text
     names = [m["id"] for m in ok(httpx.get(url + "/v1/models", headers=AUTH, timeout=WAIT))["data"]]
     assert names == ["cls", "cls:a", "cls:b", "rr", "rr:x", "rr:y"]
-
-
-def test_other_kinds_refuse_adapters(served):
-    """The admin load on a kind without adapters (SPLADE, ColBERT, BGE-M3) is a 424 naming what the model is, before
-    anything is read (the model's kind set as `load` would; nothing is loaded)."""
-    from bertfast.tools.serve.model import ADAPTER_KINDS, BGEM3, COLBERT, SPARSE, ServedModel
-    from bertfast.tools.serve.schemas import ApiError
-    from bertfast.tools.serve.service import Service
-
-    assert set(ADAPTER_KINDS).isdisjoint({SPARSE, COLBERT, BGEM3})
-    model = ServedModel(served[0]["cls"], model_id="m")
-    engine = Service([model]).default
-    model.kind, model.architecture = SPARSE, "BertForMaskedLM"
-    with pytest.raises(ApiError) as e:
-        asyncio.run(engine.load_adapter("x", served[1]["cls", "a"]))
-    assert e.value.status == 424 and "classifiers and rerankers only" in e.value.message
-    assert model.adapters == []

@@ -19,9 +19,9 @@ def add_arguments(p):
                         "multi-vector models")
     p.add_argument("--adapter", action="append", default=None, metavar="[MODEL:]NAME=DIR",
                    help="a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) served as "
-                        "NAME on the model named MODEL (default: the first); repeat it for several. An embedding "
-                        "model, a classifier or a reranker (an adapter's modules_to_save head runs on its rows) only; "
-                        "a request picks it by TEI's `adapter` field or OpenAI's \"model\": \"MODEL:NAME\"")
+                        "NAME on the model named MODEL (default: the first); repeat it for several. Any model kind "
+                        "(a classifier's, reranker's or SPLADE model's adapter runs its own head on its rows); a "
+                        "request picks it by TEI's `adapter` field or OpenAI's \"model\": \"MODEL:NAME\"")
     p.add_argument("--adapter-root", default=None, metavar="DIR",
                    help="let the admin route (POST /admin/adapters, DELETE /admin/adapters/NAME) load LoRA adapters "
                         "at run time from directories under DIR (needs --api-key)")

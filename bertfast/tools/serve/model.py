@@ -11,11 +11,11 @@ BGE-M3's head files (sparse_linear.pt, colbert_linear.pt) is BGE-M3; a modules.j
 projections only (PyLate's stack) is a ColBERT model; a sentence-transformers SparseEncoder with SpladePooling is a
 sparse model; anything else is an embedding model. A row's result depends on that row alone (the engine and the
 sequence heads are batch-invariant), so rows of different requests share a batch and still equal
-`Encoder.encode` / the TaskModel on the row alone. An embedding model, a classifier or a reranker may carry LoRA
-adapters (`--adapter`), loaded with it on the engine thread by the object that owns them (`adapted`: the Encoder, or
-the TaskModel, which also takes an adapter's modules_to_save head); each row of a batch runs with its own adapter or
-none (`embed_tokens`' and the forwards' `adapter_ids`), the same bits as `Encoder.encode(..., adapter=)` or the
-TaskModel's forward with `adapter_ids=[adapter]` on the row alone.
+`Encoder.encode` / the TaskModel on the row alone. Every kind may carry LoRA adapters (`--adapter`), loaded with it
+on the engine thread by the object that owns them (`adapted`: the TaskModel or the SparseEncoder, which also take an
+adapter's head, else the Encoder, ColBERT's and BGE-M3's included); each row of a batch runs with its own adapter or
+none (`embed_tokens`', `encode_tokens`' and the forwards' `adapter_ids`), the same bits as the model's `encode(...,
+adapter=)` or the TaskModel's forward with `adapter_ids=[adapter]` on the row alone.
 """
 
 from __future__ import annotations
@@ -30,10 +30,6 @@ from .schemas import ApiError
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDING, CLASSIFIER, RERANKER, SPARSE = "embedding", "classifier", "reranker", "sparse"
 COLBERT, BGEM3 = "colbert", "bge-m3"
-# The kinds that take LoRA adapters (`ServedModel.adapted`): the others' models (SPLADE, ColBERT, BGE-M3) take no
-# per-row adapter_ids.
-ADAPTER_KINDS = (EMBEDDING, CLASSIFIER, RERANKER)
-ADAPTERS_SERVED = "LoRA adapters are served on embedding models, classifiers and rerankers only"
 # The model routes each kind answers (/tokenize, /info, /health, /metrics: every kind).
 ROUTES = {EMBEDDING: ("/embed", "/embed_all", "/v1/embeddings"), CLASSIFIER: ("/predict",),
           RERANKER: ("/rerank", "/predict"), SPARSE: ("/embed_sparse",), COLBERT: ("/embed_multi",),
@@ -118,8 +114,6 @@ class ServedModel:
             self.dimension = enc.sentence_config.dimension(enc.config.hidden_size, self.pooling)
             self.normalizes = enc.sentence_config.normalizes
         self.encoder = enc
-        if self.adapter_paths and self.kind not in ADAPTER_KINDS:
-            raise ValueError(f"--adapter: the model {self.model_id!r} is {self.description()}; {ADAPTERS_SERVED}")
         for name, adapter_path in self.adapter_paths.items():
             self.load_adapter(name, adapter_path)  # LoadError naming the tensor, shape or field that does not fit
         tok = enc.tokenizer
@@ -144,11 +138,11 @@ class ServedModel:
 
     @property
     def adapted(self):
-        """What owns the model's LoRA adapters: the TaskModel of a classifier or reranker (the encoder's LoRA and the
-        adapter's head), the Encoder of an embedding model; None for the other kinds and before `load()`."""
-        if self.kind not in ADAPTER_KINDS or self.encoder is None:
+        """What owns the model's LoRA adapters: the TaskModel of a classifier or reranker, the SparseEncoder of a
+        SPLADE model (the encoder's LoRA and the adapter's head), else the Encoder; None before `load()`."""
+        if self.encoder is None:
             return None
-        return self.task if self.task is not None else self.encoder
+        return self.task or self.sparse or self.encoder
 
     @property
     def adapters(self) -> list[str]:
@@ -157,7 +151,8 @@ class ServedModel:
 
     def load_adapter(self, name: str, path: str) -> None:
         """Engine thread: load the PEFT LoRA directory `path` as adapter `name` (`Encoder.load_adapter`, or
-        `TaskModel.load_adapter` with its head); raises what they raise (LoadError, a ValueError)."""
+        `TaskModel.load_adapter` / `SparseEncoder.load_adapter` with its head); raises what they raise (LoadError, a
+        ValueError)."""
         self.adapted.load_adapter(name, path)
 
     def unload_adapter(self, name: str) -> None:
@@ -173,9 +168,11 @@ class ServedModel:
         float32 token vectors, or (key LEXICAL) a list of each row's lexical weights; right padded into one batch."""
         import torch
 
+        adapter_ids = adapters if adapters is not None and any(a is not None for a in adapters) else None
         if self.colbert is not None:  # PyLate's padding: queries expanded to query_length
             is_query = key[1]
-            vectors = self.colbert.embed_tokens(*self.colbert.pad(rows, is_query), is_query=is_query)
+            vectors = self.colbert.embed_tokens(*self.colbert.pad(rows, is_query), is_query=is_query,
+                                                adapter_ids=adapter_ids)
             return [v.cpu().numpy() for v in vectors]
         longest = max(len(r) for r in rows)
         ids = np.full((len(rows), longest), self.pad_id, dtype=np.int64)
@@ -187,7 +184,6 @@ class ServedModel:
             if t is not None:
                 token_types[i, :len(t)] = t
         ids, mask, token_types = (torch.from_numpy(a) for a in (ids, mask, token_types))
-        adapter_ids = adapters if adapters is not None and any(a is not None for a in adapters) else None
         if key in (SCORES, LOGITS):
             typed = token_types if self.encoder.config.type_vocab_size else None  # families without token types
             logits = self.task(ids, mask, typed, adapter_ids=adapter_ids).logits
@@ -202,12 +198,13 @@ class ServedModel:
             multi, lexical = key[0] == MULTI, key == LEXICAL
             normalize = None if multi or lexical else key[0]  # /embed's normalize (the rest: the model's)
             out = self.m3.encode_tokens(ids, mask, return_dense=not (multi or lexical), return_sparse=lexical,
-                                        return_colbert_vecs=multi, normalize=normalize)
+                                        return_colbert_vecs=multi, normalize=normalize, adapter_ids=adapter_ids)
             return out["colbert_vecs" if multi else "lexical_weights" if lexical else "dense_vecs"]
         if key == SPLADE:
             from bertfast.splade import top_k
 
-            return top_k(self.sparse.embed_tokens(ids, mask, token_types), self.sparse.splade.max_active_dims).numpy()
+            vectors = self.sparse.embed_tokens(ids, mask, token_types, adapter_ids=adapter_ids)
+            return top_k(vectors, self.sparse.splade.max_active_dims).numpy()
         normalize, truncate_dim, prompt_length = key
         out = self.encoder.embed_tokens(ids, mask, token_types, pooling=self.pooling, normalize=normalize,
                                         truncate_dim=truncate_dim, prompt_length=prompt_length,

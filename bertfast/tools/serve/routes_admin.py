@@ -3,10 +3,10 @@
 
 A load names a directory relative to that root (`adapter_dir`): an absolute path, a `..` component, or a path or
 file that resolves outside the root (a symlink out of it) is a 422 naming `path`; the directory's files are read
-by `Encoder.load_adapter`, or a classifier's or reranker's `TaskModel.load_adapter` (its head too), safetensors only:
-a pickle adapter_model.bin is refused. Loading runs on the model's
-engine thread between two batches; an unload refuses the adapter to new requests at once and waits for the ones
-that hold it, so no request in flight is dropped (`service.Engine`).
+by `Encoder.load_adapter`, or a classifier's, reranker's or SPLADE model's `load_adapter` (its head too), safetensors
+only: a pickle adapter_model.bin is refused. Loading runs on the model's engine thread between two batches; an unload
+refuses the adapter to new requests at once and waits for the ones that hold it, so no request in flight is dropped
+(`service.Engine`).
 """
 
 from __future__ import annotations

@@ -116,10 +116,11 @@ async def embed_sparse(req: EmbedSparseRequest, service: Service = Depends(servi
 async def embed_multi(req: EmbedMultiRequest, service: Service = Depends(service_of)):
     engine = service.engine(req.model)
     engine.serves("/embed_multi")
+    adapter = engine.adapter(req.adapter)
     texts = engine.texts_of(req.inputs, "inputs")
-    async with engine.admitted():
+    async with engine.admitted(adapter):
         vectors = await engine.multi_vectors(texts, is_query=req.is_query, truncate=req.truncate,
-                                             prompt_name=req.prompt_name)
+                                             prompt_name=req.prompt_name, adapter=adapter)
     return json_response([v.astype(np.float64) for v in vectors])
 
 

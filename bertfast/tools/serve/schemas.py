@@ -91,6 +91,7 @@ class EmbedMultiRequest(Request):
     truncate: bool = Field(False, description="a boolean")
     prompt_name: str | None = Field(None, description="the name of one of the model's configured prompts")
     model: str | None = Field(None, description=MODEL)
+    adapter: str | None = Field(None, description=ADAPTER)
 
 
 class SparseValue(BaseModel):

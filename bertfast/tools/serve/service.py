@@ -27,7 +27,7 @@ from bertfast.precision import quantize_embeddings
 
 from .batcher import Batcher, Busy, Closed, Job
 from .metrics import Metrics
-from .model import ADAPTER_KINDS, ADAPTERS_SERVED, LOGITS, MULTI, ROUTES, SCORES, ServedModel
+from .model import LOGITS, MULTI, ROUTES, SCORES, ServedModel
 from .schemas import ApiError, Info, OpenAIError
 
 # What a model route needs, for the 424 a model of another kind answers.
@@ -160,12 +160,9 @@ class Engine:
 
     async def load_adapter(self, name: str, path: str) -> None:
         """Load the PEFT LoRA directory `path` as adapter `name`, on the engine thread between two batches; requests
-        may name it once this returns. 424 on a model of another kind, 409 for a name loaded or changing, 422 naming
-        what does not fit (`ServedModel.load_adapter`'s LoadError: a tensor, a shape, a head's num_labels). Call it
-        admitted."""
+        may name it once this returns. 409 for a name loaded or changing, 422 naming what does not fit
+        (`ServedModel.load_adapter`'s LoadError: a tensor, a shape, a head's num_labels). Call it admitted."""
         model = self.model
-        if model.kind not in ADAPTER_KINDS:
-            raise ApiError(424, f"this model is {model.description()}: {ADAPTERS_SERVED}", "model_type")
         if not name or ":" in name:
             raise ApiError(422, f"name must be a non-empty string without ':' (MODEL:ADAPTER names it), got {name!r}",
                            field="name")
@@ -220,10 +217,10 @@ class Engine:
         return rows, prompt_len
 
     async def multi_vectors(self, texts: list[str], *, is_query: bool | None, truncate: bool, prompt_name=None,
-                            field: str = "inputs") -> list[np.ndarray]:
+                            field: str = "inputs", adapter: str | None = None) -> list[np.ndarray]:
         """Texts -> each text's (tokens, dim) float32 token vectors from the engine thread (/embed_multi): the model's
-        prompt prepended, its own tokenization (`ServedModel.multi_rows`); 422 for a ColBERT model without
-        is_query."""
+        prompt prepended, its own tokenization (`ServedModel.multi_rows`), the LoRA adapter `adapter` (None: the base
+        model); 422 for a ColBERT model without is_query."""
         model = self.model
         if model.colbert is not None and is_query is None:
             raise ApiError(422, "is_query is required for a ColBERT model: true for queries (the query prefix, "
@@ -233,7 +230,7 @@ class Engine:
             texts = [prompt + t for t in texts]
         rows = await off_loop(model.multi_rows, texts, is_query=is_query, truncate=truncate, field=field)
         is_query = None if model.colbert is None else is_query  # BGE-M3 encodes queries and documents alike
-        return await self.run_rows(rows, (MULTI, is_query), min_tokens=model.min_tokens(is_query))
+        return await self.run_rows(rows, (MULTI, is_query), min_tokens=model.min_tokens(is_query), adapter=adapter)
 
     async def scores_of(self, inputs: list, *, raw: bool, truncate: bool, direction: str, field: str,
                         adapter: str | None = None) -> np.ndarray:
