@@ -91,8 +91,9 @@ void cvtneps_bf16_emulated(const float* x, int64_t n, uint16_t* out);
 bool cvtneps_bf16_instruction(const float* x, int64_t n, uint16_t* out);
 }  // namespace amx_emulation
 
-// The tile configuration both AMX GEMMs (bf16 and int8) and the attention use: tmm0-3 `rows` rows of 64 bytes
-// (accumulators, and the GEMMs' A tile tmm3); tmm4-6 16 rows of 64 bytes. Static: each mode's copy is its own.
+// The tile configuration both AMX GEMMs (bf16 and int8) and the attention use: tmm0-3 and tmm7 `rows` rows of 64
+// bytes (accumulators, and the GEMMs' A tiles tmm3 and tmm7, used in turn); tmm4-6 16 rows of 64 bytes. Static:
+// each mode's copy is its own.
 static BF_TARGET_TILES BF_INLINE void amx_load_tile_config(int rows) {
   AmxTileConfig cfg;
   std::memset(&cfg, 0, sizeof(cfg));
@@ -105,6 +106,8 @@ static BF_TARGET_TILES BF_INLINE void amx_load_tile_config(int rows) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
+  cfg.rows[7] = uint8_t(rows);
+  cfg.colsb[7] = 64;
   BF_TILE_LOADCONFIG(&cfg);
 }
 

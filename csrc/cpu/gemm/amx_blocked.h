@@ -7,8 +7,8 @@
 //   groups(u)                          16-column groups of unit u (3, fewer in int8's last unit)
 //   a_tile(m, s), a_ld()               row m's A tile row at step s, and the bytes between rows
 //   b_tile(u, j, s), b_ld()            group j of unit u at step s: 16 rows of 64 bytes, b_ld apart
-//   dp(two_rows, two_cols)             the step's multiply-adds: tmm0 += tmm4 tmm6, tmm1 += tmm4 tmm7,
-//                                      tmm2 += tmm5 tmm6, tmm3 += tmm5 tmm7 (those the pair has)
+//   dp0(), dp1(), dp2(), dp3()         the step's multiply-adds: tmm0 += tmm4 tmm6, tmm1 += tmm4 tmm7,
+//                                      tmm2 += tmm5 tmm6, tmm3 += tmm5 tmm7
 //   store(c, mr, m0, u, groups)        the epilogue of rows [m0, m0 + mr) of unit u from c (rows 48 apart)
 // The bf16 kernels (the GEMM's, linear_amx.cpp; SPLADE's pooling, sparse_pool_amx.cpp) share all but the store:
 // AmxBf16Operands below.
@@ -89,12 +89,10 @@ struct AmxBf16Operands {
     return packed + u * K * kPanel + s * (kAmxK * kPanel) + 32 * j;
   }
   BF_INLINE int64_t b_ld() const { return kPanel * 4; }
-  BF_TARGET_TILES_BF16 BF_INLINE void dp(bool two_rows, bool two_cols) const {
-    BF_TILE_DPBF16PS(0, 4, 6);
-    if (two_cols) BF_TILE_DPBF16PS(1, 4, 7);
-    if (two_rows) BF_TILE_DPBF16PS(2, 5, 6);
-    if (two_rows && two_cols) BF_TILE_DPBF16PS(3, 5, 7);
-  }
+  BF_TARGET_TILES_BF16 BF_INLINE void dp0() const { BF_TILE_DPBF16PS(0, 4, 6); }
+  BF_TARGET_TILES_BF16 BF_INLINE void dp1() const { BF_TILE_DPBF16PS(1, 4, 7); }
+  BF_TARGET_TILES_BF16 BF_INLINE void dp2() const { BF_TILE_DPBF16PS(2, 5, 6); }
+  BF_TARGET_TILES_BF16 BF_INLINE void dp3() const { BF_TILE_DPBF16PS(3, 5, 7); }
 };
 
 // Output rows [r0, r0 + rows) (rows <= kAmxMaxItemRows) x units [u0, u1): for each unit, K block by K block, every
@@ -139,13 +137,22 @@ BF_AMX_BLOCKED_TARGET BF_INLINE void amx_blocked_item(const Gemm& g, int64_t r0,
             if (two_rows) BF_TILE_LOADD(2, c0 + 16 * 48, ldc);
             if (two_rows && two_cols) BF_TILE_LOADD(3, c0 + 16 * 48 + 16, ldc);
           }
+          // Each load just before its first reader: a load into a register the previous step's multiply-adds
+          // still read may wait for them, and this way it waits for one or two of them, not all four.
           for (int64_t s = s0; s < s1; ++s) {
             next.step();
             BF_TILE_LOADD(4, g.a_tile(m, s), g.a_ld());
-            if (two_rows) BF_TILE_LOADD(5, g.a_tile(m + 16, s), g.a_ld());
             BF_TILE_LOADD(6, g.b_tile(u, j, s), g.b_ld());
-            if (two_cols) BF_TILE_LOADD(7, g.b_tile(u, j + 1, s), g.b_ld());
-            g.dp(two_rows, two_cols);
+            g.dp0();
+            if (two_cols) {
+              BF_TILE_LOADD(7, g.b_tile(u, j + 1, s), g.b_ld());
+              g.dp1();
+            }
+            if (two_rows) {
+              BF_TILE_LOADD(5, g.a_tile(m + 16, s), g.a_ld());
+              g.dp2();
+              if (two_cols) g.dp3();
+            }
           }
           BF_TILE_STORED(0, c0, ldc);
           if (two_cols) BF_TILE_STORED(1, c0 + 16, ldc);

@@ -25,6 +25,18 @@ namespace linear_detail {
 constexpr int kAmxRows = 16;
 constexpr int64_t kAmxPrefetch = 2 * 16 * kPanel * 4;  // bytes ahead in the weight stream: two steps
 
+// One K step of linear_amx, its A tile in register A (a literal: the tile intrinsics take register numbers).
+#define BF_AMX_STREAM_STEP(A)             \
+  do {                                    \
+    BF_TILE_LOADD(A, xa + k0, ldx * 2);   \
+    BF_TILE_LOADD(4, b, kPanel * 4);      \
+    BF_TILE_DPBF16PS(0, A, 4);            \
+    BF_TILE_LOADD(5, b + 32, kPanel * 4); \
+    BF_TILE_DPBF16PS(1, A, 5);            \
+    BF_TILE_LOADD(6, b + 64, kPanel * 4); \
+    BF_TILE_DPBF16PS(2, A, 6);            \
+  } while (0)
+
 BF_TARGET_TILES_BF16 void BF_TILES(linear_amx)(const bf16* x, int64_t ldx, const bf16* packed, int64_t M,
                                                 int64_t N, int64_t K, const Epilogue& ep,
                                                 MeetInTheMiddle::Walker& panels) {
@@ -49,13 +61,13 @@ BF_TARGET_TILES_BF16 void BF_TILES(linear_amx)(const bf16* x, int64_t ldx, const
         const char* pf = stream_at(here, next, panel_bytes, k0 * kPanel * 2 + kAmxPrefetch);
         if (pf != nullptr)
           for (int l = 0; l < 16 * kPanel * 4; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
-        BF_TILE_LOADD(3, xa + k0, ldx * 2);
-        BF_TILE_LOADD(4, b, kPanel * 4);
-        BF_TILE_LOADD(5, b + 32, kPanel * 4);
-        BF_TILE_LOADD(6, b + 64, kPanel * 4);
-        BF_TILE_DPBF16PS(0, 3, 4);
-        BF_TILE_DPBF16PS(1, 3, 5);
-        BF_TILE_DPBF16PS(2, 3, 6);
+        // A in tmm3 and tmm7 by turns and each B load just before its reader: a load into a register that
+        // multiply-adds still read may wait for them.
+        if ((k0 / kAmxK) % 2 == 0) {
+          BF_AMX_STREAM_STEP(3);
+        } else {
+          BF_AMX_STREAM_STEP(7);
+        }
       }
       BF_TILE_STORED(0, tile, kPanel * 4);
       BF_TILE_STORED(1, tile + 16, kPanel * 4);

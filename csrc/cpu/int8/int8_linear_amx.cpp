@@ -33,6 +33,22 @@ BF_TARGET_VNNI void amx_store(const int32_t* c, int mr, int np, int64_t m0, int6
 
 }  // namespace
 
+// One K step of panels_amx, its A tile in register A (a literal: the tile intrinsics take register numbers).
+#define BF_AMX_INT8_STEP(A)                              \
+  do {                                                   \
+    BF_TILE_LOADD(A, xa + k0, a.ldx);                    \
+    BF_TILE_LOADD(4, b, 64);                             \
+    BF_TILE_DPBSSD(0, A, 4);                             \
+    if (np > 1) {                                        \
+      BF_TILE_LOADD(5, b + panel_bytes, 64);             \
+      BF_TILE_DPBSSD(1, A, 5);                           \
+    }                                                    \
+    if (np > 2) {                                        \
+      BF_TILE_LOADD(6, b + 2 * panel_bytes, 64);         \
+      BF_TILE_DPBSSD(2, A, 6);                           \
+    }                                                    \
+  } while (0)
+
 BF_TARGET_TILES_INT8 void BF_TILES(panels_amx)(const Int8Args& a, int64_t p0, int64_t p1) {
   DenormalGuard ftz;
   const int64_t k4 = a.K / 4;
@@ -51,16 +67,11 @@ BF_TARGET_TILES_INT8 void BF_TILES(panels_amx)(const Int8Args& a, int64_t p0, in
           for (int j = 0; j < np; ++j)
             for (int l = 0; l < 1024; l += 64) _mm_prefetch(reinterpret_cast<const char*>(b + j * panel_bytes + 2048 + l), _MM_HINT_T0);
         }
-        BF_TILE_LOADD(3, xa + k0, a.ldx);
-        BF_TILE_LOADD(4, b, 64);
-        BF_TILE_DPBSSD(0, 3, 4);
-        if (np > 1) {
-          BF_TILE_LOADD(5, b + panel_bytes, 64);
-          BF_TILE_DPBSSD(1, 3, 5);
-        }
-        if (np > 2) {
-          BF_TILE_LOADD(6, b + 2 * panel_bytes, 64);
-          BF_TILE_DPBSSD(2, 3, 6);
+        // A in tmm3 and tmm7 by turns: the next step's A load need not wait for this step's multiply-adds.
+        if ((k0 / 64) % 2 == 0) {
+          BF_AMX_INT8_STEP(3);
+        } else {
+          BF_AMX_INT8_STEP(7);
         }
       }
       BF_TILE_STORED(0, c, 48 * 4);
@@ -88,12 +99,10 @@ struct Int8Tiles {
     return a.packed + ((3 * u + j) * (a.K / 4) + s * 16) * 64;
   }
   BF_INLINE int64_t b_ld() const { return 64; }
-  BF_TARGET_TILES_INT8 BF_INLINE void dp(bool two_rows, bool two_cols) const {
-    BF_TILE_DPBSSD(0, 4, 6);
-    if (two_cols) BF_TILE_DPBSSD(1, 4, 7);
-    if (two_rows) BF_TILE_DPBSSD(2, 5, 6);
-    if (two_rows && two_cols) BF_TILE_DPBSSD(3, 5, 7);
-  }
+  BF_TARGET_TILES_INT8 BF_INLINE void dp0() const { BF_TILE_DPBSSD(0, 4, 6); }
+  BF_TARGET_TILES_INT8 BF_INLINE void dp1() const { BF_TILE_DPBSSD(1, 4, 7); }
+  BF_TARGET_TILES_INT8 BF_INLINE void dp2() const { BF_TILE_DPBSSD(2, 5, 6); }
+  BF_TARGET_TILES_INT8 BF_INLINE void dp3() const { BF_TILE_DPBSSD(3, 5, 7); }
   BF_TARGET_TILES_INT8 BF_INLINE void store(const int32_t* c, int mr, int64_t m0, int64_t u, int np) const {
     amx_store(c, mr, np, m0, 3 * u * 16, a);
   }
