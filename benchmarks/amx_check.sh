@@ -35,7 +35,7 @@ pin="taskset -c 0,1"
 if has gemm; then  # the ceilings (bench_peak's AMX rows), what bounds the tile steps, our AMX GEMMs against oneDNN's
     timeout 30 $pin python3 benchmarks/bench_peak.py --seconds 0.2 > "$LOG/peak.log" 2>&1
     timeout 30 taskset -c 0 python3 benchmarks/bench_amx_probe.py --json "$LOG/probe.json" > "$LOG/probe.log" 2>&1
-    timeout "${GEMM_S:-70}" $pin python3 benchmarks/bench_amx_gemm.py --threads 2 ${GEMM_ARGS:-} \
+    timeout "${GEMM_S:-100}" $pin python3 benchmarks/bench_amx_gemm.py --threads 2 ${GEMM_ARGS:-} \
         --out "$LOG/gemm.json" > "$LOG/gemm.log" 2>&1
     echo "gemm rc=$?"
 fi

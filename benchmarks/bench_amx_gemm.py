@@ -6,11 +6,13 @@ blocked: csrc/cpu/gemm/amx_gemm.h) and torch's bf16 GEMMs (oneDNN on AMX), GFLOP
 For each linear of a BERT-base layer (qkv 768->2304, attn_out 768->768 + residual, ffn_in 768->3072 + GELU,
 ffn_out 3072->768 + residual) and M in --m, one interleaved run (bertfast.tools.bench.measure) times:
   bf16-stream, bf16-blocked   _C.linear on a PackedLinear (bias and the layer's epilogue fused), the kernel forced
-                              with _C.testing.set_amx_gemm (outside the timed call); with --blocking SxR,..., also
-                              bf16-blocked-SxR: the blocked kernel with K blocks of S tile steps and work items of
-                              at most R rows (_C.testing.set_amx_blocking; the default: _C.testing.amx_blocking())
-  int8-stream, int8-blocked   quant.linear on a QuantLinear: the native call the int8 engine runs (quantize_rows,
-                              the AMX-int8 GEMM, the dequantizing epilogue); int8-blocked-SxR as for bf16
+                              with _C.testing.set_amx_gemm (outside the timed call); bf16-staged: the blocked kernel
+                              with its A rows staged in tile order (amx_gemm.h, AmxBlocking::stage); with --blocking
+                              SxR[s],..., also bf16-blocked-SxR[s]: the blocked kernel with K blocks of S tile steps
+                              and work items of at most R rows, A staged with the suffix s
+                              (_C.testing.set_amx_blocking; the default: _C.testing.amx_blocking())
+  int8-stream, int8-blocked,  quant.linear on a QuantLinear: the native call the int8 engine runs (quantize_rows,
+  int8-staged                 the AMX-int8 GEMM, the dequantizing epilogue); int8-blocked-SxR[s] as for bf16
   F.linear, addmm             torch.nn.functional.linear and torch.addmm in bf16 with the bias (oneDNN; no GELU or
                               residual)
 Every output is checked before timing: stream and blocked equal bit for bit, bf16 within 2e-2 of an fp32
@@ -41,7 +43,8 @@ import torch.nn.functional as F  # noqa: E402
 
 SHAPES = [("qkv", 768, 2304, "none", False), ("attn_out", 768, 768, "none", True),
           ("ffn_in", 768, 3072, "gelu", False), ("ffn_out", 3072, 768, "none", True)]
-PROVIDERS = ("bf16-stream", "bf16-blocked", "int8-stream", "int8-blocked", "F.linear", "addmm")
+PROVIDERS = ("bf16-stream", "bf16-blocked", "bf16-staged", "int8-stream", "int8-blocked", "int8-staged", "F.linear",
+             "addmm")
 
 
 def contenders(M: int, K: int, N: int, act: str, has_res: bool, seed: int, blockings=()):
@@ -96,15 +99,29 @@ def contenders(M: int, K: int, N: int, act: str, has_res: bool, seed: int, block
         err = float((fns[name]().float() - plain).abs().max())
         if not err <= 2e-2 * max(1.0, float(plain.abs().max())):
             errors[name] = f"max error {err:.3g}"
-    runs = {"bf16-stream": forced("stream", fns["bf16"]), "bf16-blocked": forced("blocked", fns["bf16"]),
-            "int8-stream": forced("stream", fns["int8"]), "int8-blocked": forced("blocked", fns["int8"]),
-            "F.linear": lambda: time_once(fns["F.linear"]), "addmm": lambda: time_once(fns["addmm"])}
-    for steps, rows in blockings:  # the same bits as the default geometry (tests/test_amx_gemm.py)
-        for dtype in ("bf16", "int8"):
-            runs[f"{dtype}-blocked-{steps}x{rows}"] = forced("blocked", fns[dtype], (steps, rows))
+    staged = (*default_blocking[:2], True)
+    runs = {"F.linear": lambda: time_once(fns["F.linear"]), "addmm": lambda: time_once(fns["addmm"])}
+    variants = [("stream", "stream", default_blocking), ("blocked", "blocked", default_blocking),
+                ("staged", "blocked", staged)]
+    variants += [(blocking_name(b), "blocked", b) for b in blockings]
+    for dtype in ("bf16", "int8"):  # every blocking gives the default's bits (tests/test_amx_gemm.py)
+        for name, mode, blocking in variants:
+            runs[f"{dtype}-{name}"] = forced(mode, fns[dtype], blocking)
             if f"{dtype}-blocked" in errors:
-                errors[f"{dtype}-blocked-{steps}x{rows}"] = errors[f"{dtype}-blocked"]
+                errors[f"{dtype}-{name}"] = errors[f"{dtype}-blocked"]
     return {k: v for k, v in runs.items() if k not in errors}, errors
+
+
+def blocking_name(blocking) -> str:
+    steps, rows, stage = blocking
+    return f"blocked-{steps}x{rows}{'s' if stage else ''}"
+
+
+def parse_blocking(text: str) -> tuple[int, int, bool]:
+    """'SxR' or 'SxRs' -> (steps, rows, stage)."""
+    stage = text.endswith("s")
+    steps, rows = (int(v) for v in text.rstrip("s").split("x"))
+    return steps, rows, stage
 
 
 def main(argv=None) -> int:
@@ -115,8 +132,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=35.0,
                     help="seconds of timed rounds in all, about (validation and warm-up come on top)")
     ap.add_argument("--quick", action="store_true", help="M = 16, 128, 2 rounds: checks the script runs")
-    ap.add_argument("--blocking", default="", metavar="SxR,...",
-                    help="also time the blocked kernels with K blocks of S tile steps and items of at most R rows")
+    ap.add_argument("--blocking", default="", metavar="SxR[s],...",
+                    help="also time the blocked kernels with K blocks of S tile steps and items of at most R rows "
+                         "(suffix s: A staged in tile order)")
     ap.add_argument("--out", metavar="PATH", help="write the rows and the CPU here (JSON)")
     args = ap.parse_args(argv)
     from bertfast.backends.cpu import isa
@@ -134,11 +152,11 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     ms = [16, 128] if args.quick else [int(v) for v in args.m.split(",")]
     rounds = 2 if args.quick else args.rounds
-    blockings = [tuple(int(v) for v in b.split("x")) for b in args.blocking.split(",") if b]
-    providers = PROVIDERS + tuple(f"{d}-blocked-{s}x{r}" for s, r in blockings for d in ("bf16", "int8"))
+    blockings = [parse_blocking(b) for b in args.blocking.split(",") if b]
+    providers = PROVIDERS + tuple(f"{d}-{blocking_name(b)}" for b in blockings for d in ("bf16", "int8"))
     info = isa.cpu_info()
     print(f"cpu {info['cpu']}, tier {tier}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"AMX GEMM default {_C.testing.amx_gemm()}, blocking (steps, rows) {_C.testing.amx_blocking()}")
+          f"AMX GEMM default {_C.testing.amx_gemm()}, blocking (steps, rows, stage) {_C.testing.amx_blocking()}")
     if tier == isa.EMULATED:
         print("amx_emulated: the tiles are emulated, the times mean nothing")
     print(f"{'shape':>9} {'M':>5} " + " ".join(f"{h:>13}" for h in providers) + "   (ms / GFLOP/s)")

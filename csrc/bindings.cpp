@@ -211,10 +211,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the AMX GEMMs' kernel choice: 'auto' (by M), 'stream' or 'blocked', bit-identical (BERTFAST_AMX_GEMM at "
         "load)");
   t.def("set_amx_gemm", &set_amx_gemm, "choose the AMX GEMMs' kernel: 'auto', 'stream' or 'blocked'", py::arg("name"));
-  t.def("amx_blocking", &amx_blocking, "the blocked AMX kernel's (tile steps per K block, rows per work item at most)");
+  t.def("amx_blocking", &amx_blocking,
+        "the blocked AMX kernel's (tile steps per K block, rows per work item at most, A staged in tile order)");
   t.def("set_amx_blocking", &set_amx_blocking,
         "set the blocked AMX kernel's geometry, for measurement (the bits do not change)", py::arg("steps"),
-        py::arg("rows"));
+        py::arg("rows"), py::arg("stage") = false);
   t.def("activation_cache_stats", &bertfast::bindings::activation_cache_stats,
         "the native ops' block cache (bindings/alloc.cpp): (bytes cached now, cap in bytes, blocks reused, blocks "
         "allocated)");

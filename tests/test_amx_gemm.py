@@ -114,10 +114,12 @@ def test_a_row_alone_is_the_row_in_a_large_batch(tiles, dtype):
     assert torch.equal(run(x[:small], res[:small]), batch[:small])
 
 
-@pytest.mark.parametrize("steps,rows", [(1, 32), (3, 64), (64, 256)], ids=lambda v: str(v))
-def test_any_blocking_gives_the_same_bits(tiles, steps, rows):
+@pytest.mark.parametrize("steps,rows,stage", [(1, 32, False), (3, 64, True), (64, 256, False), (8, 128, True),
+                                              (64, 256, True)], ids=lambda v: str(v))
+def test_any_blocking_gives_the_same_bits(tiles, steps, rows, stage):
     """The blocked kernel's geometry (set_amx_blocking, for measurement) moves no bit: K blocks of 1, 3 and 64 tile
-    steps, work items of 32, 64 and 256 rows, against the default's output."""
+    steps, work items of 32, 64 and 256 rows, A from its rows or staged in tile order, against the default's output
+    (161 rows: a short last pair; K = 640: 20 bf16 and 10 int8 steps, K blocks cut short)."""
     m, n, k = 161, 100, 640
     x, w, bias, res = _inputs(m, n, k, torch.bfloat16, seed=5)
     xq, wq, bq, rq = _inputs(m, n, k, torch.float32, seed=6)
@@ -125,7 +127,8 @@ def test_any_blocking_gives_the_same_bits(tiles, steps, rows):
     _C.testing.set_amx_gemm("blocked")
     run = lambda: (_C.linear(x, packed, n, bias, "gelu", res), quant.linear(xq, weight, bq, "gelu", rq))  # noqa: E731
     default = run()
-    assert _C.testing.set_amx_blocking(steps, rows) is None and _C.testing.amx_blocking() == (steps, rows)
+    assert _C.testing.set_amx_blocking(steps, rows, stage) is None
+    assert _C.testing.amx_blocking() == (steps, rows, stage)
     ours = run()
     assert torch.equal(ours[0], default[0]) and torch.equal(ours[1], default[1])
 

@@ -115,7 +115,7 @@ def test_sparse_pool_tiles_invariant_to_batch_and_blocking(tiles, pooling):
     """On the AMX tiles (sparse_pool_amx.cpp), past every threshold of its schedule: 920 tokens (8 row blocks of at
     most 128), K = 256 (a thread's panels in groups of 42, the 1 MiB of weights kAmxGroupBytes holds) and 209 panels
     (V = 10007, the last one short): a sequence alone equals itself in the batch, and every blocking (K steps per
-    block, rows per block) gives the same bits."""
+    block, rows per block, A staged or not) gives the same bits."""
     x, w, b, cu_seqlens, lengths = invariance_inputs(10007, 256, torch.bfloat16)
     cpu = get_backend("cpu", "cpu")
     packed = cpu.pack(w)
@@ -123,8 +123,8 @@ def test_sparse_pool_tiles_invariant_to_batch_and_blocking(tiles, pooling):
     check_alone_in_batch(x, packed, b, cu_seqlens, lengths, pooling, batch)
     from bertfast import _C
 
-    for steps, rows in ((1, 32), (3, 256)):
-        _C.testing.set_amx_blocking(steps, rows)
+    for steps, rows, stage in ((1, 32, False), (3, 256, False), (3, 64, True)):
+        _C.testing.set_amx_blocking(steps, rows, stage)
         assert torch.equal(cpu.sparse_pool(x, packed, b, cu_seqlens, pooling), batch)
 
 

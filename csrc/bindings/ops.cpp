@@ -407,10 +407,13 @@ std::string position_scores_path(const std::string& dtype, int64_t head_dim, con
   return bc::position_scores_path_name(bc::choose_position_scores({is_bf16_named(dtype), head_dim, tier_named(tier)}));
 }
 
-std::tuple<int64_t, int64_t> amx_blocking() { return {bc::amx_blocking().steps, bc::amx_blocking().rows}; }
+std::tuple<int64_t, int64_t, bool> amx_blocking() {
+  const bc::AmxBlocking b = bc::amx_blocking();
+  return {b.steps, b.rows, b.stage};
+}
 
-void set_amx_blocking(int64_t steps, int64_t rows) {
-  BF_CHECK(bc::set_amx_blocking(steps, rows), "AMX blocking: steps must be in [1, 64] and rows a multiple of ",
+void set_amx_blocking(int64_t steps, int64_t rows, bool stage) {
+  BF_CHECK(bc::set_amx_blocking(steps, rows, stage), "AMX blocking: steps must be in [1, 64] and rows a multiple of ",
            bc::kAmxPairRows, " in [", bc::kAmxPairRows, ", ", bc::kAmxMaxItemRows, "], got ", steps, ", ", rows);
 }
 

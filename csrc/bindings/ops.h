@@ -66,8 +66,8 @@ bool isa_supported(const std::string& name);
 std::string amx_gemm();
 void set_amx_gemm(const std::string& name);
 // The blocked AMX kernel's geometry (tile steps per K block, rows per work item at most), for measurement.
-std::tuple<int64_t, int64_t> amx_blocking();
-void set_amx_blocking(int64_t steps, int64_t rows);
+std::tuple<int64_t, int64_t, bool> amx_blocking();
+void set_amx_blocking(int64_t steps, int64_t rows, bool stage);
 // fp32 -> bf16 bits as the amx_emulated tier converts them, and as VCVTNEPS2BF16 does where the CPU has it.
 std::tuple<at::Tensor, c10::optional<at::Tensor>> bf16_conversions(const at::Tensor& x);
 // The choosers' answers (the path's name) for arguments given here, the tier among them: choose_attention

@@ -5,7 +5,8 @@
 //   Acc                                the C tiles' element (float, int32_t)
 //   steps()                            tile steps along K
 //   groups(u)                          16-column groups of unit u (3, fewer in int8's last unit)
-//   a_tile(m, s), a_ld()               row m's A tile row at step s, and the bytes between rows
+//   a_tile(m, s), a_ld()               row m's A tile row at step s (64 bytes on from step s - 1), and the bytes
+//                                      between rows
 //   b_tile(u, j, s), b_ld()            group j of unit u at step s: 16 rows of 64 bytes, b_ld apart
 //   dp0(), dp1(), dp2(), dp3()         the step's multiply-adds: tmm0 += tmm4 tmm6, tmm1 += tmm4 tmm7,
 //                                      tmm2 += tmm5 tmm6, tmm3 += tmm5 tmm7
@@ -16,6 +17,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "cpu/common/amx_tiles.h"
 #include "cpu/common/kernels.h"
@@ -69,6 +72,31 @@ struct NextBlock {
   }
 };
 
+// The item's A rows [r0, r0 + rows) in tile order (AmxBlocking::stage): pair p's tile step s is 32 rows of 64 bytes
+// at ((p * steps + s) * 32) * 64, its second tile 1 KB on. In a buffer of this thread's, kept between calls.
+template <typename Gemm>
+static const uint8_t* stage_a(const Gemm& g, int64_t r0, int64_t rows, int64_t steps) {
+  struct Buffer {
+    uint8_t* p = nullptr;
+    size_t bytes = 0;
+    ~Buffer() { std::free(p); }
+  };
+  static thread_local Buffer buf;
+  const size_t need = size_t((rows + kAmxPairRows - 1) / kAmxPairRows * steps) * kAmxPairRows * 64;
+  if (need > buf.bytes) {
+    std::free(buf.p);
+    buf.p = static_cast<uint8_t*>(std::aligned_alloc(64, need));
+    buf.bytes = buf.p != nullptr ? need : 0;
+    if (buf.p == nullptr) return nullptr;  // the caller loads from the rows instead
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(g.a_tile(r0 + r, 0));
+    uint8_t* dst = buf.p + ((r / kAmxPairRows) * steps * kAmxPairRows + r % kAmxPairRows) * 64;
+    for (int64_t s = 0; s < steps; ++s) std::memcpy(dst + s * kAmxPairRows * 64, src + s * 64, 64);
+  }
+  return buf.p;
+}
+
 }  // namespace amx_blocked_detail
 
 // A bf16 GEMM's operands as amx_blocked_item reads them: x (M, K) rows ldx apart, K a multiple of kAmxK; a unit is
@@ -104,9 +132,14 @@ BF_AMX_BLOCKED_TARGET BF_INLINE void amx_blocked_item(const Gemm& g, int64_t r0,
   using Acc = typename Gemm::Acc;
   constexpr int64_t ldc = 48 * sizeof(Acc);  // bytes between the scratch's rows
   alignas(64) Acc c[kAmxMaxItemRows * 48];
-  const int64_t steps = g.steps(), block_steps = amx_blocking().steps;
+  const AmxBlocking blocking = amx_blocking();
+  const int64_t steps = g.steps(), block_steps = blocking.steps;
   const int64_t blocks = (steps + block_steps - 1) / block_steps;
   const int64_t pairs = (rows + kAmxPairRows - 1) / kAmxPairRows;
+  const uint8_t* staged = blocking.stage ? amx_blocked_detail::stage_a(g, r0, rows, steps) : nullptr;
+  // A tiles: a pair's step s at a0 + s * a_step, its second tile a1 on, rows a_ld apart.
+  const int64_t a_step = staged ? kAmxPairRows * 64 : 64, a_ld = staged ? 64 : g.a_ld();
+  const int64_t a1 = staged ? 16 * 64 : 16 * g.a_ld();
   int configured = -1;
   for (int64_t u = u0; u < u1; ++u) {
     const int groups = g.groups(u);
@@ -123,6 +156,8 @@ BF_AMX_BLOCKED_TARGET BF_INLINE void amx_blocked_item(const Gemm& g, int64_t r0,
         const int ra = int(std::min<int64_t>(16, rows - i)), rb = int(std::clamp<int64_t>(rows - i - 16, 0, 16));
         amx_blocked_detail::configure_pair(ra, rb, &configured);
         const int64_t m = r0 + i;
+        const uint8_t* a0 = staged ? staged + (i / kAmxPairRows) * steps * a_step
+                                   : reinterpret_cast<const uint8_t*>(g.a_tile(m, 0));
         for (int j = 0; j < groups; j += 2) {
           const bool two_cols = j + 1 < groups, two_rows = rb > 0;
           Acc* c0 = c + i * 48 + 16 * j;  // row block 0, group j; the other tiles 16 columns and 16 rows on
@@ -141,7 +176,8 @@ BF_AMX_BLOCKED_TARGET BF_INLINE void amx_blocked_item(const Gemm& g, int64_t r0,
           // still read may wait for them, and this way it waits for one or two of them, not all four.
           for (int64_t s = s0; s < s1; ++s) {
             next.step();
-            BF_TILE_LOADD(4, g.a_tile(m, s), g.a_ld());
+            const uint8_t* a = a0 + s * a_step;
+            BF_TILE_LOADD(4, a, a_ld);
             BF_TILE_LOADD(6, g.b_tile(u, j, s), g.b_ld());
             g.dp0();
             if (two_cols) {
@@ -149,7 +185,7 @@ BF_AMX_BLOCKED_TARGET BF_INLINE void amx_blocked_item(const Gemm& g, int64_t r0,
               g.dp1();
             }
             if (two_rows) {
-              BF_TILE_LOADD(5, g.a_tile(m + 16, s), g.a_ld());
+              BF_TILE_LOADD(5, a + a1, a_ld);
               g.dp2();
               if (two_cols) g.dp3();
             }

@@ -29,9 +29,14 @@ std::atomic<int>& mode_state() {
   return state;
 }
 
-// steps and rows in one word, so a reader never sees half of a change.
+// steps, rows and stage in one word (stage at bit 48), so a reader never sees half of a change.
+constexpr int64_t kStageBit = int64_t(1) << 48;
+
+int64_t blocking_word(int64_t steps, int64_t rows, bool stage) { return steps << 32 | rows | (stage ? kStageBit : 0); }
+
 std::atomic<int64_t>& blocking_state() {
-  static std::atomic<int64_t> state{kAmxDefaultBlocking.steps << 32 | kAmxDefaultBlocking.rows};
+  static std::atomic<int64_t> state{
+      blocking_word(kAmxDefaultBlocking.steps, kAmxDefaultBlocking.rows, kAmxDefaultBlocking.stage)};
   return state;
 }
 
@@ -39,12 +44,12 @@ std::atomic<int64_t>& blocking_state() {
 
 AmxBlocking amx_blocking() {
   const int64_t v = blocking_state().load(std::memory_order_relaxed);
-  return {v >> 32, v & 0xffffffff};
+  return {(v >> 32) & 0xffff, v & 0xffffffff, (v & kStageBit) != 0};
 }
 
-bool set_amx_blocking(int64_t steps, int64_t rows) {
+bool set_amx_blocking(int64_t steps, int64_t rows, bool stage) {
   if (steps < 1 || steps > 64 || rows < kAmxPairRows || rows > kAmxMaxItemRows || rows % kAmxPairRows) return false;
-  blocking_state().store(steps << 32 | rows);
+  blocking_state().store(blocking_word(steps, rows, stage));
   return true;
 }
 
