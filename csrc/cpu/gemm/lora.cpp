@@ -4,6 +4,7 @@
 // shrunk into their term (the whole layer's GEMMs).
 #include "cpu/gemm/lora.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "cpu/common/kernels.h"
@@ -22,21 +23,34 @@ struct Block {
   int32_t factor;
 };
 
+// Columns [c0, c0 + 16 CH) of the rows' s, CH 16-column chunks in one pass over x: each x value broadcast once for
+// all of them (one chunk at a time, the loads of x and A outnumbered the fmas).
+template <int ROWS, int CH, typename T>
+BF_INLINE void shrink_chunks(const T* x, int64_t ldx, int64_t K, const float* at, int64_t R, int64_t c0, float* s,
+                             int64_t lds) {
+  float acc[ROWS][16 * CH] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    const float* a = at + k * R + c0;
+#pragma GCC unroll 8
+    for (int i = 0; i < ROWS; ++i) {
+      const float xv = to_float(x[i * ldx + k]);
+#pragma omp simd
+      for (int c = 0; c < 16 * CH; ++c) acc[i][c] = __builtin_fmaf(xv, a[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < ROWS; ++i)
+    for (int c = 0; c < 16 * CH; ++c) s[i * lds + c0 + c] = acc[i][c];
+}
+
+// s = x A^T for ROWS rows on one factor (R a multiple of 16): up to three chunks a pass.
 template <int ROWS, typename T>
 BF_INLINE void shrink_block(const T* x, int64_t ldx, int64_t K, const float* at, int64_t R, float* s, int64_t lds) {
-  for (int64_t c0 = 0; c0 < R; c0 += 16) {
-    float acc[ROWS][16] = {};
-    for (int64_t k = 0; k < K; ++k) {
-      const float* a = at + k * R + c0;
-#pragma GCC unroll 8
-      for (int i = 0; i < ROWS; ++i) {
-        const float xv = to_float(x[i * ldx + k]);
-#pragma omp simd
-        for (int c = 0; c < 16; ++c) acc[i][c] = __builtin_fmaf(xv, a[c], acc[i][c]);
-      }
-    }
-    for (int i = 0; i < ROWS; ++i)
-      for (int c = 0; c < 16; ++c) s[i * lds + c0 + c] = acc[i][c];
+  for (int64_t c0 = 0; c0 < R;) {
+    const int64_t chunks = std::min<int64_t>(ROWS <= 4 ? 3 : 2, (R - c0) / 16);
+    if (chunks == 3) shrink_chunks<ROWS, 3>(x, ldx, K, at, R, c0, s, lds);
+    else if (chunks == 2) shrink_chunks<ROWS, 2>(x, ldx, K, at, R, c0, s, lds);
+    else shrink_chunks<ROWS, 1>(x, ldx, K, at, R, c0, s, lds);
+    c0 += 16 * chunks;
   }
 }
 
