@@ -59,9 +59,12 @@ def _reference(path) -> torch.Tensor:
         return st.SparseEncoder(str(path), device="cpu").encode(TEXTS, convert_to_sparse_tensor=False).float()
 
 
-def test_splade_adapter_per_text(adapted):
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_splade_adapter_per_text(adapted, backend):
+    """Parity on both CPU backends; bits alone against mixed on the cpu backend (the torch backend's GEMMs are
+    torch's, whose summation order may follow the row count)."""
     path, loras, merged = adapted
-    ours = bertfast.SparseEncoder.from_pretrained(path, backend="cpu")
+    ours = bertfast.SparseEncoder.from_pretrained(path, backend=backend)
     for name, lora in loras.items():
         ours.load_adapter(name, lora)
     assert ours.adapters == ["head", "body"] and sorted(ours._vocab_heads) == ["head"]
@@ -71,17 +74,17 @@ def test_splade_adapter_per_text(adapted):
     want = {name: _reference(m) for name, m in merged.items()}
     for i, a in enumerate(ROWS):
         if a is None:
-            assert torch.equal(mixed[i], base[i])
+            assert torch.equal(mixed[i], base[i]) if backend == "cpu" else _rel(mixed[i], base[i]) <= 1e-6
             continue
         assert _rel(mixed[i], want[a][i]) <= 1e-5 and _rel(mixed[i], base[i]) > 1e-3
-        alone = ours.encode(TEXTS[i], adapter=a, convert_to_sparse_tensor=False)
-        assert torch.equal(alone, mixed[i])
+        if backend == "cpu":
+            assert torch.equal(ours.encode(TEXTS[i], adapter=a, convert_to_sparse_tensor=False), mixed[i])
     with pytest.raises(UnknownAdapter, match="no adapter named 'c'"):
         ours.encode(TEXTS, adapter="c")
     with pytest.raises(ValueError, match="2 entries for 6 rows"):
         ours.encode(TEXTS, adapter=["head", None])
     ours.default_adapter = "head"
-    assert torch.equal(ours.encode(TEXTS[0], convert_to_sparse_tensor=False), mixed[0])
+    assert _rel(ours.encode(TEXTS[0], convert_to_sparse_tensor=False), mixed[0]) <= (0 if backend == "cpu" else 1e-6)
     ours.default_adapter = None
     ours.unload_adapter("head")
     assert ours.adapters == ["body"] and not ours._vocab_heads
