@@ -18,6 +18,7 @@ import transformers
 
 import bertfast
 from bertfast.adapters import UnknownAdapter
+from bertfast.backends import available_backends
 from bertfast.loading import LoadError
 from helpers.adapters import save_lora
 from helpers.splade import save_splade
@@ -59,10 +60,14 @@ def _reference(path) -> torch.Tensor:
         return st.SparseEncoder(str(path), device="cpu").encode(TEXTS, convert_to_sparse_tensor=False).float()
 
 
-@pytest.mark.parametrize("backend", ["cpu", "torch"])
+TRITON_REASON = available_backends("cpu").get("triton")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch", pytest.param("triton", marks=pytest.mark.skipif(
+    TRITON_REASON is not None, reason=f"backend 'triton' unavailable: {TRITON_REASON}"))])
 def test_splade_adapter_per_text(adapted, backend):
-    """Parity on both CPU backends; bits alone against mixed on the cpu backend (the torch backend's GEMMs are
-    torch's, whose summation order may follow the row count)."""
+    """Parity on every backend (triton under the interpreter); bits alone against mixed on the cpu backend (the
+    others pool through torch's GEMMs, whose summation order may follow the row count)."""
     path, loras, merged = adapted
     ours = bertfast.SparseEncoder.from_pretrained(path, backend=backend)
     for name, lora in loras.items():
