@@ -383,3 +383,63 @@ def test_a_command_that_cannot_load_says_why(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "bertfast nothere: not available in this build" in err
     assert "No module named 'bertfast.tools.no_such_module'" in err
+
+
+# ----------------------------------------------------------------------------------------------
+# The model check with a LoRA adapter (--adapter)
+
+
+class DroppedLora(TorchBackend):
+    """Computes every LoRA term and then adds nothing (the base model's output on the adapter's rows)."""
+
+    name = "broken-lora"
+
+    def lora(self, x, index, factors, groups):
+        return torch.zeros_like(super().lora(x, index, factors, groups))
+
+
+@pytest.fixture(scope="module")
+def tiny_lora(tiny_checkpoint, tmp_path_factory):
+    """A PEFT LoRA on every slot of the tiny checkpoint (its pooler included), both factors random."""
+    import transformers
+    from helpers.adapters import save_lora
+
+    path = tmp_path_factory.mktemp("tiny-lora")
+    save_lora(transformers.BertModel.from_pretrained(tiny_checkpoint).eval(), path, seed=4, r=4, lora_alpha=8,
+              target_modules=["query", "key", "value", "dense"])
+    return str(path)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_model_check_with_an_adapter(tiny_checkpoint, tiny_lora, backend, capsys):
+    """Every other row on the adapter, judged against the merged checkpoint: every stage passes in fp32 and bf16."""
+    code = main(["validate", "--backend", backend, "--model", tiny_checkpoint, "--adapter", tiny_lora,
+                 "--dtype", "fp32,bf16"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = table_rows(out)
+    assert [r[0] for r in rows] == ["embeddings", "layer1", "layer2", "pooler"] * 2
+    assert all(r[1].endswith("-lora3of5") and r[7] == "PASS" for r in rows)
+
+
+def test_model_check_fails_a_backend_that_drops_the_adapter(tiny_checkpoint, tiny_lora, registered, capsys):
+    """A backend running the base model on the adapter's rows fails from the first adapted layer on; the embeddings,
+    which the adapter does not touch, pass."""
+    code = main(["validate", "--backend", registered(DroppedLora), "--model", tiny_checkpoint, "--adapter",
+                 tiny_lora, "--dtype", "fp32"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    status = {r[0]: r[7] for r in table_rows(out)}
+    assert status == {"embeddings": "PASS", "layer1": "FAIL", "layer2": "FAIL", "pooler": "FAIL"}, out
+
+
+def test_adapter_usage_errors(tiny_checkpoint, tiny_lora, tmp_path, capsys):
+    assert main(["validate", "--backend", "torch", "--adapter", tiny_lora]) == 2
+    assert "--adapter needs --model DIR" in capsys.readouterr().err
+    assert main(["validate", "--model", tiny_checkpoint, "--adapter", tiny_lora, "--dtype", "int8"]) == 2
+    assert "the int8 report takes none" in capsys.readouterr().err
+    other = tmp_path / "other"
+    hf_bert(seed=5, hidden_size=64, num_attention_heads=4, max_position_embeddings=40).save_pretrained(other)
+    assert main(["validate", "--backend", "torch", "--model", str(other), "--adapter", tiny_lora]) == 2
+    err = capsys.readouterr().err
+    assert "shape" in err and "bertfast validate:" in err, err

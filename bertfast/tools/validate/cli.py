@@ -58,6 +58,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", default=None, metavar="DIR",
                         help="check a whole checkpoint layer by layer instead of the op sweep "
                              "('default' = the embedded all-MiniLM-L6-v2)")
+    parser.add_argument("--adapter", default=None, metavar="DIR",
+                        help="with --model: a PEFT LoRA directory run on every other row of the batch, judged "
+                             "against the checkpoint with it merged in (fp32, fp16, bf16)")
     parser.add_argument("--device", default=None,
                         help="device to run the backend on (default: cuda when available, else cpu)")
     parser.add_argument("--quick", action="store_true", help="a smaller op sweep (still every op)")
@@ -98,6 +101,8 @@ def run(args) -> int:
                 raise ValueError(f"unknown op(s) {', '.join(unknown)}; ops are {', '.join(OP_NAMES)}")
         if args.model is not None and (args.ops or args.quick):
             raise ValueError("--ops and --quick shape the op sweep; they do not apply with --model")
+        if getattr(args, "adapter", None) is not None and args.model is None:
+            raise ValueError("--adapter needs --model DIR: the adapter is checked on that checkpoint")
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         torch.device(device)  # raises on a malformed device string
     except (ValueError, RuntimeError) as e:
@@ -115,17 +120,20 @@ def run_with_backend(backend, args, dtypes=None, device="cpu", ops=None, out=Non
     out = out or sys.stdout
     dtypes = dtypes if dtypes is not None else parse_dtypes(getattr(args, "dtype", DEFAULT_DTYPES), backend, device)
     model = getattr(args, "model", None)
-    weights = directory = None
+    weights = directory = adapter = None
     if model is not None:
         try:
             from bertfast.loading import load_pretrained
 
             directory = _model_dir(model)
             weights = load_pretrained(directory)
+            adapter = _adapter(getattr(args, "adapter", None), weights)
         except (ValueError, RuntimeError, OSError) as e:
             return _usage_error(str(e))
         what = (f"model {directory} ({weights.config.num_hidden_layers} layers, hidden "
                 f"{weights.config.hidden_size}, {weights.config.num_attention_heads} heads)")
+        if adapter is not None:
+            what += f", LoRA adapter {args.adapter} on the even rows"
     else:
         what = "quick op sweep" if getattr(args, "quick", False) else "op sweep"
     dnames = ", ".join(DTYPE_IDS[d] for d in dtypes)
@@ -143,7 +151,7 @@ def run_with_backend(backend, args, dtypes=None, device="cpu", ops=None, out=Non
         rows = run_op_sweep(backend, dtypes, device, getattr(args, "quick", False), ops, progress)
     else:
         try:
-            rows = run_model_check(backend, weights, directory, dtypes, device)
+            rows = run_model_check(backend, weights, directory, dtypes, device, adapter)
         except ValueError as e:  # e.g. a tokenizer whose ids do not fit the model
             return _usage_error(str(e))
     print(format_table(rows), file=out)
@@ -166,6 +174,8 @@ def run_int8(args, out=None) -> int:
         return _usage_error("--dtype int8 needs --model DIR: the int8 report checks a whole checkpoint")
     if args.ops or args.quick:
         return _usage_error("--ops and --quick shape the op sweep; they do not apply with --model")
+    if getattr(args, "adapter", None) is not None:
+        return _usage_error("--adapter is checked in fp32, fp16 and bf16; the int8 report takes none")
     device = args.device or "cpu"
     try:
         backend = get_backend(args.backend, device, quantize="int8")
@@ -188,6 +198,19 @@ def run_int8(args, out=None) -> int:
         print(int8_report.format_sentence_report(rep), file=out)
         failed = failed or not rep["passed"]
     return 1 if failed else 0
+
+
+def _adapter(path: str | None, weights):
+    """The adapter at `path` loaded against `weights` (None: none); ValueError (a LoadError) saying why not."""
+    if path is None:
+        return None
+    from bertfast.adapters import load_adapters
+
+    adapter = load_adapters(path, weights, "validate")
+    if any(slot.startswith("pos_") for slots in adapter.layers for slot in slots):
+        raise ValueError(f"--adapter {path}: LoRA on DeBERTa's position projections is not checked here (its merge "
+                         "needs the relative embeddings as the model sees them); tests/test_adapters.py checks it")
+    return adapter
 
 
 def _model_dir(model: str) -> str:

@@ -3,6 +3,11 @@ forward on a whole checkpoint, stage by stage (after the embeddings, after each 
 real positions only, each stage judged by the accuracy rule against the fp64 oracle on the same
 rounded weights. `model_batch` is the ragged batch it runs (real sentences through the checkpoint's
 tokenizer, or random ids when it has none); the int8 report runs on the same batch.
+
+With a LoRA adapter (`--adapter DIR`) every other row of the batch runs on it, the others on the base model, in
+one forward: the adapter's rows are judged against the oracle and the reference of the checkpoint with the adapter
+merged in (W + B A: in fp64 for the oracle, in fp32 for the same-dtype reference, as PEFT's merge), the base rows
+against the base model's.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from bertfast.accuracy import DTYPE_IDS, Row, judge
+from bertfast.adapters import merge
 from bertfast.tools.validate.sweep import dtype_skip_reason, error_note
 
 # The batch's sentences when the checkpoint has a tokenizer; else random ids of these lengths.
@@ -56,24 +62,27 @@ def model_batch(directory: str, config, seed: int = 0):
     return ids, mask, types, "random-ids"
 
 
-def run_model_check(backend, weights, directory: str, dtypes, device="cpu") -> list[Row]:
+def run_model_check(backend, weights, directory: str, dtypes, device="cpu", adapter=None) -> list[Row]:
     """Each dtype: the backend's engine vs the reference forward, after the embeddings, after every
     layer (rows "layer1".."layerN" = hidden_states[1:]) and for the pooler, on real positions only.
 
     weights: the checkpoint's ModelWeights (any dtype; rounded to each run dtype, and the oracle
-    runs in fp64 on those rounded weights).
+    runs in fp64 on those rounded weights). adapter: an `adapters.Adapter` loaded against weights, run on the even
+    rows (see above), or None.
     """
     from bertfast import reference
     from bertfast.engine import Engine
 
     ids, mask, types, what = model_batch(directory, weights.config)
     B, S = ids.shape
-    shape = f"{what}-B{B}-S{S}-T{int(mask.sum())}"
+    shape = f"{what}-B{B}-S{S}-T{int(mask.sum())}" + ("" if adapter is None else f"-lora{(B + 1) // 2}of{B}")
     real = mask.bool()
     rows = []
     for dtype in dtypes:
         name = DTYPE_IDS[dtype]
         reason = dtype_skip_reason(backend, dtype, device)
+        if reason is None and adapter is not None:
+            reason = backend.no_adapters
         if reason is not None:
             rows.append(Row("model", shape, name, "SKIP", note=reason))
             continue
@@ -85,10 +94,21 @@ def run_model_check(backend, weights, directory: str, dtypes, device="cpu") -> l
             _, pooled_ref, states_ref = reference.forward(w_lowp, *on_dev, output_hidden_states=True)
             try:
                 engine = Engine(w_lowp, backend)
-                _, pooled, states = engine.forward(*on_dev, output_hidden_states=True)
+                per_row = None
+                if adapter is not None:
+                    packed = engine.pack_adapter(adapter)
+                    per_row = [packed if b % 2 == 0 else None for b in range(B)]
+                _, pooled, states = engine.forward(*on_dev, output_hidden_states=True, adapters=per_row)
             except Exception as e:
                 rows.append(Row("model", shape, name, "FAIL", note=error_note(e)))
                 continue
+            if adapter is not None:  # the adapter's rows judged against the merged model's forwards
+                _, pooled64, states64 = _adapted_rows(
+                    (pooled64, states64), reference.forward(merge(w_fp64, adapter, compute=torch.float64), ids,
+                                                            mask, types, output_hidden_states=True))
+                _, pooled_ref, states_ref = _adapted_rows(
+                    (pooled_ref, states_ref), reference.forward(merge(w_lowp, adapter), *on_dev,
+                                                                output_hidden_states=True))
         if states is None or len(states) != len(states64):
             got = "none" if states is None else len(states)
             rows.append(Row("model", shape, name, "FAIL",
@@ -107,3 +127,15 @@ def run_model_check(backend, weights, directory: str, dtypes, device="cpu") -> l
             else:
                 rows.append(judge("pooler", shape, dtype, pooled, pooled_ref, pooled64))
     return rows
+
+
+def _adapted_rows(base: tuple, adapted: tuple) -> tuple:
+    """(None, pooled, states) of the base forward (pooled, states) with its even rows from `adapted`'s forward
+    (last, pooled, states), as the check runs the adapter."""
+    def stitch(b, a):
+        if b is None:
+            return None
+        out = b.clone()
+        out[0::2] = a[0::2].to(out.device)
+        return out
+    return None, stitch(base[0], adapted[1]), [stitch(b, a) for b, a in zip(base[1], adapted[2])]
