@@ -281,16 +281,10 @@ def _fuse(items: list[tuple[int, torch.Tensor, torch.Tensor]], rows: int) -> Pai
 # The math: merged weights, and the per-row delta of a slot
 
 
-def merge(base: ModelWeights, adapter: Adapter, position_inputs: torch.Tensor | None = None,
-          compute: torch.dtype = torch.float32) -> ModelWeights:
-    """`base` with `adapter` merged in (W + B A per slot, in `compute` (fp32; float64 for an oracle), back in each
-    tensor's dtype); shared layers stay shared. position_inputs: (2 span, H), the relative embeddings as DeBERTa's
-    position projections see them (LayerNorm'd when norm_rel_ebd), needed only when the adapter has pos_key /
-    pos_query slots."""
-
-    def plus(w: torch.Tensor, pair: Pair) -> torch.Tensor:
-        return (w.to(compute) + pair[1].to(w.device, compute) @ pair[0].to(w.device, compute)).to(w.dtype)
-
+def merge(base: ModelWeights, adapter: Adapter, position_inputs: torch.Tensor | None = None) -> ModelWeights:
+    """`base` with `adapter` merged in (W + B A per slot, in fp32, back in each tensor's dtype); shared layers stay
+    shared. position_inputs: (2 span, H), the relative embeddings as DeBERTa's position projections see them
+    (LayerNorm'd when norm_rel_ebd), needed only when the adapter has pos_key / pos_query slots."""
     merged: dict[int, LayerWeights] = {}
     layers = []
     for layer, slots in zip(base.layers, adapter.layers):
@@ -304,16 +298,18 @@ def merge(base: ModelWeights, adapter: Adapter, position_inputs: torch.Tensor | 
                     delta = position_inputs.double() @ A.double().T @ B.double().T
                     new[slot] = (t.double() + delta).to(t.dtype)
                 else:
-                    new[slot + "_weight"] = plus(getattr(layer, slot + "_weight"), (A, B))
+                    w = getattr(layer, slot + "_weight")
+                    new[slot + "_weight"] = (w.float() + B @ A).to(w.dtype)
             merged[id(layer)] = dataclasses.replace(layer, **new)
         layers.append(merged[id(layer)])
     pooler_weight = base.pooler_weight
     if adapter.pooler is not None:
-        pooler_weight = plus(base.pooler_weight, adapter.pooler)
+        pooler_weight = (base.pooler_weight.float() + adapter.pooler[1] @ adapter.pooler[0]).to(base.dtype)
     embeddings = base.embeddings
     if adapter.projection is not None:
-        embeddings = dataclasses.replace(embeddings, projection_weight=plus(embeddings.projection_weight,
-                                                                            adapter.projection))
+        w = embeddings.projection_weight
+        embeddings = dataclasses.replace(embeddings, projection_weight=(w.float() + adapter.projection[1]
+                                                                         @ adapter.projection[0]).to(w.dtype))
     return dataclasses.replace(base, layers=layers, pooler_weight=pooler_weight, embeddings=embeddings, extra={})
 
 

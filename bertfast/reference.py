@@ -209,6 +209,17 @@ def layernorm(x, weight, bias, eps: float, residual=None) -> torch.Tensor:
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+def lora_linear(x, weight, bias, pair=None) -> torch.Tensor:
+    """F.linear(x, weight, bias) plus a LoRA pair's term (x A^T) B^T unmerged (A (r, K), B (N, r), the scale folded
+    into B), as PEFT runs an adapter: the term in fp32 (fp64 for fp64 x), added in x's dtype."""
+    y = F.linear(x, weight, bias)
+    if pair is None:
+        return y
+    A, B = pair
+    c = x.dtype if x.dtype == torch.float64 else torch.float32
+    return y + ((x.to(c) @ A.to(x.device, c).T) @ B.to(x.device, c).T).to(y.dtype)
+
+
 def pooler(cls_hidden, weight, bias) -> torch.Tensor:
     """tanh(cls_hidden @ weight.T + bias); cls_hidden: (B, H)."""
     return torch.tanh(F.linear(cls_hidden, weight, bias))
@@ -283,11 +294,13 @@ def rotate_padded(x, cos, sin):
 
 def layer_forward(x, mask, layer: LayerWeights, num_heads: int, act: str, eps: float, bias=None, *, cos_sin=None,
                   window: int = 0, gated: bool = False, norm_first: bool = False, scale: float | None = None,
-                  position_rows=None):
+                  position_rows=None, lora: dict | None = None):
     """One encoder layer on a padded batch. x: (B, S, H); mask: (B, S) bool; bias: (1, heads, S, S) or None;
     cos_sin: RoPE tables (B, S, d/2) each, or None; window, gated, norm_first: as `layer`; scale: of q.k (None:
     1/sqrt(d)); position_rows: DeBERTa-v2's (c2p_pos, p2c_pos) of `deberta_rows` (the c2p / p2c terms from this
-    layer's q and k and its pos_key / pos_query), or None."""
+    layer's q and k and its pos_key / pos_query), or None; lora: an adapter's slots of this layer (`Adapter.layers`
+    [i]: slot -> (A, B)) run unmerged (`lora_linear`), or None."""
+    lora = lora or {}
     B, S, H = x.shape
     d = H // num_heads
     scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -307,17 +320,18 @@ def layer_forward(x, mask, layer: LayerWeights, num_heads: int, act: str, eps: f
 
     def attend(h):
         q, k, v = (t.reshape(B, S, num_heads, d).transpose(1, 2)
-                   for t in F.linear(h, layer.qkv_weight, layer.qkv_bias).split(H, dim=-1))
+                   for t in lora_linear(h, layer.qkv_weight, layer.qkv_bias, lora.get("qkv")).split(H, dim=-1))
         if cos_sin is not None:
             q, k = rotate_padded(q, *cos_sin), rotate_padded(k, *cos_sin)
         rel = bias if position_rows is None else position_terms(q, k)
         ctx = attention_padded(q, k, v, mask, scale, rel, window)
-        return linear(ctx.transpose(1, 2).reshape(B, S, H), layer.attn_out_weight, layer.attn_out_bias)
+        return lora_linear(ctx.transpose(1, 2).reshape(B, S, H), layer.attn_out_weight, layer.attn_out_bias,
+                           lora.get("attn_out"))
 
     def ffn(h):
-        h = F.linear(h, layer.ffn_in_weight, layer.ffn_in_bias)
+        h = lora_linear(h, layer.ffn_in_weight, layer.ffn_in_bias, lora.get("ffn_in"))
         h = glu(h, act) if gated else activation(h, act)
-        return linear(h, layer.ffn_out_weight, layer.ffn_out_bias)
+        return lora_linear(h, layer.ffn_out_weight, layer.ffn_out_bias, lora.get("ffn_out"))
 
     if norm_first:
         h = x if layer.attn_ln_weight is None else layernorm(x, layer.attn_ln_weight, layer.attn_ln_bias, eps)
@@ -328,11 +342,12 @@ def layer_forward(x, mask, layer: LayerWeights, num_heads: int, act: str, eps: f
 
 
 def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_ids=None,
-            position_ids=None, output_hidden_states: bool = False):
+            position_ids=None, output_hidden_states: bool = False, adapter=None):
     """Padded forward pass of the reference model.
 
     input_ids: (B, S) int64; attention_mask: (B, S) 0/1 (None = all real); token_type_ids and
-    position_ids: (B, S) int64 or None (zeros / 0..S-1 like transformers).
+    position_ids: (B, S) int64 or None (zeros / 0..S-1 like transformers); adapter: an `adapters.Adapter` loaded
+    against `weights`, run unmerged on every row as PEFT runs it (not on DeBERTa's position projections), or None.
     Returns (last_hidden_state (B, S, H), pooler_output (B, H) or None, hidden_states tuple or None),
     hidden_states holding the (projected) embedding output and every layer's output when asked for.
     """
@@ -352,8 +367,10 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
     emb = weights.embeddings
     x = embeddings(input_ids, position_ids, token_type_ids if emb.token_type is not None else None, emb,
                    cfg.layer_norm_eps)
+    if adapter is not None and any(slot.startswith("pos_") for slots in adapter.layers for slot in slots):
+        raise NotImplementedError("the reference runs no LoRA on DeBERTa's position projections (pos_key, pos_query)")
     if emb.projection_weight is not None:
-        x = linear(x, emb.projection_weight, emb.projection_bias)
+        x = lora_linear(x, emb.projection_weight, emb.projection_bias, None if adapter is None else adapter.projection)
     hidden = [x]
     columns = torch.arange(S, device=dev)
     bias = None
@@ -376,11 +393,12 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
                 tables[theta] = rotary_tables(position_ids, theta, head_dim)
             extra = dict(cos_sin=tables[theta], window=windows[i], gated=cfg.gated_ffn, norm_first=cfg.norm_first)
         x = layer_forward(x, mask, layer, cfg.num_attention_heads, act, cfg.layer_norm_eps, bias, scale=scale,
-                          position_rows=position_rows, **extra)
+                          position_rows=position_rows, lora=None if adapter is None else adapter.layers[i], **extra)
         hidden.append(x)
     if weights.final_ln_weight is not None:  # transformers' last hidden state is the normed one
         x = hidden[-1] = layernorm(x, weights.final_ln_weight, weights.final_ln_bias, cfg.layer_norm_eps)
     pooled = None
     if weights.pooler_weight is not None:
-        pooled = pooler(x[:, 0], weights.pooler_weight, weights.pooler_bias)
+        pooled = torch.tanh(lora_linear(x[:, 0], weights.pooler_weight, weights.pooler_bias,
+                                        None if adapter is None else adapter.pooler))
     return x, pooled, (tuple(hidden) if output_hidden_states else None)

@@ -412,7 +412,7 @@ def tiny_lora(tiny_checkpoint, tmp_path_factory):
 
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
 def test_model_check_with_an_adapter(tiny_checkpoint, tiny_lora, backend, capsys):
-    """Every other row on the adapter, judged against the merged checkpoint: every stage passes in fp32 and bf16."""
+    """Every other row on the adapter, judged against the reference forward with it: every stage passes in fp32 and bf16."""
     code = main(["validate", "--backend", backend, "--model", tiny_checkpoint, "--adapter", tiny_lora,
                  "--dtype", "fp32,bf16"])
     out = capsys.readouterr().out

@@ -60,7 +60,7 @@ def add_arguments(parser) -> None:
                              "('default' = the embedded all-MiniLM-L6-v2)")
     parser.add_argument("--adapter", default=None, metavar="DIR",
                         help="with --model: a PEFT LoRA directory run on every other row of the batch, judged "
-                             "against the checkpoint with it merged in (fp32, fp16, bf16)")
+                             "against the reference forward with it (fp32, fp16, bf16)")
     parser.add_argument("--device", default=None,
                         help="device to run the backend on (default: cuda when available, else cpu)")
     parser.add_argument("--quick", action="store_true", help="a smaller op sweep (still every op)")
@@ -208,8 +208,8 @@ def _adapter(path: str | None, weights):
 
     adapter = load_adapters(path, weights, "validate")
     if any(slot.startswith("pos_") for slots in adapter.layers for slot in slots):
-        raise ValueError(f"--adapter {path}: LoRA on DeBERTa's position projections is not checked here (its merge "
-                         "needs the relative embeddings as the model sees them); tests/test_adapters.py checks it")
+        raise ValueError(f"--adapter {path}: LoRA on DeBERTa's position projections is not checked here (the "
+                         "reference forward runs none); tests/test_adapters.py checks it against PEFT")
     return adapter
 
 

@@ -5,9 +5,9 @@ rounded weights. `model_batch` is the ragged batch it runs (real sentences throu
 tokenizer, or random ids when it has none); the int8 report runs on the same batch.
 
 With a LoRA adapter (`--adapter DIR`) every other row of the batch runs on it, the others on the base model, in
-one forward: the adapter's rows are judged against the oracle and the reference of the checkpoint with the adapter
-merged in (W + B A: in fp64 for the oracle, in fp32 for the same-dtype reference, as PEFT's merge), the base rows
-against the base model's.
+one forward: the adapter's rows are judged against the reference forward with the adapter run unmerged, as PEFT
+runs it (`reference.forward(adapter=)`: the oracle in fp64, the same-dtype reference with the LoRA terms in fp32),
+the base rows against the base model's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from bertfast.accuracy import DTYPE_IDS, Row, judge
-from bertfast.adapters import merge
 from bertfast.tools.validate.sweep import dtype_skip_reason, error_note
 
 # The batch's sentences when the checkpoint has a tokenizer; else random ids of these lengths.
@@ -102,13 +101,11 @@ def run_model_check(backend, weights, directory: str, dtypes, device="cpu", adap
             except Exception as e:
                 rows.append(Row("model", shape, name, "FAIL", note=error_note(e)))
                 continue
-            if adapter is not None:  # the adapter's rows judged against the merged model's forwards
-                _, pooled64, states64 = _adapted_rows(
-                    (pooled64, states64), reference.forward(merge(w_fp64, adapter, compute=torch.float64), ids,
-                                                            mask, types, output_hidden_states=True))
-                _, pooled_ref, states_ref = _adapted_rows(
-                    (pooled_ref, states_ref), reference.forward(merge(w_lowp, adapter), *on_dev,
-                                                                output_hidden_states=True))
+            if adapter is not None:  # the adapter's rows judged against the reference forwards with it
+                _, pooled64, states64 = _adapted_rows((pooled64, states64), reference.forward(
+                    w_fp64, ids, mask, types, output_hidden_states=True, adapter=adapter))
+                _, pooled_ref, states_ref = _adapted_rows((pooled_ref, states_ref), reference.forward(
+                    w_lowp, *on_dev, output_hidden_states=True, adapter=adapter))
         if states is None or len(states) != len(states64):
             got = "none" if states is None else len(states)
             rows.append(Row("model", shape, name, "FAIL",
