@@ -249,6 +249,31 @@ def test_multiple_choice_one_adapter_per_example(tmp_path):
 
 
 @needs_cpu
+def test_question_answering_adapter(tmp_path):
+    """PEFT's QUESTION_ANS task saves `qa_outputs` whole: each row's start and end logits from its own adapter's
+    PeftModel (two adapters and base rows in one batch), a row alone the bits it has in the batch."""
+    model = _task_model(transformers.BertForQuestionAnswering, num_labels=2)
+    model.save_pretrained(tmp_path / "model")
+    pms = {n: save_lora(model, tmp_path / n, seed=7 + i, r=4, lora_alpha=6, target_modules=ALL_BERT,
+                        task_type="QUESTION_ANS") for i, n in enumerate(("a", "b"))}
+    rows = ["a", None, "b", "a"]
+    kwargs, mask = families.batch_for(model, [6, 3, 9, 4])
+    kwargs.pop("token_type_ids")  # PeftModelForQuestionAnswering.forward does not pass them on (zeros either way)
+    with torch.no_grad():
+        outs = {n: pm(**kwargs) for n, pm in pms.items()}
+        outs[None] = model(**kwargs)
+    ours = bertfast.load(tmp_path / "model", backend="cpu", dtype=torch.float32,
+                         adapters={n: tmp_path / n for n in pms})
+    assert sorted(ours._adapter_heads) == ["a", "b"]
+    got = ours(**kwargs, adapter_ids=rows)
+    for field in ("start_logits", "end_logits"):
+        ref = torch.stack([getattr(outs[a], field)[i] for i, a in enumerate(rows)])
+        assert rel_err(getattr(got, field), ref, mask) <= 1e-5
+    alone = ours(**{k: v[2:3, :9] for k, v in kwargs.items()}, adapter_ids=["b"])
+    assert torch.equal(alone.start_logits[0], got.start_logits[2, :9])
+
+
+@needs_cpu
 def test_masked_lm_saved_decoder(tmp_path):
     """modules_to_save=["cls"]: PEFT's copy of the MLM head unties the decoder from the word embeddings and saves
     both of transformers' names of its bias; the adapter's rows run that copy, the base rows the tied decoder."""
