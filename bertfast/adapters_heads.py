@@ -47,23 +47,34 @@ def adapted_head(head, tensors: dict[str, torch.Tensor], where: str, architectur
     return type(head)(branches, head.eps, {n: swap.get(id(t), t) for n, t in own.items()})
 
 
-def run_heads(heads: list, last: torch.Tensor, pooled: torch.Tensor | None, mask: torch.Tensor) -> dict:
-    """heads: one `heads.Head` per row; last (B, S, H), pooled (B, H) or None, mask (B, S) 0/1 -> the fields as
-    `Head.forward` returns them, each row's from its own head (rows grouped by head, one run per group)."""
+def by_head(heads: list, run, device):
+    """heads: one head per row; run(head, idx) -> a tensor, or a dict of them, for the rows idx (an index tensor on
+    `device`; None when every row has the same head: all rows) -> the same over all rows, each row's from its own
+    head (rows grouped by head, one run per group)."""
     groups: dict[int, tuple] = {}
     for i, head in enumerate(heads):
         groups.setdefault(id(head), (head, []))[1].append(i)
     if len(groups) == 1:
-        return heads[0](last, pooled, mask)
+        return run(heads[0], None)
     out = {}
     for head, rows in groups.values():
-        idx = torch.tensor(rows, device=last.device)
-        part = head(last[idx], None if pooled is None else pooled[idx], mask[idx])
-        for field, t in part.items():
+        idx = torch.tensor(rows, device=device)
+        part = run(head, idx)
+        for field, t in (part.items() if isinstance(part, dict) else [(None, part)]):
             if field not in out:
                 out[field] = t.new_zeros((len(heads), *t.shape[1:]))
             out[field][idx] = t
-    return out
+    return out[None] if None in out else out
+
+
+def run_heads(heads: list, last: torch.Tensor, pooled: torch.Tensor | None, mask: torch.Tensor) -> dict:
+    """heads: one `heads.Head` per row; last (B, S, H), pooled (B, H) or None, mask (B, S) 0/1 -> the fields as
+    `Head.forward` returns them, each row's from its own head (`by_head`)."""
+    def run(head, idx):
+        if idx is None:
+            return head(last, pooled, mask)
+        return head(last[idx], None if pooled is None else pooled[idx], mask[idx])
+    return by_head(heads, run, last.device)
 
 
 def per_choice(adapter_ids, examples: int, choices: int):
@@ -126,4 +137,4 @@ class TaskAdapters:
         return [self.head if a is None else self._adapter_heads.get(a, self.head) for a in adapter_ids]
 
 
-__all__ = ["TaskAdapters", "adapted_head", "run_heads", "per_choice"]
+__all__ = ["TaskAdapters", "adapted_head", "by_head", "run_heads", "per_choice"]

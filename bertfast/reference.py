@@ -220,9 +220,9 @@ def lora_linear(x, weight, bias, pair=None) -> torch.Tensor:
     return y + ((x.to(c) @ A.to(x.device, c).T) @ B.to(x.device, c).T).to(y.dtype)
 
 
-def pooler(cls_hidden, weight, bias) -> torch.Tensor:
-    """tanh(cls_hidden @ weight.T + bias); cls_hidden: (B, H)."""
-    return torch.tanh(F.linear(cls_hidden, weight, bias))
+def pooler(cls_hidden, weight, bias, pair=None) -> torch.Tensor:
+    """tanh(cls_hidden @ weight.T + bias) (with a LoRA pair's term, `lora_linear`); cls_hidden: (B, H)."""
+    return torch.tanh(lora_linear(cls_hidden, weight, bias, pair))
 
 
 SPARSE_POOLINGS = ("max", "sum")
@@ -399,6 +399,6 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
         x = hidden[-1] = layernorm(x, weights.final_ln_weight, weights.final_ln_bias, cfg.layer_norm_eps)
     pooled = None
     if weights.pooler_weight is not None:
-        pooled = torch.tanh(lora_linear(x[:, 0], weights.pooler_weight, weights.pooler_bias,
-                                        None if adapter is None else adapter.pooler))
+        pair = None if adapter is None else adapter.pooler
+        pooled = pooler(x[:, 0], weights.pooler_weight, weights.pooler_bias, pair)
     return x, pooled, (tuple(hidden) if output_hidden_states else None)

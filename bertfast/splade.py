@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .adapters_heads import TaskAdapters
+from .adapters_heads import TaskAdapters, by_head
 from .config import ConfigError, read_config_json
 from .heads import load as load_task
 from .kernels.activation import apply as activation
@@ -223,19 +223,12 @@ class SparseEncoder(TaskAdapters, nn.Module):
         last = self.encoder._run(input_ids, attention_mask, types, None, False, pool=False,
                                  adapter_ids=adapter_ids)[0]
         mask = attention_mask.to(last.device)
-        if adapter_ids is None and self.encoder.default_adapter is not None:
-            adapter_ids = [self.encoder.default_adapter] * last.shape[0]
-        heads = [self._vocab if a is None else self._vocab_heads.get(a, self._vocab) for a in adapter_ids or ()]
-        if all(h is self._vocab for h in heads):
+        heads = self._row_heads(adapter_ids, last.shape[0])  # None: no adapter (nor default) on any row
+        if heads is None:
             return self._pooled(self._vocab, last, mask)
-        out = None
-        for head in {id(h): h for h in heads}.values():  # rows grouped by head, one run per group
-            idx = torch.tensor([i for i, h in enumerate(heads) if h is head], device=last.device)
-            part = self._pooled(head, last[idx], mask[idx])
-            if out is None:
-                out = part.new_zeros((len(heads), part.shape[1]))
-            out[idx] = part
-        return out
+        packed = {id(self.head): self._vocab, **{id(self._adapter_heads[n]): v for n, v in self._vocab_heads.items()}}
+        return by_head([packed[id(h)] for h in heads], lambda head, idx: self._pooled(
+            head, last if idx is None else last[idx], mask if idx is None else mask[idx]), last.device)
 
     def _pooled(self, head: VocabHead, last: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x, _, cu_seqlens, _ = unpad(last, mask)

@@ -17,6 +17,7 @@ import torch
 import transformers
 
 import bertfast
+from bertfast.accuracy import rel_error
 from bertfast.adapters import UnknownAdapter
 from bertfast.backends import available_backends
 from bertfast.loading import LoadError
@@ -50,10 +51,6 @@ def adapted(tmp_path_factory, minilm_path):
     return path, loras, merged
 
 
-def _rel(a, b) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
 def _reference(path) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -79,9 +76,9 @@ def test_splade_adapter_per_text(adapted, backend):
     want = {name: _reference(m) for name, m in merged.items()}
     for i, a in enumerate(ROWS):
         if a is None:
-            assert torch.equal(mixed[i], base[i]) if backend == "cpu" else _rel(mixed[i], base[i]) <= 1e-6
+            assert torch.equal(mixed[i], base[i]) if backend == "cpu" else rel_error(mixed[i], base[i]) <= 1e-6
             continue
-        assert _rel(mixed[i], want[a][i]) <= 1e-5 and _rel(mixed[i], base[i]) > 1e-3
+        assert rel_error(mixed[i], want[a][i]) <= 1e-5 and rel_error(mixed[i], base[i]) > 1e-3
         if backend == "cpu":
             assert torch.equal(ours.encode(TEXTS[i], adapter=a, convert_to_sparse_tensor=False), mixed[i])
     with pytest.raises(UnknownAdapter, match="no adapter named 'c'"):
@@ -89,7 +86,8 @@ def test_splade_adapter_per_text(adapted, backend):
     with pytest.raises(ValueError, match="2 entries for 6 rows"):
         ours.encode(TEXTS, adapter=["head", None])
     ours.default_adapter = "head"
-    assert _rel(ours.encode(TEXTS[0], convert_to_sparse_tensor=False), mixed[0]) <= (0 if backend == "cpu" else 1e-6)
+    default = ours.encode(TEXTS[0], convert_to_sparse_tensor=False)
+    assert rel_error(default, mixed[0]) <= (0 if backend == "cpu" else 1e-6)
     ours.default_adapter = None
     ours.unload_adapter("head")
     assert ours.adapters == ["body"] and not ours._vocab_heads
@@ -113,9 +111,8 @@ def test_splade_adapter_refusals(adapted, tmp_path):
     other = save_splade(tmp_path / "other", bertfast.default_model_path(), seed=5, hidden_size=32, intermediate_size=48)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        wrong = save_lora(transformers.AutoModelForMaskedLM.from_pretrained(other).eval(), tmp_path / "wrong", r=4,
-                          target_modules=TARGETS["head"])
-    del wrong
+        save_lora(transformers.AutoModelForMaskedLM.from_pretrained(other).eval(), tmp_path / "wrong", r=4,
+                  target_modules=TARGETS["head"])
     with pytest.raises(LoadError):
         ours.load_adapter("w", tmp_path / "wrong")
     assert ours.adapters == [] and not ours._vocab_heads and not ours._adapter_heads

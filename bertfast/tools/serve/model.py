@@ -142,7 +142,7 @@ class ServedModel:
         SPLADE model (the encoder's LoRA and the adapter's head), else the Encoder; None before `load()`."""
         if self.encoder is None:
             return None
-        return self.task or self.sparse or self.encoder
+        return next(m for m in (self.task, self.sparse, self.encoder) if m is not None)
 
     @property
     def adapters(self) -> list[str]:

@@ -102,9 +102,9 @@ def run_model_check(backend, weights, directory: str, dtypes, device="cpu", adap
                 rows.append(Row("model", shape, name, "FAIL", note=error_note(e)))
                 continue
             if adapter is not None:  # the adapter's rows judged against the reference forwards with it
-                _, pooled64, states64 = _adapted_rows((pooled64, states64), reference.forward(
+                pooled64, states64 = _adapted_rows((pooled64, states64), reference.forward(
                     w_fp64, ids, mask, types, output_hidden_states=True, adapter=adapter))
-                _, pooled_ref, states_ref = _adapted_rows((pooled_ref, states_ref), reference.forward(
+                pooled_ref, states_ref = _adapted_rows((pooled_ref, states_ref), reference.forward(
                     w_lowp, *on_dev, output_hidden_states=True, adapter=adapter))
         if states is None or len(states) != len(states64):
             got = "none" if states is None else len(states)
@@ -127,12 +127,12 @@ def run_model_check(backend, weights, directory: str, dtypes, device="cpu", adap
 
 
 def _adapted_rows(base: tuple, adapted: tuple) -> tuple:
-    """(None, pooled, states) of the base forward (pooled, states) with its even rows from `adapted`'s forward
-    (last, pooled, states), as the check runs the adapter."""
+    """The base forward's (pooled, states) with their even rows from `adapted`'s forward (last, pooled, states), as
+    the check runs the adapter."""
     def stitch(b, a):
         if b is None:
             return None
         out = b.clone()
         out[0::2] = a[0::2].to(out.device)
         return out
-    return None, stitch(base[0], adapted[1]), [stitch(b, a) for b, a in zip(base[1], adapted[2])]
+    return stitch(base[0], adapted[1]), [stitch(b, a) for b, a in zip(base[1], adapted[2])]
