@@ -49,6 +49,13 @@ struct LoraSlot {
   int64_t rank;
 };
 
+// The terms of a work item's rows [m0, m0 + rows) at its columns (lora_terms_rows over them all at once), for the
+// epilogues of all its tiles: term[i] row m0 + i's (64 floats), null where the row has no term.
+struct LoraBlock {
+  int64_t m0;
+  const float* const* term;
+};
+
 // The factor, shrunk row and segment of row m at column n, or false where the row has no term.
 struct LoraRow {
   const float* s;
@@ -211,6 +218,15 @@ BF_TARGET_AVX512 BF_INLINE void lora_sums_rows_v(int vectors, const LoraRow& r, 
 // by the next segment's piece).
 BF_LORA_OUT_OF_LINE void lora_terms_rows(const LoraTerm& t, int64_t m0, int mr, int64_t n, int64_t cols,
                                          float (*out)[64], const float** term) {
+  struct Piece {  // a segment's share of the columns: from column j, `vectors` vectors (lanes mk)
+    LoraRow r;
+    int64_t j;
+    int vectors;
+    __mmask16 mk[4];
+  };
+  Piece pieces[4];  // cols <= 64 and a segment's width a multiple of 16 where there are several: <= 4 pieces
+  int npieces = 0;
+  int32_t cached = -1;  // the factor `pieces` are of: runs on one factor (a sequence's rows) share them
   for (int i0 = 0; i0 < mr;) {
     const int32_t f = t.index[m0 + i0];
     if (f < 0) {
@@ -224,24 +240,31 @@ BF_LORA_OUT_OF_LINE void lora_terms_rows(const LoraTerm& t, int64_t m0, int mr, 
       s[i] = t.s + (m0 + i0 + i) * t.lds;
       term[i0 + i] = out[i0 + i];
     }
-    for (int64_t j = 0; j < cols;) {
-      LoraRow r;
-      lora_row(t, m0 + i0, n + j, &r);
-      const int vectors = int(std::min<int64_t>({(cols - j + 15) / 16, (r.width - r.col + 15) / 16, 4}));
-      __mmask16 mk[4];
-      const int64_t run = std::min<int64_t>(cols - j, r.width - r.col);
-      for (int v = 0; v < 4; ++v) mk[v] = v < vectors ? tail_mask(run - 16 * v) : 0;
-      float* o[6];
-      for (int i = 0; i < rows; ++i) o[i] = out[i0 + i] + j;
-      switch (rows) {
-        case 1: lora_sums_rows_v<1>(vectors, r, s, mk, o); break;
-        case 2: lora_sums_rows_v<2>(vectors, r, s, mk, o); break;
-        case 3: lora_sums_rows_v<3>(vectors, r, s, mk, o); break;
-        case 4: lora_sums_rows_v<4>(vectors, r, s, mk, o); break;
-        case 5: lora_sums_rows_v<5>(vectors, r, s, mk, o); break;
-        default: lora_sums_rows_v<6>(vectors, r, s, mk, o); break;
+    if (f != cached) {
+      npieces = 0;
+      for (int64_t j = 0; j < cols;) {
+        Piece& p = pieces[npieces++];
+        lora_row(t, m0 + i0, n + j, &p.r);
+        p.j = j;
+        p.vectors = int(std::min<int64_t>({(cols - j + 15) / 16, (p.r.width - p.r.col + 15) / 16, 4}));
+        const int64_t run = std::min<int64_t>(cols - j, p.r.width - p.r.col);
+        for (int v = 0; v < 4; ++v) p.mk[v] = v < p.vectors ? tail_mask(run - 16 * v) : 0;
+        j += std::min<int64_t>(16 * p.vectors, p.r.width - p.r.col);
       }
-      j += std::min<int64_t>(16 * vectors, r.width - r.col);
+      cached = f;
+    }
+    for (int q = 0; q < npieces; ++q) {
+      const Piece& p = pieces[q];
+      float* o[6];
+      for (int i = 0; i < rows; ++i) o[i] = out[i0 + i] + p.j;
+      switch (rows) {
+        case 1: lora_sums_rows_v<1>(p.vectors, p.r, s, p.mk, o); break;
+        case 2: lora_sums_rows_v<2>(p.vectors, p.r, s, p.mk, o); break;
+        case 3: lora_sums_rows_v<3>(p.vectors, p.r, s, p.mk, o); break;
+        case 4: lora_sums_rows_v<4>(p.vectors, p.r, s, p.mk, o); break;
+        case 5: lora_sums_rows_v<5>(p.vectors, p.r, s, p.mk, o); break;
+        default: lora_sums_rows_v<6>(p.vectors, p.r, s, p.mk, o); break;
+      }
     }
     i0 += rows;
   }

@@ -62,6 +62,7 @@ struct Int8Args {
   float* out;
   bf16* out16 = nullptr;  // instead of out: the output rounded to bf16 (int8_linear_bf16; the AVX-512 epilogue only)
   const LoraTerm* lora = nullptr;  // the rows' LoRA terms added before the activation (cpu/gemm/lora.h), or null
+  const LoraBlock* terms = nullptr;  // lora's terms of a work item's rows, computed once for all its tiles, or null
 };
 
 constexpr int64_t kStreamRows = 16;  // avx512_vnni: the streaming tile up to here, the blocked one above
@@ -125,7 +126,9 @@ BF_TARGET_VNNI BF_INLINE void finish_rows(const Int8Args& args, int mr, int64_t 
   // The rows' LoRA terms for the tile's columns, computed before its epilogue.
   alignas(64) float terms[MR][64];
   const float* term[MR] = {};
-  if (a.lora != nullptr) {
+  if (a.terms != nullptr) {
+    for (int r = 0; r < mr; ++r) term[r] = a.terms->term[m0 - a.terms->m0 + r];
+  } else if (a.lora != nullptr) {
     if (np > 4) std::abort();  // every path's tiles are at most 4 panels (64 columns) wide
     lora_terms_rows(*a.lora, m0, mr, n0, std::min<int64_t>(16 * np, a.N - n0), terms, term);
   }
