@@ -3,8 +3,9 @@ terms: `adapters_rows`).
 
 `load_adapter` maps a PEFT LoRA directory (`adapters_peft`) onto the fused slots of `LayerWeights`: `qkv` (rows
 q | k | v), `attn_out`, `ffn_in` (gated: rows gate | up), `ffn_out`, DeBERTa-v2's position projections `pos_key` /
-`pos_query`, and the model's `pooler`. Each slot holds one pair (A [r, K], B [N, r]) in fp32 with every module's
-scale folded into its rows of B, so the slot's delta is x A^T B^T for any input x [T, K]. A slot fed by several
+`pos_query`, the model's `pooler`, and the embedding tables (`adapters_embeddings`). Each slot holds one pair
+(A [r, K], B [N, r]) in fp32 with every module's scale folded into its rows of B, so the slot's delta is x A^T B^T
+for any input x [T, K]. A slot fed by several
 modules (q, k, v; gate, up) concatenates their A's and lays their B's out as blocks, zeros where a module is not
 adapted: the slot's delta is exactly the separate deltas side by side. Everything is checked against the base
 weights first; a bad adapter raises `LoadError` naming the tensor, shape or field, and no partial Adapter escapes.
@@ -19,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from .adapters_embeddings import embedding_modules
 from .adapters_peft import (SAVED_PREFIX, PeftFiles, in_modules_to_save, is_targeted, layer_index, rank_and_scale,
                             read_peft_dir)
 from .backends.weights import LayerWeights, ModelWeights
@@ -48,20 +50,22 @@ class Adapter:
     i (one dict shared by the layers sharing weights, as ALBERT's); pooler: the pooler's pair or None; projection:
     the factorised embeddings' projection's (ELECTRA, ALBERT: embedding -> hidden) or None; heads: the
     modules_to_save tensors (task heads) by their name in the task model, fp32; head_lora: the pairs of linears of a
-    task head (outside the encoder), by module name in the task model; config: adapter_config.json."""
+    task head (outside the encoder), by module name in the task model; embeddings: table ("word", "position",
+    "token_type") -> (A [r, V], B [E, r]), an id's term A^T[id] B^T; config: adapter_config.json."""
     name: str
     layers: list[dict[str, Pair]]
     pooler: Pair | None = None
     projection: Pair | None = None
     heads: dict[str, torch.Tensor] = field(default_factory=dict)
     head_lora: dict[str, Pair] = field(default_factory=dict)
+    embeddings: dict[str, Pair] = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     prefix: str = ""  # the encoder's prefix in the adapted model ("bert." for a task model, "" for a base one)
 
     @property
     def nbytes(self) -> int:
         tensors = {id(t): t for slots in self.layers for pair in slots.values() for t in pair}
-        heads = [*self.heads.values(), *(t for pair in self.head_lora.values() for t in pair)]
+        heads = [*self.heads.values(), *(t for d in (self.head_lora, self.embeddings) for p in d.values() for t in p)]
         tensors.update({id(t): t for t in [*(self.pooler or ()), *(self.projection or ()), *heads]})
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
@@ -114,12 +118,12 @@ def _check_targets(config: ModelConfig, adapter_config: dict, names: dict, modul
     targets = adapter_config["target_modules"]
     if isinstance(targets, str):
         return
-    known = ({m for part, m in names.items() if part in _PART_SLOT}
+    known = ({m for part, m in names.items() if part in _PART_SLOT} | set(embedding_modules(config))
              | {POOLER.get(config.family), PROJECTION.get(config.family)} - {None})
     for t in targets:  # modules_to_save (and what lies inside them) PEFT never adapts: whole copies instead
         if not in_modules_to_save(adapter_config, t + ".weight") and not any(
                 m == t or m.endswith("." + t) for m in known | set(modules)):
-            raise LoadError(f"{where}: target module {t!r} (target_modules) is not a linear of a {config.family} "
+            raise LoadError(f"{where}: target module {t!r} (target_modules) is not a module of a {config.family} "
                             f"model that bertfast adapts ({', '.join(sorted(known))})")
 
 
@@ -134,14 +138,15 @@ def load_adapter(path: str | os.PathLike | PeftFiles, base: ModelWeights, name: 
     trained_on = cfg.get("base_model_name_or_path")
     if base_name and trained_on and _last(trained_on) != _last(base_name):
         raise LoadError(f"{where}: base_model_name_or_path is {trained_on!r}, the base model is {base_name!r}")
-    factors, heads = _split_tensors(cfg, files.tensors)
+    factors, heads, tabled = _split_tensors(cfg, files.tensors)
     prefixes, table, names, prefix = _match_layout(config, set(factors), files.path)
     _check_heads_outside(heads, prefix)
     head_factors = {m: factors.pop(m) for m in sorted(factors) if not m.startswith(prefix)}  # a task head's linears
-    own = [prefix + d[config.family] for d in (POOLER, PROJECTION) if config.family in d]
+    tables = embedding_modules(config)
+    own = [prefix + d[config.family] for d in (POOLER, PROJECTION) if config.family in d] + [prefix + m for m in tables]
     _check_targets(config, cfg, names, [prefix + m for m in table] + own + list(head_factors), where)
     parts: dict[str, dict[str, list]] = {p: {} for p in prefixes}  # layer prefix -> slot -> [(row, A, B)]
-    pooler, projection, head_lora = None, None, {}
+    pooler, projection, head_lora, embeddings = None, None, {}, {}
     layer_of = {p: base.layers[prefixes.index(p)] for p in prefixes}
     for full, pair in sorted({**factors, **head_factors}.items()):
         module = full[len(prefix):]
@@ -153,6 +158,17 @@ def load_adapter(path: str | os.PathLike | PeftFiles, base: ModelWeights, name: 
         if wanted is not None and layer_index(cfg, full) not in ([wanted] if isinstance(wanted, int) else wanted):
             raise LoadError(f"tensor {a_name!r} lies outside layers_to_transform {wanted!r}")
         r, scale = rank_and_scale(cfg, full)
+        if (module in tables) != (full in tabled):
+            raise LoadError(f"tensor {a_name!r}: PEFT names an embedding table's factors lora_embedding_A / "
+                            f"lora_embedding_B and a linear's lora_A / lora_B; {full!r} has the other kind")
+        if module in tables:
+            rows = getattr(base.embeddings, tables[module])
+            if rows is None:
+                raise LoadError(f"tensor {a_name!r} adapts the {tables[module]} embeddings, which the base model "
+                                "lacks")
+            _check_shapes(a_name, A, b_name, B, r, rows.shape[1], rows.shape[0])
+            embeddings[tables[module]] = (A.float().contiguous(), (B.float() * scale).contiguous())
+            continue
         if full in head_factors:  # merged into the adapter's copy of the head (`adapters_heads.adapted_head`)
             _check_shapes(a_name, A, b_name, B, r, B.shape[0], A.shape[1] if A.dim() == 2 else 0)
             head_lora[full] = (A.contiguous(), (B * scale).contiguous())
@@ -182,24 +198,29 @@ def load_adapter(path: str | os.PathLike | PeftFiles, base: ModelWeights, name: 
     built = {p: {slot: _fuse(items, _slot_rows(layer_of[p], slot)) for slot, items in slots.items()}
              for p, slots in parts.items()}
     return Adapter(name=name, layers=[built[p] for p in prefixes], pooler=pooler, projection=projection, heads=heads,
-                   head_lora=head_lora, config=cfg, prefix=prefix)
+                   head_lora=head_lora, embeddings=embeddings, config=cfg, prefix=prefix)
 
 
 def _split_tensors(cfg: dict, tensors: dict[str, torch.Tensor]):
-    """(module -> {"A"/"B": (tensor name, tensor)}, head tensors by name) of a saved adapter: every LoRA factor
-    paired, every other tensor inside modules_to_save."""
+    """(module -> {"A"/"B": (tensor name, tensor)}, head tensors by name, the modules whose factors are an embedding
+    table's) of a saved adapter: every LoRA factor paired, every other tensor inside modules_to_save."""
     factors: dict[str, dict[str, tuple[str, torch.Tensor]]] = {}
-    heads = {}
+    heads, tabled = {}, set()
     for tname, t in tensors.items():
         if not tname.startswith(SAVED_PREFIX):
             raise LoadError(f"tensor {tname!r} does not start with {SAVED_PREFIX!r}: not a PEFT adapter file")
         short = tname[len(SAVED_PREFIX):]
         kind = next((k for k in "AB" if short.endswith(f".lora_{k}.weight")), None)
+        table_kind = next((k for k in "AB" if short.endswith(f".lora_embedding_{k}")), None)
         if kind is not None:
             factors.setdefault(short[: -len(".lora_A.weight")], {})[kind] = (tname, t)
+        elif table_kind is not None:
+            module = short[: -len(".lora_embedding_A")]
+            factors.setdefault(module, {})[table_kind] = (tname, t)
+            tabled.add(module)
         elif ".lora_" in short:
-            raise LoadError(f"tensor {tname!r}: only lora_A / lora_B of linears are supported (no embedding LoRA, "
-                            f"DoRA magnitudes or LoRA biases)")
+            raise LoadError(f"tensor {tname!r}: only the lora_A / lora_B of linears and the lora_embedding_A / "
+                            f"lora_embedding_B of embedding tables are supported (no DoRA magnitudes or LoRA biases)")
         elif not in_modules_to_save(cfg, short):
             raise LoadError(f"tensor {tname!r} is neither a LoRA factor nor part of modules_to_save")
         else:
@@ -207,9 +228,10 @@ def _split_tensors(cfg: dict, tensors: dict[str, torch.Tensor]):
     for module, pair in factors.items():
         for kind, other in (("A", "B"), ("B", "A")):
             if other not in pair:
-                raise LoadError(f"tensor {pair[kind][0]!r} has no lora_{other} "
-                                f"({SAVED_PREFIX}{module}.lora_{other}.weight is missing)")
-    return factors, heads
+                missing = f"lora_embedding_{other}" if module in tabled else f"lora_{other}.weight"
+                raise LoadError(f"tensor {pair[kind][0]!r} has no lora_{other} ({SAVED_PREFIX}{module}.{missing} is "
+                                "missing)")
+    return factors, heads, tabled
 
 
 def _check_heads_outside(heads: dict[str, torch.Tensor], prefix: str) -> None:
@@ -229,7 +251,8 @@ def _match_layout(config: ModelConfig, modules: set[str], path: str):
     """(layer prefixes, module table, layout names, encoder prefix) of the family's layout and prefix holding every
     adapted module (names as saved, relative to the adapted model)."""
     encoder_prefixes = ("", BASE_PREFIX[config.family]) + EXTRA_PREFIXES.get(config.family, ())
-    own = {d[config.family] for d in (POOLER, PROJECTION) if config.family in d}  # pooler, embedding projection
+    own = ({d[config.family] for d in (POOLER, PROJECTION) if config.family in d}  # pooler, embedding projection
+           | set(embedding_modules(config)))
     best = None
     for prefixes, table, names in _module_table(config):
         for prefix in encoder_prefixes:
@@ -306,6 +329,9 @@ def merge(base: ModelWeights, adapter: Adapter, position_inputs: torch.Tensor | 
     if adapter.pooler is not None:
         pooler_weight = (base.pooler_weight.float() + adapter.pooler[1] @ adapter.pooler[0]).to(base.dtype)
     embeddings = base.embeddings
+    tables = {name: (getattr(embeddings, name).float() + (B @ A).T).to(getattr(embeddings, name).dtype)
+              for name, (A, B) in adapter.embeddings.items()}
+    embeddings = dataclasses.replace(embeddings, **tables)
     if adapter.projection is not None:
         w = embeddings.projection_weight
         embeddings = dataclasses.replace(embeddings, projection_weight=(w.float() + adapter.projection[1]
@@ -344,8 +370,13 @@ def stack(adapters: Sequence[Adapter], name: str) -> Adapter:
         layers.append(seen[key])
     poolers = [a.pooler for a in adapters if a.pooler is not None]
     projections = [a.projection for a in adapters if a.projection is not None]
+    tables: dict[str, list[Pair]] = {}
+    for a in adapters:
+        for table, pair in a.embeddings.items():
+            tables.setdefault(table, []).append(pair)
     return Adapter(name=name, layers=layers, pooler=joined(poolers) if poolers else None,
                    projection=joined(projections) if projections else None,
+                   embeddings={table: joined(pairs) for table, pairs in tables.items()},
                    config={"stacked": [a.config for a in adapters]}, prefix=adapters[0].prefix)
 
 

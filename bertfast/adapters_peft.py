@@ -1,11 +1,11 @@
 """Reading a PEFT LoRA directory (`adapter_config.json` and `adapter_model.safetensors`) or an adapter of an in-memory
 `PeftModel`, checked field by field; writing one without PEFT (`write_peft_dir`).
 
-Only what bertfast can serve exactly passes: plain LoRA (no DoRA, no LoRA biases, no embedding LoRA), safetensors
-only (a pickle file is never unpickled). Each refusal is a `LoadError` naming the field, tensor or file. PEFT's own
-matching rules are followed where they decide a module's rank and alpha (`rank_pattern`, `alpha_pattern`: a key
-matches a module name ending in it, as a regex) and its targeting (`target_modules`: a list of name suffixes or one
-regex for the whole name), so a file PEFT wrote is read as PEFT reads it.
+Only what bertfast can serve exactly passes: plain LoRA of linears and embedding tables (no DoRA, no LoRA biases),
+safetensors only (a pickle file is never unpickled). Each refusal is a `LoadError` naming the field, tensor or file.
+PEFT's own matching rules are followed where they decide a module's rank and alpha (`rank_pattern`, `alpha_pattern`:
+a key matches a module name ending in it, as a regex) and its targeting (`target_modules`: a list of name suffixes or
+one regex for the whole name), so a file PEFT wrote is read as PEFT reads it.
 """
 
 from __future__ import annotations

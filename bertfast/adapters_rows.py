@@ -11,6 +11,7 @@ from typing import Sequence
 import torch
 
 from .adapters import Adapter
+from .adapters_embeddings import adapted_embeddings
 from .backends.weights import LayerWeights, ModelWeights
 
 
@@ -18,7 +19,8 @@ def pack_adapter(adapter: Adapter, base: ModelWeights, pack_lora) -> Adapter:
     """`adapter` with each slot's factors in the form its backend's `lora` takes (pack_lora: `Backend.pack_lora`
     with the tensors on the weights' device, given the slot's runs of outputs, `_segments`), and DeBERTa-v2's
     pos_key / pos_query slots as the adapted tables themselves (the base's (2 span, H) table + relative_inputs A^T B^T,
-    in float64, then the table's dtype): the position projections read the same rows in every forward. Slot dicts
+    in float64, then the table's dtype): the position projections read the same rows in every forward; the
+    embedding tables' pairs as (A^T, B^T) on the weights' device (`adapters_embeddings.adapted_rows`). Slot dicts
     shared between layers (ALBERT) stay shared."""
     seen: dict[int, dict] = {}
     for slots, layer in zip(adapter.layers, base.layers):
@@ -26,8 +28,11 @@ def pack_adapter(adapter: Adapter, base: ModelWeights, pack_lora) -> Adapter:
             seen[id(slots)] = {slot: _position_table(base, layer, slot, A, B) if slot.startswith("pos_") else
                                pack_lora(A, B, _segments(layer, slot)) for slot, (A, B) in slots.items()}
     pooler, projection = (None if p is None else pack_lora(*p, 1) for p in (adapter.pooler, adapter.projection))
+    device = base.embeddings.word.device
+    tables = {name: (A.T.contiguous().to(device), B.T.contiguous().to(device))
+              for name, (A, B) in adapter.embeddings.items()}
     return dataclasses.replace(adapter, layers=[seen[id(slots)] for slots in adapter.layers], pooler=pooler,
-                               projection=projection)
+                               projection=projection, embeddings=tables)
 
 
 def _segments(layer: LayerWeights, slot: str) -> int:
@@ -88,6 +93,17 @@ class RowAdapters:
             return None
         index, groups = (self.row_index, self.rows) if slot == "pooler" else (self.token_index, self.spans)
         return ops.lora(x, index, factors, groups)
+
+    def embeddings(self, ops, x: torch.Tensor, tokens, emb, eps: float) -> torch.Tensor:
+        """x (T, E), the embeddings op's output for every token, with the tokens of each adapter that adapts an
+        embedding table recomputed from its adapted rows (`adapters_embeddings`); tokens: the forward's `Tokens`."""
+        for p, adapter in enumerate(self.adapters):
+            if adapter.embeddings:
+                idx = (self.token_index == p).nonzero().flatten()
+                ids, positions, types = (None if t is None else t.index_select(0, idx)
+                                         for t in (tokens.ids, tokens.positions, tokens.types))
+                x.index_copy_(0, idx, adapted_embeddings(ops, emb, adapter.embeddings, ids, positions, types, eps))
+        return x
 
     def positions(self, ops, layer: int, bias, q, k, index, scale: float, windows):
         """DeBERTa-v2: `bias` (the layer's DisentangledBias from the base tables, `disentangled.layer_bias`) with the

@@ -184,6 +184,8 @@ class Engine:
         cfg, ops, w = self.config, self.backend, self.weights
         cu_seqlens, max_seqlen = tokens.cu_seqlens, tokens.max_seqlen
         x = ops.embeddings(tokens.ids, tokens.positions, tokens.types, w.embeddings, cfg.layer_norm_eps)
+        if lora is not None:  # the rows of adapters of the embedding tables, from their adapted rows
+            x = lora.embeddings(ops, x, tokens, w.embeddings, cfg.layer_norm_eps)
         if w.embeddings.projection_weight is not None:  # factorised embeddings (ELECTRA, ALBERT)
             extra = {} if lora is None else _addend(lora.layer(ops, None), "projection", x)
             x = ops.linear(x, w.embeddings.projection_weight, w.embeddings.projection_bias, **extra)

@@ -33,17 +33,28 @@ from .reference_formulas import (HF_ACTIVATIONS, _rotate_halves, activation, deb
 # Ops on the packed token layout: x is [T, H] (T tokens of any number of sequences).
 
 
-def embeddings(input_ids, position_ids, token_type_ids, emb: EmbeddingWeights, eps: float) -> torch.Tensor:
+def embeddings(input_ids, position_ids, token_type_ids, emb: EmbeddingWeights, eps: float,
+               lora: dict | None = None) -> torch.Tensor:
     """LayerNorm(word[ids] + token_type[tt] + position[pos]) (the embedding projection is separate).
 
     input_ids, position_ids, token_type_ids: (T,) int64 (token_type_ids may be None when the model
-    has no token-type table). Returns (T, H) in the weights' dtype.
+    has no token-type table). lora: an adapter's tables (`Adapter.embeddings`: table -> (A, B)), each looked-up row
+    plus its term A^T[id] B^T unmerged as PEFT runs it (fp32, fp64 for fp64 tables), or None. Returns (T, H) in the
+    weights' dtype.
     """
-    x = emb.word[input_ids]
+    def look_up(name, ids):
+        table = getattr(emb, name)
+        if lora is None or name not in lora:
+            return table[ids]
+        A, B = lora[name]
+        c = table.dtype if table.dtype == torch.float64 else torch.float32
+        return table[ids] + (A.to(table.device, c).T[ids] @ B.to(table.device, c).T).to(table.dtype)
+
+    x = look_up("word", input_ids)
     if emb.token_type is not None:
-        x = x + emb.token_type[token_type_ids]
+        x = x + look_up("token_type", token_type_ids)
     if emb.position is not None:  # rotary models (ModernBERT, NomicBERT, GTE) have no position table
-        x = x + emb.position[position_ids]
+        x = x + look_up("position", position_ids)
     return F.layer_norm(x, (x.shape[-1],), emb.ln_weight, emb.ln_bias, eps)
 
 
@@ -366,7 +377,7 @@ def forward(weights: ModelWeights, input_ids, attention_mask=None, token_type_id
     mask = attention_mask.bool()
     emb = weights.embeddings
     x = embeddings(input_ids, position_ids, token_type_ids if emb.token_type is not None else None, emb,
-                   cfg.layer_norm_eps)
+                   cfg.layer_norm_eps, None if adapter is None else adapter.embeddings)
     if adapter is not None and any(slot.startswith("pos_") for slots in adapter.layers for slot in slots):
         raise NotImplementedError("the reference runs no LoRA on DeBERTa's position projections (pos_key, pos_query)")
     if emb.projection_weight is not None:
