@@ -57,7 +57,8 @@ class RowAdapters:
     slices (`rows`, the pooler reads one token a row).
 
     `addend` is a slot's LoRA terms in the backend's form (`Backend.lora`): a row's depends on its own tokens and
-    adapter alone, as its base output does, so a row gets the same bits alone and in any batch."""
+    adapter alone, as its base output does, so a row gets the same bits alone and in any batch. `memo`: what a
+    backend builds once per forward for all its layers."""
 
     def __init__(self, adapters: Sequence[Adapter | None], cu_seqlens: torch.Tensor, device):
         bounds, position = cu_seqlens.tolist(), {}
@@ -79,6 +80,12 @@ class RowAdapters:
         self.row_index = torch.tensor(row_index, dtype=torch.int32)
         self.token_index = torch.repeat_interleave(self.row_index, lengths).to(device)
         self.row_index = self.row_index.to(device)
+        self.memo: dict = {}
+
+    @property
+    def layers(self) -> int:
+        """The executed layers of the model the adapters adapt."""
+        return len(self.adapters[0].layers)
 
     def factors(self, layer: int | None, slot: str) -> list | None:
         """Per adapter its packed factors of the slot (None: it leaves the slot alone), None where none has it; layer
