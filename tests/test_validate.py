@@ -422,6 +422,22 @@ def test_model_check_with_an_adapter(tiny_checkpoint, tiny_lora, backend, capsys
     assert all(r[1].endswith("-lora3of5") and r[7] == "PASS" for r in rows)
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_model_check_with_an_embedding_table_adapter(tiny_checkpoint, tmp_path, backend, capsys):
+    """LoRA on the word, position and token-type tables (and query): every stage passes against the reference forward
+    with the tables' terms, in fp32 and bf16 (either side without the terms fails from the embeddings on)."""
+    import transformers
+    from helpers.adapters import save_lora
+
+    save_lora(transformers.BertModel.from_pretrained(tiny_checkpoint).eval(), tmp_path, seed=5, r=4, lora_alpha=8,
+              target_modules=["word_embeddings", "position_embeddings", "token_type_embeddings", "query"])
+    code = main(["validate", "--backend", backend, "--model", tiny_checkpoint, "--adapter", str(tmp_path),
+                 "--dtype", "fp32,bf16"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert all(r[1].endswith("-lora3of5") and r[7] == "PASS" for r in table_rows(out))
+
+
 def test_model_check_fails_a_backend_that_drops_the_adapter(tiny_checkpoint, tiny_lora, registered, capsys):
     """A backend running the base model on the adapter's rows fails from the first adapted layer on; the embeddings,
     which the adapter does not touch, pass."""
