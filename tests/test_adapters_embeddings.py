@@ -7,8 +7,8 @@ tables; bertfast/adapters_embeddings.py).
   backend (under the interpreter); bf16 within twice PEFT's bf16 error.
 - A row alone equals the same row in a 481-token mixed batch bit for bit (fp32, bf16, int8) on every tier; base rows
   equal the forward without adapters.
-- `merge` and `stack` of table adapters; `bertfast.reference` (the oracle `validate --adapter` judges by) against
-  PEFT; the refusals: a table the base model lacks, a factor without its pair, another vocabulary, a linear's
+- `merge` and `stack` of table adapters (the engine serving the sum too); `bertfast.reference` (the oracle
+  `validate --adapter` judges by) against PEFT; `optimize(peft_model)` unmerged and merged; the refusals: a table the base model lacks, a factor without its pair, another vocabulary, a linear's
   factor names on a table.
 """
 
@@ -164,7 +164,7 @@ def test_row_alone_equals_row_in_mixed_batch(family, dtype, tier, built):
 
 def test_reference_merge_and_stack(built):
     """The oracle runs the table terms unmerged as PEFT does; merged into the tables they give the same model; two
-    adapters stacked give the sum of their terms (PEFT's several active adapters)."""
+    adapters stacked give the sum of their terms (PEFT's several active adapters), in the oracle and the engine."""
     model, pm, paths = built("bert")
     weights = load_hf_model(model)
     kwargs, mask = _batch(model, "bert", LENGTHS)
@@ -179,6 +179,9 @@ def test_reference_merge_and_stack(built):
     assert rel_err(reference.forward(weights, **kwargs, adapter=a)[0], ref, mask) <= 1e-5
     assert rel_err(reference.forward(merge(weights, a), **kwargs)[0], ref, mask) <= 1e-5
     assert rel_err(reference.forward(weights, **kwargs, adapter=stack([a, b], "a+b"))[0], both, mask) <= 1e-5
+    enc = _encoder(model, {}, backend="torch", dtype=torch.float32)
+    enc.load_adapter("a+b", [paths["a"], paths["b"]])
+    assert rel_err(enc(**kwargs, adapter_ids=["a+b"] * mask.shape[0]).last_hidden_state, both, mask) <= 1e-5
     pairs = [*a.embeddings.values(), *(pair for slots in a.layers for pair in slots.values())]
     assert a.nbytes == sum(t.numel() * t.element_size() for pair in pairs for t in pair)
 
@@ -207,3 +210,22 @@ def test_refusals(tmp_path, built):
                                                             moved + "B": torch.zeros(distil.config.dim, 3)})
     with pytest.raises(LoadError, match=r"adapts the token_type embeddings, which the base model lacks"):
         load_adapter(saved, load_hf_model(distil), "x")
+
+
+@pytest.mark.parametrize("merge", [False, True], ids=["unmerged", "merged"])
+def test_optimize_peft_model_with_table_lora(merge, tmp_path):
+    """`optimize(peft_model)` serves a table adapter: the base tables under PEFT's Embedding wrappers, the factors read
+    in memory; merged, PEFT merges them into the tables."""
+    import bertfast
+
+    model = CASES["bert"][0]()
+    pm = save_lora(model, tmp_path, r=4, lora_alpha=6, target_modules=TARGETS["bert"])
+    kwargs, mask = _batch(model, "bert", LENGTHS)
+    with torch.no_grad():
+        ref = pm(**kwargs).last_hidden_state
+        served = bertfast.optimize(pm, merge=merge)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the engine serves the call: no fallback
+            ours = served(**kwargs).last_hidden_state
+    assert rel_err(ours, ref, mask) <= 1e-5
+    assert rel_err(ours, model(**kwargs).last_hidden_state, mask) > 1e-2
