@@ -8,8 +8,8 @@ tables; bertfast/adapters_embeddings.py).
 - A row alone equals the same row in a 481-token mixed batch bit for bit (fp32, bf16, int8) on every tier; base rows
   equal the forward without adapters.
 - `merge` and `stack` of table adapters (the engine serving the sum too); `bertfast.reference` (the oracle
-  `validate --adapter` judges by) against PEFT; `optimize(peft_model)` unmerged and merged; the refusals: a table the base model lacks, a factor without its pair, another vocabulary, a linear's
-  factor names on a table.
+  `validate --adapter` judges by) against PEFT; `optimize(peft_model)` unmerged and merged; the refusals: a table
+  the base model lacks, a factor without its pair, another vocabulary, a linear's factor names on a table.
 """
 
 from __future__ import annotations
