@@ -201,15 +201,18 @@ def in_modules_to_save(config: dict, name: str) -> bool:
     return any(module.endswith(m) for module in modules for m in config.get("modules_to_save") or ())
 
 
-def write_peft_dir(path: str | os.PathLike, factors: dict, *, rank: int, alpha: float, target_modules) -> None:
+def write_peft_dir(path: str | os.PathLike, factors: dict, *, rank: int, alpha: float, target_modules,
+                   tables=()) -> None:
     """Write a PEFT LoRA directory without PEFT (benchmarks, and GPU machines that lack it): factors maps a module
-    name to its (A (rank, in), B (out, rank)); plain LoRA, the config fields `check_config` reads."""
+    name to its (A (rank, in), B (out, rank)), an embedding table's (in `tables`) to (A (rank, V), B (E, rank)) as
+    PEFT names them (`lora_embedding_A` / `_B`); plain LoRA, the config fields `check_config` reads."""
     from safetensors.torch import save_file
 
     tensors = {}
     for name, (A, B) in factors.items():
-        tensors[f"{SAVED_PREFIX}{name}.lora_A.weight"] = A.contiguous()
-        tensors[f"{SAVED_PREFIX}{name}.lora_B.weight"] = B.contiguous()
+        a, b = ("lora_embedding_A", "lora_embedding_B") if name in tables else ("lora_A.weight", "lora_B.weight")
+        tensors[f"{SAVED_PREFIX}{name}.{a}"] = A.contiguous()
+        tensors[f"{SAVED_PREFIX}{name}.{b}"] = B.contiguous()
     os.makedirs(path)
     save_file(tensors, os.path.join(path, WEIGHTS_FILE))
     with open(os.path.join(path, CONFIG_FILE), "w") as f:

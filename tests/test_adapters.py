@@ -135,7 +135,8 @@ def _hub_adapter(path, base, modules, r=2, alpha=3):
 
 
 def test_written_dir_is_peft_format(tmp_path):
-    """`write_peft_dir` writes what PEFT itself loads: its factors and scale in PEFT's modules."""
+    """`write_peft_dir` writes what PEFT itself loads: its factors and scale in PEFT's modules (a linear's and an
+    embedding table's)."""
     peft = pytest.importorskip("peft")
     model = families.build("bert")
     modules = dict(model.named_modules())
@@ -143,12 +144,19 @@ def test_written_dir_is_peft_format(tmp_path):
     factors = {name: (torch.randn(4, modules[name].in_features, generator=g),
                       torch.randn(modules[name].out_features, 4, generator=g))
                for name in ("encoder.layer.0.attention.self.query", "encoder.layer.1.output.dense")}
-    write_peft_dir(tmp_path / "a", factors, rank=4, alpha=6, target_modules=["query", "dense"])
+    word = modules["embeddings.word_embeddings"]
+    table = {"embeddings.word_embeddings": (torch.randn(4, word.num_embeddings, generator=g),
+                                            torch.randn(word.embedding_dim, 4, generator=g))}
+    write_peft_dir(tmp_path / "a", {**factors, **table}, rank=4, alpha=6,
+                   target_modules=["query", "dense", "word_embeddings"], tables=set(table))
     loaded = dict(peft.PeftModel.from_pretrained(model, str(tmp_path / "a")).named_modules())
     for name, (A, B) in factors.items():
         layer = loaded[f"base_model.model.{name}"]
         assert torch.equal(layer.lora_A["default"].weight, A) and torch.equal(layer.lora_B["default"].weight, B)
         assert layer.scaling["default"] == 6 / 4
+    (name, (A, B)), = table.items()
+    layer = loaded[f"base_model.model.{name}"]
+    assert torch.equal(layer.lora_embedding_A["default"], A) and torch.equal(layer.lora_embedding_B["default"], B)
     untouched = loaded["base_model.model.encoder.layer.0.attention.self.key"]
     assert not hasattr(untouched, "lora_A")
 

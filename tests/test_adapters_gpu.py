@@ -1,6 +1,7 @@
 """LoRA adapters per row on a GPU (the triton backend's segmented shrink and expand kernels, `kernels.triton.lora`,
-and the GEMM kernels' addend): a BERT-base-shaped two-layer model, four adapters of rank 16 on query, key, value and
-every dense, a ragged batch of 550 tokens mixing them with base rows.
+and the GEMM kernels' addend; the word table's term, `adapters_embeddings`): a BERT-base-shaped two-layer model, four
+adapters of rank 16 on the word embeddings, query, key, value and every dense, a ragged batch of 550 tokens mixing
+them with base rows.
 
 - fp32 within 1e-5 (relative) of the float64 forward of each row's merged model (W + scale B A);
 - fp16 and bf16 within twice the error of that merged model run by transformers in the same dtype (PEFT may be absent
@@ -26,7 +27,7 @@ from bertfast.adapters_peft import write_peft_dir
 from helpers.gpu_child import compiled_rows
 
 RANK, ALPHA = 16, 32
-TARGETS = ("query", "key", "value", "dense")
+TARGETS = ("word_embeddings", "query", "key", "value", "dense")
 LENGTHS = [1, 130, 7, 67, 300, 45]
 ROWS = ["a", None, "b", "c", "d", "a"]
 
@@ -35,12 +36,18 @@ def _write_lora(model, path: str, seed: int) -> dict:
     """A PEFT LoRA directory for `model` (written without PEFT, which the GPU machine may lack): returns
     {module name: (A, B)} of the factors it holds."""
     g = torch.Generator().manual_seed(seed)
-    factors = {}
+    factors, tables = {}, set()
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in TARGETS and "pooler" not in name:
+        if name.split(".")[-1] not in TARGETS or "pooler" in name:
+            continue
+        if isinstance(module, torch.nn.Embedding):  # A (r, V), B (E, r)
+            tables.add(name)
+            factors[name] = (torch.randn(RANK, module.num_embeddings, generator=g) * 0.05,
+                             torch.randn(module.embedding_dim, RANK, generator=g) * 0.05)
+        elif isinstance(module, torch.nn.Linear):
             factors[name] = (torch.randn(RANK, module.in_features, generator=g) * 0.05,
                              torch.randn(module.out_features, RANK, generator=g) * 0.05)
-    write_peft_dir(path, factors, rank=RANK, alpha=ALPHA, target_modules=TARGETS)
+    write_peft_dir(path, factors, rank=RANK, alpha=ALPHA, target_modules=TARGETS, tables=tables)
     return factors
 
 
@@ -50,7 +57,8 @@ def _merged(model, factors, dtype):
     with torch.no_grad():
         for name, (A, B) in factors.items():
             w = modules[name].weight
-            w += (ALPHA / RANK) * (B.double().to(w.device) @ A.double().to(w.device))
+            delta = (ALPHA / RANK) * (B.double().to(w.device) @ A.double().to(w.device))
+            w += delta.T if isinstance(modules[name], torch.nn.Embedding) else delta
     return merged.to(dtype).eval()
 
 
