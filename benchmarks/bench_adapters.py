@@ -9,8 +9,9 @@ and every dense (attention out, FFN in and out, the pooler), both factors drawn 
 Rows: `base` (no adapter), `mixed` (row i on adapter i mod N), `peft` (for each adapter, PEFT's model with that
 adapter active on its rows, padded as transformers runs them). `mixed` is checked against PEFT per row before it is
 timed (fp32: within 1e-4 of the largest value). Timed interleaved in one process
-(`bertfast.tools.bench.measure.interleaved`), medians. Also the bytes of the tensors the loaded adapters hold, and
-the resident memory loading them adds.
+(`bertfast.tools.bench.measure.interleaved`), medians; mixed/base also as the median of the rounds' own ratios (a
+round's two calls run back to back: a drift of the host's speed moves both). Also the bytes of the tensors the loaded
+adapters hold, and the resident memory loading them adds.
 Targets (issue 59): mixed <= 1.15x base, peft >= 4x mixed.
 --device cuda: the triton backend (its segmented LoRA kernels) on the GPU, PEFT's model there in the same dtype
 (fp32, fp16 or bf16), each call timed between synchronizations.
@@ -172,7 +173,8 @@ def main() -> None:
             times = interleaved(contenders, args.rounds, warmup=1)
             med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
             line = "  ".join(f"{k} {v:8.1f} ms" for k, v in med.items())
-            ratio = f"mixed/base x{med['mixed'] / med['base']:.3f}"
+            per_round = statistics.median(m / b for m, b in zip(times["mixed"], times["base"]))
+            ratio = f"mixed/base x{med['mixed'] / med['base']:.3f} (per round x{per_round:.3f})"
             if "peft" in med:
                 ratio += f"  peft/mixed x{med['peft'] / med['mixed']:.2f}"
             print(f"{workload:8s} {line}   {ratio}")
