@@ -6,7 +6,7 @@ tables; bertfast/adapters_embeddings.py).
   and ELECTRA's narrower embeddings, ModernBERT's tok_embeddings), on the cpu and torch backends and the triton
   backend (under the interpreter); bf16 within twice PEFT's bf16 error.
 - A row alone equals the same row in a 481-token mixed batch bit for bit (fp32, bf16, int8) on every tier; base rows
-  equal the forward without adapters.
+  equal the forward without adapters. A masked LM's decoder tied to the word table stays the base table, as in PEFT.
 - `merge` and `stack` of table adapters (the engine serving the sum too); `bertfast.reference` (the oracle
   `validate --adapter` judges by) against PEFT; `optimize(peft_model)` unmerged and merged; the refusals: a table
   the base model lacks, a factor without its pair, another vocabulary, a linear's factor names on a table.
@@ -229,3 +229,27 @@ def test_optimize_peft_model_with_table_lora(merge, tmp_path):
             ours = served(**kwargs).last_hidden_state
     assert rel_err(ours, ref, mask) <= 1e-5
     assert rel_err(ours, model(**kwargs).last_hidden_state, mask) > 1e-2
+
+
+@needs_cpu
+def test_word_table_adapter_leaves_the_tied_decoder(tmp_path):
+    """A masked LM whose decoder is tied to the word table: PEFT's unmerged forward adds the table's term to the
+    looked-up rows only, the decoder stays the base table; the task model's logits match it, rows alone and mixed."""
+    import bertfast
+    from helpers.heads import build as build_task
+
+    model = build_task("bert", "MaskedLM")
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    model.save_pretrained(tmp_path / "model")
+    pm = save_lora(model, tmp_path / "a", seed=2, r=4, lora_alpha=6, target_modules=["word_embeddings", "query"])
+    kwargs, mask = families.batch_for(model, LENGTHS)
+    rows = ["a", None] * (len(LENGTHS) // 2) + ["a"]
+    with torch.no_grad():
+        ref = torch.stack([(pm if a else model)(**kwargs).logits[i] for i, a in enumerate(rows)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = bertfast.load(tmp_path / "model", backend="cpu", dtype=torch.float32, adapters={"a": tmp_path / "a"})
+    out = ours(**kwargs, adapter_ids=rows).logits
+    assert rel_err(out, ref, mask) <= 1e-5
+    alone = ours(**{k: v[:1, :LENGTHS[0]] for k, v in kwargs.items()}, adapter_ids=["a"]).logits[0]
+    assert torch.equal(alone, out[0, :LENGTHS[0]])
