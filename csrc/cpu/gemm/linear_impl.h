@@ -87,6 +87,7 @@ BF_INLINE void prefetch_epilogue(const Epilogue& ep, int64_t m0, int64_t mr, int
       __builtin_prefetch(out + (r * ep.ldo + n0) * size + b, 1, 3);
     }
   }
+  if (ep.lora != nullptr) lora_prefetch(*ep.lora, m0, mr, n0, n);
 }
 
 #if BF_X86
@@ -106,13 +107,20 @@ BF_TARGET_AVX512 void store_rows512(const float* tile, int mr, int64_t m0, int64
     b[v] = bias != nullptr ? load16(bias + n0 + 16 * v, mk[v]) : _mm512_setzero_ps();
   }
   const bool gelu = ep.act == Activation::Gelu;
+  alignas(64) float terms[kMaxRows][64];
+  const float* term[kMaxRows] = {};
   for (int r = 0; r < mr; ++r) {
+    if (ep.lora != nullptr && r % kMaxRows == 0) {  // the next rows' terms at once: they share each B^T load
+      std::fill(term, term + kMaxRows, nullptr);
+      lora_terms_rows(*ep.lora, m0 + r, std::min(kMaxRows, mr - r), n0, nvalid, terms, term);
+    }
     const float* c = tile + r * kPanel;
     O* o = out + (m0 + r) * ep.ldo + n0;
     const O* rr = res != nullptr ? res + (m0 + r) * ep.ldr + n0 : nullptr;
     __m512 y[3];
     for (int v = 0; v < 3; ++v) y[v] = _mm512_add_ps(_mm512_maskz_loadu_ps(mk[v], c + 16 * v), b[v]);
-    lora_add48(ep.lora, m0 + r, n0, mk, y);
+    if (const float* t = term[r % kMaxRows]; t != nullptr)
+      for (int v = 0; v < 3; ++v) y[v] = _mm512_add_ps(y[v], _mm512_maskz_loadu_ps(mk[v], t + 16 * v));
     for (int v = 0; v < 3 && mk[v] != 0; ++v) {
       if (gelu) y[v] = gelu_erf512(y[v]);
       if (rr != nullptr) y[v] = _mm512_add_ps(y[v], load16(rr + 16 * v, mk[v]));
@@ -333,6 +341,7 @@ struct TileOut {
   float* sums;
   const Epilogue* ep;
   int64_t m0, n0, nvalid;
+  const float* const* terms = nullptr;  // the rows' LoRA terms computed beforehand (lora_terms_rows; null: none)
 };
 
 template <int MR, Activation ACT>
@@ -351,7 +360,11 @@ BF_TARGET_AVX512 BF_INLINE void finish_tile(const __m512 (&acc)[MR][3], const Ti
   for (int r = 0; r < MR; ++r) {
     const float* rr = res != nullptr ? res + (to.m0 + r) * ep.ldr + to.n0 : nullptr;
     __m512 ys[3] = {_mm512_add_ps(acc[r][0], b[0]), _mm512_add_ps(acc[r][1], b[1]), _mm512_add_ps(acc[r][2], b[2])};
-    lora_add48(ep.lora, to.m0 + r, to.n0, mk, ys);
+    if (to.terms == nullptr) {
+      lora_add48(ep.lora, to.m0 + r, to.n0, mk, ys);
+    } else if (to.terms[r] != nullptr) {
+      for (int v = 0; v < 3; ++v) ys[v] = _mm512_add_ps(ys[v], _mm512_maskz_loadu_ps(mk[v], to.terms[r] + 16 * v));
+    }
     for (int v = 0; v < 3; ++v) {
       __m512 y = act512<ACT>(ys[v]);
       if (rr != nullptr) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mk[v], rr + 16 * v));

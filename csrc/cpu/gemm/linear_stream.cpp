@@ -179,10 +179,14 @@ BF_TARGET_AVX512BF16 void Avx512Pass<T>::store(const float* tile, int mr, int64_
                                               const Epilogue& ep) const {
   if constexpr (sizeof(T) == 4) {
     if (ep.act == Activation::None || ep.act == Activation::Gelu || ep.act == Activation::Relu) {
+      alignas(64) float terms[kMaxRows][64];
+      const float* term[kMaxRows] = {};
+      if (ep.lora != nullptr)  // the tile's terms at once: its rows share each B^T load
+        lora_terms_rows(*ep.lora, m0, mr, n0, nvalid, terms, term);
       for (int r = 0; r < mr; ++r) {
         __m512 acc[1][3];
         load_acc<1>(acc, tile + r * kPanel, false);
-        const TileOut to{nullptr, &ep, m0 + r, n0, nvalid};
+        const TileOut to{nullptr, &ep, m0 + r, n0, nvalid, ep.lora != nullptr ? term + r : nullptr};
         if (ep.act == Activation::Gelu)
           finish_tile<1, Activation::Gelu>(acc, to);
         else if (ep.act == Activation::Relu)

@@ -75,6 +75,24 @@ BF_INLINE bool lora_row(const LoraTerm& t, int64_t m, int64_t n, LoraRow* r) {
   return true;
 }
 
+// Prefetches the B^T rows that rows [m0, m0 + mr) read at columns [n, n + cols): a streaming kernel's epilogue then
+// finds them in cache, where the panel's weights streaming past had left them in memory.
+BF_INLINE void lora_prefetch(const LoraTerm& t, int64_t m0, int64_t mr, int64_t n, int64_t cols) {
+  int32_t last = -1;
+  for (int64_t m = m0; m < m0 + mr; ++m) {
+    if (t.index[m] < 0 || t.index[m] == last) continue;
+    last = t.index[m];
+    for (int64_t j = 0; j < cols;) {
+      LoraRow r;
+      lora_row(t, m, n + j, &r);
+      const int64_t run = std::min(cols - j, r.width - r.col), groups = (r.col % 16 + run + 15) / 16;
+      for (int64_t g = 0; g < groups; ++g)
+        for (int32_t k = r.k0; k < r.k1; ++k) __builtin_prefetch(r.b + g * r.group + 16 * (k - r.k0), 0, 3);
+      j += run;
+    }
+  }
+}
+
 // v[0, n) += the term of row m at columns [n0, n0 + n), one segment at a time; plain loops (any tier).
 BF_INLINE void lora_add(const LoraTerm* t, int64_t m, int64_t n0, int64_t n, float* v) {
   if (t == nullptr) return;
