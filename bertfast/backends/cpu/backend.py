@@ -203,7 +203,7 @@ class CpuBackend(Backend):
 
     def _layer_slots(self, lora):
         """`layer_slots` of the forward's layer `lora.layer`, built for all its layers at the first: built between
-        the layers' GEMMs, on cold caches, each took ~4x as long (~120 us, 1.4 ms a BERT-base forward)."""
+        the layers' GEMMs, on cold caches, each took about four times as long."""
         rows = lora.rows
         if "cpu layer slots" not in rows.memo:
             rows.memo["cpu layer slots"] = [layer_slots(rows.layer(self, i)) for i in range(rows.layers)]
