@@ -106,7 +106,7 @@ class RowAdapters:
         embedding table recomputed from its adapted rows (`adapters_embeddings`); tokens: the forward's `Tokens`."""
         for p, adapter in enumerate(self.adapters):
             if adapter.embeddings:
-                idx = (self.token_index == p).nonzero().flatten()
+                idx = self._tokens(p)
                 ids, positions, types = (None if t is None else t.index_select(0, idx)
                                          for t in (tokens.ids, tokens.positions, tokens.types))
                 x.index_copy_(0, idx, adapted_embeddings(ops, emb, adapter.embeddings, ids, positions, types, eps))
@@ -121,7 +121,7 @@ class RowAdapters:
             key, query = slots.get("pos_key"), slots.get("pos_query")
             if key is None and query is None:
                 continue
-            idx = (self.token_index == p).nonzero().flatten()  # the adapter's tokens, in order
+            idx = self._tokens(p)
             rows = [None if t is None else t[index.lo:index.hi] for t in (key, query)]
             group = ops.disentangled(q.index_select(0, idx), k.index_select(0, idx), *rows, scale,
                                      tuple(w.index_select(0, idx) for w in windows))
@@ -129,6 +129,10 @@ class RowAdapters:
                 if part is not None:
                     table.index_copy_(0, idx, part)
         return bias
+
+    def _tokens(self, p: int) -> torch.Tensor:
+        """The tokens of the forward's adapter p, in order."""
+        return (self.token_index == p).nonzero().flatten()
 
     def layer(self, ops, i: int | None) -> "LayerAdapters":
         """Executed layer i's view (`engine.compose_layer`'s lora); None: the model's own slots (the embedding

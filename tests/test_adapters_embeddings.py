@@ -29,7 +29,7 @@ from bertfast.backends.cpu import isa as isa_module
 from bertfast.loading import LoadError, load_hf_model
 from conftest import rel_err
 from helpers import families
-from helpers.adapters import CASES, edited, save_lora
+from helpers.adapters import CASES, LONG_LENGTHS, LONG_ROWS, TIER_IDS, TIERS, edited, peft_names, save_lora
 from helpers.caps import on_cap
 
 CPU_REASON = available_backends("cpu").get("cpu")
@@ -85,10 +85,6 @@ def _batch(model, family, lengths, seed=1):
     return kwargs, mask
 
 
-def _peft_names(rows):
-    return ["__base__" if a is None else ("default" if a == "a" else a) for a in rows]
-
-
 def _encoder(model, paths, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # bf16 measured slower on some tiers
@@ -112,7 +108,7 @@ def test_fp32_matches_peft_mixed_batch(family, backend, built):
     model, pm, paths = built(family)
     kwargs, mask = _batch(model, family, LENGTHS)
     with torch.no_grad():
-        ref = pm(**kwargs, adapter_names=_peft_names(ROWS)).last_hidden_state
+        ref = pm(**kwargs, adapter_names=peft_names(ROWS)).last_hidden_state
         base = model(**kwargs).last_hidden_state
     out = _encoder(model, paths, backend=backend, dtype=torch.float32)(**kwargs, adapter_ids=ROWS).last_hidden_state
     assert rel_err(out, ref, mask) <= 1e-5
@@ -125,7 +121,7 @@ def test_fp32_matches_peft_mixed_batch(family, backend, built):
 def test_bf16_within_twice_peft_bf16(built):
     model, pm, paths = built("bert")
     kwargs, mask = _batch(model, "bert", LENGTHS)
-    names = _peft_names(ROWS)
+    names = peft_names(ROWS)
     with torch.no_grad():
         ref = pm(**kwargs, adapter_names=names).last_hidden_state
         low = copy.deepcopy(pm).to(torch.bfloat16)(**kwargs, adapter_names=names).last_hidden_state
@@ -134,14 +130,9 @@ def test_bf16_within_twice_peft_bf16(built):
     assert within(ours, theirs, torch.bfloat16, floor=0.0, cap=False), f"bf16 {ours:.3g} vs PEFT bf16 {theirs:.3g}"
 
 
-# 481 tokens in 16 rows: past every row count of the native kernels' choosers, as in test_adapters_forward.py.
-LONG_LENGTHS = [40, 1, 33, 40, 17, 40, 39, 2, 40, 28, 40, 36, 40, 40, 36, 9]
-LONG_ROWS = ["a", None, "b", "a", "c", None, "a", "b", "c", "a", None, "b", "b", "c", None, "a"]
-TIERS = [None, "portable", "avx2", "avx512_vnni-nobf16", "amx_emulated"]
-
 
 @needs_cpu
-@pytest.mark.parametrize("tier", TIERS, ids=["default-tier", *TIERS[1:]])
+@pytest.mark.parametrize("tier", TIERS, ids=TIER_IDS)
 @pytest.mark.parametrize("family, dtype", [("bert", torch.float32), ("bert", torch.bfloat16), ("bert", "int8"),
                                            ("modernbert", torch.float32)],
                          ids=["bert-fp32", "bert-bf16", "bert-int8", "modernbert-fp32"])

@@ -34,7 +34,8 @@ from bertfast.backends import available_backends
 from bertfast.backends.cpu import isa as isa_module
 from conftest import rel_err
 from helpers import families
-from helpers.adapters import CASES, native_layer_calls, save_lora
+from helpers.adapters import (CASES, LONG_LENGTHS, LONG_ROWS, TIER_IDS, TIERS, native_layer_calls, peft_names,
+                              save_lora)
 from helpers.caps import on_cap
 
 CPU_REASON = available_backends("cpu").get("cpu")
@@ -57,10 +58,6 @@ def _peft_with_adapters(model, tmp_path, targets):
         save_lora(model, path, seed=i, r=2 + i, lora_alpha=5, use_rslora=i == 2, target_modules=targets)
         pm.load_adapter(path, adapter_name=name)
     return pm.eval(), paths
-
-
-def _peft_names(row_adapters):
-    return ["__base__" if a is None else ("default" if a == "a" else a) for a in row_adapters]
 
 
 def _batch(model, lengths, seed=1):
@@ -99,7 +96,7 @@ def test_fp32_matches_peft_mixed_batch(family, backend, peft_models):
     model, pm, paths = peft_models(family)
     kwargs, mask = _batch(model, LENGTHS)
     with torch.no_grad():
-        ref = pm(**kwargs, adapter_names=_peft_names(ROW_ADAPTERS))
+        ref = pm(**kwargs, adapter_names=peft_names(ROW_ADAPTERS))
         base = model(**kwargs)
     enc = _encoder(model, paths, backend=backend, dtype=torch.float32)
     out = enc(**kwargs, adapter_ids=ROW_ADAPTERS)
@@ -114,7 +111,7 @@ def test_fp32_matches_peft_mixed_batch(family, backend, peft_models):
 def test_bf16_within_twice_peft_bf16(family, peft_models):
     model, pm, paths = peft_models(family)
     kwargs, mask = _batch(model, LENGTHS)
-    names = _peft_names(ROW_ADAPTERS)
+    names = peft_names(ROW_ADAPTERS)
     with torch.no_grad():
         ref = pm(**kwargs, adapter_names=names).last_hidden_state
         low = copy.deepcopy(pm).to(torch.bfloat16)(**kwargs, adapter_names=names).last_hidden_state
@@ -122,12 +119,6 @@ def test_bf16_within_twice_peft_bf16(family, peft_models):
     ours, theirs = rel_err(out.last_hidden_state, ref, mask), rel_err(low, ref, mask)
     assert within(ours, theirs, torch.bfloat16, floor=0.0, cap=False), f"bf16 {ours:.3g} vs PEFT bf16 {theirs:.3g}"
 
-
-# 481 tokens in 16 rows: past every row count of the GEMM choosers (the adapters' own GEMMs too: 'a' holds 175).
-LONG_LENGTHS = [40, 1, 33, 40, 17, 40, 39, 2, 40, 28, 40, 36, 40, 40, 36, 9]
-LONG_ADAPTERS = ["a", None, "b", "a", "c", None, "a", "b", "c", "a", None, "b", "b", "c", None, "a"]
-TIERS = [None, "portable", "avx2", "avx512_vnni-nobf16", "amx_emulated"]
-TIER_IDS = ["default-tier", "portable", "avx2", "avx512_vnni-nobf16", "amx_emulated"]
 
 
 @needs_cpu
@@ -147,13 +138,13 @@ def test_row_alone_equals_row_in_mixed_batch(family, dtype, tier, peft_models):
     assert int(mask.sum()) > 256
     with on_cap(tier) if tier else contextlib.nullcontext():
         enc = _encoder(model, paths, backend="cpu", dtype=dtype)
-        together = enc(**kwargs, adapter_ids=LONG_ADAPTERS).last_hidden_state
+        together = enc(**kwargs, adapter_ids=LONG_ROWS).last_hidden_state
         plain = enc(**kwargs).last_hidden_state
         for b, n in enumerate(lengths):
             row = {k: v[b:b + 1, :n] for k, v in kwargs.items() if k != "attention_mask"}
-            alone = enc(**row, adapter_ids=[LONG_ADAPTERS[b]]).last_hidden_state[0]
-            assert torch.equal(alone, together[b, :n]), f"row {b} ({n} tokens, {LONG_ADAPTERS[b]}) differs alone"
-            if LONG_ADAPTERS[b] is None:  # a base row: the bits of the forward without adapters (whole layers)
+            alone = enc(**row, adapter_ids=[LONG_ROWS[b]]).last_hidden_state[0]
+            assert torch.equal(alone, together[b, :n]), f"row {b} ({n} tokens, {LONG_ROWS[b]}) differs alone"
+            if LONG_ROWS[b] is None:  # a base row: the bits of the forward without adapters (whole layers)
                 assert torch.equal(together[b, :n], plain[b, :n]), f"base row {b} differs from the plain forward"
             else:
                 assert not torch.equal(together[b, :n], plain[b, :n])
@@ -173,16 +164,16 @@ def test_adapted_bert_layers_run_whole(dtype, tier, peft_models):
     with on_cap(tier) if tier else contextlib.nullcontext():
         enc = _encoder(model, paths, backend="cpu", dtype=dtype)
         backend, layers = enc.engine.backend, model.config.num_hidden_layers
-        b = LONG_ADAPTERS.index("c")
+        b = LONG_ROWS.index("c")
         n = int(mask[b].sum())
         with native_layer_calls(backend) as calls:
-            whole = enc(**kwargs, adapter_ids=LONG_ADAPTERS).last_hidden_state
+            whole = enc(**kwargs, adapter_ids=LONG_ROWS).last_hidden_state
             row = {k: v[b:b + 1, :n] for k, v in kwargs.items() if k != "attention_mask"}
             alone = enc(**row, adapter_ids=["c"]).last_hidden_state[0]
         assert len(calls) == 2 * layers and all(c is not None and len(c) == 4 for c in calls)
         backend.whole_layer = lambda x, layer, lora=None: None  # the layers composed from the ops
         try:
-            composed = enc(**kwargs, adapter_ids=LONG_ADAPTERS).last_hidden_state
+            composed = enc(**kwargs, adapter_ids=LONG_ROWS).last_hidden_state
         finally:
             del backend.whole_layer
         plain = enc(**kwargs).last_hidden_state
@@ -416,7 +407,7 @@ def test_triton_backend_matches_peft(family, peft_models):
     kwargs, mask = _batch(model, lengths)
     names = ["a", None, "b", "c"]
     with torch.no_grad():
-        ref = pm(**kwargs, adapter_names=_peft_names(names)).last_hidden_state
+        ref = pm(**kwargs, adapter_names=peft_names(names)).last_hidden_state
     enc = _encoder(model, paths, backend="triton", dtype=torch.float32)
     out = enc(**kwargs, adapter_ids=names).last_hidden_state
     assert rel_err(out, ref, mask) <= 1e-5

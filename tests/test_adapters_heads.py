@@ -30,7 +30,7 @@ from bertfast.backends import available_backends
 from bertfast.loading import LoadError
 from conftest import rel_err
 from helpers import families
-from helpers.adapters import ALL_BERT, CASES as ADAPTER_CASES, edited, save_lora
+from helpers.adapters import ALL_BERT, CASES as ADAPTER_CASES, LONG_LENGTHS, edited, save_lora
 from helpers.heads import PREFIX, build as build_task
 from helpers.modern_tasks import PREFIX as MODERN_PREFIX, build as build_modern
 
@@ -47,8 +47,7 @@ ADAPTERS = {"a": dict(seed=1, r=4, lora_alpha=6, task=True),
             "d": dict(seed=4, r=4, lora_alpha=8)}
 LENGTHS = [7, 1, 12, 5, 9, 3, 11, 4]
 ROW_ADAPTERS = ["a", None, "b", "c", "d", None, "a", "d"]
-# 481 tokens in 16 rows: past every row count of the GEMM choosers (tests/test_adapters_forward.py).
-LONG_LENGTHS = [40, 1, 33, 40, 17, 40, 39, 2, 40, 28, 40, 36, 40, 40, 36, 9]
+# Over LONG_LENGTHS' 481 tokens (helpers.adapters), four adapters and the base model.
 LONG_ADAPTERS = ["a", None, "b", "a", "c", None, "d", "b", "c", "a", None, "b", "d", "c", None, "a"]
 
 

@@ -40,6 +40,18 @@ CASES = {
     "gte": (lambda: modern_models.build("gte"), ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]),
 }
 
+# 481 tokens in 16 rows: past every row count of the GEMM choosers (the adapters' own GEMMs too: 'a' holds 175), and
+# each row's adapter of a mixed batch ("a", "b", "c" or None: the base model); the tier caps the invariance runs on.
+LONG_LENGTHS = [40, 1, 33, 40, 17, 40, 39, 2, 40, 28, 40, 36, 40, 40, 36, 9]
+LONG_ROWS = ["a", None, "b", "a", "c", None, "a", "b", "c", "a", None, "b", "b", "c", None, "a"]
+TIERS = [None, "portable", "avx2", "avx512_vnni-nobf16", "amx_emulated"]
+TIER_IDS = ["default-tier", "portable", "avx2", "avx512_vnni-nobf16", "amx_emulated"]
+
+
+def peft_names(rows):
+    """PEFT's `adapter_names` for rows on adapters "a" (loaded first: PEFT's "default"), "b", ... or None."""
+    return ["__base__" if a is None else ("default" if a == "a" else a) for a in rows]
+
 
 def randomize(model, seed=0, adapter=None):
     """Draw the LoRA factors of `model` (a PeftModel, or a model with adapters through transformers' integration)
