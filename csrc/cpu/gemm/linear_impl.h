@@ -119,8 +119,7 @@ BF_TARGET_AVX512 void store_rows512(const float* tile, int mr, int64_t m0, int64
     const O* rr = res != nullptr ? res + (m0 + r) * ep.ldr + n0 : nullptr;
     __m512 y[3];
     for (int v = 0; v < 3; ++v) y[v] = _mm512_add_ps(_mm512_maskz_loadu_ps(mk[v], c + 16 * v), b[v]);
-    if (const float* t = term[r % kMaxRows]; t != nullptr)
-      for (int v = 0; v < 3; ++v) y[v] = _mm512_add_ps(y[v], _mm512_maskz_loadu_ps(mk[v], t + 16 * v));
+    lora_add48_terms(term[r % kMaxRows], mk, y);
     for (int v = 0; v < 3 && mk[v] != 0; ++v) {
       if (gelu) y[v] = gelu_erf512(y[v]);
       if (rr != nullptr) y[v] = _mm512_add_ps(y[v], load16(rr + 16 * v, mk[v]));
@@ -360,11 +359,10 @@ BF_TARGET_AVX512 BF_INLINE void finish_tile(const __m512 (&acc)[MR][3], const Ti
   for (int r = 0; r < MR; ++r) {
     const float* rr = res != nullptr ? res + (to.m0 + r) * ep.ldr + to.n0 : nullptr;
     __m512 ys[3] = {_mm512_add_ps(acc[r][0], b[0]), _mm512_add_ps(acc[r][1], b[1]), _mm512_add_ps(acc[r][2], b[2])};
-    if (to.terms == nullptr) {
+    if (to.terms == nullptr)
       lora_add48(ep.lora, to.m0 + r, to.n0, mk, ys);
-    } else if (to.terms[r] != nullptr) {
-      for (int v = 0; v < 3; ++v) ys[v] = _mm512_add_ps(ys[v], _mm512_maskz_loadu_ps(mk[v], to.terms[r] + 16 * v));
-    }
+    else
+      lora_add48_terms(to.terms[r], mk, ys);
     for (int v = 0; v < 3; ++v) {
       __m512 y = act512<ACT>(ys[v]);
       if (rr != nullptr) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mk[v], rr + 16 * v));

@@ -182,6 +182,12 @@ BF_TARGET_AVX512 BF_INLINE void lora_add48(const LoraTerm* t, int64_t m, int64_t
   if (t != nullptr) lora_add48_row(*t, m, n, mk, y);
 }
 
+// y += a row's terms for a 48-column panel computed beforehand (lora_terms_rows: term, 48 floats), if it has any.
+BF_TARGET_AVX512 BF_INLINE void lora_add48_terms(const float* term, const __mmask16 (&mk)[3], __m512 (&y)[3]) {
+  if (term == nullptr) return;
+  for (int v = 0; v < 3; ++v) y[v] = _mm512_add_ps(y[v], _mm512_maskz_loadu_ps(mk[v], term + 16 * v));
+}
+
 // lora_sums<V> of R rows sharing a factor and segment (s[i]: row i's shrunk values) into o[i] (16 V floats, all
 // lanes written): a vector at a time, its four chains for the R rows in registers, each B^T vector loaded once for the
 // R rows and s[k] broadcast inside the fma. The same chains summed the same way, so the same bits as lora_sums.
