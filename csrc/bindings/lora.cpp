@@ -40,6 +40,34 @@ void check_at(const std::vector<at::Tensor>& at, int64_t K, std::vector<const fl
   }
 }
 
+// Each factor's A^T in tile form (cpu/gemm/lora.h: bfloat16 (R / 16, steps, 2, 16, 16, 2), steps = ceil(K / 32)), or
+// none at all: their pointers; and, where `ranks` is empty (no A^T but the tile form), the ranks they hold.
+void check_tiles(const std::vector<at::Tensor>& tiles, int64_t steps, std::vector<int64_t>* ranks,
+                 std::vector<const cpu::bf16*>* ptrs) {
+  if (tiles.empty()) return;
+  const bool given = !ranks->empty();
+  BF_CHECK(!given || tiles.size() == ranks->size(), "lora needs one tiles per at or none, got ", tiles.size(),
+           " and ", ranks->size());
+  for (size_t f = 0; f < tiles.size(); ++f) {
+    const at::Tensor& t = tiles[f];
+    check_tensor(t, "lora tiles");
+    BF_CHECK(t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.dim() == 6 && t.size(1) == steps &&
+                 t.size(2) == 2 && t.size(3) == 16 && t.size(4) == 16 && t.size(5) == 2 &&
+                 (!given || t.size(0) * 16 == (*ranks)[f]),
+             "lora tiles ", f, " must be contiguous bfloat16 (", given ? (*ranks)[f] / 16 : -1, ", ", steps,
+             ", 2, 16, 16, 2) (A.T in tile form), got ", t.scalar_type(), " ", t.sizes());
+    if (!given) ranks->push_back(t.size(0) * 16);
+    ptrs->push_back(reinterpret_cast<const cpu::bf16*>(t.data_ptr()));
+  }
+  if (!given) ranks->resize(tiles.size());
+}
+
+// Where a shrink has only the factors' tile forms (no A^T), the tier must run it on the tiles.
+void check_tiles_only(bool tiles_only) {
+  BF_CHECK(!tiles_only || cpu::amx_kernels(cpu::active_isa()), "lora: the factors' A^T is given only in tile form, "
+           "which only the amx tiers shrink (the active tier has no tiles)");
+}
+
 // Each factor's bt and seg as the epilogue reads them (cpu/gemm/lora.h): the same segments of `width` columns for
 // all, factor f's ranks within ranks[f] (its shrunk values) and its runs within its bt. Returns the segments.
 int64_t check_factors(const std::vector<at::Tensor>& bts, const std::vector<at::Tensor>& segs, int64_t width,
@@ -97,33 +125,57 @@ cpu::LoraTerm LoraOperands::term(int64_t M, int64_t N) const {
 }
 
 LoraSlotOperands::LoraSlotOperands(at::Tensor index, std::vector<at::Tensor> at, std::vector<at::Tensor> bts,
-                                   std::vector<at::Tensor> segs, int64_t width)
-    : index_(std::move(index)), at_(std::move(at)), bts_(std::move(bts)), segs_(std::move(segs)), width_(width) {
-  BF_CHECK(!at_.empty() && at_.size() == bts_.size(), "lora needs one at per bt and at least one, got ", at_.size(),
-           " and ", bts_.size());
-  check_tensor(at_[0], "lora at");
-  k_ = at_[0].dim() == 2 ? at_[0].size(0) : 0;
-  check_at(at_, k_, &at_ptrs_, &ranks_);
+                                   std::vector<at::Tensor> segs, int64_t width, std::vector<at::Tensor> tiles)
+    : index_(std::move(index)),
+      at_(std::move(at)),
+      bts_(std::move(bts)),
+      segs_(std::move(segs)),
+      tiles_(std::move(tiles)),
+      width_(width) {
+  const size_t factors = at_.empty() ? tiles_.size() : at_.size();
+  BF_CHECK(factors > 0 && factors == bts_.size(), "lora needs one at (or tiles) per bt and at least one, got ",
+           at_.size(), " (", tiles_.size(), ") and ", bts_.size());
+  if (!at_.empty()) {
+    check_tensor(at_[0], "lora at");
+    k_ = at_[0].dim() == 2 ? at_[0].size(0) : 0;
+    check_at(at_, k_, &at_ptrs_, &ranks_);
+  }
+  steps_ = at_.empty() ? (tiles_[0].dim() == 6 ? tiles_[0].size(1) : 0) : (k_ + 31) / 32;
+  check_tiles(tiles_, steps_, &ranks_, &tile_ptrs_);
   rank_ = *std::max_element(ranks_.begin(), ranks_.end());
   segments_ = check_factors(bts_, segs_, width_, ranks_, &factors_);
-  check_index_rows(index_, int64_t(at_.size()));
+  check_index_rows(index_, int64_t(bts_.size()));
 }
 
 cpu::LoraSlot LoraSlotOperands::slot(int64_t M, int64_t K, int64_t N, float* s) const {
   check_call(index_, segments_, width_, M, N);
-  BF_CHECK(k_ == K, "lora at has ", k_, " rows but the GEMM's input has ", K, " features");
-  return {index_.data_ptr<int32_t>(), at_ptrs_.data(), ranks_.data(), factors_.data(), width_, s, rank()};
+  if (at_ptrs_.empty()) {
+    BF_CHECK((K + 31) / 32 == steps_, "lora tiles hold ", steps_, " steps of 32 rows but the GEMM's input has ", K,
+             " features");
+  } else {
+    BF_CHECK(k_ == K, "lora at has ", k_, " rows but the GEMM's input has ", K, " features");
+  }
+  check_tiles_only(at_ptrs_.empty());
+  return {index_.data_ptr<int32_t>(), at_ptrs_.empty() ? nullptr : at_ptrs_.data(), ranks_.data(), factors_.data(),
+          width_, s, rank(), tile_ptrs_.empty() ? nullptr : tile_ptrs_.data()};
 }
 
-at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& index, const std::vector<at::Tensor>& at) {
+at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& index, const std::vector<at::Tensor>& at,
+                       const std::vector<at::Tensor>& tiles) {
   check_float(x, "x");
   BF_CHECK(x.dim() == 2 && (x.stride(1) == 1 || x.size(1) <= 1), "x must be (rows, in_features) contiguous along "
            "in_features, got ", x.sizes(), " strides ", x.strides());
   const int64_t M = x.size(0), K = x.size(1);
   std::vector<const float*> ptrs;
   std::vector<int64_t> ranks;
-  check_at(at, K, &ptrs, &ranks);
-  check_index_rows(index, int64_t(at.size()));
+  BF_CHECK(!at.empty() || !tiles.empty(), "lora needs at least one factor");
+  if (!at.empty()) check_at(at, K, &ptrs, &ranks);
+  std::vector<const cpu::bf16*> tile_ptrs;
+  check_tiles(tiles, (K + 31) / 32, &ranks, &tile_ptrs);
+  check_tiles_only(at.empty());
+  const cpu::bf16* const* tp = tile_ptrs.empty() ? nullptr : tile_ptrs.data();
+  const float* const* ap = ptrs.empty() ? nullptr : ptrs.data();
+  check_index_rows(index, int64_t(ranks.size()));
   BF_CHECK(index.size(0) == M, "lora index has ", index.size(0), " rows but x has ", M);
   const int64_t R = *std::max_element(ranks.begin(), ranks.end());
   at::Tensor s = at::zeros({M, R}, x.options().dtype(at::kFloat));
@@ -132,10 +184,10 @@ at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& index, const std::
   py::gil_scoped_release nogil;
   if (x.scalar_type() == at::kBFloat16)
     cpu::lora_shrink(reinterpret_cast<const cpu::bf16*>(x.data_ptr()), ldx, M, K, index.data_ptr<int32_t>(),
-                     ptrs.data(), ranks.data(), s.data_ptr<float>(), R);
+                     ap, ranks.data(), s.data_ptr<float>(), R, tp);
   else
-    cpu::lora_shrink(x.data_ptr<float>(), ldx, M, K, index.data_ptr<int32_t>(), ptrs.data(), ranks.data(),
-                     s.data_ptr<float>(), R);
+    cpu::lora_shrink(x.data_ptr<float>(), ldx, M, K, index.data_ptr<int32_t>(), ap, ranks.data(),
+                     s.data_ptr<float>(), R, tp);
   return s;
 }
 

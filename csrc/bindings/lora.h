@@ -32,9 +32,10 @@ class LoraOperands {
 class LoraSlotOperands {
  public:
   // index (T,) int32, each -1 or a factor's position; per factor at (A^T: (K, r) float32 contiguous, r a multiple of
-  // 16, the same K for all), bt and seg as LoraOperands takes them (seg's ranks within the factor's r); width as there.
+  // 16, the same K for all), bt and seg as LoraOperands takes them (seg's ranks within the factor's r); width as there;
+  // tiles: per factor A^T in tile form (lora_shrink's), or empty; with them `at` may be empty (the amx tiers only).
   LoraSlotOperands(at::Tensor index, std::vector<at::Tensor> at, std::vector<at::Tensor> bts,
-                   std::vector<at::Tensor> segs, int64_t width);
+                   std::vector<at::Tensor> segs, int64_t width, std::vector<at::Tensor> tiles);
   // The widest factor's rank: a row of the shrunk values.
   int64_t rank() const { return rank_; }
   // The slot of a GEMM of K inputs and N outputs on a call of M rows (checked against all three), the shrunk values
@@ -43,16 +44,19 @@ class LoraSlotOperands {
 
  private:
   at::Tensor index_;
-  std::vector<at::Tensor> at_, bts_, segs_;
+  std::vector<at::Tensor> at_, bts_, segs_, tiles_;
   std::vector<const float*> at_ptrs_;
+  std::vector<const cpu::bf16*> tile_ptrs_;
   std::vector<int64_t> ranks_;
   std::vector<cpu::LoraFactor> factors_;
-  int64_t width_, segments_, k_, rank_;
+  int64_t width_, segments_, k_ = 0, steps_, rank_;
 };
 
 // s (M, R) float32 = x A^T per row on the row's factor (index[m], -1: a zero row), R the widest of the at's; x (M, K)
-// float32 or bfloat16, each at (K, r) float32 contiguous with r a multiple of 16.
-at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& index, const std::vector<at::Tensor>& at);
+// float32 or bfloat16, each at (K, r) float32 contiguous with r a multiple of 16; tiles: per factor A^T in tile form
+// (on the AMX tiers the shrink then runs on the tiles; `at` may then be empty), or empty.
+at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& index, const std::vector<at::Tensor>& at,
+                       const std::vector<at::Tensor>& tiles);
 
 }  // namespace bindings
 }  // namespace bertfast

@@ -58,6 +58,7 @@ class CpuBackend(Backend):
             raise ValueError(f"backend 'cpu' needs weights on the CPU, got {weights.device}")
         if self.quantize == "int8" and weights.dtype != torch.float32:
             raise ValueError(f"int8 quantization starts from float32 weights, got {weights.dtype}")
+        self._dtype = weights.dtype  # pack_lora's
         # The stream's tensors (LayerNorms, position and token type tables) in its dtype: fp32 under bf16, as loaded
         # from the checkpoint (`Encoder.from_pretrained`) or cast from bf16 here.
         stream = self.stream_dtype(weights.dtype)
@@ -118,7 +119,10 @@ class CpuBackend(Backend):
         return linear.PackedLinear(weight.contiguous())
 
     def pack_lora(self, A, B, segments: int):
-        return lora.pack_factors(A, B, segments)
+        """An adapter slot's factors (`lora.Factors`); a bf16 or int8 engine's with their shrink's tile form on the
+        AMX tiers (`lora.use_tiles`)."""
+        low = self.quantize == "int8" or getattr(self, "_dtype", None) == torch.bfloat16
+        return lora.pack_factors(A, B, segments, tiles=low and lora.use_tiles())
 
     def lora(self, x, index, factors, groups):
         """A `_C.LoraTerm`: the rows' shrunk values now (`_C.lora_shrink`), their products with B in the epilogue

@@ -5,10 +5,12 @@ term (`term`) is shrunk here; a whole layer's (`layer_slots`) inside `_C.Layer`,
 A slot's factors (`Factors`) hold A^T (K, r rounded up to 16, zero columns) and, per run of the slot's outputs
 (q | k | v; gate | up; or the whole slot), only the ranks that run reads: B's block-diagonal zeros are skipped.
 Both the shrink and the epilogue sum each value as an fma chain in a fixed order, so a row's bits depend on its
-own tokens and adapter alone."""
+own tokens and adapter alone. A bf16 or int8 engine packed on an AMX tier keeps A^T in tile form instead (`tiles`):
+its shrink runs on the tiles (csrc/cpu/gemm/lora_amx.cpp), each row's values from its own row alone."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -18,18 +20,48 @@ from .ext import _C
 
 @dataclass(frozen=True)
 class Factors:
-    """One adapter's factors of one slot. at: A^T (K, r16) float32; bt: per segment, per 16-column group of it (the
-    last zero-padded), its rank rows [k0, k1) of B^T, 16 floats each (csrc/cpu/gemm/lora.h); seg: (segments, 3) int32
-    rows (k0, k1, offset in bt)."""
-    at: torch.Tensor
+    """One adapter's factors of one slot. at: A^T (K, r16) float32, or None where `tiles` holds it (`shrink_tiles`);
+    bt: per segment, per 16-column group of it (the last zero-padded), its rank rows [k0, k1) of B^T, 16 floats each
+    (csrc/cpu/gemm/lora.h); seg: (segments, 3) int32 rows (k0, k1, offset in bt); in_features: K."""
+    at: torch.Tensor | None
     bt: torch.Tensor
     seg: torch.Tensor
     width: int
+    tiles: torch.Tensor | None = None
+    in_features: int = 0
+
+    def at_fp32(self) -> torch.Tensor:
+        """A^T (K, r16) float32: `at`, or hi + lo from the tile form (16 significant bits of each value)."""
+        if self.at is not None:
+            return self.at
+        t = self.tiles.float()
+        groups, steps = t.shape[:2]
+        return (t[:, :, 0] + t[:, :, 1]).permute(1, 2, 4, 0, 3).reshape(steps * 32, groups * 16)[:self.in_features]
 
 
-def pack_factors(A: torch.Tensor, B: torch.Tensor, segments: int) -> Factors:
+def use_tiles() -> bool:
+    """Whether a bf16 or int8 engine packs its adapters' shrink for the tiles: on the amx and amx_emulated tiers,
+    unless BERTFAST_LORA_TILES=0 (read at each pack)."""
+    return _C.isa() in ("amx", "amx_emulated") and os.environ.get("BERTFAST_LORA_TILES", "1") != "0"
+
+
+def shrink_tiles(at: torch.Tensor) -> torch.Tensor:
+    """A^T (K, R) float32, R a multiple of 16, in the AMX shrink's tile form (csrc/cpu/gemm/lora.h): per 16-rank
+    group and 32-row step of K (zero past K), hi = bf16(A^T) then lo = bf16(A^T - hi), each 16 pairs of K rows x 16
+    ranks x 2, as (R / 16, steps, 2, 16, 16, 2) bfloat16."""
+    K, R = at.shape
+    steps = -(-K // 32)
+    padded = torch.zeros(steps * 32, R, dtype=torch.float32)
+    padded[:K] = at
+    hi = padded.bfloat16()
+    halves = torch.stack([hi, (padded - hi.float()).bfloat16()])  # (2, steps * 32, R)
+    return halves.view(2, steps, 16, 2, R // 16, 16).permute(4, 1, 0, 2, 5, 3).contiguous()
+
+
+def pack_factors(A: torch.Tensor, B: torch.Tensor, segments: int, tiles: bool = False) -> Factors:
     """A (r, K), B (N, r) float32 (scale folded) -> Factors; N in `segments` runs of equal width where each run is a
-    multiple of 16 wide (the epilogue's 16-lane groups then never straddle two), else one run."""
+    multiple of 16 wide (the epilogue's 16-lane groups then never straddle two), else one run. tiles: keep A^T's tile
+    form too (`shrink_tiles`)."""
     r, K = A.shape
     N = B.shape[0]
     if segments < 1 or N % segments or (segments > 1 and (N // segments) % 16):
@@ -49,7 +81,16 @@ def pack_factors(A: torch.Tensor, B: torch.Tensor, segments: int) -> Factors:
         seg.append((k0, k1, offset))
         offset += (k1 - k0) * padded
     bt = torch.cat(blocks).contiguous()
-    return Factors(at.contiguous(), bt, torch.tensor(seg, dtype=torch.int32, device=A.device), width)
+    return Factors(None if tiles else at.contiguous(), bt, torch.tensor(seg, dtype=torch.int32, device=A.device),
+                   width, shrink_tiles(at) if tiles else None, K)
+
+
+def _shrink_operands(used: list[Factors]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(A^T per factor, tile forms) as the native shrink takes them: on an AMX tier the tile forms alone where all
+    factors have one; else A^T, from the tile form where a factor keeps only that (a tier switched since packing)."""
+    if all(f.tiles is not None for f in used) and _C.isa() in ("amx", "amx_emulated"):
+        return [], [f.tiles for f in used]
+    return [f.at_fp32() for f in used], []
 
 
 # `_C.Layer`'s GEMMs, in the order its `lora` takes them.
@@ -72,7 +113,7 @@ def term(x: torch.Tensor, index: torch.Tensor, factors: list[Factors | None]):
     index, used = _present(index, factors)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    s = _C.lora_shrink(x, index, [f.at for f in used])
+    s = _C.lora_shrink(x, index, *_shrink_operands(used))
     return _C.LoraTerm(s, index, [f.bt for f in used], [f.seg for f in used], used[0].width)
 
 
@@ -87,6 +128,6 @@ def layer_slots(lora) -> list:
             slots.append(None)
             continue
         index, used = _present(lora.index, factors)
-        slots.append(_C.LoraSlot(index, [f.at for f in used], [f.bt for f in used], [f.seg for f in used],
-                                 used[0].width))
+        at, tiles = _shrink_operands(used)
+        slots.append(_C.LoraSlot(index, at, [f.bt for f in used], [f.seg for f in used], used[0].width, tiles))
     return slots

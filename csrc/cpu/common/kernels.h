@@ -128,10 +128,11 @@ void linear_packed_wide(const bf16* x, int64_t ldx, const bf16* packed, const bf
 // ---- lora.cpp: the shrink of LoRA terms (cpu/gemm/lora.h) ----
 
 // s[m, 0:ranks[f]) = x[m] . at[f] for each row m whose index[m] = f >= 0 (rows of index -1 untouched): x (M, K) rows
-// ldx apart, at[f] A^T of factor f (K, ranks[f]) fp32 with ranks[f] a multiple of 16; s rows lds apart.
+// ldx apart, at[f] A^T of factor f (K, ranks[f]) fp32 with ranks[f] a multiple of 16; s rows lds apart. tiles: per
+// factor its A^T in tile form or null (lora.h); on the AMX tiers a factor with one is shrunk on the tiles.
 template <typename T>
 void lora_shrink(const T* x, int64_t ldx, int64_t M, int64_t K, const int32_t* index, const float* const* at,
-                 const int64_t* ranks, float* s, int64_t lds);
+                 const int64_t* ranks, float* s, int64_t lds, const bf16* const* tiles = nullptr);
 // The LoraTerm of a GEMM on rows [t0, t0 + M) of `slot` (x (M, K): their inputs, rows ldx apart): their shrink
 // computed now (lora_shrink) into the slot's rows of s, which the term reads.
 template <typename T>

@@ -1,6 +1,7 @@
 // The LoRA shrink (lora.h): s[m] = x[m] A^T on row m's own factor, each value an fma chain over k in order from zero,
 // so a row's bits are its own whatever rows share its block. Rows of one factor go in blocks of up to kRows that
-// share the loads of A (stored transposed, (K, R) with R a multiple of 16). lora_shrink_term: a LoraSlot's rows
+// share the loads of A (stored transposed, (K, R) with R a multiple of 16); on the AMX tiers a factor packed with
+// its tile form goes in blocks of up to 16 rows on the tiles (lora_amx.cpp). lora_shrink_term: a LoraSlot's rows
 // shrunk into their term (the whole layer's GEMMs).
 #include "cpu/gemm/lora.h"
 
@@ -21,6 +22,7 @@ struct Block {
   int64_t m0;
   int rows;
   int32_t factor;
+  bool tiles;  // on AMX tiles (lora_shrink_amx)
 };
 
 // Columns [c0, c0 + 16 CH) of the rows' s, CH 16-column chunks in one pass over x: each x value broadcast once for
@@ -97,18 +99,30 @@ BF_TARGET_AVX512 void shrink_avx512(const T* x, int64_t ldx, int64_t K, const fl
 
 template <typename T>
 void lora_shrink(const T* x, int64_t ldx, int64_t M, int64_t K, const int32_t* index, const float* const* at,
-                 const int64_t* ranks, float* s, int64_t lds) {
+                 const int64_t* ranks, float* s, int64_t lds, const bf16* const* tiles) {
+  const Isa isa = active_isa();
+  const bool amx = amx_kernels(isa) && tiles != nullptr;
   std::vector<Block> blocks;
   for (int64_t m = 0; m < M;) {
+    const bool on_tiles = amx && index[m] >= 0 && tiles[index[m]] != nullptr;
+    const int64_t most = on_tiles ? 16 : kRows;
     int64_t end = m + 1;
-    while (end < M && end - m < kRows && index[end] == index[m]) ++end;
-    if (index[m] >= 0) blocks.push_back({m, int(end - m), index[m]});
+    while (end < M && end - m < most && index[end] == index[m]) ++end;
+    if (index[m] >= 0) blocks.push_back({m, int(end - m), index[m], on_tiles});
     m = end;
   }
   int64_t work = 0;
   for (const Block& b : blocks) work += b.rows * K * ranks[b.factor];
   parallel_for(threads_for(work / 16), int64_t(blocks.size()), [&](int64_t i) {
-    BF_DISPATCH(shrink, x, ldx, K, at, ranks, s, lds, blocks[i]);
+    const Block& b = blocks[i];
+#if BF_X86
+    if (b.tiles) {
+      const auto run = isa == Isa::AmxEmulated ? lora_detail::lora_shrink_amx_emulated<T>
+                                                  : lora_detail::lora_shrink_amx<T>;
+      return run(x + b.m0 * ldx, ldx, K, tiles[b.factor], ranks[b.factor], s + b.m0 * lds, lds, b.rows);
+    }
+#endif
+    BF_DISPATCH(shrink, x, ldx, K, at, ranks, s, lds, b);
   });
 }
 
@@ -117,14 +131,14 @@ void lora_shrink_term(const LoraSlot& slot, int64_t t0, const T* x, int64_t ldx,
                       LoraTerm* term) {
   const int32_t* index = slot.index + t0;
   float* s = slot.s + t0 * slot.rank;
-  lora_shrink(x, ldx, M, K, index, slot.at, slot.ranks, s, slot.rank);
+  lora_shrink(x, ldx, M, K, index, slot.at, slot.ranks, s, slot.rank, slot.tiles);
   *term = {s, slot.rank, index, slot.factors, slot.width};
 }
 
 template void lora_shrink<float>(const float*, int64_t, int64_t, int64_t, const int32_t*, const float* const*,
-                                 const int64_t*, float*, int64_t);
+                                 const int64_t*, float*, int64_t, const bf16* const*);
 template void lora_shrink<bf16>(const bf16*, int64_t, int64_t, int64_t, const int32_t*, const float* const*,
-                                const int64_t*, float*, int64_t);
+                                const int64_t*, float*, int64_t, const bf16* const*);
 
 template void lora_shrink_term<float>(const LoraSlot&, int64_t, const float*, int64_t, int64_t, int64_t, LoraTerm*);
 template void lora_shrink_term<bf16>(const LoraSlot&, int64_t, const bf16*, int64_t, int64_t, int64_t, LoraTerm*);

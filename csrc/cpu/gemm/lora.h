@@ -47,7 +47,23 @@ struct LoraSlot {
   int64_t width;
   float* s;
   int64_t rank;
+  const bf16* const* tiles = nullptr;  // per factor A^T's tile form (lora_shrink_amx), or null: lora_shrink's
 };
+
+#if BF_X86
+namespace lora_detail {
+// s = x A^T of `rows` (<= 16) rows on one factor on AMX tiles (lora_amx.cpp), x (rows, K) rows ldx apart, s rows lds
+// apart; tiles: the factor's A^T (K, R) in tile form, per 16-rank group and 32-value step of K (zero past K) 1 KB
+// of hi = bf16(A^T) then 1 KB of lo = bf16(A^T - hi), each 16 pairs of K rows x 16 ranks x 2 (pack_factors,
+// bertfast/backends/cpu/lora.py). The _emulated form: the same with the tiles emulated (the amx_emulated tier).
+template <typename T>
+BF_TARGET_AMX void lora_shrink_amx(const T* x, int64_t ldx, int64_t K, const bf16* tiles, int64_t R, float* s,
+                                   int64_t lds, int rows);
+template <typename T>
+BF_TARGET_AVX512 void lora_shrink_amx_emulated(const T* x, int64_t ldx, int64_t K, const bf16* tiles, int64_t R,
+                                               float* s, int64_t lds, int rows);
+}  // namespace lora_detail
+#endif
 
 // The terms of a work item's rows [m0, m0 + rows) at its columns (lora_terms_rows over them all at once), for the
 // epilogues of all its tiles: term[i] row m0 + i's (64 floats), null where the row has no term.
