@@ -67,11 +67,11 @@ if has bench; then  # bf16 against OpenVINO, then int8 (the fp32 pass's rows) ag
     bench "${BENCH_S:-120}" fp32 "${INT8_PROVIDERS:-bertfast-int8,onnxruntime-int8}" int8
 fi
 if has adapters; then  # issue 59 on the tiles: 8 rank-16 adapters mixed per row against the base batch, BERT-base,
-    # the shrink on the tiles and in fp32 in the same rounds; PEFT's row where peft imports
+    # LoRA on the tiles and in fp32 in the same rounds; PEFT's row where peft imports
     NOPEFT="--no-peft"; python3 -c "import peft" 2>/dev/null && NOPEFT=""
     for dt in bf16 int8; do
         OMP_NUM_THREADS=2 timeout "${ADAPTERS_S:-150}" $pin python3 benchmarks/bench_adapters.py --dtype $dt \
-            --rounds "${ADAPTERS_ROUNDS:-5}" --fp32-shrink $NOPEFT > "$LOG/adapters-$dt.log" 2>&1
+            --rounds "${ADAPTERS_ROUNDS:-5}" --fp32-lora $NOPEFT > "$LOG/adapters-$dt.log" 2>&1
         echo "adapters $dt rc=$?"
     done
 fi

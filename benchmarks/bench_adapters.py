@@ -3,7 +3,7 @@ running PEFT's model (transformers, the same adapters) on each adapter's own row
 
     python benchmarks/bench_adapters.py [--adapters 8] [--rank 16] [--layers 12] [--dtype fp32]
                                         [--workloads b8xs128,ragged] [--rounds 7] [--no-peft] [--device cpu]
-                                        [--fp32-shrink]
+                                        [--fp32-lora]
 
 BERT-base random weights (`BertConfig()`, --layers of them), N random adapters of rank --rank on query, key, value
 and every dense (attention out, FFN in and out, the pooler), both factors drawn at 0.02 (PEFT's B starts at zero).
@@ -13,8 +13,8 @@ timed (fp32: within 1e-4 of the largest value). Timed interleaved in one process
 (`bertfast.tools.bench.measure.interleaved`), medians; mixed/base also as the median of the rounds' own ratios (a
 round's two calls run back to back: a drift of the host's speed moves both). Also the bytes of the tensors the loaded
 adapters hold, and the resident memory loading them adds.
---fp32-shrink (bf16 or int8 on an AMX tier): also `mixed-fp32-shrink`, the same adapters loaded again with
-BERTFAST_LORA_TILES=0 (their shrink in fp32 instead of on the tiles), timed in the same rounds.
+--fp32-lora (bf16 or int8 on an AMX tier): also `mixed-fp32-lora`, the same adapters loaded again with
+BERTFAST_LORA_TILES=0 (their shrink and terms in fp32 instead of on the tiles), timed in the same rounds.
 Targets (issue 59): mixed <= 1.15x base, peft >= 4x mixed.
 --device cuda: the triton backend (its segmented LoRA kernels) on the GPU, PEFT's model there in the same dtype
 (fp32, fp16 or bf16), each call timed between synchronizations.
@@ -97,8 +97,8 @@ def main() -> None:
     ap.add_argument("--workloads", default="b8xs128,ragged")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-peft", action="store_true", help="leave out the PEFT row (and its check)")
-    ap.add_argument("--fp32-shrink", action="store_true",
-                    help="also time the mixed batch with the adapters' shrink in fp32 (BERTFAST_LORA_TILES=0)")
+    ap.add_argument("--fp32-lora", action="store_true",
+                    help="also time the mixed batch with LoRA in fp32 (BERTFAST_LORA_TILES=0)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                     help="cpu: the cpu backend; cuda: the triton backend on the GPU")
     args = ap.parse_args()
@@ -132,17 +132,16 @@ def main() -> None:
         print(f"memory: the adapters hold {held / 2**20:.1f} MiB of tensors (their safetensors files: "
               f"{file_bytes / 2**20:.1f} MiB); loading them added {added / 2**20:.1f} MiB resident")
         fp32_names = []
-        if args.fp32_shrink:
+        if args.fp32_lora:
             if device != "cpu" or args.dtype == "fp32":
-                raise SystemExit("--fp32-shrink compares the cpu backend's bf16 or int8 shrink on the AMX tiles")
+                raise SystemExit("--fp32-lora compares the cpu backend's bf16 or int8 LoRA on the AMX tiles")
             os.environ["BERTFAST_LORA_TILES"] = "0"
             fp32_names = [f"f{i}" for i in range(args.adapters)]
             for name, path in zip(fp32_names, paths):
                 enc.load_adapter(name, path)
             del os.environ["BERTFAST_LORA_TILES"]
             tiles = any(f.tiles is not None for layer in enc._adapters[names[0]].layers for f in layer.values())
-            print(f"the shrink: {'on the tiles' if tiles else 'fp32 (no AMX tier)'} in `mixed`, fp32 in "
-                  "`mixed-fp32-shrink`")
+            print(f"LoRA: {'on the tiles' if tiles else 'fp32 (no AMX tier)'} in `mixed`, fp32 in `mixed-fp32-lora`")
         pm = None
         if not args.no_peft:
             import peft
@@ -176,7 +175,7 @@ def main() -> None:
             contenders = {"base": timer(base, device=device), "mixed": timer(mixed, device=device)}
             if fp32_names:
                 fp32_ids = [fp32_names[names.index(n)] for n in mixed_ids]
-                contenders["mixed-fp32-shrink"] = timer(lambda: enc(ids, mask, adapter_ids=fp32_ids), device=device)
+                contenders["mixed-fp32-lora"] = timer(lambda: enc(ids, mask, adapter_ids=fp32_ids), device=device)
             if pm is not None:
                 with torch.inference_mode():
                     ours = enc(ids, mask, adapter_ids=mixed_ids).last_hidden_state.float()
@@ -196,8 +195,8 @@ def main() -> None:
             per_round = statistics.median(m / b for m, b in zip(times["mixed"], times["base"]))
             ratio = f"mixed/base x{med['mixed'] / med['base']:.3f} (per round x{per_round:.3f})"
             if fp32_names:
-                shrink = statistics.median(m / b for m, b in zip(times["mixed-fp32-shrink"], times["base"]))
-                ratio += f"  mixed-fp32-shrink/base per round x{shrink:.3f}"
+                fp32 = statistics.median(m / b for m, b in zip(times["mixed-fp32-lora"], times["base"]))
+                ratio += f"  mixed-fp32-lora/base per round x{fp32:.3f}"
             if "peft" in med:
                 ratio += f"  peft/mixed x{med['peft'] / med['mixed']:.2f}"
             print(f"{workload:8s} {line}   {ratio}")

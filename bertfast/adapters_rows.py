@@ -27,7 +27,8 @@ def pack_adapter(adapter: Adapter, base: ModelWeights, pack_lora) -> Adapter:
         if id(slots) not in seen:
             seen[id(slots)] = {slot: _position_table(base, layer, slot, A, B) if slot.startswith("pos_") else
                                pack_lora(A, B, _segments(layer, slot)) for slot, (A, B) in slots.items()}
-    pooler, projection = (None if p is None else pack_lora(*p, 1) for p in (adapter.pooler, adapter.projection))
+    pooler, projection = (None if p is None else pack_lora(*p, 1, layer=False)
+                          for p in (adapter.pooler, adapter.projection))
     device = base.embeddings.word.device
     tables = {name: (A.T.contiguous().to(device), B.T.contiguous().to(device))
               for name, (A, B) in adapter.embeddings.items()}

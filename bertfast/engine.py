@@ -239,8 +239,8 @@ class Engine:
         if self.backend.no_adapters is not None:
             raise NotImplementedError(self.backend.no_adapters)
         device = self.weights.device
-        return pack_adapter(adapter, self.weights, lambda A, B, segments: self.backend.pack_lora(
-            A.to(device).contiguous(), B.to(device).contiguous(), segments))
+        return pack_adapter(adapter, self.weights, lambda A, B, segments, layer=True: self.backend.pack_lora(
+            A.to(device).contiguous(), B.to(device).contiguous(), segments, layer=layer))
 
     def _row_adapters(self, adapters, tokens: Tokens) -> RowAdapters | None:
         """None where no row has an adapter (the forward as without LoRA: whole layers, CUDA graphs)."""

@@ -76,9 +76,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                            "adds s[m] . bt of factor index[m] (none where it is -1); s (M, R) float32 (lora_shrink), "
                            "index (M,) int32, per factor bt (float32: per segment, per 16-column group, its rows "
                            "k0..k1 of 16 floats) and seg ((segments, 3) int32: k0, k1 and the offset in bt of each "
-                           "segment), segments of `width` outputs")
-      .def(py::init<at::Tensor, at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t>(),
-           py::arg("s"), py::arg("index"), py::arg("bt"), py::arg("seg"), py::arg("width"));
+                           "segment), segments of `width` outputs; bt_tiles: per factor B in the AMX expand's "
+                           "tile form instead of bt (then empty), which only the amx tiers' GEMMs take")
+      .def(py::init<at::Tensor, at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t,
+                    std::vector<at::Tensor>>(),
+           py::arg("s"), py::arg("index"), py::arg("bt"), py::arg("seg"), py::arg("width"),
+           py::arg("bt_tiles") = std::vector<at::Tensor>());
   py::class_<LoraSlotOperands>(m, "LoraSlot",
                                 "the LoRA operands of one GEMM of a `Layer` call before their shrink, which the layer "
                                 "computes on that GEMM's own input: index (T,) int32 (-1: no term), per factor at "
@@ -86,9 +89,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                 "the factor's), segments of `width` outputs; tiles: per factor A.T in tile form "
                                 "(as lora_shrink takes it) or empty")
       .def(py::init<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t,
-                    std::vector<at::Tensor>>(),
+                    std::vector<at::Tensor>, std::vector<at::Tensor>>(),
            py::arg("index"), py::arg("at"), py::arg("bt"), py::arg("seg"), py::arg("width"),
-           py::arg("tiles") = std::vector<at::Tensor>());
+           py::arg("tiles") = std::vector<at::Tensor>(), py::arg("bt_tiles") = std::vector<at::Tensor>());
   m.def("lora_shrink", &lora_shrink,
         "s (M, R) float32 = x @ A.T per row on factor index[m] (int32; -1: a zero row); at: per factor A.T (K, r) "
         "float32 contiguous, r a multiple of 16; R the widest r; each value's bits depend on its row alone; tiles: "

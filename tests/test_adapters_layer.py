@@ -133,7 +133,7 @@ def test_lora_slot_errors():
         whole(x[:2], torch.tensor([0, 2], dtype=torch.int32), 2, 0.125, lora=[None, slot, None, None])
     with pytest.raises(ValueError, match="out of range"):
         _C.LoraSlot(torch.tensor([1], dtype=torch.int32), [f.at], [f.bt], [f.seg], f.width)
-    with pytest.raises(ValueError, match=r"one at \(or tiles\) per bt"):
+    with pytest.raises(ValueError, match=r"one at \(or tiles\) per seg"):
         _C.LoraSlot(index, [f.at, f.at], [f.bt], [f.seg], f.width)
     with pytest.raises(ValueError, match="does not fit s of rank"):  # ranks past the factor's own
         _C.LoraSlot(index, [f.at[:, :0].contiguous()], [f.bt], [f.seg], f.width)

@@ -1,12 +1,16 @@
-"""The LoRA shrink on AMX tiles (csrc/cpu/gemm/lora_amx.cpp): a bf16 or int8 engine's adapters packed on an AMX tier
-keep A^T in tile form (hi and lo bf16 halves) and shrink on the tiles, checked on the amx_emulated tier (any AVX-512
-VNNI CPU) and, where the CPU has them, the amx tier.
+"""LoRA on AMX tiles (csrc/cpu/gemm/lora_amx.cpp): a bf16 or int8 engine's adapters packed on an AMX tier keep A^T
+and B in tile form (hi and lo bf16 halves) and compute the shrink and the epilogue's terms on the tiles, checked on
+the amx_emulated tier (any AVX-512 VNNI CPU) and, where the CPU has them, the amx tier.
 
 - s within 2^-15 of the fp32 shrink (max over max), fp32 and bf16 inputs, K a multiple of 32 and not, ranks under
   16, at it, past it and past three rank groups; each row's bits alone as in a batch of runs longer than a 16-row
   block, base rows zero; a tier without tiles ignores the tile form (the fp32 shrink's bits).
-- Engines: bf16 and int8 pack the tile form on the amx tiers, fp32 never, nor any with BERTFAST_LORA_TILES=0; the
-  bf16 engine on the tiles within twice PEFT's own bf16 error, int8 as accurate as its fp32 shrink.
+- Expand: a linear's terms from A and B in tile form within 2^-14 of the fp32 shrink and epilogue, bf16 and int8,
+  streaming and blocked AMX kernels, one and three runs of outputs (one without ranks), ranks over two 16-rank steps;
+  rows alone as in the batch, base rows exactly the bias; B's tile form refused by any other kernel.
+- Engines: bf16 and int8 pack A^T's tile form on the amx tiers and B's where the slot's GEMM runs on the tiles, fp32
+  never, nor any with BERTFAST_LORA_TILES=0; the bf16 engine within twice PEFT's own bf16 error, int8 as accurate
+  as with the fp32 shrink and epilogue.
 (Rows alone against a 481-token mixed batch on amx_emulated, whole layers against the ops: test_adapters_forward.py.)
 """
 
@@ -69,6 +73,48 @@ def test_shrink_on_tiles(K, dtype, tier):
     assert torch.equal(s[index < 0], torch.zeros_like(s[index < 0]))
 
 
+@pytest.mark.parametrize("tier", AMX_TIERS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, "int8"], ids=["bf16", "int8"])
+@pytest.mark.parametrize("M", [5, 300], ids=["M5-stream", "M300-blocked"])
+@pytest.mark.parametrize("segments, N", [(1, 70), (3, 96)], ids=["one-run", "three-runs"])
+def test_expand_on_tiles(segments, N, M, dtype, tier):
+    """With zero weights a linear's output is bias + term: the terms from the tiles (A and B in tile form) against
+    the fp32 shrink and epilogue (fp32 outputs: int8, bf16 into an fp32 residual) within 2^-14 of the largest, in the
+    streaming and the blocked AMX kernels; rows alone as in the batch; base rows exactly the bias. Ranks 4, 21 (two
+    steps of 16) and 40, three runs with the middle one unadapted in one factor."""
+    from bertfast.backends.cpu import linear as cpu_linear, lora, quant
+    _tier(tier)
+    g = torch.Generator().manual_seed(0)
+    K = 64
+    x, bias = torch.randn(M, K, generator=g), torch.randn(N, generator=g).bfloat16().float()
+    plain, packed = [], []
+    for i, r in enumerate((4, 21, 40)):
+        A, B = torch.randn(segments * r, K, generator=g) * 0.1, torch.zeros(N, segments * r)
+        for s in range(segments):
+            if not (i == 1 and s == 1):  # one run of one factor without ranks: its terms are zero
+                B[s * N // segments:(s + 1) * N // segments, s * r:(s + 1) * r] = torch.randn(N // segments, r,
+                                                                                             generator=g)
+        plain.append(lora.pack_factors(A, B, segments))
+        packed.append(lora.pack_factors(A, B, segments, tiles=True, expand=True))
+    index = (torch.arange(M, dtype=torch.int32) // (2 if M < 20 else 7) + 1) % 4 - 1
+
+    def run(factors, rows=slice(None)):
+        xs, ix = x[rows], index[rows]
+        term = lora.term(xs, ix, factors)
+        if dtype == "int8":
+            return quant.linear(xs, quant.QuantLinear.from_float(torch.zeros(N, K)), bias, "none", None, term)
+        zero16 = cpu_linear.PackedLinear(torch.zeros(N, K).bfloat16())
+        return cpu_linear.linear(xs.bfloat16(), zero16, bias.bfloat16(), "none", torch.zeros(len(ix), N), term)
+
+    with on_cap(tier):
+        ref, out = run(plain), run(packed)
+        alone = torch.cat([run(packed, slice(m, m + 1)) for m in range(M)])
+    assert out.dtype == torch.float32 and torch.equal(alone, out)
+    assert torch.equal(out[index < 0], bias.expand(M, N)[index < 0])
+    err = ((out - ref).abs().max() / (ref - bias).abs().max()).item()
+    assert 0 < err <= 2 ** -14, err
+
+
 def test_tile_form_without_tiles():
     """A tier without tiles: given A^T too, the tile form is ignored (the fp32 shrink's bits); given only the tile
     form, the native shrink refuses, and the backend's term shrinks A^T unpacked from it (hi + lo)."""
@@ -88,6 +134,26 @@ def test_tile_form_without_tiles():
     assert term is not None and (unpacked - fp32).abs().max() <= 2 ** -15 * fp32.abs().max()
     for a, b in zip(packed, plain):
         assert (a.at_fp32() - b.at).abs().max() <= 2 ** -16 * b.at.abs().max()
+        bt, seg = a.bt_fp32()
+        assert torch.equal(seg, b.seg) and (bt - b.bt).abs().max() <= 2 ** -16 * b.bt.abs().max()
+
+
+def test_b_tile_form_needs_an_amx_gemm():
+    """B in tile form reaches only the AMX GEMMs: a LoraTerm holding it in a call that takes another kernel (a tier
+    without tiles; an amx tier's bf16 GEMM with K % 32 != 0) is refused, not read as fp32."""
+    from bertfast.backends.cpu import linear as cpu_linear, lora
+    from bertfast.backends.cpu.ext import _C
+    _tier("amx_emulated")
+    for K, cap in ((64, "avx2"), (40, "amx_emulated")):
+        g = torch.Generator().manual_seed(K)
+        A, B = torch.randn(8, K, generator=g), torch.randn(32, 8, generator=g)
+        f = lora.pack_factors(A, B, 1, expand=True)
+        x, index = torch.randn(3, K, generator=g), torch.zeros(3, dtype=torch.int32)
+        with on_cap(cap):
+            term = _C.LoraTerm(_C.lora_shrink(x, index, [f.at]), index, [], [f.seg], f.width, [f.bt_tiles])
+            with pytest.raises(ValueError, match="B in tile form needs an AMX GEMM"):
+                cpu_linear.linear(x.bfloat16(), cpu_linear.PackedLinear(torch.zeros(32, K).bfloat16()), None, "none",
+                                  None, term)
 
 
 def test_tile_form_checked():
@@ -126,9 +192,11 @@ def _encoder(model, root, dtype):
     return enc
 
 
-def _slot_tiles(enc):
+def _forms(enc):
+    """Per slot of adapter "a" (the first layer's, then the pooler), which of A^T and B are in tile form."""
     adapter = enc._adapters["a"]
-    return [f.tiles is not None for layer in adapter.layers for f in layer.values()]
+    return {name: (f.tiles is not None, f.bt_tiles is not None)
+            for name, f in [*adapter.layers[0].items(), ("pooler", adapter.pooler)]}
 
 
 @pytest.mark.parametrize("tier", AMX_TIERS)
@@ -142,15 +210,18 @@ def test_engines_on_tiles(tier, bert_peft, monkeypatch):
         low = pm.to(torch.bfloat16)(**kwargs, adapter_names=names).last_hidden_state
         pm.float()
     with on_cap(tier):
-        assert not any(_slot_tiles(_encoder(model, root, torch.float32)))
+        slots = ("qkv", "attn_out", "ffn_in", "ffn_out", "pooler")
+        assert _forms(_encoder(model, root, torch.float32)) == dict.fromkeys(slots, (False, False))
         bf16 = _encoder(model, root, torch.bfloat16)
-        assert all(_slot_tiles(bf16))
+        assert _forms(bf16) == dict.fromkeys(slots, (True, True))  # every K (64, 96) a multiple of 32
         ours = rel_err(bf16(**kwargs, adapter_ids=ROWS).last_hidden_state, ref, mask)
         int8 = {}
         for tiles in ("1", "0"):
             monkeypatch.setenv("BERTFAST_LORA_TILES", tiles)
             enc = _encoder(model, root, "int8")
-            assert all(_slot_tiles(enc)) == (tiles == "1") and any(_slot_tiles(enc)) == (tiles == "1")
+            # B in tile form where the int8 GEMM runs on the tiles: K % 64 == 0 (ffn_out's K is 96; the pooler: fp32)
+            forms = {**dict.fromkeys(slots[:3], (True, True)), "ffn_out": (True, False), "pooler": (True, False)}
+            assert _forms(enc) == (forms if tiles == "1" else dict.fromkeys(slots, (False, False)))
             int8[tiles] = rel_err(enc(**kwargs, adapter_ids=ROWS).last_hidden_state, ref, mask)
     theirs = rel_err(low, ref, mask)
     assert within(ours, theirs, torch.bfloat16, floor=0.0, cap=False), f"bf16 {ours:.3g} vs PEFT bf16 {theirs:.3g}"

@@ -166,10 +166,11 @@ class Backend:
         come out rotated."""
         raise NotImplementedError
 
-    def pack_lora(self, A, B, segments: int):
+    def pack_lora(self, A, B, segments: int, layer: bool = True):
         """One adapter's factors of a slot in the form `lora` takes: A (r, K), B (N, r) float32 on the weights'
         device, the scale folded into B; the slot's N outputs are `segments` equal runs (q | k | v: 3; gate | up: 2),
-        each reading only its own modules' rank. Default: each packed for `linear`."""
+        each reading only its own modules' rank; layer: the slot is a layer's GEMM (False: the pooler's or the
+        embedding projection's). Default: each packed for `linear`."""
         return self.pack(A), self.pack(B)
 
     def lora(self, x, index, factors, groups):

@@ -68,19 +68,25 @@ void check_tiles_only(bool tiles_only) {
            "which only the amx tiers shrink (the active tier has no tiles)");
 }
 
-// Each factor's bt and seg as the epilogue reads them (cpu/gemm/lora.h): the same segments of `width` columns for
-// all, factor f's ranks within ranks[f] (its shrunk values) and its runs within its bt. Returns the segments.
+// Each factor's bt (or B's tile form: bt_tiles, then bts is empty) and seg as the epilogue reads them
+// (cpu/gemm/lora.h): the same segments of `width` columns for all, factor f's ranks within ranks[f] (its shrunk
+// values) and its runs within its bt. Returns the segments.
 int64_t check_factors(const std::vector<at::Tensor>& bts, const std::vector<at::Tensor>& segs, int64_t width,
-                      const std::vector<int64_t>& ranks, std::vector<cpu::LoraFactor>* factors) {
+                      const std::vector<int64_t>& ranks, std::vector<cpu::LoraFactor>* factors,
+                      const std::vector<at::Tensor>& bt_tiles = {}) {
   BF_CHECK(width > 0, "lora width must be positive, got ", width);
-  BF_CHECK(bts.size() == segs.size() && !bts.empty(), "lora needs one seg per bt and at least one, got ", bts.size(),
-           " and ", segs.size());
+  const bool tiles = !bt_tiles.empty();
+  const std::vector<at::Tensor>& forms = tiles ? bt_tiles : bts;
+  BF_CHECK(!tiles || bts.empty(), "lora takes bt or bt_tiles, not both");
+  BF_CHECK(forms.size() == segs.size() && !forms.empty(), "lora needs one seg per bt and at least one, got ",
+           forms.size(), " and ", segs.size());
   const int64_t segments = segs[0].dim() == 2 ? segs[0].size(0) : 0;
-  for (size_t f = 0; f < bts.size(); ++f) {
-    const at::Tensor &bt = bts[f], &seg = segs[f];
+  for (size_t f = 0; f < forms.size(); ++f) {
+    const at::Tensor &bt = forms[f], &seg = segs[f];
     check_tensor(bt, "lora bt");
     check_tensor(seg, "lora seg");
-    BF_CHECK(bt.scalar_type() == at::kFloat && bt.is_contiguous(), "lora bt ", f, " must be contiguous float32");
+    BF_CHECK(bt.scalar_type() == (tiles ? at::kBFloat16 : at::kFloat) && bt.is_contiguous(), "lora ",
+             tiles ? "bt_tiles " : "bt ", f, " must be contiguous ", tiles ? "bfloat16" : "float32");
     BF_CHECK(seg.scalar_type() == at::kInt && seg.is_contiguous() && seg.dim() == 2 && seg.size(1) == 3 &&
                  seg.size(0) == segments && segments > 0,
              "lora seg ", f, " must be contiguous int32 (", segments, ", 3), got ", seg.scalar_type(), " ",
@@ -88,12 +94,16 @@ int64_t check_factors(const std::vector<at::Tensor>& bts, const std::vector<at::
     const int32_t* g = seg.data_ptr<int32_t>();
     const int64_t padded = (width + 15) / 16 * 16;  // a segment's columns in whole 16-column groups
     for (int64_t i = 0; i < segments; ++i, g += 3) {
-      BF_CHECK(0 <= g[0] && g[0] <= g[1] && g[1] <= ranks[f] && g[2] >= 0 &&
-                   g[2] + int64_t(g[1] - g[0]) * padded <= bt.numel(),
+      const int64_t r = int64_t(g[1] - g[0]);
+      const int64_t values = tiles ? padded * ((r + 15) / 16) * 32 : r * padded;  // tiles: 16 ranks in 512 per group
+      BF_CHECK(0 <= g[0] && g[0] <= g[1] && g[1] <= ranks[f] && g[2] >= 0 && g[2] + values <= bt.numel(),
                "lora seg ", f, " segment ", i, " (", g[0], ", ", g[1], ", ", g[2], ") does not fit s of rank ",
-               ranks[f], " and bt of ", bt.numel(), " values");
+               ranks[f], " and ", tiles ? "bt_tiles" : "bt", " of ", bt.numel(), " values");
     }
-    factors->push_back({bt.data_ptr<float>(), seg.data_ptr<int32_t>()});
+    if (tiles)
+      factors->push_back({nullptr, seg.data_ptr<int32_t>(), reinterpret_cast<const cpu::bf16*>(bt.data_ptr())});
+    else
+      factors->push_back({bt.data_ptr<float>(), seg.data_ptr<int32_t>()});
   }
   return segments;
 }
@@ -108,13 +118,18 @@ void check_call(const at::Tensor& index, int64_t segments, int64_t width, int64_
 }  // namespace
 
 LoraOperands::LoraOperands(at::Tensor s, at::Tensor index, std::vector<at::Tensor> bts, std::vector<at::Tensor> segs,
-                           int64_t width)
-    : s_(std::move(s)), index_(std::move(index)), bts_(std::move(bts)), segs_(std::move(segs)), width_(width) {
+                           int64_t width, std::vector<at::Tensor> bt_tiles)
+    : s_(std::move(s)),
+      index_(std::move(index)),
+      bts_(std::move(bts)),
+      segs_(std::move(segs)),
+      bt_tiles_(std::move(bt_tiles)),
+      width_(width) {
   check_tensor(s_, "lora s");
   BF_CHECK(s_.scalar_type() == at::kFloat && s_.dim() == 2 && (s_.stride(1) == 1 || s_.size(1) <= 1),
            "lora s must be (rows, rank) float32 contiguous along rank, got ", s_.scalar_type(), " ", s_.sizes());
-  segments_ = check_factors(bts_, segs_, width_, std::vector<int64_t>(bts_.size(), s_.size(1)), &factors_);
-  check_index_rows(index_, int64_t(bts_.size()));
+  segments_ = check_factors(bts_, segs_, width_, std::vector<int64_t>(segs_.size(), s_.size(1)), &factors_, bt_tiles_);
+  check_index_rows(index_, int64_t(factors_.size()));
   BF_CHECK(index_.size(0) == s_.size(0), "lora index has ", index_.size(0), " rows but s has ", s_.size(0));
 }
 
@@ -125,16 +140,18 @@ cpu::LoraTerm LoraOperands::term(int64_t M, int64_t N) const {
 }
 
 LoraSlotOperands::LoraSlotOperands(at::Tensor index, std::vector<at::Tensor> at, std::vector<at::Tensor> bts,
-                                   std::vector<at::Tensor> segs, int64_t width, std::vector<at::Tensor> tiles)
+                                   std::vector<at::Tensor> segs, int64_t width, std::vector<at::Tensor> tiles,
+                                   std::vector<at::Tensor> bt_tiles)
     : index_(std::move(index)),
       at_(std::move(at)),
       bts_(std::move(bts)),
       segs_(std::move(segs)),
       tiles_(std::move(tiles)),
+      bt_tiles_(std::move(bt_tiles)),
       width_(width) {
   const size_t factors = at_.empty() ? tiles_.size() : at_.size();
-  BF_CHECK(factors > 0 && factors == bts_.size(), "lora needs one at (or tiles) per bt and at least one, got ",
-           at_.size(), " (", tiles_.size(), ") and ", bts_.size());
+  BF_CHECK(factors > 0 && factors == segs_.size(), "lora needs one at (or tiles) per seg and at least one, got ",
+           at_.size(), " (", tiles_.size(), ") and ", segs_.size());
   if (!at_.empty()) {
     check_tensor(at_[0], "lora at");
     k_ = at_[0].dim() == 2 ? at_[0].size(0) : 0;
@@ -143,8 +160,8 @@ LoraSlotOperands::LoraSlotOperands(at::Tensor index, std::vector<at::Tensor> at,
   steps_ = at_.empty() ? (tiles_[0].dim() == 6 ? tiles_[0].size(1) : 0) : (k_ + 31) / 32;
   check_tiles(tiles_, steps_, &ranks_, &tile_ptrs_);
   rank_ = *std::max_element(ranks_.begin(), ranks_.end());
-  segments_ = check_factors(bts_, segs_, width_, ranks_, &factors_);
-  check_index_rows(index_, int64_t(bts_.size()));
+  segments_ = check_factors(bts_, segs_, width_, ranks_, &factors_, bt_tiles_);
+  check_index_rows(index_, int64_t(factors_.size()));
 }
 
 cpu::LoraSlot LoraSlotOperands::slot(int64_t M, int64_t K, int64_t N, float* s) const {

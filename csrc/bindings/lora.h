@@ -17,14 +17,15 @@ class LoraOperands {
   // s (M, R) float32 rows; index (M,) int32, each -1 or a factor's position; per factor bt (float32, contiguous; its
   // layout: cpu/gemm/lora.h) and seg (segments, 3) int32 rows (k0, k1, offset into bt), the same segments for all;
   // width columns per segment.
+  // bt_tiles: per factor B in the AMX expand's tile form instead of bts (then empty), or empty.
   LoraOperands(at::Tensor s, at::Tensor index, std::vector<at::Tensor> bts, std::vector<at::Tensor> segs,
-               int64_t width);
+               int64_t width, std::vector<at::Tensor> bt_tiles);
   // The term of a call of M rows and N outputs (checked against both).
   cpu::LoraTerm term(int64_t M, int64_t N) const;
 
  private:
   at::Tensor s_, index_;
-  std::vector<at::Tensor> bts_, segs_;
+  std::vector<at::Tensor> bts_, segs_, bt_tiles_;
   std::vector<cpu::LoraFactor> factors_;
   int64_t width_, segments_;
 };
@@ -33,9 +34,11 @@ class LoraSlotOperands {
  public:
   // index (T,) int32, each -1 or a factor's position; per factor at (A^T: (K, r) float32 contiguous, r a multiple of
   // 16, the same K for all), bt and seg as LoraOperands takes them (seg's ranks within the factor's r); width as there;
-  // tiles: per factor A^T in tile form (lora_shrink's), or empty; with them `at` may be empty (the amx tiers only).
+  // tiles: per factor A^T in tile form (lora_shrink's), or empty; with them `at` may be empty (the amx tiers only);
+  // bt_tiles: B in tile form instead of bts, as LoraOperands takes it.
   LoraSlotOperands(at::Tensor index, std::vector<at::Tensor> at, std::vector<at::Tensor> bts,
-                   std::vector<at::Tensor> segs, int64_t width, std::vector<at::Tensor> tiles);
+                   std::vector<at::Tensor> segs, int64_t width, std::vector<at::Tensor> tiles,
+                   std::vector<at::Tensor> bt_tiles);
   // The widest factor's rank: a row of the shrunk values.
   int64_t rank() const { return rank_; }
   // The slot of a GEMM of K inputs and N outputs on a call of M rows (checked against all three), the shrunk values
@@ -44,7 +47,7 @@ class LoraSlotOperands {
 
  private:
   at::Tensor index_;
-  std::vector<at::Tensor> at_, bts_, segs_, tiles_;
+  std::vector<at::Tensor> at_, bts_, segs_, tiles_, bt_tiles_;
   std::vector<const float*> at_ptrs_;
   std::vector<const cpu::bf16*> tile_ptrs_;
   std::vector<int64_t> ranks_;

@@ -118,11 +118,14 @@ class CpuBackend(Backend):
     def pack(self, weight):
         return linear.PackedLinear(weight.contiguous())
 
-    def pack_lora(self, A, B, segments: int):
-        """An adapter slot's factors (`lora.Factors`); a bf16 or int8 engine's with their shrink's tile form on the
-        AMX tiers (`lora.use_tiles`)."""
-        low = self.quantize == "int8" or getattr(self, "_dtype", None) == torch.bfloat16
-        return lora.pack_factors(A, B, segments, tiles=low and lora.use_tiles())
+    def pack_lora(self, A, B, segments: int, layer: bool = True):
+        """An adapter slot's factors (`lora.Factors`). A bf16 or int8 engine on an AMX tier (`lora.use_tiles`) keeps
+        A^T in the shrink's tile form, and B in the expand's where the slot's GEMM runs on the tiles (bf16 with K %
+        32 == 0; a layer's int8 GEMM with K % 64 == 0: an int8 engine's pooler and projection are fp32)."""
+        int8 = self.quantize == "int8"
+        tiles = (int8 or getattr(self, "_dtype", None) == torch.bfloat16) and lora.use_tiles()
+        on_tiles = tiles and (A.shape[1] % 64 == 0 and layer if int8 else A.shape[1] % 32 == 0)
+        return lora.pack_factors(A, B, segments, tiles=tiles, expand=on_tiles)
 
     def lora(self, x, index, factors, groups):
         """A `_C.LoraTerm`: the rows' shrunk values now (`_C.lora_shrink`), their products with B in the epilogue

@@ -22,13 +22,15 @@ from .ext import _C
 class Factors:
     """One adapter's factors of one slot. at: A^T (K, r16) float32, or None where `tiles` holds it (`shrink_tiles`);
     bt: per segment, per 16-column group of it (the last zero-padded), its rank rows [k0, k1) of B^T, 16 floats each
-    (csrc/cpu/gemm/lora.h); seg: (segments, 3) int32 rows (k0, k1, offset in bt); in_features: K."""
+    (csrc/cpu/gemm/lora.h), or None where `bt_tiles` holds it (`expand_tiles`); seg: (segments, 3) int32 rows (k0,
+    k1, offset in bt or bt_tiles); in_features: K."""
     at: torch.Tensor | None
-    bt: torch.Tensor
+    bt: torch.Tensor | None
     seg: torch.Tensor
     width: int
     tiles: torch.Tensor | None = None
     in_features: int = 0
+    bt_tiles: torch.Tensor | None = None
 
     def at_fp32(self) -> torch.Tensor:
         """A^T (K, r16) float32: `at`, or hi + lo from the tile form (16 significant bits of each value)."""
@@ -37,6 +39,22 @@ class Factors:
         t = self.tiles.float()
         groups, steps = t.shape[:2]
         return (t[:, :, 0] + t[:, :, 1]).permute(1, 2, 4, 0, 3).reshape(steps * 32, groups * 16)[:self.in_features]
+
+    def bt_fp32(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(bt, seg) for the fp32 epilogue: `bt` and `seg`, or hi + lo from the tile form with seg's offsets into it."""
+        if self.bt is not None:
+            return self.bt, self.seg
+        padded = -(-self.width // 16) * 16
+        blocks, seg, offset = [], [], 0
+        for k0, k1, start in self.seg.tolist():
+            r, steps = k1 - k0, -(-(k1 - k0) // 16)
+            t = self.bt_tiles[start:start + padded * steps * 32].view(padded // 16, steps, 16, 16, 2)
+            cols = t.permute(0, 3, 1, 2, 4).reshape(padded, steps * 32).float()
+            part = cols[:, :r] + cols[:, r:2 * r]
+            blocks.append(part.view(padded // 16, 16, r).transpose(1, 2).reshape(-1))
+            seg.append((k0, k1, offset))
+            offset += r * padded
+        return torch.cat(blocks).contiguous(), torch.tensor(seg, dtype=torch.int32)
 
 
 def use_tiles() -> bool:
@@ -58,10 +76,24 @@ def shrink_tiles(at: torch.Tensor) -> torch.Tensor:
     return halves.view(2, steps, 16, 2, R // 16, 16).permute(4, 1, 0, 2, 5, 3).contiguous()
 
 
-def pack_factors(A: torch.Tensor, B: torch.Tensor, segments: int, tiles: bool = False) -> Factors:
+def expand_tiles(part: torch.Tensor) -> torch.Tensor:
+    """A segment's B rows, part (columns padded to 16, r) float32, in the AMX expand's tile form (csrc/cpu/gemm/lora.h):
+    per 16-column group and 16 ranks, one B tile of 16 pairs x 16 columns x 2 holding K' = [hi; lo] (hi = bf16(B),
+    lo = bf16(B - hi), rank by rank, zero past 2r), flattened."""
+    padded, r = part.shape
+    steps = -(-r // 16)
+    hi = part.bfloat16()
+    stacked = torch.zeros(padded, steps * 32, dtype=torch.bfloat16)
+    stacked[:, :r] = hi
+    stacked[:, r:2 * r] = (part - hi.float()).bfloat16()
+    return stacked.view(padded // 16, 16, steps, 16, 2).permute(0, 2, 3, 1, 4).reshape(-1)
+
+
+def pack_factors(A: torch.Tensor, B: torch.Tensor, segments: int, tiles: bool = False,
+                 expand: bool = False) -> Factors:
     """A (r, K), B (N, r) float32 (scale folded) -> Factors; N in `segments` runs of equal width where each run is a
-    multiple of 16 wide (the epilogue's 16-lane groups then never straddle two), else one run. tiles: keep A^T's tile
-    form too (`shrink_tiles`)."""
+    multiple of 16 wide (the epilogue's 16-lane groups then never straddle two), else one run. tiles: A^T in the
+    shrink's tile form instead (`shrink_tiles`); expand: B in the expand's (`expand_tiles`)."""
     r, K = A.shape
     N = B.shape[0]
     if segments < 1 or N % segments or (segments > 1 and (N // segments) % 16):
@@ -77,20 +109,37 @@ def pack_factors(A: torch.Tensor, B: torch.Tensor, segments: int, tiles: bool = 
         k0, k1 = (used[0], used[-1] + 1) if used else (0, 0)
         part = torch.zeros(padded, k1 - k0, dtype=torch.float32, device=B.device)
         part[:width] = rows[:, k0:k1]
-        blocks.append(part.view(padded // 16, 16, k1 - k0).transpose(1, 2).reshape(-1))  # (group, k, lane)
+        if expand:
+            blocks.append(expand_tiles(part))
+        else:
+            blocks.append(part.view(padded // 16, 16, k1 - k0).transpose(1, 2).reshape(-1))  # (group, k, lane)
         seg.append((k0, k1, offset))
-        offset += (k1 - k0) * padded
+        offset += blocks[-1].numel()
     bt = torch.cat(blocks).contiguous()
-    return Factors(None if tiles else at.contiguous(), bt, torch.tensor(seg, dtype=torch.int32, device=A.device),
-                   width, shrink_tiles(at) if tiles else None, K)
+    return Factors(None if tiles else at.contiguous(), None if expand else bt,
+                   torch.tensor(seg, dtype=torch.int32, device=A.device), width, shrink_tiles(at) if tiles else None,
+                   K, bt if expand else None)
+
+
+def _amx() -> bool:
+    return _C.isa() in ("amx", "amx_emulated")
 
 
 def _shrink_operands(used: list[Factors]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(A^T per factor, tile forms) as the native shrink takes them: on an AMX tier the tile forms alone where all
     factors have one; else A^T, from the tile form where a factor keeps only that (a tier switched since packing)."""
-    if all(f.tiles is not None for f in used) and _C.isa() in ("amx", "amx_emulated"):
+    if all(f.tiles is not None for f in used) and _amx():
         return [], [f.tiles for f in used]
     return [f.at_fp32() for f in used], []
+
+
+def _expand_operands(used: list[Factors]) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """(bt per factor, seg per factor, B tile forms) as the native epilogues take them: the tile forms on an AMX tier
+    where all factors have one, else bt (unpacked where a factor keeps only the tile form)."""
+    if all(f.bt_tiles is not None for f in used) and _amx():
+        return [], [f.seg for f in used], [f.bt_tiles for f in used]
+    pairs = [f.bt_fp32() for f in used]
+    return [bt for bt, _ in pairs], [seg for _, seg in pairs], []
 
 
 # `_C.Layer`'s GEMMs, in the order its `lora` takes them.
@@ -114,7 +163,8 @@ def term(x: torch.Tensor, index: torch.Tensor, factors: list[Factors | None]):
     if x.stride(-1) != 1:
         x = x.contiguous()
     s = _C.lora_shrink(x, index, *_shrink_operands(used))
-    return _C.LoraTerm(s, index, [f.bt for f in used], [f.seg for f in used], used[0].width)
+    bts, segs, bt_tiles = _expand_operands(used)
+    return _C.LoraTerm(s, index, bts, segs, used[0].width, bt_tiles)
 
 
 def layer_slots(lora) -> list:
@@ -129,5 +179,6 @@ def layer_slots(lora) -> list:
             continue
         index, used = _present(lora.index, factors)
         at, tiles = _shrink_operands(used)
-        slots.append(_C.LoraSlot(index, at, [f.bt for f in used], [f.seg for f in used], used[0].width, tiles))
+        bts, segs, bt_tiles = _expand_operands(used)
+        slots.append(_C.LoraSlot(index, at, bts, segs, used[0].width, tiles, bt_tiles))
     return slots

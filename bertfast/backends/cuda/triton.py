@@ -157,7 +157,7 @@ class TritonBackend(Backend):
             return "adapters on the triton backend under fp8: not yet (the e4m3 GEMMs' epilogue takes no LoRA delta)"
         return None
 
-    def pack_lora(self, A, B, segments):
+    def pack_lora(self, A, B, segments, layer=True):
         """A^T and B^T float32, the rank padded to 16 (`kernels.triton.lora.Factors`); the q | k | v runs' zero
         blocks of B are kept (they add exact zeros)."""
         return self._ops.lora.pack_factors(A, B)

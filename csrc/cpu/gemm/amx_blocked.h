@@ -11,6 +11,8 @@
 //   dp0(), dp1(), dp2(), dp3()         the step's multiply-adds: tmm0 += tmm4 tmm6, tmm1 += tmm4 tmm7,
 //                                      tmm2 += tmm5 tmm6, tmm3 += tmm5 tmm7
 //   store(c, mr, m0, u, groups)        the epilogue of rows [m0, m0 + mr) of unit u from c (rows 48 apart)
+//   tile_terms()                       whether store computes LoRA terms on the tiles (lora_expand_amx), which
+//                                      takes the streaming kernels' configuration, amx_load_tile_config(mr)
 // The bf16 kernels (the GEMM's, linear_amx.cpp; SPLADE's pooling, sparse_pool_amx.cpp) share all but the store:
 // AmxBf16Operands below.
 #pragma once
@@ -112,6 +114,7 @@ struct AmxBf16Operands {
   BF_INLINE int64_t steps() const { return K / kAmxK; }
   BF_INLINE int groups(int64_t) const { return kPanel / 16; }
   BF_INLINE const bf16* a_tile(int64_t m, int64_t s) const { return x + m * ldx + s * kAmxK; }
+  BF_INLINE bool tile_terms() const { return false; }
   BF_INLINE int64_t a_ld() const { return ldx * 2; }
   BF_INLINE const bf16* b_tile(int64_t u, int j, int64_t s) const {
     return packed + u * K * kPanel + s * (kAmxK * kPanel) + 32 * j;
@@ -200,9 +203,16 @@ BF_AMX_BLOCKED_TARGET BF_INLINE void amx_blocked_item(const Gemm& g, int64_t r0,
         }
       }
     }
-    for (int64_t i = 0; i < rows; i += 16) g.store(c + i * 48, int(std::min<int64_t>(16, rows - i)), r0 + i, u, groups);
+    for (int64_t i = 0; i < rows; i += 16) {
+      const int mr = int(std::min<int64_t>(16, rows - i));
+      if (g.tile_terms() && configured != -2 - mr) {  // -2 - mr: the streaming configuration, never a pair's key
+        amx_load_tile_config(mr);
+        configured = -2 - mr;
+      }
+      g.store(c + i * 48, mr, r0 + i, u, groups);
+    }
   }
-  if (configured >= 0) BF_TILE_RELEASE();
+  if (configured != -1) BF_TILE_RELEASE();
 }
 
 }  // namespace cpu

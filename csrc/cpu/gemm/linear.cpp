@@ -86,6 +86,8 @@ void run_linear(const T* x, int64_t ldx, const T* packed, int64_t m, int64_t n, 
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int nt = int(std::min<int64_t>(panels, threads_for(m * n * k / 4)));
   const GemmPath path = choose_gemm({sizeof(T) == 2, m, k, active_isa(), has_avx512_bf16(), amx_gemm()});
+  lora_check_path(ep.lora, path == GemmPath::AmxStream || path == GemmPath::AmxStreamEmulated ||
+                               path == GemmPath::AmxBlocked || path == GemmPath::AmxBlockedEmulated);
   switch (path) {
     case GemmPath::AmxBlocked:
     case GemmPath::AmxBlockedEmulated:

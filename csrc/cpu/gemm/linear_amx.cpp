@@ -25,6 +25,20 @@ namespace linear_detail {
 constexpr int kAmxRows = 16;
 constexpr int64_t kAmxPrefetch = 2 * 16 * kPanel * 4;  // bytes ahead in the weight stream: two steps
 
+// store_tile of a 16-row block leaving the tiles, with its rows' LoRA terms from the tiles (lora_expand_amx) where the
+// factors hold B in tile form; the tiles configured as amx_load_tile_config(mr).
+BF_TARGET_TILES_BF16 BF_INLINE void store_amx(const float* tile, int mr, int64_t m0, int64_t n0, int64_t nvalid,
+                                              const Epilogue& ep) {
+  if (!lora_on_tiles(ep.lora)) return store_tile<bf16, true>(tile, mr, m0, n0, nvalid, ep);
+  alignas(64) float terms[kAmxRows][64];
+  const float* term[kAmxRows] = {};
+  BF_TILES(lora_expand_amx)(*ep.lora, m0, mr, n0, nvalid, terms, term);
+  const LoraBlock block{m0, term};
+  Epilogue with = ep;
+  with.terms = &block;
+  store_tile<bf16, true>(tile, mr, m0, n0, nvalid, with);
+}
+
 // One K step of linear_amx, its A tile in register A (a literal: the tile intrinsics take register numbers).
 #define BF_AMX_STREAM_STEP(A)             \
   do {                                    \
@@ -72,7 +86,7 @@ BF_TARGET_TILES_BF16 void BF_TILES(linear_amx)(const bf16* x, int64_t ldx, const
       BF_TILE_STORED(0, tile, kPanel * 4);
       BF_TILE_STORED(1, tile + 16, kPanel * 4);
       BF_TILE_STORED(2, tile + 32, kPanel * 4);
-      store_tile<bf16, true>(tile, mr, m0, p * kPanel, nvalid, ep);
+      store_amx(tile, mr, m0, p * kPanel, nvalid, ep);
     }
   }
   if (configured >= 0) BF_TILE_RELEASE();
@@ -87,8 +101,9 @@ struct Bf16Tiles : AmxBf16Operands {
   int64_t N;
   const Epilogue& ep;
 
+  BF_INLINE bool tile_terms() const { return lora_on_tiles(ep.lora); }
   BF_TARGET_TILES_BF16 BF_INLINE void store(const float* c, int mr, int64_t m0, int64_t u, int) const {
-    store_tile<bf16, true>(c, mr, m0, u * kPanel, std::min<int64_t>(kPanel, N - u * kPanel), ep);
+    store_amx(c, mr, m0, u * kPanel, std::min<int64_t>(kPanel, N - u * kPanel), ep);
   }
 };
 

@@ -58,7 +58,8 @@ constexpr int64_t kPortablePackPasses = 2;
 
 // bias has the operands' type; residual and out too, except `wide` (bf16 operands only): then both are fp32, the
 // residual stream of a bf16 forward (linear_packed_wide). lora: the rows' LoRA terms (lora.h) added before the
-// activation, act(c + bias + lora) + residual, or null.
+// activation, act(c + bias + lora) + residual, or null; terms: lora's terms of the rows being stored, computed
+// beforehand (the AMX kernels' lora_expand_amx), or null.
 struct Epilogue {
   const void* bias;
   const void* residual;
@@ -68,6 +69,7 @@ struct Epilogue {
   int64_t ldo;
   bool wide = false;
   const LoraTerm* lora = nullptr;
+  const LoraBlock* terms = nullptr;
 };
 
 template <typename T, typename O, bool kAvx512, bool kAvx2>
@@ -110,7 +112,9 @@ BF_TARGET_AVX512 void store_rows512(const float* tile, int mr, int64_t m0, int64
   alignas(64) float terms[kMaxRows][64];
   const float* term[kMaxRows] = {};
   for (int r = 0; r < mr; ++r) {
-    if (ep.lora != nullptr && r % kMaxRows == 0) {  // the next rows' terms at once: they share each B^T load
+    if (ep.terms != nullptr) {
+      term[r % kMaxRows] = ep.terms->term[m0 + r - ep.terms->m0];
+    } else if (ep.lora != nullptr && r % kMaxRows == 0) {  // the next rows' terms at once: they share each B^T load
       std::fill(term, term + kMaxRows, nullptr);
       lora_terms_rows(*ep.lora, m0 + r, std::min(kMaxRows, mr - r), n0, nvalid, terms, term);
     }
@@ -159,7 +163,11 @@ BF_INLINE void store_rows(const float* tile, int mr, int64_t m0, int64_t n0, int
     float tmp[kPanel];
 #pragma omp simd
     for (int64_t j = 0; j < nvalid; ++j) tmp[j] = c[j] + (bias != nullptr ? to_float(bias[n0 + j]) : 0.f);
-    lora_add(ep.lora, m0 + r, n0, nvalid, tmp);
+    if (ep.terms == nullptr) {
+      lora_add(ep.lora, m0 + r, n0, nvalid, tmp);
+    } else if (const float* term = ep.terms->term[m0 + r - ep.terms->m0]) {
+      for (int64_t j = 0; j < nvalid; ++j) tmp[j] += term[j];
+    }
     activate_lanes<kAvx512 ? Lanes::Avx512 : (kAvx2 ? Lanes::Avx2 : Lanes::Generic)>(tmp, nvalid, ep.act);
     if (rr != nullptr) {
 #pragma omp simd

@@ -4,12 +4,15 @@
 // Both forms below (scalar, 16 lanes) compute a column's term the same way: four chains d_c = fma(s[k], b[k], d_c)
 // from zero over k = k0 + c, k0 + c + 4, ... in order (four, so that the fma latency overlaps), then
 // y + ((d_0 + d_1) + (d_2 + d_3)). fma rounds once, so the forms give the same bits, and every epilogue of every
-// kernel a tier may pick by M gives a row the same term: the engine stays batch-invariant.
+// kernel a tier may pick by M gives a row the same term: the engine stays batch-invariant. Factors whose B is in tile
+// form (an AMX tier's bf16 or int8 engine) take their terms from lora_expand_amx (lora_amx.cpp) in both AMX kernels
+// alike, and no other kernel takes them (lora_check_path).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 
 #include "cpu/common/isa.h"
 #include "cpu/common/simd.h"
@@ -22,8 +25,12 @@ namespace cpu {
 // rest is exact) and its B^T rows [k0, k1), stored from bt + off in groups of 16 columns, each group the rows one
 // after another (16 floats each, the last group zero-padded): a row's term for 16 columns reads one contiguous run.
 struct LoraFactor {
-  const float* bt;     // B^T by segment and 16-column group, the scale folded in
+  const float* bt;     // B^T by segment and 16-column group, the scale folded in; null where `tiles` holds it
   const int32_t* seg;  // (segments, 3) int32
+  // B in the AMX expand's tile form instead of bt (lora_expand_amx; an AMX tier's GEMM epilogues only), or null: per
+  // segment (from seg's offset, in bf16 values) and 16-column group, ceil(r / 16) B tiles of 16 pairs x 16 columns x
+  // 2 over K' = [hi; lo] (hi = bf16(B), lo = bf16(B - hi), rank by rank, zero past 2r; r = k1 - k0).
+  const bf16* tiles = nullptr;
 };
 
 // The term of one call: row m adds (s[m] . bt) where index[m] >= 0 names its factor, nothing where it is -1.
@@ -63,7 +70,26 @@ template <typename T>
 BF_TARGET_AVX512 void lora_shrink_amx_emulated(const T* x, int64_t ldx, int64_t K, const bf16* tiles, int64_t R,
                                                float* s, int64_t lds, int rows);
 }  // namespace lora_detail
+
+// The terms of rows [m0, m0 + mr) (mr <= 16) at the `cols` (<= 48) columns from n (a multiple of 16) on AMX tiles
+// (lora_amx.cpp), from factors in tile form (lora_on_tiles): out[i] and term[i] as lora_terms_rows gives them. The
+// caller's tiles configured as amx_load_tile_config(mr) (amx_tiles.h); all eight are overwritten. The _emulated form:
+// the tiles emulated.
+BF_TARGET_AMX void lora_expand_amx(const LoraTerm& t, int64_t m0, int mr, int64_t n, int64_t cols, float (*out)[64],
+                                   const float** term);
+BF_TARGET_AVX512 void lora_expand_amx_emulated(const LoraTerm& t, int64_t m0, int mr, int64_t n, int64_t cols,
+                                               float (*out)[64], const float** term);
 #endif
+
+// Whether a call's factors hold B in tile form (all or none do): its AMX epilogues then take lora_expand_amx's terms.
+BF_INLINE bool lora_on_tiles(const LoraTerm* t) { return t != nullptr && t->factors[0].tiles != nullptr; }
+
+// B in tile form is for the AMX GEMMs alone (the other epilogues read bt): a GEMM taking another path refuses it.
+inline void lora_check_path(const LoraTerm* t, bool amx_path) {
+  if (lora_on_tiles(t) && !amx_path)
+    throw std::invalid_argument("lora: B in tile form needs an AMX GEMM (amx tiers: bf16 with K % 32 == 0, int8 "
+                                "with K % 64 == 0); this call takes another kernel: give bt instead");
+}
 
 // The terms of a work item's rows [m0, m0 + rows) at its columns (lora_terms_rows over them all at once), for the
 // epilogues of all its tiles: term[i] row m0 + i's (64 floats), null where the row has no term.

@@ -26,9 +26,18 @@ struct StoredSums {
   const int32_t* c;
   BF_TARGET_VNNI BF_INLINE __m512i operator()(int r, int j) const { return _mm512_loadu_si512(c + r * 48 + 16 * j); }
 };
-// Epilogue of one stored C block: rows [m0, m0 + mr), columns [n0, n0 + 16 * np) (signed codes).
+// Epilogue of one stored C block: rows [m0, m0 + mr), columns [n0, n0 + 16 * np) (signed codes), with the rows' LoRA
+// terms from the tiles (lora_expand_amx) where the factors hold B in tile form; the tiles configured as
+// amx_load_tile_config(mr).
 BF_TARGET_VNNI void amx_store(const int32_t* c, int mr, int np, int64_t m0, int64_t n0, const Int8Args& a) {
-  finish_rows<16>(a, mr, m0, n0, np, 0, StoredSums{c});
+  if (!lora_on_tiles(a.lora)) return finish_rows<16>(a, mr, m0, n0, np, 0, StoredSums{c});
+  alignas(64) float terms[16][64];
+  const float* term[16] = {};
+  BF_TILES(lora_expand_amx)(*a.lora, m0, mr, n0, std::min<int64_t>(16 * np, a.N - n0), terms, term);
+  const LoraBlock block{m0, term};
+  Int8Args with = a;
+  with.terms = &block;
+  finish_rows<16>(with, mr, m0, n0, np, 0, StoredSums{c});
 }
 
 }  // namespace
@@ -103,6 +112,7 @@ struct Int8Tiles {
   BF_TARGET_TILES_INT8 BF_INLINE void dp1() const { BF_TILE_DPBSSD(1, 4, 7); }
   BF_TARGET_TILES_INT8 BF_INLINE void dp2() const { BF_TILE_DPBSSD(2, 5, 6); }
   BF_TARGET_TILES_INT8 BF_INLINE void dp3() const { BF_TILE_DPBSSD(3, 5, 7); }
+  BF_INLINE bool tile_terms() const { return lora_on_tiles(a.lora); }
   BF_TARGET_TILES_INT8 BF_INLINE void store(const int32_t* c, int mr, int64_t m0, int64_t u, int np) const {
     amx_store(c, mr, np, m0, 3 * u * 16, a);
   }
