@@ -81,13 +81,17 @@ GemmPath choose_gemm(const GemmCall& c) {
 
 // The GEMM of linear_packed / linear_packed_wide: its path, threads and items; `ep` says where results go.
 template <typename T>
-void run_linear(const T* x, int64_t ldx, const T* packed, int64_t m, int64_t n, int64_t k, const Epilogue& ep) {
+void run_linear(const T* x, int64_t ldx, const T* packed, int64_t m, int64_t n, int64_t k, const Epilogue& call) {
   if (m == 0 || n == 0) return;
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int nt = int(std::min<int64_t>(panels, threads_for(m * n * k / 4)));
   const GemmPath path = choose_gemm({sizeof(T) == 2, m, k, active_isa(), has_avx512_bf16(), amx_gemm()});
-  lora_check_path(ep.lora, path == GemmPath::AmxStream || path == GemmPath::AmxStreamEmulated ||
-                               path == GemmPath::AmxBlocked || path == GemmPath::AmxBlockedEmulated);
+  lora_check_path(call.lora, path == GemmPath::AmxStream || path == GemmPath::AmxStreamEmulated ||
+                                 path == GemmPath::AmxBlocked || path == GemmPath::AmxBlockedEmulated);
+  std::vector<bf16> tile_rows;  // the LoRA terms' A tile rows, where their B is in tile form
+  const LoraTerm lora = call.lora != nullptr ? lora_tile_rows(*call.lora, m, n, &tile_rows) : LoraTerm{};
+  Epilogue ep = call;
+  if (call.lora != nullptr) ep.lora = &lora;
   switch (path) {
     case GemmPath::AmxBlocked:
     case GemmPath::AmxBlockedEmulated:

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu/common/amx_tiles.h"
 #include "cpu/common/kernels.h"
 #include "cpu/common/parallel.h"
 
@@ -125,6 +126,57 @@ void lora_shrink(const T* x, int64_t ldx, int64_t M, int64_t K, const int32_t* i
     BF_DISPATCH(shrink, x, ldx, K, at, ranks, s, lds, b);
   });
 }
+
+#if BF_X86
+namespace {
+
+// Rows [m0, m1) of t's A tile rows (LoraTerm::sa) into sa: per segment of the row's factor [hi | hi | 0...] and
+// [lo | lo | 0...], hi = bf16(s) and lo = bf16(s - hi) rounded as VCVTNEPS2BF16 rounds (cvtneps_bf16); base rows zero.
+BF_TARGET_AVX512 void tile_rows(const LoraTerm& t, int64_t segments, int64_t m0, int64_t m1, bf16* sa, int64_t lda,
+                                int64_t seg_ld) {
+  for (int64_t m = m0; m < m1; ++m) {
+    bf16* row = sa + m * lda;
+    std::fill(row, row + lda, bf16{0});
+    const int32_t f = t.index[m];
+    if (f < 0) continue;
+    for (int64_t i = 0; i < segments; ++i) {
+      const int32_t* g = t.factors[f].seg + 3 * i;
+      const int r = g[1] - g[0];
+      bf16 *a1 = row + 2 * i * seg_ld, *a2 = a1 + seg_ld;
+      for (int k = 0; k < r; k += 16) {
+        const __mmask16 mk = tail_mask(r - k);
+        const __m512 v = _mm512_maskz_loadu_ps(mk, t.s + m * t.lds + g[0] + k);
+        const __m256i h = cvtneps_bf16(v), l = cvtneps_bf16(_mm512_sub_ps(v, widen_bf16(h)));
+        for (bf16* p : {a1 + k, a1 + r + k}) _mm256_mask_storeu_epi16(p, mk, h);
+        for (bf16* p : {a2 + k, a2 + r + k}) _mm256_mask_storeu_epi16(p, mk, l);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+LoraTerm lora_tile_rows(const LoraTerm& t, int64_t M, int64_t N, std::vector<bf16>* buf) {
+  if (!lora_on_tiles(&t) || M == 0) return t;
+  const int64_t segments = N / t.width;
+  int32_t factors = 0;
+  for (int64_t m = 0; m < M; ++m) factors = std::max(factors, t.index[m] + 1);
+  int64_t seg_ld = 32;  // the widest segment's A tile row: 32 values per 16 ranks
+  for (int32_t f = 0; f < factors; ++f)
+    for (int64_t i = 0; i < segments; ++i)
+      seg_ld = std::max<int64_t>(seg_ld, (t.factors[f].seg[3 * i + 1] - t.factors[f].seg[3 * i] + 15) / 16 * 32);
+  const int64_t lda = 2 * segments * seg_ld, blocks = (M + 63) / 64;
+  buf->resize(M * lda);
+  parallel_for(threads_for(M * lda), blocks, [&](int64_t b) {
+    tile_rows(t, segments, b * 64, std::min(M, b * 64 + 64), buf->data(), lda, seg_ld);
+  });
+  LoraTerm out = t;
+  out.sa = buf->data(), out.lda = lda, out.seg_ld = seg_ld;
+  return out;
+}
+#else
+LoraTerm lora_tile_rows(const LoraTerm& t, int64_t, int64_t, std::vector<bf16>*) { return t; }
+#endif
 
 template <typename T>
 void lora_shrink_term(const LoraSlot& slot, int64_t t0, const T* x, int64_t ldx, int64_t M, int64_t K,

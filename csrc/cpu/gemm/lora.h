@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <vector>
 
 #include "cpu/common/isa.h"
 #include "cpu/common/simd.h"
@@ -40,6 +41,10 @@ struct LoraTerm {
   const int32_t* index;    // (M,) int32
   const LoraFactor* factors;
   int64_t width;           // columns per segment (a multiple of 16 where segments > 1)
+  // The rows' shrunk values as lora_expand_amx's A tile rows (lora_tile_rows), or null: row m's from sa + m lda, per
+  // segment i of its factor [s_hi | s_hi | 0...] at 2 i seg_ld and [s_lo | s_lo | 0...] seg_ld on (ranks k0..k1).
+  const bf16* sa = nullptr;
+  int64_t lda = 0, seg_ld = 0;
 };
 
 // One GEMM's LoRA operands before their shrink, for a caller that shrinks the GEMM's own input itself (the whole
@@ -83,6 +88,10 @@ BF_TARGET_AVX512 void lora_expand_amx_emulated(const LoraTerm& t, int64_t m0, in
 
 // Whether a call's factors hold B in tile form (all or none do): its AMX epilogues then take lora_expand_amx's terms.
 BF_INLINE bool lora_on_tiles(const LoraTerm* t) { return t != nullptr && t->factors[0].tiles != nullptr; }
+
+// A call's term with its rows' A tile rows (LoraTerm::sa) written into buf, for the AMX epilogues (lora.cpp): where
+// the factors hold B in tile form, before an M-row GEMM of N outputs runs its kernels; `t` itself otherwise.
+LoraTerm lora_tile_rows(const LoraTerm& t, int64_t M, int64_t N, std::vector<bf16>* buf);
 
 // B in tile form is for the AMX GEMMs alone (the other epilogues read bt): a GEMM taking another path refuses it.
 inline void lora_check_path(const LoraTerm* t, bool amx_path) {

@@ -12,6 +12,7 @@
 // Batch invariance: a tile row's sums read that row of x (of s) alone, so a row's values do not depend on the block
 // it is in. Compiled a second time, the tiles emulated, with -DBF_AMX_EMULATED=1 (setup.py; amx_tiles.h).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -107,32 +108,12 @@ template BF_TARGET_TILES_BF16 void BF_TILES(lora_shrink_amx)<bf16>(const bf16*, 
 #if BF_X86
 namespace {
 
-// The A tiles of a segment's ranks [k0, k0 + r) for rows [m0, m0 + mr) on factor f (the others zero): row i of a1
-// is [s_hi | s_hi | 0...], of a2 [s_lo | s_lo | 0...], ld values each (32 per step of 16 ranks).
-BF_TARGET_TILES_BF16 void expand_a(const LoraTerm& t, int32_t f, int64_t m0, int mr, int32_t k0, int r, int64_t ld,
-                                   uint16_t* a1, uint16_t* a2) {
-  std::memset(a1, 0, 16 * ld * 2);
-  std::memset(a2, 0, 16 * ld * 2);
-  for (int i = 0; i < mr; ++i) {
-    if (t.index[m0 + i] != f) continue;
-    const float* s = t.s + (m0 + i) * t.lds + k0;
-    for (int k = 0; k < r; k += 16) {
-      const __mmask16 mk = tail_mask(r - k);
-      const __m512 v = _mm512_maskz_loadu_ps(mk, s + k);
-      const __m256i h = BF_CVTNEPS_BF16(v);
-      const __m256i l = BF_CVTNEPS_BF16(_mm512_sub_ps(v, widen_bf16(h)));
-      for (uint16_t* row : {a1 + i * ld + k, a1 + i * ld + r + k}) _mm256_mask_storeu_epi16(row, mk, h);
-      for (uint16_t* row : {a2 + i * ld + k, a2 + i * ld + r + k}) _mm256_mask_storeu_epi16(row, mk, l);
-    }
-  }
-}
-
 // A 16-column group of the panel: its segment's B tiles (null: the segment has no ranks, its terms are zero) and A
-// tiles, `steps` steps; reload: its A tiles are not the previous group's.
+// tiles (LoraTerm::sa), `steps` steps; reload: its A tiles are not the previous group's.
 struct ExpandGroup {
   const bf16* b;
-  const uint16_t *a1, *a2;
-  int64_t steps, ld;
+  const bf16 *a1, *a2;
+  int64_t steps;
   bool reload;
 };
 
@@ -144,8 +125,8 @@ struct ExpandGroup {
     BF_TILE_ZERO(C);                                                           \
     for (int64_t st = 0; st < g[J].steps; ++st) {                              \
       if (g[J].reload || g[J].steps > 1) {                                     \
-        BF_TILE_LOADD(3, g[J].a1 + st * 32, g[J].ld * 2);                     \
-        BF_TILE_LOADD(7, g[J].a2 + st * 32, g[J].ld * 2);                     \
+        BF_TILE_LOADD(3, g[J].a1 + st * 32, ld * 2);                           \
+        BF_TILE_LOADD(7, g[J].a2 + st * 32, ld * 2);                           \
       }                                                                        \
       BF_TILE_LOADD(B, g[J].b + st * 512, 64);                                 \
       BF_TILE_DPBF16PS(C, 3, B);                                               \
@@ -156,9 +137,10 @@ struct ExpandGroup {
 
 BF_TARGET_TILES_BF16 void BF_TILES(lora_expand_amx)(const LoraTerm& t, int64_t m0, int mr, int64_t n, int64_t cols,
                                                      float (*out)[64], const float** term) {
+  if (t.sa == nullptr) std::abort();  // the GEMMs' dispatch writes the A tile rows first (lora_tile_rows)
   alignas(64) float c[16 * 48];
-  thread_local std::vector<uint16_t> abuf;
   const int groups = int((cols + 15) / 16);
+  const int64_t ld = t.lda;  // values between the A tiles' rows
   int32_t seen[16];
   int nseen = 0;
   for (int i0 = 0; i0 < mr; ++i0) {
@@ -166,36 +148,19 @@ BF_TARGET_TILES_BF16 void BF_TILES(lora_expand_amx)(const LoraTerm& t, int64_t m
     if (f < 0 || std::find(seen, seen + nseen, f) != seen + nseen) continue;
     seen[nseen++] = f;
     ExpandGroup g[3];
-    int32_t k0[3], rank[3];
-    int64_t need = 0, prev = -1;
-    for (int j = 0; j < groups; ++j) {  // each group's run of the slot's outputs (segment) and its B tiles
+    int64_t prev = -1;
+    for (int j = 0; j < groups; ++j) {  // each group's run of the slot's outputs (segment) and its tiles
       int64_t seg = 0, col = n + 16 * j;
       for (; col >= t.width; col -= t.width) ++seg;
       const int32_t* sg = t.factors[f].seg + 3 * seg;
-      const int r = sg[1] - sg[0];
-      const int64_t steps = (r + 15) / 16;
-      g[j] = {r > 0 ? t.factors[f].tiles + sg[2] + (col / 16) * steps * 512 : nullptr, nullptr, nullptr, steps,
-              steps * 32, seg != prev};
-      k0[j] = sg[0], rank[j] = r;
-      if (g[j].reload && r > 0) need += 32 * g[j].ld;
+      const int64_t steps = (sg[1] - sg[0] + 15) / 16;
+      const bf16* a1 = t.sa + m0 * t.lda + 2 * seg * t.seg_ld;
+      g[j] = {steps > 0 ? t.factors[f].tiles + sg[2] + (col / 16) * steps * 512 : nullptr, a1, a1 + t.seg_ld, steps,
+              seg != prev};
       prev = seg;
-    }
-    abuf.resize(std::max<size_t>(abuf.size(), size_t(need)));
-    int64_t off = 0;
-    for (int j = 0; j < groups; ++j) {  // each segment's A tiles once
-      if (g[j].b == nullptr) continue;
-      if (!g[j].reload) {
-        g[j].a1 = g[j - 1].a1, g[j].a2 = g[j - 1].a2;
-        continue;
-      }
-      uint16_t *a1 = abuf.data() + off, *a2 = a1 + 16 * g[j].ld;
-      expand_a(t, f, m0, mr, k0[j], rank[j], g[j].ld, a1, a2);
-      g[j].a1 = a1, g[j].a2 = a2;
-      off += 32 * g[j].ld;
-    }
-    for (int j = 0; j < groups; ++j)
       if (g[j].b == nullptr)
         for (int i = 0; i < mr; ++i) std::memset(c + i * 48 + 16 * j, 0, 64);
+    }
     if (g[0].b != nullptr) BF_LORA_EXPAND_GROUP(0, 4, 0);
     if (groups > 1 && g[1].b != nullptr) BF_LORA_EXPAND_GROUP(1, 5, 1);
     if (groups > 2 && g[2].b != nullptr) BF_LORA_EXPAND_GROUP(2, 6, 2);

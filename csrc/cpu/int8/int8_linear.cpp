@@ -134,7 +134,8 @@ void int8_linear_then(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const 
 namespace {
 
 // The call `a` on the path choose_int8 gives; then (optional): int8_linear_then's.
-void run_int8(const Int8Args& a, bool x_unsigned, const RowsThen* then) {
+void run_int8(const Int8Args& call, bool x_unsigned, const RowsThen* then) {
+  Int8Args a = call;
   const int8_t* x = a.x;
   const int64_t ldx = a.ldx, M = a.M, K = a.K, N = a.N;
   const int64_t panels = (N + 15) / 16, groups = (panels + kGroupPanels - 1) / kGroupPanels;
@@ -142,6 +143,9 @@ void run_int8(const Int8Args& a, bool x_unsigned, const RowsThen* then) {
   const Int8Path path = int8_path(M, K);
   lora_check_path(a.lora, path == Int8Path::AmxStream || path == Int8Path::AmxStreamEmulated ||
                               path == Int8Path::AmxBlocked || path == Int8Path::AmxBlockedEmulated);
+  std::vector<bf16> tile_rows;  // the LoRA terms' A tile rows, where their B is in tile form
+  const LoraTerm lora = a.lora != nullptr ? lora_tile_rows(*a.lora, M, N, &tile_rows) : LoraTerm{};
+  if (a.lora != nullptr) a.lora = &lora;
 #if BF_X86
   // Threads split the output columns in groups of 4 panels (64 columns), so each streams its own weights.
   switch (path) {
