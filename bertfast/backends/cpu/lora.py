@@ -5,8 +5,9 @@ term (`term`) is shrunk here; a whole layer's (`layer_slots`) inside `_C.Layer`,
 A slot's factors (`Factors`) hold A^T (K, r rounded up to 16, zero columns) and, per run of the slot's outputs
 (q | k | v; gate | up; or the whole slot), only the ranks that run reads: B's block-diagonal zeros are skipped.
 Both the shrink and the epilogue sum each value as an fma chain in a fixed order, so a row's bits depend on its
-own tokens and adapter alone. A bf16 or int8 engine packed on an AMX tier keeps A^T in tile form instead (`tiles`):
-its shrink runs on the tiles (csrc/cpu/gemm/lora_amx.cpp), each row's values from its own row alone."""
+own tokens and adapter alone. A bf16 or int8 engine packed on an AMX tier keeps A^T, and B where the slot's GEMM
+runs on the tiles, in tile form instead (`tiles`, `bt_tiles`): the shrink and the terms run on the tiles
+(csrc/cpu/gemm/lora_amx.cpp), each row's values from its own row alone."""
 
 from __future__ import annotations
 
@@ -57,10 +58,14 @@ class Factors:
         return torch.cat(blocks).contiguous(), torch.tensor(seg, dtype=torch.int32)
 
 
+def _amx() -> bool:
+    return _C.isa() in ("amx", "amx_emulated")
+
+
 def use_tiles() -> bool:
-    """Whether a bf16 or int8 engine packs its adapters' shrink for the tiles: on the amx and amx_emulated tiers,
-    unless BERTFAST_LORA_TILES=0 (read at each pack)."""
-    return _C.isa() in ("amx", "amx_emulated") and os.environ.get("BERTFAST_LORA_TILES", "1") != "0"
+    """Whether a bf16 or int8 engine packs its adapters for the tiles: on the amx and amx_emulated tiers, unless
+    BERTFAST_LORA_TILES=0 (read at each pack)."""
+    return _amx() and os.environ.get("BERTFAST_LORA_TILES", "1") != "0"
 
 
 def shrink_tiles(at: torch.Tensor) -> torch.Tensor:
@@ -119,10 +124,6 @@ def pack_factors(A: torch.Tensor, B: torch.Tensor, segments: int, tiles: bool = 
     return Factors(None if tiles else at.contiguous(), None if expand else bt,
                    torch.tensor(seg, dtype=torch.int32, device=A.device), width, shrink_tiles(at) if tiles else None,
                    K, bt if expand else None)
-
-
-def _amx() -> bool:
-    return _C.isa() in ("amx", "amx_emulated")
 
 
 def _shrink_operands(used: list[Factors]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
