@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <vector>
 
 #include "cpu/gemm/amx_gemm.h"
 #include "cpu/gemm/linear_impl.h"
@@ -89,8 +88,7 @@ void run_linear(const T* x, int64_t ldx, const T* packed, int64_t m, int64_t n, 
   const GemmPath path = choose_gemm({sizeof(T) == 2, m, k, active_isa(), has_avx512_bf16(), amx_gemm()});
   lora_check_path(call.lora, path == GemmPath::AmxStream || path == GemmPath::AmxStreamEmulated ||
                                  path == GemmPath::AmxBlocked || path == GemmPath::AmxBlockedEmulated);
-  static thread_local std::vector<bf16> tile_rows;  // the LoRA terms' A tile rows, where B is in tile form: reused
-  const LoraTerm lora = call.lora != nullptr ? lora_tile_rows(*call.lora, m, n, &tile_rows) : LoraTerm{};
+  const LoraTerm lora = call.lora != nullptr ? lora_tile_rows(*call.lora, m, n) : LoraTerm{};
   Epilogue ep = call;
   if (call.lora != nullptr) ep.lora = &lora;
   switch (path) {

@@ -156,8 +156,9 @@ BF_TARGET_AVX512 void tile_rows(const LoraTerm& t, int64_t segments, int64_t m0,
 
 }  // namespace
 
-LoraTerm lora_tile_rows(const LoraTerm& t, int64_t M, int64_t N, std::vector<bf16>* buf) {
+LoraTerm lora_tile_rows(const LoraTerm& t, int64_t M, int64_t N) {
   if (!lora_on_tiles(&t) || M == 0) return t;
+  static thread_local std::vector<bf16> buf;  // reused: a fresh one per call faulted in its pages every time
   const int64_t segments = N / t.width;
   int32_t factors = 0;
   for (int64_t m = 0; m < M; ++m) factors = std::max(factors, t.index[m] + 1);
@@ -166,16 +167,17 @@ LoraTerm lora_tile_rows(const LoraTerm& t, int64_t M, int64_t N, std::vector<bf1
     for (int64_t i = 0; i < segments; ++i)
       seg_ld = std::max<int64_t>(seg_ld, (t.factors[f].seg[3 * i + 1] - t.factors[f].seg[3 * i] + 15) / 16 * 32);
   const int64_t lda = 2 * segments * seg_ld, blocks = (M + 63) / 64;
-  buf->resize(M * lda);
+  buf.resize(M * lda);
+  bf16* const sa = buf.data();  // this thread's buffer: `buf` named inside the workers would be theirs
   parallel_for(threads_for(M * lda), blocks, [&](int64_t b) {
-    tile_rows(t, segments, b * 64, std::min(M, b * 64 + 64), buf->data(), lda, seg_ld);
+    tile_rows(t, segments, b * 64, std::min(M, b * 64 + 64), sa, lda, seg_ld);
   });
   LoraTerm out = t;
-  out.sa = buf->data(), out.lda = lda, out.seg_ld = seg_ld;
+  out.sa = sa, out.lda = lda, out.seg_ld = seg_ld;
   return out;
 }
 #else
-LoraTerm lora_tile_rows(const LoraTerm& t, int64_t, int64_t, std::vector<bf16>*) { return t; }
+LoraTerm lora_tile_rows(const LoraTerm& t, int64_t, int64_t) { return t; }
 #endif
 
 template <typename T>

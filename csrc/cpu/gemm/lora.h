@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
-#include <vector>
 
 #include "cpu/common/isa.h"
 #include "cpu/common/simd.h"
@@ -89,9 +88,10 @@ BF_TARGET_AVX512 void lora_expand_amx_emulated(const LoraTerm& t, int64_t m0, in
 // Whether a call's factors hold B in tile form (all or none do): its AMX epilogues then take lora_expand_amx's terms.
 BF_INLINE bool lora_on_tiles(const LoraTerm* t) { return t != nullptr && t->factors[0].tiles != nullptr; }
 
-// A call's term with its rows' A tile rows (LoraTerm::sa) written into buf, for the AMX epilogues (lora.cpp): where
-// the factors hold B in tile form, before an M-row GEMM of N outputs runs its kernels; `t` itself otherwise.
-LoraTerm lora_tile_rows(const LoraTerm& t, int64_t M, int64_t N, std::vector<bf16>* buf);
+// A call's term with its rows' A tile rows (LoraTerm::sa), for the AMX epilogues (lora.cpp): where the factors hold B
+// in tile form, before an M-row GEMM of N outputs runs its kernels; `t` itself otherwise. The rows live in a buffer
+// of the calling thread's, reused by its next call.
+LoraTerm lora_tile_rows(const LoraTerm& t, int64_t M, int64_t N);
 
 // B in tile form is for the AMX GEMMs alone (the other epilogues read bt): a GEMM taking another path refuses it.
 inline void lora_check_path(const LoraTerm* t, bool amx_path) {

@@ -143,8 +143,7 @@ void run_int8(const Int8Args& call, bool x_unsigned, const RowsThen* then) {
   const Int8Path path = int8_path(M, K);
   lora_check_path(a.lora, path == Int8Path::AmxStream || path == Int8Path::AmxStreamEmulated ||
                               path == Int8Path::AmxBlocked || path == Int8Path::AmxBlockedEmulated);
-  static thread_local std::vector<bf16> tile_rows;  // the LoRA terms' A tile rows, where B is in tile form: reused
-  const LoraTerm lora = a.lora != nullptr ? lora_tile_rows(*a.lora, M, N, &tile_rows) : LoraTerm{};
+  const LoraTerm lora = a.lora != nullptr ? lora_tile_rows(*a.lora, M, N) : LoraTerm{};
   if (a.lora != nullptr) a.lora = &lora;
 #if BF_X86
   // Threads split the output columns in groups of 4 panels (64 columns), so each streams its own weights.
