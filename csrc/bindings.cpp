@@ -133,12 +133,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     "extension's GEMMs; call it with (x, cu_seqlens, max_seqlen, scale[, bias_table, bias_positions]), "
                     "the bias as in `attention`; carry: a LayerCarry, the same one for each layer of a forward in "
                     "turn; lora: the rows' LoRA adapters, a LoraSlot or None per GEMM (qkv, attn_out, ffn_in, "
-                    "ffn_out), their terms computed as `linear` adds a LoraTerm's (the same bits)")
+                    "ffn_out), their terms computed as `linear` adds a LoraTerm's (the same bits); lora_index: per "
+                    "GEMM (4) the call's rows' index (T,) int32 instead of its LoraSlot's own, or None")
       .def(py::init<const LayerTensors&, int64_t, int64_t, int64_t, double, const std::string&>(), py::arg("weights"),
            py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("eps"), py::arg("act"))
       .def("__call__", &Layer::forward, py::arg("x"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("scale"),
            py::arg("bias_table") = py::none(), py::arg("bias_positions") = py::none(),
-           py::arg("carry") = static_cast<LayerCarry*>(nullptr), py::arg("lora") = py::none());
+           py::arg("carry") = static_cast<LayerCarry*>(nullptr), py::arg("lora") = py::none(),
+           py::arg("lora_index") = py::none());
   py::class_<WordPiece>(m, "WordPiece",
                         "BERT's WordPiece on ASCII texts, the ids of the tokenizers library's BertNormalizer (clean_text) "
                         "-> BertPreTokenizer -> WordPiece -> [cls] text [sep] pipeline, truncated on the right "

@@ -7,7 +7,7 @@ do: bit for bit the same in fp32, bf16 and int8 on every ISA cap, on batches cro
 rows, int8's of up to 96, int8's FFN chunks of 96), with GEMMs no adapter of the call adapts (no LoraSlot), adapters
 that leave a GEMM alone (their rows get no term there) and base rows; under int8 also when the layer's input codes are
 carried from the previous layer (`_C.LayerCarry`: the QKV shrink still reads x). A row alone gets its bits in the
-batch.
+batch. The slots of a set of adapters are kept for its next forwards (`LayerSlots`), each with its own rows' index.
 """
 
 from __future__ import annotations
@@ -109,6 +109,75 @@ def test_layer_with_adapters_equals_composed(dtype, only_c, isa):
     assert torch.equal(carried, compose_layer(backend, y, layer, *args, lora=view))
 
 
+def _slots_call(backend, x, layer, lora, cu, scale):
+    """The layer run whole with the rows' adapters, and the `_C.LoraSlot`s it was handed."""
+    with native_layer_calls(backend) as calls:
+        out = backend.whole_layer(x, layer, lora=lora)(x, cu, int((cu[1:] - cu[:-1]).max()), scale, None)
+    return out, calls[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, "int8"], ids=["fp32", "int8"])
+def test_slots_kept_for_the_same_adapters(dtype):
+    """The LoraSlots of a set of adapters are built once and handed to every later forward of the same set (in the
+    same order) with that forward's own rows' index: the same tokens on other rows equal the layer composed op by op;
+    another order is another set. Unloaded (the packed adapters freed), their factors go with them."""
+    import gc
+    import weakref
+
+    backend, weights, cfg = _layer(dtype)
+    layer, scale = weights.layers[0], cfg.head_dim ** -0.5
+    g = torch.Generator().manual_seed(3)
+    packed = {name: pack_adapter(a, weights, backend.pack_lora) for name, a in _adapters(g, False).items()}
+    x = torch.randn(21, H, generator=g)
+    outs, slots = [], []
+    for rows, lengths in ((["a", "b", "a"], [5, 7, 9]), (["a", "b", "b"], [9, 7, 5]), (["b", "a"], [9, 12])):
+        cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+        view = RowAdapters([packed[r] for r in rows], cu, "cpu").layer(backend, 0)
+        out, handed = _slots_call(backend, x, layer, view, cu, scale)
+        composed = compose_layer(backend, x, layer, cu, max(lengths), HEADS, scale, cfg.layer_norm_eps,
+                                 cfg.activation, lora=view)
+        assert torch.equal(out, composed), rows
+        outs.append(out)
+        slots.append(handed)
+    assert all(a is b for a, b in zip(slots[0], slots[1]))
+    assert not any(a is b for a, b in zip(slots[0], slots[2]) if a is not None)
+    assert not torch.equal(outs[0], outs[1])
+    factor = weakref.ref(packed["a"].layers[0]["ffn_in"].at)
+    del packed, view, slots, handed
+    gc.collect()
+    assert factor() is None
+
+
+def test_slots_follow_the_tier():
+    """A bf16 layer's adapters packed on amx_emulated keep their tile forms: the slots built on that tier shrink on the
+    tiles, and a forward on another tier gets slots of its own (fp32 forms), equal to the ops composed there."""
+    from bertfast.backends.cpu import isa as isa_module
+    from helpers.caps import on_cap
+
+    if isa_module.unsupported("amx_emulated") is not None:
+        pytest.skip(isa_module.unsupported("amx_emulated"))
+    backend, weights, cfg = _layer(torch.bfloat16)
+    layer, scale = weights.layers[0], cfg.head_dim ** -0.5
+    g = torch.Generator().manual_seed(4)
+    with on_cap("amx_emulated"):
+        packed = {name: pack_adapter(a, weights, backend.pack_lora) for name, a in _adapters(g, False).items()}
+    cu = torch.tensor([0, 7, 19], dtype=torch.int32)
+    x = torch.randn(19, H, generator=g)
+    args = (cu, 12, HEADS, scale, cfg.layer_norm_eps, cfg.activation)
+
+    def forward():  # a forward's own RowAdapters, as the engine makes one per forward
+        view = RowAdapters([packed["a"], packed["b"]], cu, "cpu").layer(backend, 0)
+        return _slots_call(backend, x, layer, view, cu, scale)[0], view
+
+    with on_cap("amx_emulated"):
+        tiles = forward()[0]
+    plain, view = forward()
+    assert torch.equal(plain, compose_layer(backend, x, layer, *args, lora=view))
+    assert not torch.equal(tiles, plain)
+    with on_cap("amx_emulated"):
+        assert torch.equal(forward()[0], tiles)
+
+
 def test_lora_slot_errors():
     from bertfast import _C
     from bertfast.backends.cpu import lora
@@ -133,6 +202,16 @@ def test_lora_slot_errors():
         whole(x[:2], torch.tensor([0, 2], dtype=torch.int32), 2, 0.125, lora=[None, slot, None, None])
     with pytest.raises(ValueError, match="out of range"):
         _C.LoraSlot(torch.tensor([1], dtype=torch.int32), [f.at], [f.bt], [f.seg], f.width)
+    # A kept slot takes the call's rows' index instead of its own: checked the same way.
+    empty = _C.LoraSlot(torch.empty(0, dtype=torch.int32), [f.at], [f.bt], [f.seg], f.width)
+    assert torch.equal(whole(x, cu, 3, 0.125, lora=[None, empty, None, None], lora_index=[None, index, None, None]),
+                       out)
+    with pytest.raises(ValueError, match="one index or None per GEMM"):
+        whole(x, cu, 3, 0.125, lora=[None, empty, None, None], lora_index=[index])
+    with pytest.raises(ValueError, match="out of range"):
+        whole(x, cu, 3, 0.125, lora=[None, empty, None, None], lora_index=[None, index + 1, None, None])
+    with pytest.raises(ValueError, match="lora has 0 rows but x has 3"):
+        whole(x, cu, 3, 0.125, lora=[None, empty, None, None])
     with pytest.raises(ValueError, match=r"one at \(or tiles\) per seg"):
         _C.LoraSlot(index, [f.at, f.at], [f.bt], [f.seg], f.width)
     with pytest.raises(ValueError, match="does not fit s of rank"):  # ranks past the factor's own

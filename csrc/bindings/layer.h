@@ -51,7 +51,8 @@ struct LayerCarry {
 // One encoder layer on packed weights, run whole in C++ (csrc/cpu/layer/layer.cpp): the weights are checked
 // once here, each call checks only its input. lora: a call's LoRA adapters per row, one LoraSlot (or None: no adapter
 // of the call adapts it) per GEMM in the order qkv, attn_out, ffn_in, ffn_out; the layer shrinks each GEMM's own
-// input and adds the terms in its epilogue, as `linear` and `quant_linear` do with a LoraTerm.
+// input and adds the terms in its epilogue, as `linear` and `quant_linear` do with a LoraTerm. lora_index: per GEMM
+// the rows' index instead of its slot's own (slots kept across calls of other rows), or None.
 class Layer {
  public:
   Layer(const LayerTensors& w, int64_t hidden, int64_t intermediate, int64_t heads, double eps, const std::string& act)
@@ -95,7 +96,8 @@ class Layer {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cu_seqlens, int64_t max_seqlen, double scale,
                      const c10::optional<at::Tensor>& bias_table,
                      const c10::optional<at::Tensor>& bias_positions, LayerCarry* carry,
-                     const c10::optional<std::vector<const LoraSlotOperands*>>& lora) const {
+                     const c10::optional<std::vector<const LoraSlotOperands*>>& lora,
+                     const c10::optional<std::vector<c10::optional<at::Tensor>>>& lora_index) const {
     const int64_t H = config_.hidden, I = config_.intermediate;
     check_tensor(x, "x");
     BF_CHECK(x.scalar_type() == at::kFloat, "x (the residual stream) must be float32 in every dtype, got ",
@@ -111,6 +113,8 @@ class Layer {
     at::Tensor shrunk;
     if (lora.has_value()) {
       BF_CHECK(lora->size() == 4, "lora needs one LoraSlot or None per GEMM (4), got ", lora->size());
+      BF_CHECK(!lora_index.has_value() || lora_index->size() == 4, "lora_index needs one index or None per GEMM (4), "
+               "got ", lora_index.has_value() ? lora_index->size() : 0);
       int64_t numel = 0;
       for (const LoraSlotOperands* l : *lora) numel += l != nullptr ? T * l->rank() : 0;
       shrunk = at::empty({numel}, x.options());
@@ -118,7 +122,8 @@ class Layer {
       for (int g = 0; g < 4; ++g) {
         const LoraSlotOperands* l = (*lora)[size_t(g)];
         if (l == nullptr) continue;
-        slots[g] = l->slot(T, gemm(g).k, gemm(g).n, s);
+        const c10::optional<at::Tensor>* index = lora_index.has_value() ? &(*lora_index)[size_t(g)] : nullptr;
+        slots[g] = l->slot(T, gemm(g).k, gemm(g).n, s, index != nullptr && index->has_value() ? &**index : nullptr);
         slot[g] = &slots[g];
         s += T * l->rank();
       }

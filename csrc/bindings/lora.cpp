@@ -164,8 +164,10 @@ LoraSlotOperands::LoraSlotOperands(at::Tensor index, std::vector<at::Tensor> at,
   check_index_rows(index_, int64_t(factors_.size()));
 }
 
-cpu::LoraSlot LoraSlotOperands::slot(int64_t M, int64_t K, int64_t N, float* s) const {
-  check_call(index_, segments_, width_, M, N);
+cpu::LoraSlot LoraSlotOperands::slot(int64_t M, int64_t K, int64_t N, float* s, const at::Tensor* index) const {
+  if (index != nullptr) check_index_rows(*index, int64_t(factors_.size()));
+  const at::Tensor& rows = index != nullptr ? *index : index_;
+  check_call(rows, segments_, width_, M, N);
   if (at_ptrs_.empty()) {
     BF_CHECK((K + 31) / 32 == steps_, "lora tiles hold ", steps_, " steps of 32 rows but the GEMM's input has ", K,
              " features");
@@ -173,7 +175,7 @@ cpu::LoraSlot LoraSlotOperands::slot(int64_t M, int64_t K, int64_t N, float* s) 
     BF_CHECK(k_ == K, "lora at has ", k_, " rows but the GEMM's input has ", K, " features");
   }
   check_tiles_only(at_ptrs_.empty());
-  return {index_.data_ptr<int32_t>(), at_ptrs_.empty() ? nullptr : at_ptrs_.data(), ranks_.data(), factors_.data(),
+  return {rows.data_ptr<int32_t>(), at_ptrs_.empty() ? nullptr : at_ptrs_.data(), ranks_.data(), factors_.data(),
           width_, s, rank(), tile_ptrs_.empty() ? nullptr : tile_ptrs_.data()};
 }
 

@@ -42,8 +42,8 @@ class LoraSlotOperands {
   // The widest factor's rank: a row of the shrunk values.
   int64_t rank() const { return rank_; }
   // The slot of a GEMM of K inputs and N outputs on a call of M rows (checked against all three), the shrunk values
-  // into s, (M, rank()) float32.
-  cpu::LoraSlot slot(int64_t M, int64_t K, int64_t N, float* s) const;
+  // into s, (M, rank()) float32; index: the call's rows' instead of the slot's own, as the constructor takes it.
+  cpu::LoraSlot slot(int64_t M, int64_t K, int64_t N, float* s, const at::Tensor* index = nullptr) const;
 
  private:
   at::Tensor index_;

@@ -22,7 +22,7 @@ from ..contract import Backend, DisentangledBias, Precision, Rotary
 from ..weights import LayerWeights, ModelWeights
 from . import isa, linear, lora, quant
 from .ext import _C, IMPORT_ERROR
-from .lora import layer_slots
+from .lora import LayerSlots
 
 # Caps (`isa.active_cap`) without native bf16 dot products where the backend's bf16 forward measured slower
 # than its fp32 one (docs/cpu-gemm.md#bf16-slower-tiers).
@@ -200,20 +200,22 @@ class CpuBackend(Backend):
     def whole_layer(self, x, layer, lora=None):
         """`_C.Layer` for a layer it can run (bit-identical to the ops composed one by one), else None; lora: the
         layer's `adapters_rows.LayerAdapters`, each GEMM's terms computed inside the layer as `linear` adds them
-        (`lora.layer_slots`)."""
+        (`lora.LayerSlots`)."""
         whole = getattr(self, "_whole", {}).get(id(layer))
         if whole is None or not x.is_contiguous():
             return None
-        slots = {} if lora is None else {"lora": self._layer_slots(lora)}
+        slots = {} if lora is None else dict(zip(("lora", "lora_index"), self._layer_slots(lora)))
         return lambda x, cu_seqlens, max_seqlen, scale, bias, carry=None: whole(
             x, cu_seqlens, max_seqlen, scale, carry=carry, **slots, **_bias_args(bias))
 
     def _layer_slots(self, lora):
-        """`layer_slots` of the forward's layer `lora.layer`, built for all its layers at the first: built between
-        the layers' GEMMs, on cold caches, each took about four times as long."""
+        """The forward's (slots, index) (`LayerSlots`) of its layer `lora.layer`, for all its layers at the first:
+        built between the layers' GEMMs, on cold caches, each took about four times as long."""
         rows = lora.rows
         if "cpu layer slots" not in rows.memo:
-            rows.memo["cpu layer slots"] = [layer_slots(rows.layer(self, i)) for i in range(rows.layers)]
+            if getattr(self, "_slots", None) is None:
+                self._slots = LayerSlots()
+            rows.memo["cpu layer slots"] = self._slots(rows)
         return rows.memo["cpu layer slots"][lora.layer]
 
     def layer_carry(self):

@@ -1,6 +1,6 @@
 """LoRA terms on the cpu backend: the low-rank product of each row's own adapter computed inside the GEMM's epilogue
 (csrc/cpu/gemm/lora.h) from the row's shrunk values x A^T (`_C.lora_shrink`), never stored as an (M, N) delta. An op's
-term (`term`) is shrunk here; a whole layer's (`layer_slots`) inside `_C.Layer`, from each GEMM's own input.
+term (`term`) is shrunk here; a whole layer's (`LayerSlots`) inside `_C.Layer`, from each GEMM's own input.
 
 A slot's factors (`Factors`) hold A^T (K, r rounded up to 16, zero columns) and, per run of the slot's outputs
 (q | k | v; gate | up; or the whole slot), only the ranks that run reads: B's block-diagonal zeros are skipped.
@@ -12,6 +12,9 @@ runs on the tiles, in tile form instead (`tiles`, `bt_tiles`): the shrink and th
 from __future__ import annotations
 
 import os
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -168,18 +171,78 @@ def term(x: torch.Tensor, index: torch.Tensor, factors: list[Factors | None]):
     return _C.LoraTerm(s, index, bts, segs, used[0].width, bt_tiles)
 
 
-def layer_slots(lora) -> list:
-    """`_C.Layer`'s lora: per GEMM (LAYER_SLOTS) its rows' operands before their shrink (`_C.LoraSlot`: index and
-    factors as `term` takes them), or None where no adapter of the forward adapts it. lora: the layer's
-    `adapters_rows.LayerAdapters` (`factors`, `index`)."""
-    slots = []
-    for name in LAYER_SLOTS:
-        factors = lora.factors(name)
-        if factors is None:
-            slots.append(None)
-            continue
-        index, used = _present(lora.index, factors)
-        at, tiles = _shrink_operands(used)
-        bts, segs, bt_tiles = _expand_operands(used)
-        slots.append(_C.LoraSlot(index, at, bts, segs, used[0].width, tiles, bt_tiles))
-    return slots
+class LayerSlots:
+    """`_C.Layer`'s lora for the forwards of one backend: per executed layer, per GEMM (LAYER_SLOTS) its factors as
+    `term` takes them (`_C.LoraSlot`), or None where no adapter of the forward adapts it, and its rows' index. The
+    slots depend only on the forward's adapters (in order) and the tier, so they are kept for the next forward of the
+    same adapters (a single adapter's, a repeated mix), which only gives the layer its rows' index (`lora_index`).
+    Entries go with their adapters (unloaded, freed), and the least recently used past `size`."""
+
+    def __init__(self, size: int = 16):
+        self.size = size
+        self._entries: OrderedDict[tuple, list] = OrderedDict()
+        self._watched: set[int] = set()  # the adapters whose freeing drops their entries
+        self._lock = threading.RLock()  # re-entered by _forget should a collection inside it free an adapter
+
+    def __call__(self, rows) -> list[tuple[list, list]]:
+        """Per executed layer of `rows` (`adapters_rows.RowAdapters`) `_C.Layer`'s (lora, lora_index): the 4 slots and
+        their tokens' index (None: no slot)."""
+        key = (tuple(id(a) for a in rows.adapters), _amx())
+        with self._lock:
+            layers = self._entries.get(key)
+            if layers is not None:
+                self._entries.move_to_end(key)
+        if layers is None:
+            layers = [self._layer(rows, i) for i in range(rows.layers)]
+            with self._lock:
+                for adapter in rows.adapters:
+                    if id(adapter) not in self._watched:
+                        self._watched.add(id(adapter))
+                        weakref.finalize(adapter, _forget, weakref.ref(self), id(adapter))
+                self._entries[key] = layers
+                while len(self._entries) > self.size:
+                    self._entries.popitem(last=False)
+        indexed = {}  # each slot's index, once per set of adapters present
+        return [([None if slot is None else slot[2] for slot in layer],
+                 [None if slot is None else _indexed(rows.token_index, slot[0], slot[1], indexed) for slot in layer])
+                for layer in layers]
+
+    @staticmethod
+    def _layer(rows, i: int) -> list:
+        """Layer i's slots without an index: (the positions of the adapters that have the slot, or None for all; the
+        forward's adapter count; `_C.LoraSlot`)."""
+        slots = []
+        for name in LAYER_SLOTS:
+            factors = rows.factors(i, name)
+            if factors is None:
+                slots.append(None)
+                continue
+            present = tuple(p for p, f in enumerate(factors) if f is not None)
+            used = [factors[p] for p in present]
+            at, tiles = _shrink_operands(used)
+            bts, segs, bt_tiles = _expand_operands(used)
+            slot = _C.LoraSlot(torch.empty(0, dtype=torch.int32), at, bts, segs, used[0].width, tiles, bt_tiles)
+            slots.append((present if len(present) < len(factors) else None, len(factors), slot))
+        return slots
+
+
+def _indexed(index: torch.Tensor, present: tuple | None, adapters: int, memo: dict) -> torch.Tensor:
+    """index (T,) int32, each token's position among the forward's adapters (-1: base), as its position among the
+    `present` ones (None: all), -1 for the rows of an adapter that leaves the slot alone."""
+    if present is None:
+        return index
+    if present not in memo:
+        lut = torch.full((adapters + 1,), -1, dtype=torch.int32)  # lut[-1]: the base rows' -1 stays -1
+        lut[list(present)] = torch.arange(len(present), dtype=torch.int32)
+        memo[present] = lut[index.long()]
+    return memo[present]
+
+
+def _forget(ref, adapter: int) -> None:
+    """A freed adapter's entries out of the LayerSlots `ref` (weakref.finalize's callback)."""
+    slots = ref()
+    if slots is not None:
+        with slots._lock:
+            for key in [k for k in slots._entries if adapter in k[0]]:
+                del slots._entries[key]
+            slots._watched.discard(adapter)
