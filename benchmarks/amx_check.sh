@@ -71,7 +71,8 @@ if has adapters; then  # issue 59 on the tiles: 8 rank-16 adapters mixed per row
     NOPEFT="--no-peft"; python3 -c "import peft" 2>/dev/null && NOPEFT=""
     for dt in bf16 int8; do
         OMP_NUM_THREADS=2 timeout "${ADAPTERS_S:-150}" $pin python3 benchmarks/bench_adapters.py --dtype $dt \
-            --rounds "${ADAPTERS_ROUNDS:-5}" --fp32-lora $NOPEFT > "$LOG/adapters-$dt.log" 2>&1
+            --rounds "${ADAPTERS_ROUNDS:-5}" --workloads "${ADAPTERS_WORKLOADS:-b8xs128,ragged,b1xs16}" \
+            --fp32-lora $NOPEFT > "$LOG/adapters-$dt.log" 2>&1
         echo "adapters $dt rc=$?"
     done
 fi
