@@ -150,7 +150,8 @@ def test_slots_kept_for_the_same_adapters(dtype):
 
 def test_slots_follow_the_tier():
     """A bf16 layer's adapters packed on amx_emulated keep their tile forms: the slots built on that tier shrink on the
-    tiles, and a forward on another tier gets slots of its own (fp32 forms), equal to the ops composed there."""
+    tiles and are kept for it; a forward on another tier gets slots of its own (fp32 forms unpacked, not kept), equal
+    to the ops composed there."""
     from bertfast.backends.cpu import isa as isa_module
     from helpers.caps import on_cap
 
@@ -167,15 +168,19 @@ def test_slots_follow_the_tier():
 
     def forward():  # a forward's own RowAdapters, as the engine makes one per forward
         view = RowAdapters([packed["a"], packed["b"]], cu, "cpu").layer(backend, 0)
-        return _slots_call(backend, x, layer, view, cu, scale)[0], view
+        out, slots = _slots_call(backend, x, layer, view, cu, scale)
+        return out, view, slots
 
     with on_cap("amx_emulated"):
-        tiles = forward()[0]
-    plain, view = forward()
+        tiles, _, tile_slots = forward()
+    plain, view, plain_slots = forward()
     assert torch.equal(plain, compose_layer(backend, x, layer, *args, lora=view))
     assert not torch.equal(tiles, plain)
+    # fp32 forms unpacked from the tile forms are copies: built for each forward, never kept
+    assert not any(a is b for a, b in zip(plain_slots, forward()[2]) if a is not None)
     with on_cap("amx_emulated"):
-        assert torch.equal(forward()[0], tiles)
+        again, _, kept = forward()
+    assert torch.equal(again, tiles) and all(a is b for a, b in zip(tile_slots, kept))
 
 
 def test_lora_slot_errors():

@@ -152,12 +152,9 @@ LAYER_SLOTS = ("qkv", "attn_out", "ffn_in", "ffn_out")
 
 def _present(index: torch.Tensor, factors: list[Factors | None]) -> tuple[torch.Tensor, list[Factors]]:
     """(index into the factors present, those factors): rows of an adapter that leaves the slot alone get -1."""
-    present = [i for i, f in enumerate(factors) if f is not None]
-    if len(present) < len(factors):
-        lut = torch.full((len(factors) + 1,), -1, dtype=torch.int32)  # lut[-1]: the base rows' -1 stays -1
-        lut[present] = torch.arange(len(present), dtype=torch.int32)
-        index = lut[index.long()]
-    return index, [factors[i] for i in present]
+    present = tuple(i for i, f in enumerate(factors) if f is not None)
+    all_present = len(present) == len(factors)
+    return _indexed(index, None if all_present else present, len(factors), {}), [factors[i] for i in present]
 
 
 def term(x: torch.Tensor, index: torch.Tensor, factors: list[Factors | None]):
@@ -193,25 +190,30 @@ class LayerSlots:
             if layers is not None:
                 self._entries.move_to_end(key)
         if layers is None:
-            layers = [self._layer(rows, i) for i in range(rows.layers)]
-            with self._lock:
-                for adapter in rows.adapters:
-                    if id(adapter) not in self._watched:
-                        self._watched.add(id(adapter))
-                        weakref.finalize(adapter, _forget, weakref.ref(self), id(adapter))
-                self._entries[key] = layers
-                while len(self._entries) > self.size:
-                    self._entries.popitem(last=False)
+            built = [self._layer(rows, i) for i in range(rows.layers)]
+            layers = [slots for slots, _ in built]
+            if all(own for _, own in built):  # not when fp32 forms were unpacked from tile forms (a tier switched)
+                self._keep(key, rows.adapters, layers)
         indexed = {}  # each slot's index, once per set of adapters present
         return [([None if slot is None else slot[2] for slot in layer],
                  [None if slot is None else _indexed(rows.token_index, slot[0], slot[1], indexed) for slot in layer])
                 for layer in layers]
 
+    def _keep(self, key: tuple, adapters: list, layers: list) -> None:
+        with self._lock:
+            for adapter in adapters:
+                if id(adapter) not in self._watched:
+                    self._watched.add(id(adapter))
+                    weakref.finalize(adapter, _forget, weakref.ref(self), id(adapter))
+            self._entries[key] = layers
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
     @staticmethod
-    def _layer(rows, i: int) -> list:
-        """Layer i's slots without an index: (the positions of the adapters that have the slot, or None for all; the
-        forward's adapter count; `_C.LoraSlot`)."""
-        slots = []
+    def _layer(rows, i: int) -> tuple[list, bool]:
+        """Layer i's slots without an index, each (the positions of the adapters that have the slot, or None for all;
+        the forward's adapter count; `_C.LoraSlot`), and whether they hold only the factors' own tensors."""
+        slots, own = [], True
         for name in LAYER_SLOTS:
             factors = rows.factors(i, name)
             if factors is None:
@@ -221,9 +223,10 @@ class LayerSlots:
             used = [factors[p] for p in present]
             at, tiles = _shrink_operands(used)
             bts, segs, bt_tiles = _expand_operands(used)
+            own = own and all(a is f.at for a, f in zip(at, used)) and all(b is f.bt for b, f in zip(bts, used))
             slot = _C.LoraSlot(torch.empty(0, dtype=torch.int32), at, bts, segs, used[0].width, tiles, bt_tiles)
             slots.append((present if len(present) < len(factors) else None, len(factors), slot))
-        return slots
+        return slots, own
 
 
 def _indexed(index: torch.Tensor, present: tuple | None, adapters: int, memo: dict) -> torch.Tensor:
