@@ -34,6 +34,8 @@ BF_INLINE void shrink_chunks(const T* x, int64_t ldx, int64_t K, const float* at
   float acc[ROWS][16 * CH] = {};
   for (int64_t k = 0; k < K; ++k) {
     const float* a = at + k * R + c0;
+    // Rank 16: A^T is one cache line a k, asked for 32 ahead; the hardware's prefetch alone left the fmas waiting.
+    if (R == 16) __builtin_prefetch(a + 32 * R, 0, 3);
 #pragma GCC unroll 8
     for (int i = 0; i < ROWS; ++i) {
       const float xv = to_float(x[i * ldx + k]);
