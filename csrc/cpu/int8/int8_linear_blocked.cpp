@@ -315,15 +315,8 @@ struct VnniTile {
 BF_TARGET_VNNI void item_vnni(const Int8Args& args, const uint8_t* xu, int64_t ldu, int64_t r0, int64_t r1,
                               int64_t p0, int64_t p1) {
   DenormalGuard ftz;
-  // The item's LoRA terms in one call, not one per row tile: its set-up per call cost a quarter of its fmas' time.
-  alignas(64) float out[kRowBlock][64];
-  const float* term[kRowBlock] = {};
-  const LoraBlock block{r0, term};
-  Int8Args a = args;
-  if (a.lora != nullptr && r1 - r0 <= kRowBlock && p1 - p0 <= 4) {
-    lora_terms_rows(*a.lora, r0, int(r1 - r0), 16 * p0, std::min(16 * (p1 - p0), a.N - 16 * p0), out, term);
-    a.terms = &block;
-  }
+  ItemTerms<kRowBlock> terms;
+  const Int8Args a = terms.with(args, r0, r1, p0, p1);
   switch (p1 - p0) {  // the group's panels in one register tile
     case 4: row_tiles<6>(r0, r1, p0, VnniTile<4>{a, xu, ldu}); break;
     case 3: row_tiles<6>(r0, r1, p0, VnniTile<3>{a, xu, ldu}); break;

@@ -72,16 +72,8 @@ BF_TARGET_VNNI void stream_rows_vnni(const Int8Args& a, int64_t p0) {
 
 BF_TARGET_VNNI void stream_panels_vnni(const Int8Args& args, int64_t p0, int64_t p1) {
   DenormalGuard ftz;
-  // All the rows' LoRA terms for these panels in one call, not one per 4-row tile: runs of up to 6 rows share each
-  // B^T load, and the call's set-up is paid once.
-  alignas(64) float out[kStreamRows][64];
-  const float* term[kStreamRows] = {};
-  const LoraBlock block{0, term};
-  Int8Args a = args;
-  if (a.lora != nullptr && a.M <= kStreamRows && p1 - p0 <= 4) {
-    lora_terms_rows(*a.lora, 0, int(a.M), 16 * p0, std::min(16 * (p1 - p0), a.N - 16 * p0), out, term);
-    a.terms = &block;
-  }
+  ItemTerms<kStreamRows> terms;  // every row's, not each 4-row tile's
+  const Int8Args a = terms.with(args, 0, args.M, p0, p1);
   switch (p1 - p0) {
     case 4: stream_rows_vnni<4>(a, p0); break;
     case 3: stream_rows_vnni<3>(a, p0); break;
