@@ -150,11 +150,16 @@ def _expand_operands(used: list[Factors]) -> tuple[list[torch.Tensor], list[torc
 LAYER_SLOTS = ("qkv", "attn_out", "ffn_in", "ffn_out")
 
 
+def _used(factors: list[Factors | None]) -> tuple[tuple | None, list[Factors]]:
+    """(the positions of the factors present, None where all are; those factors)."""
+    present = tuple(i for i, f in enumerate(factors) if f is not None)
+    return (None if len(present) == len(factors) else present), [factors[i] for i in present]
+
+
 def _present(index: torch.Tensor, factors: list[Factors | None]) -> tuple[torch.Tensor, list[Factors]]:
     """(index into the factors present, those factors): rows of an adapter that leaves the slot alone get -1."""
-    present = tuple(i for i, f in enumerate(factors) if f is not None)
-    all_present = len(present) == len(factors)
-    return _indexed(index, None if all_present else present, len(factors), {}), [factors[i] for i in present]
+    present, used = _used(factors)
+    return _indexed(index, present, len(factors), {}), used
 
 
 def term(x: torch.Tensor, index: torch.Tensor, factors: list[Factors | None]):
@@ -219,13 +224,12 @@ class LayerSlots:
             if factors is None:
                 slots.append(None)
                 continue
-            present = tuple(p for p, f in enumerate(factors) if f is not None)
-            used = [factors[p] for p in present]
+            present, used = _used(factors)
             at, tiles = _shrink_operands(used)
             bts, segs, bt_tiles = _expand_operands(used)
             own = own and all(a is f.at for a, f in zip(at, used)) and all(b is f.bt for b, f in zip(bts, used))
             slot = _C.LoraSlot(torch.empty(0, dtype=torch.int32), at, bts, segs, used[0].width, tiles, bt_tiles)
-            slots.append((present if len(present) < len(factors) else None, len(factors), slot))
+            slots.append((present, len(factors), slot))
         return slots, own
 
 

@@ -86,9 +86,9 @@ void run_linear(const T* x, int64_t ldx, const T* packed, int64_t m, int64_t n, 
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int nt = int(std::min<int64_t>(panels, threads_for(m * n * k / 4)));
   const GemmPath path = choose_gemm({sizeof(T) == 2, m, k, active_isa(), has_avx512_bf16(), amx_gemm()});
-  lora_check_path(call.lora, path == GemmPath::AmxStream || path == GemmPath::AmxStreamEmulated ||
-                                 path == GemmPath::AmxBlocked || path == GemmPath::AmxBlockedEmulated);
-  const LoraTerm lora = call.lora != nullptr ? lora_tile_rows(*call.lora, m, n) : LoraTerm{};
+  const bool amx = path == GemmPath::AmxStream || path == GemmPath::AmxStreamEmulated ||
+                   path == GemmPath::AmxBlocked || path == GemmPath::AmxBlockedEmulated;
+  const LoraTerm lora = call.lora != nullptr ? lora_tile_rows(*call.lora, amx, m, n) : LoraTerm{};
   Epilogue ep = call;
   if (call.lora != nullptr) ep.lora = &lora;
   switch (path) {

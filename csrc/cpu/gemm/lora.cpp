@@ -6,6 +6,7 @@
 #include "cpu/gemm/lora.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <vector>
 
 #include "cpu/common/amx_tiles.h"
@@ -129,6 +130,11 @@ void lora_shrink(const T* x, int64_t ldx, int64_t M, int64_t K, const int32_t* i
   });
 }
 
+[[noreturn]] static void throw_tiles_off_amx() {
+  throw std::invalid_argument("lora: B in tile form needs an AMX GEMM (amx tiers: bf16 with K % 32 == 0, int8 with "
+                              "K % 64 == 0); this call takes another kernel: give bt instead");
+}
+
 #if BF_X86
 namespace {
 
@@ -158,8 +164,10 @@ BF_TARGET_AVX512 void tile_rows(const LoraTerm& t, int64_t segments, int64_t m0,
 
 }  // namespace
 
-LoraTerm lora_tile_rows(const LoraTerm& t, int64_t M, int64_t N) {
-  if (!lora_on_tiles(&t) || M == 0) return t;
+LoraTerm lora_tile_rows(const LoraTerm& t, bool amx_path, int64_t M, int64_t N) {
+  if (!lora_on_tiles(&t)) return t;
+  if (!amx_path) throw_tiles_off_amx();
+  if (M == 0) return t;
   static thread_local std::vector<bf16> buf;  // reused: a fresh one per call faulted in its pages every time
   const int64_t segments = N / t.width;
   int32_t factors = 0;
@@ -179,7 +187,10 @@ LoraTerm lora_tile_rows(const LoraTerm& t, int64_t M, int64_t N) {
   return out;
 }
 #else
-LoraTerm lora_tile_rows(const LoraTerm& t, int64_t, int64_t) { return t; }
+LoraTerm lora_tile_rows(const LoraTerm& t, bool, int64_t, int64_t) {
+  if (lora_on_tiles(&t)) throw_tiles_off_amx();
+  return t;
+}
 #endif
 
 template <typename T>

@@ -6,13 +6,12 @@
 // y + ((d_0 + d_1) + (d_2 + d_3)). fma rounds once, so the forms give the same bits, and every epilogue of every
 // kernel a tier may pick by M gives a row the same term: the engine stays batch-invariant. Factors whose B is in tile
 // form (an AMX tier's bf16 or int8 engine) take their terms from lora_expand_amx (lora_amx.cpp) in both AMX kernels
-// alike, and no other kernel takes them (lora_check_path).
+// alike, and no other kernel takes them (lora_tile_rows).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <stdexcept>
 
 #include "cpu/common/isa.h"
 #include "cpu/common/simd.h"
@@ -88,17 +87,11 @@ BF_TARGET_AVX512 void lora_expand_amx_emulated(const LoraTerm& t, int64_t m0, in
 // Whether a call's factors hold B in tile form (all or none do): its AMX epilogues then take lora_expand_amx's terms.
 BF_INLINE bool lora_on_tiles(const LoraTerm* t) { return t != nullptr && t->factors[0].tiles != nullptr; }
 
-// A call's term with its rows' A tile rows (LoraTerm::sa), for the AMX epilogues (lora.cpp): where the factors hold B
-// in tile form, before an M-row GEMM of N outputs runs its kernels; `t` itself otherwise. The rows live in a buffer
-// of the calling thread's, reused by its next call.
-LoraTerm lora_tile_rows(const LoraTerm& t, int64_t M, int64_t N);
-
-// B in tile form is for the AMX GEMMs alone (the other epilogues read bt): a GEMM taking another path refuses it.
-inline void lora_check_path(const LoraTerm* t, bool amx_path) {
-  if (lora_on_tiles(t) && !amx_path)
-    throw std::invalid_argument("lora: B in tile form needs an AMX GEMM (amx tiers: bf16 with K % 32 == 0, int8 "
-                                "with K % 64 == 0); this call takes another kernel: give bt instead");
-}
+// A GEMM call's term as its kernels take it (lora.cpp): on an AMX path (amx_path) with its rows' A tile rows
+// (LoraTerm::sa) where the factors hold B in tile form, written before an M-row GEMM of N outputs runs its kernels
+// into a buffer of the calling thread's, reused by its next call; `t` itself otherwise. B in tile form is for the AMX
+// GEMMs alone (the other epilogues read bt): another path refuses it (std::invalid_argument).
+LoraTerm lora_tile_rows(const LoraTerm& t, bool amx_path, int64_t M, int64_t N);
 
 // The terms of a work item's rows [m0, m0 + rows) at its columns (lora_terms_rows over them all at once), for the
 // epilogues of all its tiles: term[i] row m0 + i's (64 floats), null where the row has no term.
