@@ -33,7 +33,12 @@
 #define BF_TARGET_TILES_BF16 BF_TARGET_AMX
 #define BF_TARGET_TILES_INT8 BF_TARGET_AMX_INT8
 #define BF_TILES(name) name
-#define BF_TILE_LOADCONFIG(cfg) _tile_loadconfig(cfg)
+// GCC 12 drops the stores of a local config before LDTILECFG (the probe faulted on a half-written one): barrier.
+#define BF_TILE_LOADCONFIG(cfg)                    \
+  do {                                             \
+    asm volatile("" : : "r"(cfg) : "memory");     \
+    _tile_loadconfig(cfg);                         \
+  } while (0)
 #define BF_TILE_RELEASE() _tile_release()
 #define BF_TILE_ZERO(t) _tile_zero(t)
 #define BF_TILE_LOADD(t, base, stride) _tile_loadd(t, base, stride)
