@@ -1,11 +1,12 @@
 """The AMX GEMMs' two kernels (csrc/cpu/gemm/amx_gemm.h): the blocked kernel is the streaming kernel bit for bit, bf16
 and int8, on the amx_emulated tier (the tile instructions emulated, any CPU with AVX-512 BF16) and on the amx tier.
 
-Shapes cross every edge of the blocked kernel: 16-row tile blocks and 32-row pairs with their tails, work items of
-up to 128 rows (so M = 129, 161 give two items of 96 / 64 rows), 48-column units (a bf16 panel; three int8 panels of
-16, the last unit short), K in one and several blocks of 8 tile steps (bf16: 256 elements, int8: 512 codes), with
-bias, activation and residual epilogues. Then batch invariance across the kernels' threshold: a row alone (the
-streaming kernel) is the same row inside a batch past the threshold (the blocked one), in the default (auto) mode.
+Shapes cross every edge of the blocked kernel: 16-row tile blocks and 32-row pairs with their tails, work items
+(up to 256 rows by default; the blocking test's items of 32, 64 and 128 rows split M = 161 in several), 48-column
+units (a bf16 panel; three int8 panels of 16, the last unit short), K in one and several blocks of 8 tile steps
+(bf16: 256 elements, int8: 512 codes), with bias, activation and residual epilogues. Then batch invariance across the
+kernels' threshold: a row alone (the streaming kernel) is the same row inside a batch past the threshold (the blocked
+one), in the default (auto) mode.
 Shapes stay small: the emulated tiles are slow.
 """
 
@@ -115,11 +116,11 @@ def test_a_row_alone_is_the_row_in_a_large_batch(tiles, dtype):
 
 
 @pytest.mark.parametrize("steps,rows,stage", [(1, 32, False), (3, 64, True), (64, 256, False), (8, 128, True),
-                                              (64, 256, True)], ids=lambda v: str(v))
+                                              (8, 128, False), (64, 256, True)], ids=lambda v: str(v))
 def test_any_blocking_gives_the_same_bits(tiles, steps, rows, stage):
     """The blocked kernel's geometry (set_amx_blocking, for measurement) moves no bit: K blocks of 1, 3 and 64 tile
-    steps, work items of 32, 64 and 256 rows, A from its rows or staged in tile order, against the default's output
-    (161 rows: a short last pair; K = 640: 20 bf16 and 10 int8 steps, K blocks cut short)."""
+    steps, work items of 32, 64, 128 and 256 rows, A from its rows or staged in tile order, against the default's
+    output (161 rows: a short last pair; K = 640: 20 bf16 and 10 int8 steps, K blocks cut short)."""
     m, n, k = 161, 100, 640
     x, w, bias, res = _inputs(m, n, k, torch.bfloat16, seed=5)
     xq, wq, bq, rq = _inputs(m, n, k, torch.float32, seed=6)
