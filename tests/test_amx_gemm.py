@@ -23,9 +23,9 @@ from bertfast.backends.cpu import quant
 
 _C = pytest.importorskip("bertfast._C")
 
-# The largest routing threshold of the AMX GEMMs (kAmxBlockedRowsBf16 / Int8, amx_gemm.h): batches in the
-# invariance tests exceed twice this.
-THRESHOLD = 64
+# The largest routing threshold of the AMX GEMMs (kAmxBlockedRowsBf16, amx_gemm.h; int8 runs blocked from one row):
+# batches in the invariance tests exceed twice this.
+THRESHOLD = 128
 
 
 def both_kernels(run):
@@ -97,7 +97,8 @@ def test_int8_blocked_is_the_stream_kernel(tiles, m, n, k, act, has_bias, has_re
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "int8"])
 def test_a_row_alone_is_the_row_in_a_large_batch(tiles, dtype):
-    """auto mode: one row takes the streaming kernel, 2 * THRESHOLD + 37 rows the blocked one; same bits."""
+    """auto mode: one row takes the streaming kernel (bf16; int8 is blocked at every M, in items of other sizes),
+    2 * THRESHOLD + 37 rows the blocked one; same bits."""
     _C.testing.set_amx_gemm("auto")
     m, n, k = 2 * THRESHOLD + 37, 100, 576
     x, w, bias, res = _inputs(m, n, k, dtype, seed=21)
@@ -110,7 +111,7 @@ def test_a_row_alone_is_the_row_in_a_large_batch(tiles, dtype):
     batch = run(x, res)
     for i in (0, 31, 32, 127, 128, m - 1):
         assert torch.equal(run(x[i:i + 1], res[i:i + 1]), batch[i:i + 1]), f"row {i}"
-    # and a batch just under the threshold (streaming) against the same rows of the large one
+    # and a batch just under the threshold (bf16: streaming) against the same rows of the large one
     small = THRESHOLD - 1
     assert torch.equal(run(x[:small], res[:small]), batch[:small])
 

@@ -88,13 +88,14 @@ GEMM = [
 ]
 
 # (m, k, tier, avx_vnni, amx_gemm) -> path. Thresholds: AMX-int8 where k % 64 == 0, blocked from
-# kAmxBlockedRowsInt8 = 64 rows unless amx_gemm forces a kernel; avx512_vnni streams up to kStreamRows = 16 rows.
+# kAmxBlockedRowsInt8 = 1 row (every M) unless amx_gemm forces a kernel; avx512_vnni streams up to kStreamRows = 16
+# rows.
 INT8 = [
-    (63, 768, "amx", False, "auto", "AmxStream"),
+    (1, 768, "amx", False, "auto", "AmxBlocked"),
     (64, 768, "amx", False, "auto", "AmxBlocked"),
-    (63, 768, "amx_emulated", False, "auto", "AmxStreamEmulated"),
-    (64, 768, "amx_emulated", False, "auto", "AmxBlockedEmulated"),
-    (1, 768, "amx", False, "blocked", "AmxBlocked"),
+    (1, 768, "amx_emulated", False, "auto", "AmxBlockedEmulated"),
+    (63, 768, "amx_emulated", False, "stream", "AmxStreamEmulated"),
+    (1, 768, "amx", False, "stream", "AmxStream"),
     (4096, 768, "amx", False, "stream", "AmxStream"),
     (16, 784, "amx", False, "auto", "VnniStream"),
     (17, 784, "amx_emulated", False, "blocked", "VnniBlocked"),

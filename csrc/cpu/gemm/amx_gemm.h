@@ -37,9 +37,11 @@ bool parse_amx_gemm(const char* name, AmxGemm* mode);
 const char* amx_gemm_name(AmxGemm mode);
 
 // Rows from which auto takes the blocked kernel: where BERT-base's four GEMMs run faster blocked than streaming
-// (benchmarks/bench_amx_gemm.py; benchmarks/results/amx-2026-11-26).
+// (benchmarks/bench_amx_gemm.py; benchmarks/results/amx-2026-11-26). int8 runs blocked at every M: its T1
+// prefetch a K block ahead keeps the weight stream going better than the streaming kernel's (faster at all four
+// shapes from 1 to 64 rows on the 2026-12-07 AMX host, and at 16 rows on the 2026-12-06 one).
 constexpr int64_t kAmxBlockedRowsBf16 = 128;
-constexpr int64_t kAmxBlockedRowsInt8 = 64;
+constexpr int64_t kAmxBlockedRowsInt8 = 1;
 
 // The one routing rule of the AMX GEMMs: whether an M-row call takes the blocked kernel under `mode` (amx_gemm()).
 // The GEMMs' choosers (choose_gemm, choose_int8) ask it.
