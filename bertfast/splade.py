@@ -267,24 +267,29 @@ class SparseEncoder(TaskAdapters, nn.Module):
             from tqdm.auto import tqdm
 
             batches = tqdm(batches, desc="Batches", unit="batch")
-        rows, cols, values, dense = [], [], [], []
+        pieces, dense = [None] * len(texts), []  # pieces[i]: text i's (columns, values), columns ascending
         for start in batches:
             group = order[start:start + batch_size]
             vectors = top_k(self.embed_tokens(*self.encoder.tokenize([texts[i] for i in group]),
                                               adapter_ids=None if adapters is None else [adapters[i] for i in group]),
                             k)
             if convert_to_sparse_tensor:
-                r, c = vectors.nonzero(as_tuple=True)
-                rows.append(torch.tensor(group, device=r.device)[r])
-                cols.append(c)
-                values.append(vectors[r, c])
+                r, c = vectors.nonzero(as_tuple=True)  # row-major: each row's columns ascending
+                counts = torch.bincount(r, minlength=len(group)).tolist()
+                for i, cols, vals in zip(group, c.split(counts), vectors[r, c].split(counts)):
+                    pieces[i] = (cols, vals)
             else:
                 dense.append((group, vectors))
         if convert_to_sparse_tensor:
-            cat = (lambda parts, dtype: torch.cat(parts) if parts else torch.zeros(0, dtype=dtype))
-            out = torch.sparse_coo_tensor(torch.stack([cat(rows, torch.int64), cat(cols, torch.int64)]),
-                                          cat(values, torch.float32), (len(texts), self.vocab_size),
-                                          check_invariants=False).coalesce()
+            # Rows in text order, columns ascending in each: coalesced as built (coalesce() sorted them again: most
+            # of a dense-ish batch's encode time).
+            device = pieces[0][0].device if pieces else torch.device("cpu")
+            counts = torch.tensor([len(p[0]) for p in pieces], dtype=torch.int64, device=device)
+            rows = torch.repeat_interleave(torch.arange(len(texts), device=device), counts)
+            cols = torch.cat([p[0] for p in pieces]) if pieces else torch.zeros(0, dtype=torch.int64)
+            vals = torch.cat([p[1] for p in pieces]) if pieces else torch.zeros(0)
+            out = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (len(texts), self.vocab_size),
+                                          check_invariants=False, is_coalesced=True)
         else:
             out = torch.zeros(len(texts), self.vocab_size)
             for group, vectors in dense:

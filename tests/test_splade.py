@@ -157,6 +157,11 @@ def test_encode_matches_sentence_transformers(splade_model, texts, backend):
     ours = bertfast.SparseEncoder.from_pretrained(splade_model, backend=backend).encode(texts, batch_size=7)
     assert ours.is_sparse and ours.shape == (len(texts), 30522)
     check_parity(ours, theirs)
+    # built coalesced (texts longest first in batches, rows back in text order, columns ascending): what coalesce()
+    # of the same entries gives
+    assert ours.is_coalesced()
+    again = torch.sparse_coo_tensor(ours.indices().flip(1), ours.values().flip(0), ours.shape).coalesce()
+    assert torch.equal(ours.indices(), again.indices()) and torch.equal(ours.values(), again.values())
 
 
 @pytest.mark.parametrize("pooling,activation", [("sum", "relu"), ("max", "log1p_relu"), ("sum", "log1p_relu")])
