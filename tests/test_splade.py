@@ -160,7 +160,8 @@ def test_encode_matches_sentence_transformers(splade_model, texts, backend):
     # built coalesced (texts longest first in batches, rows back in text order, columns ascending): what coalesce()
     # of the same entries gives
     assert ours.is_coalesced()
-    again = torch.sparse_coo_tensor(ours.indices().flip(1), ours.values().flip(0), ours.shape).coalesce()
+    again = torch.sparse_coo_tensor(ours.indices().flip(1), ours.values().flip(0), ours.shape,
+                                    check_invariants=True).coalesce()
     assert torch.equal(ours.indices(), again.indices()) and torch.equal(ours.values(), again.values())
 
 
