@@ -55,10 +55,10 @@ inline bool amx_blocked(int64_t m, bool int8, AmxGemm mode) {
 // sub-panel is 8 x 3 KB = 24 KB (half of Sapphire Rapids' 48 KB L1D), the A rows of a 32-row pair 16 KB. A work
 // item has at most `rows` rows (a multiple of the 32-row pair): its x block (256 x 768 bf16: 384 KB) stays in L2
 // across its run of units, and each weight sub-panel, streamed in from L3 once per item, serves twice the rows of
-// 128-row items (5-20% faster on a 2026-12-07 AMX host: benchmarks/results/2026-12-07-amx-host). `stage`: the item
-// first copies its x block into tile order (each tile's 16 rows of 64 bytes contiguous: a pair's K block one 16 KB
-// stretch), and its A tiles load from there instead of from rows ldx apart. set_amx_blocking changes the geometry
-// (benchmarks/bench_amx_gemm.py --blocking). Any geometry gives the same bits.
+// 128-row items (a BERT-base forward 1-5% faster on a 2026-12-07 AMX host: benchmarks/results/2026-12-07-amx-host).
+// `stage`: the item first copies its x block into tile order (each tile's 16 rows of 64 bytes contiguous: a pair's
+// K block one 16 KB stretch), and its A tiles load from there instead of from rows ldx apart. set_amx_blocking
+// changes the geometry (benchmarks/bench_amx_gemm.py --blocking). Any geometry gives the same bits.
 struct AmxBlocking {
   int64_t steps, rows;
   bool stage;
