@@ -32,7 +32,9 @@ SHARD_ROWS = 10  # 120 shards
 STOP_AFTER = 3  # committed shards before the stop
 DEADLINE = 120  # seconds for any one wait: generous for a loaded 2-core machine, still bounded
 # The child: `bertfast embed` (its arguments) whose job, once shard STOP_AFTER - 1 is committed, sends b"c" on the
-# socket {fd} and blocks reading it, so the test's signal finds it there (the socket's end lets it go on).
+# socket {fd} and waits reading it, so the test's signal finds it there (the socket's end lets it go on). It waits in
+# 50 ms reads: a signal the kernel hands another of its threads interrupts no read of the main thread, whose handler
+# then runs only when the main thread next runs Python (one CI run hung 120 s here under load).
 CHILD = """
 import socket, sys
 from bertfast.tools.cli import main
@@ -43,7 +45,13 @@ sock = socket.socket(fileno={fd})
 def stop_here(index):
     if index == {stop_after} - 1:
         sock.sendall(b"c")
-        sock.recv(1)
+        sock.settimeout(0.05)
+        while True:
+            try:
+                sock.recv(1)
+                break
+            except TimeoutError:
+                pass
 
 job._test_hook = stop_here
 sys.exit(main(sys.argv[1:]))
