@@ -34,7 +34,7 @@ DEADLINE = 120  # seconds for any one wait: generous for a loaded 2-core machine
 # The child: `bertfast embed` (its arguments) whose job, once shard STOP_AFTER - 1 is committed, sends b"c" on the
 # socket {fd} and waits reading it, so the test's signal finds it there (the socket's end lets it go on). It waits in
 # 50 ms reads: a signal the kernel hands another of its threads interrupts no read of the main thread, whose handler
-# then runs only when the main thread next runs Python (one CI run hung 120 s here under load).
+# then runs only when the main thread next runs Python.
 CHILD = """
 import socket, sys
 from bertfast.tools.cli import main

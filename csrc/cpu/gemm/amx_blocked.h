@@ -13,6 +13,9 @@
 //   store(c, mr, m0, u, groups)        the epilogue of rows [m0, m0 + mr) of unit u from c (rows 48 apart)
 //   tile_terms()                       whether store computes LoRA terms on the tiles (lora_expand_amx), which
 //                                      takes the streaming kernels' configuration, amx_load_tile_config(mr)
+//   fold_terms(), fold(m, u, j, two_rows, two_cols)
+//                                      whether the C tiles of a pair take LoRA terms after their last K step, and
+//                                      that step (BF_LORA_FOLD: pair rows m, unit u, groups j and j + 1)
 // The bf16 kernels (the GEMM's, linear_amx.cpp; SPLADE's pooling, sparse_pool_amx.cpp) share all but the store:
 // AmxBf16Operands below.
 #pragma once
@@ -115,6 +118,8 @@ struct AmxBf16Operands {
   BF_INLINE int groups(int64_t) const { return kPanel / 16; }
   BF_INLINE const bf16* a_tile(int64_t m, int64_t s) const { return x + m * ldx + s * kAmxK; }
   BF_INLINE bool tile_terms() const { return false; }
+  BF_INLINE bool fold_terms() const { return false; }
+  BF_INLINE void fold(int64_t, int64_t, int, bool, bool) const {}
   BF_INLINE int64_t a_ld() const { return ldx * 2; }
   BF_INLINE const bf16* b_tile(int64_t u, int j, int64_t s) const {
     return packed + u * K * kPanel + s * (kAmxK * kPanel) + 32 * j;
@@ -193,6 +198,7 @@ BF_AMX_BLOCKED_TARGET BF_INLINE void amx_blocked_item(const Gemm& g, int64_t r0,
               if (two_cols) g.dp3();
             }
           }
+          if (last && g.fold_terms()) g.fold(m, u, j, two_rows, two_cols);
           BF_TILE_STORED(0, c0, ldc);
           if (two_cols) BF_TILE_STORED(1, c0 + 16, ldc);
           if (two_rows) BF_TILE_STORED(2, c0 + 16 * 48, ldc);

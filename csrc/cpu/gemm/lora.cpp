@@ -164,7 +164,39 @@ BF_TARGET_AVX512 void tile_rows(const LoraTerm& t, int64_t segments, int64_t m0,
 
 }  // namespace
 
-LoraTerm lora_tile_rows(const LoraTerm& t, bool amx_path, int64_t M, int64_t N) {
+// The factors of each 16-row block of M rows with A tile rows sa (lda apart), as LoraTerm::fold: a block on one
+// factor (with or without base rows, whose A rows are zero) reads sa itself; a block mixing factors, per factor a
+// copy of its rows with the others' zeroed.
+static void fold_blocks(const int32_t* index, int64_t M, const bf16* sa, int64_t lda, std::vector<int64_t>& at,
+                        std::vector<LoraFold>& fold, std::vector<bf16>& masked) {
+  const int64_t blocks = (M + 15) / 16;
+  at.assign(blocks + 1, 0);
+  fold.clear();
+  std::vector<int64_t> copies;  // the entries that take a copy, in order
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t m0 = 16 * b, m1 = std::min(M, m0 + 16), first = int64_t(fold.size());
+    for (int64_t m = m0; m < m1; ++m) {
+      const int32_t f = index[m];
+      bool seen = f < 0;
+      for (int64_t e = first; e < int64_t(fold.size()) && !seen; ++e) seen = fold[e].factor == f;
+      if (!seen) fold.push_back({f, sa + m0 * lda});
+    }
+    if (int64_t(fold.size()) - first > 1)
+      for (int64_t e = first; e < int64_t(fold.size()); ++e) copies.push_back(e);
+    at[b + 1] = int64_t(fold.size());
+  }
+  masked.assign(copies.size() * 16 * lda, bf16{0});
+  for (size_t i = 0; i < copies.size(); ++i) {
+    LoraFold& e = fold[copies[i]];
+    const int64_t m0 = (e.a - sa) / lda;
+    bf16* dst = masked.data() + i * 16 * lda;
+    for (int64_t m = m0; m < std::min(M, m0 + 16); ++m)
+      if (index[m] == e.factor) std::copy(sa + m * lda, sa + (m + 1) * lda, dst + (m - m0) * lda);
+    e.a = dst;
+  }
+}
+
+LoraTerm lora_tile_rows(const LoraTerm& t, bool amx_path, int64_t M, int64_t N, bool fold) {
   if (!lora_on_tiles(&t)) return t;
   if (!amx_path) throw_tiles_off_amx();
   if (M == 0) return t;
@@ -184,10 +216,17 @@ LoraTerm lora_tile_rows(const LoraTerm& t, bool amx_path, int64_t M, int64_t N) 
   });
   LoraTerm out = t;
   out.sa = sa, out.lda = lda, out.seg_ld = seg_ld;
+  if (fold) {
+    static thread_local std::vector<int64_t> at;
+    static thread_local std::vector<LoraFold> folds;
+    static thread_local std::vector<bf16> masked;
+    fold_blocks(t.index, M, sa, lda, at, folds, masked);
+    out.block_at = at.data(), out.fold = folds.data();
+  }
   return out;
 }
 #else
-LoraTerm lora_tile_rows(const LoraTerm& t, bool, int64_t, int64_t) {
+LoraTerm lora_tile_rows(const LoraTerm& t, bool, int64_t, int64_t, bool) {
   if (lora_on_tiles(&t)) throw_tiles_off_amx();
   return t;
 }

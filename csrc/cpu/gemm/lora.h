@@ -5,8 +5,9 @@
 // from zero over k = k0 + c, k0 + c + 4, ... in order (four, so that the fma latency overlaps), then
 // y + ((d_0 + d_1) + (d_2 + d_3)). fma rounds once, so the forms give the same bits, and every epilogue of every
 // kernel a tier may pick by M gives a row the same term: the engine stays batch-invariant. Factors whose B is in tile
-// form (an AMX tier's bf16 or int8 engine) take their terms from lora_expand_amx (lora_amx.cpp) in both AMX kernels
-// alike, and no other kernel takes them (lora_tile_rows).
+// form (an AMX tier's bf16 or int8 engine) reach the AMX kernels alone (lora_tile_rows): the bf16 ones add the terms
+// to their own C tiles before the epilogue (BF_LORA_FOLD), the int8 ones, whose C tiles hold int32 sums, take them
+// from lora_expand_amx (lora_amx.cpp) in their epilogue; each pair of kernels alike.
 #pragma once
 
 #include <algorithm>
@@ -32,6 +33,13 @@ struct LoraFactor {
   const bf16* tiles = nullptr;
 };
 
+// One factor of a 16-row block of a call on the tiles (LoraTerm::fold): the block's A tile rows for it, laid out as
+// LoraTerm::sa (lda apart), the rows of other factors zero.
+struct LoraFold {
+  int32_t factor;
+  const bf16* a;
+};
+
 // The term of one call: row m adds (s[m] . bt) where index[m] >= 0 names its factor, nothing where it is -1.
 struct LoraTerm {
   const float* s;          // (M, R) fp32 rows lds apart: the shrunk rows
@@ -43,6 +51,10 @@ struct LoraTerm {
   // segment i of its factor [s_hi | s_hi | 0...] at 2 i seg_ld and [s_lo | s_lo | 0...] seg_ld on (ranks k0..k1).
   const bf16* sa = nullptr;
   int64_t lda = 0, seg_ld = 0;
+  // Per 16-row block b of the call (rows 16 b on), its factors: fold[block_at[b]] to fold[block_at[b + 1]], or null
+  // (lora_tile_rows, for the bf16 kernels' BF_LORA_FOLD).
+  const int64_t* block_at = nullptr;
+  const LoraFold* fold = nullptr;
 };
 
 // One GEMM's LoRA operands before their shrink, for a caller that shrinks the GEMM's own input itself (the whole
@@ -84,14 +96,50 @@ BF_TARGET_AVX512 void lora_expand_amx_emulated(const LoraTerm& t, int64_t m0, in
                                                float (*out)[64], const float** term);
 #endif
 
-// Whether a call's factors hold B in tile form (all or none do): its AMX epilogues then take lora_expand_amx's terms.
+// Whether a call's factors hold B in tile form (all or none do): the AMX kernels then take their terms on the tiles.
 BF_INLINE bool lora_on_tiles(const LoraTerm* t) { return t != nullptr && t->factors[0].tiles != nullptr; }
 
 // A GEMM call's term as its kernels take it (lora.cpp): on an AMX path (amx_path) with its rows' A tile rows
-// (LoraTerm::sa) where the factors hold B in tile form, written before an M-row GEMM of N outputs runs its kernels
-// into a buffer of the calling thread's, reused by its next call; `t` itself otherwise. B in tile form is for the AMX
-// GEMMs alone (the other epilogues read bt): another path refuses it (std::invalid_argument).
-LoraTerm lora_tile_rows(const LoraTerm& t, bool amx_path, int64_t M, int64_t N);
+// (LoraTerm::sa) where the factors hold B in tile form, and with `fold` (the bf16 kernels) its blocks' factors
+// (LoraTerm::fold), written before an M-row GEMM of N outputs runs its kernels into buffers of the calling thread's,
+// reused by its next call; `t` itself otherwise. B in tile form is for the AMX GEMMs alone (the other epilogues read
+// bt): another path refuses it (std::invalid_argument).
+LoraTerm lora_tile_rows(const LoraTerm& t, bool amx_path, int64_t M, int64_t N, bool fold = false);
+
+// The B tiles and A tile rows of one block factor's terms at the 16 columns from n (a multiple of 16): `steps` steps
+// of a B tile (16 pairs x 16 columns, 1 KB) and two A tiles, [s_hi | s_hi] at a and [s_lo | s_lo] seg_ld values on.
+struct LoraFoldGroup {
+  const bf16* b;
+  const bf16* a;
+  int64_t steps;
+};
+BF_INLINE LoraFoldGroup lora_fold_group(const LoraTerm& t, const LoraFold& e, int64_t n) {
+  int64_t seg = 0, col = n;
+  for (; col >= t.width; col -= t.width) ++seg;
+  const int32_t* sg = t.factors[e.factor].seg + 3 * seg;
+  const int64_t steps = (sg[1] - sg[0] + 15) / 16;
+  return {t.factors[e.factor].tiles + sg[2] + (col / 16) * steps * 512, e.a + 2 * seg * t.seg_ld, steps};
+}
+
+// C tile C += the terms of the 16-row block from row m (a multiple of 16) at the 16 columns from n, for each factor
+// among its rows (lora_tile_rows' fold): per step, B_t = [B_hi; B_lo] into tile B, then [s_hi | s_hi] B_t and
+// [s_lo | s_lo] B_t into C, the A tiles in tile A. A row's sums read only its own A row (the other factors' rows of
+// it are zero), so its bits do not depend on the block it is in. The tile registers are literals (the intrinsics take
+// register numbers): a macro, for amx_tiles.h's BF_TILE_* of the including kernel.
+#define BF_LORA_FOLD(C, A, B, t, m, n)                                                                \
+  do {                                                                                                \
+    const int64_t blk_ = (m) / 16, ld_ = (t).lda * 2;                                                 \
+    for (int64_t e_ = (t).block_at[blk_]; e_ < (t).block_at[blk_ + 1]; ++e_) {                        \
+      const ::bertfast::cpu::LoraFoldGroup g_ = ::bertfast::cpu::lora_fold_group(t, (t).fold[e_], n); \
+      for (int64_t st_ = 0; st_ < g_.steps; ++st_) {                                                  \
+        BF_TILE_LOADD(B, g_.b + st_ * 512, 64);                                                       \
+        BF_TILE_LOADD(A, g_.a + st_ * 32, ld_);                                                       \
+        BF_TILE_DPBF16PS(C, A, B);                                                                    \
+        BF_TILE_LOADD(A, g_.a + (t).seg_ld + st_ * 32, ld_);                                          \
+        BF_TILE_DPBF16PS(C, A, B);                                                                    \
+      }                                                                                               \
+    }                                                                                                 \
+  } while (0)
 
 // The terms of a work item's rows [m0, m0 + rows) at its columns (lora_terms_rows over them all at once), for the
 // epilogues of all its tiles: term[i] row m0 + i's (64 floats), null where the row has no term.

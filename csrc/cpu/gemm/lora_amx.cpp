@@ -4,8 +4,10 @@
 // serves round their GEMMs' operands to bf16, 2^-8, or int8).
 // - Shrink: s = x A^T for up to 16 rows on one factor, A^T's 16-rank groups as B tiles; per 32-value K step, into
 //   one fp32 C tile per rank group, x_hi A_hi + x_lo A_hi + x_hi A_lo (x_lo A_lo, under 2^-16 of a value, is left
-//   out; bf16 x is its own hi).
-// - Expand: a 16-row block's terms at a 48-column panel, per factor among its rows and 16-column group: A tiles
+//   out; bf16 x is its own hi, read in place where K is a multiple of 32); a lone rank group takes three C tiles by
+//   turns, summed at the end.
+// - Expand (the int8 kernels' epilogue; the bf16 kernels add the same products to their own C tiles, BF_LORA_FOLD):
+//   a 16-row block's terms at a 48-column panel, per factor among its rows and 16-column group: A tiles
 //   [s_hi | s_hi] and [s_lo | s_lo] over the group's segment's ranks times the B tile [B_hi; B_lo], (s_hi + s_lo)
 //   (B_hi + B_lo) in one fp32 C tile.
 //
@@ -65,25 +67,72 @@ BF_TARGET_TILES_BF16 void split_rows(const bf16* x, int64_t ldx, int64_t K, int 
     }                                                              \
   } while (0)
 
+// One K step of a lone rank group into C tile C, B_hi into tile H and B_lo into tile L (three C tiles and the three
+// B tiles by turns: no multiply-add waits for the one before it, nor a load for a reader of its tile).
+#define BF_LORA_SHRINK_TURN(C, H, L)        \
+  do {                                      \
+    const bf16* b = tiles + st * 1024;      \
+    BF_TILE_LOADD(3, a_hi + st * 32, ld);   \
+    BF_TILE_LOADD(H, b, 64);                \
+    BF_TILE_DPBF16PS(C, 3, H);              \
+    if (split) {                            \
+      BF_TILE_LOADD(7, a_lo + st * 32, ld); \
+      BF_TILE_DPBF16PS(C, 7, H);            \
+    }                                       \
+    BF_TILE_LOADD(L, b + 512, 64);          \
+    BF_TILE_DPBF16PS(C, 3, L);              \
+  } while (0)
+
 template <typename T>
 BF_TARGET_TILES_BF16 void BF_TILES(lora_shrink_amx)(const T* x, int64_t ldx, int64_t K, const bf16* tiles, int64_t R,
                                                      float* s, int64_t lds, int rows) {
   DenormalGuard ftz;
   constexpr bool split = sizeof(T) == 4;
-  const int64_t steps = (K + 31) / 32, ld = steps * 32;
+  const int64_t steps = (K + 31) / 32;
   thread_local std::vector<uint16_t> hi, lo;
-  hi.resize(rows * ld);
-  lo.resize(split ? rows * ld : 0);
-  split_rows(x, ldx, K, rows, ld, hi.data(), lo.data());
+  // bf16 rows with K a multiple of 32 are already A tile rows.
+  const bool direct = !split && K % 32 == 0;
+  const uint16_t *a_hi = reinterpret_cast<const uint16_t*>(x), *a_lo = nullptr;
+  int64_t ld = ldx * 2;  // bytes between A tile rows
+  if (!direct) {
+    ld = steps * 64;
+    hi.resize(rows * steps * 32);
+    lo.resize(split ? rows * steps * 32 : 0);
+    split_rows(x, ldx, K, rows, steps * 32, hi.data(), lo.data());
+    a_hi = hi.data(), a_lo = lo.data();
+  }
   amx_load_tile_config(rows);
+  if (R == 16) {  // one rank group: three C tiles by turns over the steps, summed ((c0 + c1) + c2) at the end
+    BF_TILE_ZERO(0);
+    BF_TILE_ZERO(1);
+    BF_TILE_ZERO(2);
+    for (int64_t st = 0; st < steps; ++st) {
+      switch (st % 3) {
+        case 0: BF_LORA_SHRINK_TURN(0, 4, 5); break;
+        case 1: BF_LORA_SHRINK_TURN(1, 6, 4); break;
+        default: BF_LORA_SHRINK_TURN(2, 5, 6); break;
+      }
+    }
+    alignas(64) float c[3][16 * 16];
+    BF_TILE_STORED(0, c[0], 64);
+    BF_TILE_STORED(1, c[1], 64);
+    BF_TILE_STORED(2, c[2], 64);
+    asm volatile("" ::: "memory");  // the tile stores are asm without a memory clobber
+    for (int r = 0; r < rows; ++r)
+      _mm512_storeu_ps(s + r * lds, _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(c[0] + 16 * r),
+                                                                _mm512_load_ps(c[1] + 16 * r)),
+                                                  _mm512_load_ps(c[2] + 16 * r)));
+    BF_TILE_RELEASE();
+    return;
+  }
   for (int64_t g0 = 0; g0 < R / 16; g0 += 3) {
     const int64_t groups = std::min<int64_t>(3, R / 16 - g0);
     BF_TILE_ZERO(0);
     BF_TILE_ZERO(1);
     BF_TILE_ZERO(2);
     for (int64_t st = 0; st < steps; ++st) {
-      BF_TILE_LOADD(3, hi.data() + st * 32, ld * 2);
-      if (split) BF_TILE_LOADD(7, lo.data() + st * 32, ld * 2);
+      BF_TILE_LOADD(3, a_hi + st * 32, ld);
+      if (split) BF_TILE_LOADD(7, a_lo + st * 32, ld);
       BF_LORA_SHRINK_GROUP(0, 0);
       BF_LORA_SHRINK_GROUP(1, 1);
       BF_LORA_SHRINK_GROUP(2, 2);

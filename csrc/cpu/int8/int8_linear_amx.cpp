@@ -113,6 +113,8 @@ struct Int8Tiles {
   BF_TARGET_TILES_INT8 BF_INLINE void dp2() const { BF_TILE_DPBSSD(2, 5, 6); }
   BF_TARGET_TILES_INT8 BF_INLINE void dp3() const { BF_TILE_DPBSSD(3, 5, 7); }
   BF_INLINE bool tile_terms() const { return lora_on_tiles(a.lora); }
+  BF_INLINE bool fold_terms() const { return false; }  // int32 sums: the terms join in the epilogue (amx_store)
+  BF_INLINE void fold(int64_t, int64_t, int, bool, bool) const {}
   BF_TARGET_TILES_INT8 BF_INLINE void store(const int32_t* c, int mr, int64_t m0, int64_t u, int np) const {
     amx_store(c, mr, np, m0, 3 * u * 16, a);
   }
