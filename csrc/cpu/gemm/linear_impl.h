@@ -35,6 +35,11 @@ enum class GemmPath : int {
   AmxBlockedEmulated,  // the same with the tiles emulated
 };
 const char* gemm_path_name(GemmPath path);
+// Whether a path runs on AMX tiles, emulated or not: the paths that take LoRA factors in tile form (lora_tile_rows).
+inline bool on_tiles(GemmPath p) {
+  return p == GemmPath::AmxStream || p == GemmPath::AmxStreamEmulated || p == GemmPath::AmxBlocked ||
+         p == GemmPath::AmxBlockedEmulated;
+}
 
 // What the choice reads: the operands' dtype, the call's M and K (the same choice for every N) and the tier.
 struct GemmCall {

@@ -141,9 +141,7 @@ void run_int8(const Int8Args& call, bool x_unsigned, const RowsThen* then) {
   const int64_t panels = (N + 15) / 16, groups = (panels + kGroupPanels - 1) / kGroupPanels;
   const int nt = M * N * K < (int64_t(1) << 18) ? 1 : num_threads();
   const Int8Path path = int8_path(M, K);
-  const bool amx = path == Int8Path::AmxStream || path == Int8Path::AmxStreamEmulated ||
-                   path == Int8Path::AmxBlocked || path == Int8Path::AmxBlockedEmulated;
-  const LoraTerm lora = a.lora != nullptr ? lora_tile_rows(*a.lora, amx, M, N) : LoraTerm{};
+  const LoraTerm lora = a.lora != nullptr ? lora_tile_rows(*a.lora, on_tiles(path), M, N) : LoraTerm{};
   if (a.lora != nullptr) a.lora = &lora;
 #if BF_X86
   // Threads split the output columns in groups of 4 panels (64 columns), so each streams its own weights.

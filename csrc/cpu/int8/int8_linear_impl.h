@@ -34,6 +34,11 @@ enum class Int8Path : int {
   Portable,            // codes widened to int16, plain loops (int8_linear_blocked.cpp)
 };
 const char* int8_path_name(Int8Path path);
+// Whether a path runs on AMX tiles, emulated or not: the paths that take LoRA factors in tile form (lora_tile_rows).
+inline bool on_tiles(Int8Path p) {
+  return p == Int8Path::AmxStream || p == Int8Path::AmxStreamEmulated || p == Int8Path::AmxBlocked ||
+         p == Int8Path::AmxBlockedEmulated;
+}
 
 // What the choice reads: the call's M and K (the same choice for every N) and the tier.
 struct Int8Call {
