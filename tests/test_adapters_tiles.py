@@ -7,7 +7,8 @@ the amx_emulated tier (any AVX-512 VNNI CPU) and, where the CPU has them, the am
   block, base rows zero; a tier without tiles ignores the tile form (the fp32 shrink's bits).
 - Expand: a linear's terms from A and B in tile form within 2^-14 of the fp32 shrink and epilogue, bf16 and int8,
   streaming and blocked AMX kernels, one and three runs of outputs (one without ranks), ranks over two 16-rank steps;
-  rows alone as in the batch, base rows exactly the bias; B's tile form refused by any other kernel.
+  rows alone as in the batch, base rows exactly the bias; the streaming and blocked kernels the same bits on 300 rows
+  (blocks mixing factors, pairs on one); B's tile form refused by any other kernel.
 - Engines: bf16 and int8 pack A^T's tile form on the amx tiers and B's where the slot's GEMM runs on the tiles, fp32
   never, nor any with BERTFAST_LORA_TILES=0; the bf16 engine within twice PEFT's own bf16 error, int8 as accurate
   as with the fp32 shrink and epilogue.
@@ -119,6 +120,48 @@ def test_expand_on_tiles(segments, N, M, dtype, tier):
     assert torch.equal(out[index < 0], bias.expand(M, N)[index < 0])
     err = ((out - ref).abs().max() / (ref - bias).abs().max()).item()
     assert 0 < err <= 2 ** -14, err
+
+
+@pytest.mark.parametrize("tier", AMX_TIERS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, "int8"], ids=["bf16", "int8"])
+@pytest.mark.parametrize("run", [7, 40], ids=["mixed-blocks", "whole-pairs"])
+def test_stream_and_blocked_terms_agree(run, dtype, tier):
+    """The streaming and the blocked AMX kernels give a 300-row batch of three factors and base rows the same bits,
+    in runs of 7 rows (every 16-row block mixes factors) and of 40 (most 32-row pairs on one factor: the blocked bf16
+    kernel's fold_pair): bf16 folds the terms into its C tiles in both, int8 takes them from the epilogue's expand
+    (streaming) and from the pair's tiles (blocked)."""
+    from bertfast import _C
+    from bertfast.backends.cpu import linear as cpu_linear, lora, quant
+    _tier(tier)
+    g = torch.Generator().manual_seed(3)
+    M, K, N = 300, 128, 96
+    x, bias = torch.randn(M, K, generator=g), torch.randn(N, generator=g)
+    factors = [lora.pack_factors(torch.randn(3 * r, K, generator=g) * 0.1,
+                                 torch.block_diag(*[torch.randn(N // 3, r, generator=g) for _ in range(3)]), 3,
+                                 tiles=True, expand=True) for r in (4, 21, 16)]
+    index = (torch.arange(M, dtype=torch.int32) // run + 1) % 4 - 1
+    w = torch.randn(N, K, generator=g) * 0.05
+
+    def run(term):
+        if dtype == "int8":
+            return quant.linear(x, quant.QuantLinear.from_float(w), bias, "none", None, term)
+        return cpu_linear.linear(x.bfloat16(), cpu_linear.PackedLinear(w.bfloat16()), bias.bfloat16(), "none",
+                                 torch.zeros(M, N), term)
+
+    out = {}
+    mode = _C.testing.amx_gemm()
+    try:
+        with on_cap(tier):
+            for kernel in ("stream", "blocked"):
+                _C.testing.set_amx_gemm(kernel)
+                out[kernel] = run(lora.term(x, index, factors))
+            plain = run(None)
+    finally:
+        _C.testing.set_amx_gemm(mode)
+    assert torch.equal(out["stream"], out["blocked"])
+    adapted = index >= 0
+    assert torch.equal(out["blocked"][~adapted], plain[~adapted])
+    assert (out["blocked"][adapted] != plain[adapted]).any(1).all()  # every adapted row took its term
 
 
 def test_tile_form_without_tiles():

@@ -79,9 +79,9 @@ bool amx_tiles_permitted();
 #define BF_TARGET_AMX                                                                                  \
   __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c," \
                         "bmi2,prefer-vector-width=512")))
-// AMX-INT8 kernels (tiles plus the AVX512-VNNI code around them).
-#define BF_TARGET_AMX_INT8                                                                                 \
-  __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c," \
+// AMX-INT8 kernels (tiles plus the AVX512-VNNI code around them; AMX-BF16 for their LoRA terms).
+#define BF_TARGET_AMX_INT8                                                                                          \
+  __attribute__((target("amx-tile,amx-int8,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c," \
                         "bmi2,prefer-vector-width=512")))
 #else
 #define BF_X86 0

@@ -11,11 +11,13 @@
 //   dp0(), dp1(), dp2(), dp3()         the step's multiply-adds: tmm0 += tmm4 tmm6, tmm1 += tmm4 tmm7,
 //                                      tmm2 += tmm5 tmm6, tmm3 += tmm5 tmm7
 //   store(c, mr, m0, u, groups)        the epilogue of rows [m0, m0 + mr) of unit u from c (rows 48 apart)
-//   tile_terms()                       whether store computes LoRA terms on the tiles (lora_expand_amx), which
-//                                      takes the streaming kernels' configuration, amx_load_tile_config(mr)
 //   fold_terms(), fold(m, u, j, two_rows, two_cols)
 //                                      whether the C tiles of a pair take LoRA terms after their last K step, and
 //                                      that step (BF_LORA_FOLD: pair rows m, unit u, groups j and j + 1)
+//   pair_terms(), terms(m, u, j, two_rows, two_cols)
+//                                      whether the pair's LoRA terms are computed on the tiles once its C tiles are
+//                                      saved (for its store; the int8 kernels, whose C tiles hold int32 sums), and
+//                                      that step
 // The bf16 kernels (the GEMM's, linear_amx.cpp; SPLADE's pooling, sparse_pool_amx.cpp) share all but the store:
 // AmxBf16Operands below.
 #pragma once
@@ -117,9 +119,10 @@ struct AmxBf16Operands {
   BF_INLINE int64_t steps() const { return K / kAmxK; }
   BF_INLINE int groups(int64_t) const { return kPanel / 16; }
   BF_INLINE const bf16* a_tile(int64_t m, int64_t s) const { return x + m * ldx + s * kAmxK; }
-  BF_INLINE bool tile_terms() const { return false; }
   BF_INLINE bool fold_terms() const { return false; }
   BF_INLINE void fold(int64_t, int64_t, int, bool, bool) const {}
+  BF_INLINE bool pair_terms() const { return false; }
+  BF_INLINE void terms(int64_t, int64_t, int, bool, bool) const {}
   BF_INLINE int64_t a_ld() const { return ldx * 2; }
   BF_INLINE const bf16* b_tile(int64_t u, int j, int64_t s) const {
     return packed + u * K * kPanel + s * (kAmxK * kPanel) + 32 * j;
@@ -206,15 +209,12 @@ BF_AMX_BLOCKED_TARGET BF_INLINE void amx_blocked_item(const Gemm& g, int64_t r0,
           // The tile intrinsics are asm without a memory clobber: tell the compiler `c` changed before the
           // epilogue reads it.
           asm volatile("" ::: "memory");
+          if (last && g.pair_terms()) g.terms(m, u, j, two_rows, two_cols);
         }
       }
     }
     for (int64_t i = 0; i < rows; i += 16) {
       const int mr = int(std::min<int64_t>(16, rows - i));
-      if (g.tile_terms() && configured != -2 - mr) {  // -2 - mr: the streaming configuration, never a pair's key
-        amx_load_tile_config(mr);
-        configured = -2 - mr;
-      }
       g.store(c + i * 48, mr, r0 + i, u, groups);
     }
   }

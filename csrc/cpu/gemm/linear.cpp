@@ -86,8 +86,7 @@ void run_linear(const T* x, int64_t ldx, const T* packed, int64_t m, int64_t n, 
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int nt = int(std::min<int64_t>(panels, threads_for(m * n * k / 4)));
   const GemmPath path = choose_gemm({sizeof(T) == 2, m, k, active_isa(), has_avx512_bf16(), amx_gemm()});
-  const bool amx = on_tiles(path);  // all bf16: their kernels fold the terms into their C tiles
-  const LoraTerm lora = call.lora != nullptr ? lora_tile_rows(*call.lora, amx, m, n, amx) : LoraTerm{};
+  const LoraTerm lora = call.lora != nullptr ? lora_tile_rows(*call.lora, on_tiles(path), m, n) : LoraTerm{};
   Epilogue ep = call;
   if (call.lora != nullptr) ep.lora = &lora;
   switch (path) {

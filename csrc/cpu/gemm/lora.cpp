@@ -196,7 +196,7 @@ static void fold_blocks(const int32_t* index, int64_t M, const bf16* sa, int64_t
   }
 }
 
-LoraTerm lora_tile_rows(const LoraTerm& t, bool amx_path, int64_t M, int64_t N, bool fold) {
+LoraTerm lora_tile_rows(const LoraTerm& t, bool amx_path, int64_t M, int64_t N) {
   if (!lora_on_tiles(&t)) return t;
   if (!amx_path) throw_tiles_off_amx();
   if (M == 0) return t;
@@ -216,17 +216,15 @@ LoraTerm lora_tile_rows(const LoraTerm& t, bool amx_path, int64_t M, int64_t N, 
   });
   LoraTerm out = t;
   out.sa = sa, out.lda = lda, out.seg_ld = seg_ld;
-  if (fold) {
-    static thread_local std::vector<int64_t> at;
-    static thread_local std::vector<LoraFold> folds;
-    static thread_local std::vector<bf16> masked;
-    fold_blocks(t.index, M, sa, lda, at, folds, masked);
-    out.block_at = at.data(), out.fold = folds.data();
-  }
+  static thread_local std::vector<int64_t> at;
+  static thread_local std::vector<LoraFold> folds;
+  static thread_local std::vector<bf16> masked;
+  fold_blocks(t.index, M, sa, lda, at, folds, masked);
+  out.block_at = at.data(), out.fold = folds.data();
   return out;
 }
 #else
-LoraTerm lora_tile_rows(const LoraTerm& t, bool, int64_t, int64_t, bool) {
+LoraTerm lora_tile_rows(const LoraTerm& t, bool, int64_t, int64_t) {
   if (lora_on_tiles(&t)) throw_tiles_off_amx();
   return t;
 }

@@ -6,8 +6,9 @@
 // y + ((d_0 + d_1) + (d_2 + d_3)). fma rounds once, so the forms give the same bits, and every epilogue of every
 // kernel a tier may pick by M gives a row the same term: the engine stays batch-invariant. Factors whose B is in tile
 // form (an AMX tier's bf16 or int8 engine) reach the AMX kernels alone (lora_tile_rows): the bf16 ones add the terms
-// to their own C tiles before the epilogue (BF_LORA_FOLD), the int8 ones, whose C tiles hold int32 sums, take them
-// from lora_expand_amx (lora_amx.cpp) in their epilogue; each pair of kernels alike.
+// to their own C tiles before the epilogue (BF_LORA_FOLD); the int8 ones, whose C tiles hold int32 sums, compute
+// them on the tiles apart (the blocked kernel per 32-row pair with BF_LORA_FOLD from zero, the streaming one per
+// block in lora_expand_amx, lora_amx.cpp: the same products in the same order) for their epilogue.
 #pragma once
 
 #include <algorithm>
@@ -52,7 +53,7 @@ struct LoraTerm {
   const bf16* sa = nullptr;
   int64_t lda = 0, seg_ld = 0;
   // Per 16-row block b of the call (rows 16 b on), its factors: fold[block_at[b]] to fold[block_at[b + 1]], or null
-  // (lora_tile_rows, for the bf16 kernels' BF_LORA_FOLD).
+  // (lora_tile_rows, for BF_LORA_FOLD).
   const int64_t* block_at = nullptr;
   const LoraFold* fold = nullptr;
 };
@@ -100,11 +101,11 @@ BF_TARGET_AVX512 void lora_expand_amx_emulated(const LoraTerm& t, int64_t m0, in
 BF_INLINE bool lora_on_tiles(const LoraTerm* t) { return t != nullptr && t->factors[0].tiles != nullptr; }
 
 // A GEMM call's term as its kernels take it (lora.cpp): on an AMX path (amx_path) with its rows' A tile rows
-// (LoraTerm::sa) where the factors hold B in tile form, and with `fold` (the bf16 kernels) its blocks' factors
-// (LoraTerm::fold), written before an M-row GEMM of N outputs runs its kernels into buffers of the calling thread's,
-// reused by its next call; `t` itself otherwise. B in tile form is for the AMX GEMMs alone (the other epilogues read
-// bt): another path refuses it (std::invalid_argument).
-LoraTerm lora_tile_rows(const LoraTerm& t, bool amx_path, int64_t M, int64_t N, bool fold = false);
+// (LoraTerm::sa) and its blocks' factors (LoraTerm::fold) where the factors hold B in tile form, written before an
+// M-row GEMM of N outputs runs its kernels into buffers of the calling thread's, reused by its next call; `t` itself
+// otherwise. B in tile form is for the AMX GEMMs alone (the other epilogues read bt): another path refuses it
+// (std::invalid_argument).
+LoraTerm lora_tile_rows(const LoraTerm& t, bool amx_path, int64_t M, int64_t N);
 
 // The B tiles and A tile rows of one block factor's terms at the 16 columns from n (a multiple of 16): `steps` steps
 // of a B tile (16 pairs x 16 columns, 1 KB) and two A tiles, [s_hi | s_hi] at a and [s_lo | s_lo] seg_ld values on.

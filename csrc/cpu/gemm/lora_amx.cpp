@@ -6,7 +6,7 @@
 //   one fp32 C tile per rank group, x_hi A_hi + x_lo A_hi + x_hi A_lo (x_lo A_lo, under 2^-16 of a value, is left
 //   out; bf16 x is its own hi, read in place where K is a multiple of 32); a lone rank group takes three C tiles by
 //   turns, summed at the end.
-// - Expand (the int8 kernels' epilogue; the bf16 kernels add the same products to their own C tiles, BF_LORA_FOLD):
+// - Expand (the int8 streaming kernel's epilogue; the other AMX kernels take the same products with BF_LORA_FOLD):
 //   a 16-row block's terms at a 48-column panel, per factor among its rows and 16-column group: A tiles
 //   [s_hi | s_hi] and [s_lo | s_lo] over the group's segment's ranks times the B tile [B_hi; B_lo], (s_hi + s_lo)
 //   (B_hi + B_lo) in one fp32 C tile.

@@ -26,9 +26,9 @@ struct StoredSums {
   const int32_t* c;
   BF_TARGET_VNNI BF_INLINE __m512i operator()(int r, int j) const { return _mm512_loadu_si512(c + r * 48 + 16 * j); }
 };
-// Epilogue of one stored C block: rows [m0, m0 + mr), columns [n0, n0 + 16 * np) (signed codes), with the rows' LoRA
-// terms from the tiles (lora_expand_amx) where the factors hold B in tile form; the tiles configured as
-// amx_load_tile_config(mr).
+// The streaming kernel's epilogue of one stored C block: rows [m0, m0 + mr), columns [n0, n0 + 16 * np) (signed
+// codes), with the rows' LoRA terms from the tiles (lora_expand_amx) where the factors hold B in tile form; the tiles
+// configured as amx_load_tile_config(mr).
 BF_TARGET_VNNI void amx_store(const int32_t* c, int mr, int np, int64_t m0, int64_t n0, const Int8Args& a) {
   if (!lora_on_tiles(a.lora)) return finish_rows<16>(a, mr, m0, n0, np, 0, StoredSums{c});
   alignas(64) float terms[16][64];
@@ -112,11 +112,44 @@ struct Int8Tiles {
   BF_TARGET_TILES_INT8 BF_INLINE void dp1() const { BF_TILE_DPBSSD(1, 4, 7); }
   BF_TARGET_TILES_INT8 BF_INLINE void dp2() const { BF_TILE_DPBSSD(2, 5, 6); }
   BF_TARGET_TILES_INT8 BF_INLINE void dp3() const { BF_TILE_DPBSSD(3, 5, 7); }
-  BF_INLINE bool tile_terms() const { return lora_on_tiles(a.lora); }
-  BF_INLINE bool fold_terms() const { return false; }  // int32 sums: the terms join in the epilogue (amx_store)
+  BF_INLINE bool fold_terms() const { return false; }  // int32 sums: the terms join in the epilogue
   BF_INLINE void fold(int64_t, int64_t, int, bool, bool) const {}
+  BF_INLINE bool pair_terms() const { return lora_on_tiles(a.lora); }
+  // This thread's LoRA terms of an item's rows (row m's at m mod kAmxMaxItemRows: an item's rows are consecutive),
+  // 48 columns of a unit each.
+  static float* term_rows() {
+    alignas(64) static thread_local float rows[kAmxMaxItemRows * 48];
+    return rows;
+  }
+  // The LoRA terms of row blocks m, m + 16 at groups j, j + 1 of unit u on the tiles, their sums saved: C tiles 0-3
+  // from zero (A tiles 4, 5; B 6, 7), as lora_expand_amx computes them (each row's own products in the same order,
+  // the other factors' zero), into term_rows.
+  BF_TARGET_TILES_INT8 BF_INLINE void terms(int64_t m, int64_t u, int j, bool two_rows, bool two_cols) const {
+    const int64_t n = u * 48 + 16 * j;
+    BF_TILE_ZERO(0);
+    BF_TILE_ZERO(1);
+    BF_TILE_ZERO(2);
+    BF_TILE_ZERO(3);
+    BF_LORA_FOLD(0, 4, 6, *a.lora, m, n);
+    if (two_cols) BF_LORA_FOLD(1, 4, 7, *a.lora, m, n + 16);
+    if (two_rows) BF_LORA_FOLD(2, 5, 6, *a.lora, m + 16, n);
+    if (two_rows && two_cols) BF_LORA_FOLD(3, 5, 7, *a.lora, m + 16, n + 16);
+    float* t = term_rows() + (m % kAmxMaxItemRows) * 48 + 16 * j;
+    BF_TILE_STORED(0, t, 48 * 4);
+    if (two_cols) BF_TILE_STORED(1, t + 16, 48 * 4);
+    if (two_rows) BF_TILE_STORED(2, t + 16 * 48, 48 * 4);
+    if (two_rows && two_cols) BF_TILE_STORED(3, t + 16 * 48 + 16, 48 * 4);
+    asm volatile("" ::: "memory");  // the tile stores are asm without a memory clobber
+  }
   BF_TARGET_TILES_INT8 BF_INLINE void store(const int32_t* c, int mr, int64_t m0, int64_t u, int np) const {
-    amx_store(c, mr, np, m0, 3 * u * 16, a);
+    if (!pair_terms()) return finish_rows<16>(a, mr, m0, 3 * u * 16, np, 0, StoredSums{c});
+    const float* term[16] = {};
+    for (int r = 0; r < mr; ++r)
+      if (a.lora->index[m0 + r] >= 0) term[r] = term_rows() + ((m0 + r) % kAmxMaxItemRows) * 48;
+    const LoraBlock block{m0, term};
+    Int8Args with = a;
+    with.terms = &block;
+    finish_rows<16>(with, mr, m0, 3 * u * 16, np, 0, StoredSums{c});
   }
 };
 
