@@ -35,6 +35,39 @@ BF_TARGET_TILES_BF16 BF_INLINE void store_amx(const float* tile, int mr, int64_t
   store_tile<bf16, true>(tile, mr, m0, n0, nvalid, folded);
 }
 
+// The streaming kernel's fold (BF_LORA_FOLD into C tiles 0-2) where the 16-row block from m0 is on one factor and the
+// panel's groups from n0 in one segment: per step the three B tiles (4-6) loaded once, then [s_hi | s_hi] (tile 3)
+// and [s_lo | s_lo] (tile 7) against all three, the same multiply-adds in the same order for each C tile. False
+// (nothing done) otherwise.
+BF_TARGET_TILES_BF16 BF_INLINE bool fold_panel(const LoraTerm& t, int64_t m0, int64_t n0, int64_t nvalid) {
+  const int64_t b = m0 / 16, e = t.block_at[b];
+  if (t.block_at[b + 1] - e != 1) return t.block_at[b + 1] == e;  // no factor: nothing to add; several: the macro's
+  const int groups = int((nvalid + 15) / 16);
+  const LoraFoldGroup g0 = lora_fold_group(t, t.fold[e], n0);
+  const LoraFoldGroup g2 = lora_fold_group(t, t.fold[e], n0 + 16 * (groups - 1));
+  if (g0.a != g2.a) return false;  // the panel crosses into another segment
+  const bf16* b1 = groups > 1 ? lora_fold_group(t, t.fold[e], n0 + 16).b : nullptr;
+  const int64_t ld = t.lda * 2;
+  for (int64_t st = 0; st < g0.steps; ++st) {
+    BF_TILE_LOADD(3, g0.a + st * 32, ld);
+    BF_TILE_LOADD(7, g0.a + t.seg_ld + st * 32, ld);
+    BF_TILE_LOADD(4, g0.b + st * 512, 64);
+    BF_TILE_DPBF16PS(0, 3, 4);
+    if (groups > 1) {
+      BF_TILE_LOADD(5, b1 + st * 512, 64);
+      BF_TILE_DPBF16PS(1, 3, 5);
+    }
+    if (groups > 2) {
+      BF_TILE_LOADD(6, g2.b + st * 512, 64);
+      BF_TILE_DPBF16PS(2, 3, 6);
+    }
+    BF_TILE_DPBF16PS(0, 7, 4);
+    if (groups > 1) BF_TILE_DPBF16PS(1, 7, 5);
+    if (groups > 2) BF_TILE_DPBF16PS(2, 7, 6);
+  }
+  return true;
+}
+
 // One K step of linear_amx, its A tile in register A (a literal: the tile intrinsics take register numbers).
 #define BF_AMX_STREAM_STEP(A)             \
   do {                                    \
@@ -79,7 +112,7 @@ BF_TARGET_TILES_BF16 void BF_TILES(linear_amx)(const bf16* x, int64_t ldx, const
           BF_AMX_STREAM_STEP(7);
         }
       }
-      if (lora_on_tiles(ep.lora)) {
+      if (lora_on_tiles(ep.lora) && !fold_panel(*ep.lora, m0, p * kPanel, nvalid)) {
         const int64_t n0 = p * kPanel;
         BF_LORA_FOLD(0, 3, 4, *ep.lora, m0, n0);
         if (nvalid > 16) BF_LORA_FOLD(1, 3, 5, *ep.lora, m0, n0 + 16);
