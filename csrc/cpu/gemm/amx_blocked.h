@@ -30,6 +30,7 @@
 #include "cpu/common/amx_tiles.h"
 #include "cpu/common/kernels.h"
 #include "cpu/gemm/amx_gemm.h"
+#include "cpu/gemm/lora.h"
 
 #ifndef BF_AMX_BLOCKED_TARGET
 #error "define BF_AMX_BLOCKED_TARGET (the kernels' BF_TARGET_TILES_*) before including amx_blocked.h"
@@ -78,6 +79,43 @@ struct NextBlock {
     }
   }
 };
+
+// C tiles 0-3 += the LoRA terms (BF_LORA_FOLD) of row blocks m (C 0, 1; A tile 4) and m + 16 (C 2, 3; A 5, where
+// two_rows) at the 16-column groups from n (C 0, 2; B tile 6) and n + 16 (C 1, 3; B 7, where second). Where the
+// blocks are on one factor and the groups in one segment, as GEMM steps, each A tile loaded once for both groups;
+// the macro per tile otherwise. Each C tile takes the same multiply-adds in the same order either way: the same bits.
+static BF_AMX_BLOCKED_TARGET BF_INLINE void fold_pair(const LoraTerm& t, int64_t m, int64_t n, bool two_rows,
+                                                      bool second) {
+  const int64_t b = m / 16, e0 = t.block_at[b], e1 = t.block_at[b + 1];
+  const bool fast = e1 - e0 == 1 && (!two_rows || (t.block_at[b + 2] - e1 == 1 &&
+                                                    t.fold[e1].factor == t.fold[e0].factor));
+  const LoraFoldGroup g0 = fast ? lora_fold_group(t, t.fold[e0], n) : LoraFoldGroup{};
+  const LoraFoldGroup g1 = fast && second ? lora_fold_group(t, t.fold[e0], n + 16) : g0;
+  if (!fast || g0.a != g1.a) {  // g0.a != g1.a: another segment
+    BF_LORA_FOLD(0, 4, 6, t, m, n);
+    if (second) BF_LORA_FOLD(1, 4, 7, t, m, n + 16);
+    if (two_rows) BF_LORA_FOLD(2, 5, 6, t, m + 16, n);
+    if (two_rows && second) BF_LORA_FOLD(3, 5, 7, t, m + 16, n + 16);
+    return;
+  }
+  const bf16* a1 = two_rows ? lora_fold_group(t, t.fold[e1], n).a : nullptr;
+  const int64_t ld = t.lda * 2;
+  for (int64_t st = 0; st < g0.steps; ++st) {
+    BF_TILE_LOADD(6, g0.b + st * 512, 64);
+    if (second) BF_TILE_LOADD(7, g1.b + st * 512, 64);
+    for (int64_t half = 0; half < 2; ++half) {  // [s_hi | s_hi], then [s_lo | s_lo]
+      const int64_t off = half * t.seg_ld + st * 32;
+      BF_TILE_LOADD(4, g0.a + off, ld);
+      BF_TILE_DPBF16PS(0, 4, 6);
+      if (second) BF_TILE_DPBF16PS(1, 4, 7);
+      if (two_rows) {
+        BF_TILE_LOADD(5, a1 + off, ld);
+        BF_TILE_DPBF16PS(2, 5, 6);
+        if (second) BF_TILE_DPBF16PS(3, 5, 7);
+      }
+    }
+  }
+}
 
 // The item's A rows [r0, r0 + rows) in tile order (AmxBlocking::stage): pair p's tile step s is 32 rows of 64 bytes
 // at ((p * steps + s) * 32) * 64, its second tile 1 KB on. In a buffer of this thread's, kept between calls.

@@ -137,48 +137,11 @@ struct Bf16Tiles : AmxBf16Operands {
   const Epilogue& ep;
 
   BF_INLINE bool fold_terms() const { return lora_on_tiles(ep.lora); }
-  // C tiles 0-3 += the LoRA terms of row blocks m, m + 16 at groups j, j + 1 of unit u (A tiles 4, 5; B 6, 7), the
-  // groups past N (the last panel's padding) left out.
+  // C tiles 0-3 += the LoRA terms of row blocks m, m + 16 at groups j, j + 1 of unit u, the groups past N (the last
+  // panel's padding) left out.
   BF_TARGET_TILES_BF16 BF_INLINE void fold(int64_t m, int64_t u, int j, bool two_rows, bool two_cols) const {
     const int64_t n = u * kPanel + 16 * j;
-    const bool first = n < N, second = two_cols && n + 16 < N;
-    if (first && fold_pair(m, n, two_rows, second)) return;
-    if (first) BF_LORA_FOLD(0, 4, 6, *ep.lora, m, n);
-    if (second) BF_LORA_FOLD(1, 4, 7, *ep.lora, m, n + 16);
-    if (first && two_rows) BF_LORA_FOLD(2, 5, 6, *ep.lora, m + 16, n);
-    if (second && two_rows) BF_LORA_FOLD(3, 5, 7, *ep.lora, m + 16, n + 16);
-  }
-  // fold's common case, as a GEMM step: both row blocks on one factor (or one block only) and both groups (or one)
-  // in one segment, each A tile loaded once for both groups. Each C tile takes the same multiply-adds in the same
-  // order as BF_LORA_FOLD gives it, so the same bits. False (nothing done) where the case does not hold.
-  BF_TARGET_TILES_BF16 BF_INLINE bool fold_pair(int64_t m, int64_t n, bool two_rows, bool second) const {
-    const LoraTerm& t = *ep.lora;
-    const int64_t b = m / 16, e0 = t.block_at[b], e1 = t.block_at[b + 1];
-    if (e1 - e0 != 1 || (two_rows && (t.block_at[b + 2] - e1 != 1 || t.fold[e1].factor != t.fold[e0].factor)))
-      return false;
-    const LoraFoldGroup g0 = lora_fold_group(t, t.fold[e0], n);
-    const LoraFoldGroup g1 = second ? lora_fold_group(t, t.fold[e0], n + 16) : g0;
-    if (g0.a != g1.a) return false;  // another segment
-    const bf16* a1 = two_rows ? lora_fold_group(t, t.fold[e1], n).a : nullptr;
-    const int64_t ld = t.lda * 2;
-    for (int64_t st = 0; st < g0.steps; ++st) {
-      for (int64_t half = 0; half < 2; ++half) {  // [s_hi | s_hi], then [s_lo | s_lo]
-        const int64_t off = half * t.seg_ld + st * 32;
-        BF_TILE_LOADD(4, g0.a + off, ld);
-        if (half == 0) BF_TILE_LOADD(6, g0.b + st * 512, 64);
-        BF_TILE_DPBF16PS(0, 4, 6);
-        if (second) {
-          if (half == 0) BF_TILE_LOADD(7, g1.b + st * 512, 64);
-          BF_TILE_DPBF16PS(1, 4, 7);
-        }
-        if (two_rows) {
-          BF_TILE_LOADD(5, a1 + off, ld);
-          BF_TILE_DPBF16PS(2, 5, 6);
-          if (second) BF_TILE_DPBF16PS(3, 5, 7);
-        }
-      }
-    }
-    return true;
+    if (n < N) amx_blocked_detail::fold_pair(*ep.lora, m, n, two_rows, two_cols && n + 16 < N);
   }
   BF_TARGET_TILES_BF16 BF_INLINE void store(const float* c, int mr, int64_t m0, int64_t u, int) const {
     store_amx(c, mr, m0, u * kPanel, std::min<int64_t>(kPanel, N - u * kPanel), ep);

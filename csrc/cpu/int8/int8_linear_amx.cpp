@@ -122,18 +122,15 @@ struct Int8Tiles {
     return rows;
   }
   // The LoRA terms of row blocks m, m + 16 at groups j, j + 1 of unit u on the tiles, their sums saved: C tiles 0-3
-  // from zero (A tiles 4, 5; B 6, 7), as lora_expand_amx computes them (each row's own products in the same order,
-  // the other factors' zero), into term_rows.
+  // from zero (amx_blocked_detail::fold_pair), as lora_expand_amx computes them (each row's own products in the same
+  // order, the other factors' zero), into term_rows.
   BF_TARGET_TILES_INT8 BF_INLINE void terms(int64_t m, int64_t u, int j, bool two_rows, bool two_cols) const {
     const int64_t n = u * 48 + 16 * j;
     BF_TILE_ZERO(0);
     BF_TILE_ZERO(1);
     BF_TILE_ZERO(2);
     BF_TILE_ZERO(3);
-    BF_LORA_FOLD(0, 4, 6, *a.lora, m, n);
-    if (two_cols) BF_LORA_FOLD(1, 4, 7, *a.lora, m, n + 16);
-    if (two_rows) BF_LORA_FOLD(2, 5, 6, *a.lora, m + 16, n);
-    if (two_rows && two_cols) BF_LORA_FOLD(3, 5, 7, *a.lora, m + 16, n + 16);
+    amx_blocked_detail::fold_pair(*a.lora, m, n, two_rows, two_cols);
     float* t = term_rows() + (m % kAmxMaxItemRows) * 48 + 16 * j;
     BF_TILE_STORED(0, t, 48 * 4);
     if (two_cols) BF_TILE_STORED(1, t + 16, 48 * 4);
