@@ -197,16 +197,11 @@ BF_TARGET_TILES_BF16 void BF_TILES(lora_expand_amx)(const LoraTerm& t, int64_t m
     if (f < 0 || std::find(seen, seen + nseen, f) != seen + nseen) continue;
     seen[nseen++] = f;
     ExpandGroup g[3];
-    int64_t prev = -1;
+    const bf16* prev = nullptr;
     for (int j = 0; j < groups; ++j) {  // each group's run of the slot's outputs (segment) and its tiles
-      int64_t seg = 0, col = n + 16 * j;
-      for (; col >= t.width; col -= t.width) ++seg;
-      const int32_t* sg = t.factors[f].seg + 3 * seg;
-      const int64_t steps = (sg[1] - sg[0] + 15) / 16;
-      const bf16* a1 = t.sa + m0 * t.lda + 2 * seg * t.seg_ld;
-      g[j] = {steps > 0 ? t.factors[f].tiles + sg[2] + (col / 16) * steps * 512 : nullptr, a1, a1 + t.seg_ld, steps,
-              seg != prev};
-      prev = seg;
+      const LoraFoldGroup fg = lora_fold_group(t, LoraFold{f, t.sa + m0 * t.lda}, n + 16 * j);
+      g[j] = {fg.steps > 0 ? fg.b : nullptr, fg.a, fg.a + t.seg_ld, fg.steps, fg.a != prev};
+      prev = fg.a;
       if (g[j].b == nullptr)
         for (int i = 0; i < mr; ++i) std::memset(c + i * 48 + 16 * j, 0, 64);
     }
