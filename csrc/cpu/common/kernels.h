@@ -201,8 +201,10 @@ void int8_linear(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float
                  const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
                  Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned = false,
                  const LoraTerm* lora = nullptr);
-// int8_linear, then then(lo, hi) on output rows [lo, hi) once all their columns are written, by the thread that wrote
-// the last of them: on the blocked paths each row block as it is finished (in cache), on the others [0, M) at the end.
+// int8_linear, then then(lo, hi) on output rows [lo, hi) once all their columns are written: on the blocked paths
+// of the AVX-512, avx2 and portable tiers each row block by the thread that wrote its last columns (in cache), on the
+// AMX and streaming ones in chunks of rows shared out to the GEMM's threads at the end. then must take disjoint row
+// ranges on several threads at once.
 void int8_linear_then(const int8_t* x, int64_t ldx, int64_t M, int64_t K, const float* xs, const int32_t* zp,
                       const int8_t* packed, int64_t N, const float* ws, const float* colsum, const float* bias,
                       Activation act, const float* residual, int64_t ldr, float* out, bool x_unsigned,

@@ -80,6 +80,15 @@ bool int8_unsigned_codes(int64_t M, int64_t K) { return K % 4 == 0 && unsigned_b
 namespace {
 using RowsThen = std::function<void(int64_t lo, int64_t hi)>;
 void run_int8(const Int8Args& a, bool x_unsigned, const RowsThen* then = nullptr);
+
+// then over rows [0, M) of an (M, N) output once a path that finishes no row before the others has written it all:
+// in chunks of rows claimed by the GEMM's nt threads, which would otherwise wait while the caller ran it alone.
+void then_rows(const RowsThen* then, int64_t M, int64_t N, int nt) {
+  if (then == nullptr) return;
+  constexpr int64_t kChunk = 32;
+  parallel_for(M * N < 32768 ? 1 : nt, (M + kChunk - 1) / kChunk,
+               [&](int64_t c) { (*then)(c * kChunk, std::min(M, (c + 1) * kChunk)); });
+}
 }  // namespace
 
 bool int8_linear_bf16_supported() {
@@ -153,7 +162,7 @@ void run_int8(const Int8Args& call, bool x_unsigned, const RowsThen* then) {
         path == Int8Path::AmxBlocked ? panels_amx_blocked(a, r0, rows, u0, u1)
                                      : panels_amx_blocked_emulated(a, r0, rows, u0, u1);
       });
-      if (then != nullptr) (*then)(0, M);
+      then_rows(then, M, N, nt);
       return;
     case Int8Path::AmxStream:
     case Int8Path::AmxStreamEmulated:
@@ -161,14 +170,14 @@ void run_int8(const Int8Args& call, bool x_unsigned, const RowsThen* then) {
         const int64_t p0 = g * 4, p1 = std::min(panels, g * 4 + 4);
         path == Int8Path::AmxStream ? panels_amx(a, p0, p1) : panels_amx_emulated(a, p0, p1);
       });
-      if (then != nullptr) (*then)(0, M);
+      then_rows(then, M, N, nt);
       return;
     default:
       break;
   }
   if (path == Int8Path::VnniStream) {
     parallel_for(nt, groups, [&](int64_t g) { stream_panels_vnni(a, g * 4, std::min(panels, g * 4 + 4)); });
-    if (then != nullptr) (*then)(0, M);
+    then_rows(then, M, N, nt);
     return;
   }
 #endif
