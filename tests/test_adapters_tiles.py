@@ -2,9 +2,10 @@
 and B in tile form (hi and lo bf16 halves) and compute the shrink and the epilogue's terms on the tiles, checked on
 the amx_emulated tier (any AVX-512 VNNI CPU) and, where the CPU has them, the amx tier.
 
-- s within 2^-15 of the fp32 shrink (max over max), fp32 and bf16 inputs, K a multiple of 32 and not, ranks under
-  16, at it, past it and past three rank groups; each row's bits alone as in a batch of runs longer than a 16-row
-  block, base rows zero; a tier without tiles ignores the tile form (the fp32 shrink's bits).
+- s within 2^-15 of the fp32 shrink (max over max), fp32 and bf16 inputs, K a multiple of 32 and not, in one chunk
+  of split steps and in several, ranks under 16, at it, past it and past three rank groups; each row's bits alone as
+  in a batch of runs longer than a 16-row block, base rows zero; a tier without tiles ignores the tile form (the fp32
+  shrink's bits).
 - Expand: a linear's terms from A and B in tile form within 2^-14 of the fp32 shrink and epilogue, bf16 and int8,
   streaming and blocked AMX kernels, one and three runs of outputs (one without ranks), ranks over two 16-rank steps;
   rows alone as in the batch, base rows exactly the bias; the streaming and blocked kernels the same bits on 300 rows
@@ -53,7 +54,7 @@ def _factors(K, ranks, seed=0):
 
 @pytest.mark.parametrize("tier", AMX_TIERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32-x", "bf16-x"])
-@pytest.mark.parametrize("K", [40, 768])
+@pytest.mark.parametrize("K", [40, 768, 808])  # 808: split in chunks of 8 steps, the last of 2, 8 values in
 def test_shrink_on_tiles(K, dtype, tier):
     from bertfast.backends.cpu.ext import _C
     _tier(tier)

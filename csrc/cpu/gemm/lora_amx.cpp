@@ -52,6 +52,9 @@ BF_TARGET_TILES_BF16 void split_rows(const bf16* x, int64_t ldx, int64_t K, int 
                           _mm256_maskz_loadu_epi16(tail_mask(K - k), x + r * ldx + k));
 }
 
+// Tile steps of x split at a time (lora_shrink_amx).
+constexpr int64_t kShrinkChunkSteps = 8;
+
 }  // namespace
 
 // One K step of rank group J (its C tile in register C): A_hi into tmm4, A_lo into tmm5; x_hi in tmm3, x_lo in tmm7.
@@ -69,18 +72,18 @@ BF_TARGET_TILES_BF16 void split_rows(const bf16* x, int64_t ldx, int64_t K, int 
 
 // One K step of a lone rank group into C tile C, B_hi into tile H and B_lo into tile L (three C tiles and the three
 // B tiles by turns: no multiply-add waits for the one before it, nor a load for a reader of its tile).
-#define BF_LORA_SHRINK_TURN(C, H, L)        \
-  do {                                      \
-    const bf16* b = tiles + st * 1024;      \
-    BF_TILE_LOADD(3, a_hi + st * 32, ld);   \
-    BF_TILE_LOADD(H, b, 64);                \
-    BF_TILE_DPBF16PS(C, 3, H);              \
-    if (split) {                            \
-      BF_TILE_LOADD(7, a_lo + st * 32, ld); \
-      BF_TILE_DPBF16PS(C, 7, H);            \
-    }                                       \
-    BF_TILE_LOADD(L, b + 512, 64);          \
-    BF_TILE_DPBF16PS(C, 3, L);              \
+#define BF_LORA_SHRINK_TURN(C, H, L)               \
+  do {                                             \
+    const bf16* b = tiles + st * 1024;             \
+    BF_TILE_LOADD(3, a_hi + (st - a0) * 32, ld);   \
+    BF_TILE_LOADD(H, b, 64);                       \
+    BF_TILE_DPBF16PS(C, 3, H);                     \
+    if (split) {                                   \
+      BF_TILE_LOADD(7, a_lo + (st - a0) * 32, ld); \
+      BF_TILE_DPBF16PS(C, 7, H);                   \
+    }                                              \
+    BF_TILE_LOADD(L, b + 512, 64);                 \
+    BF_TILE_DPBF16PS(C, 3, L);                     \
   } while (0)
 
 template <typename T>
@@ -89,28 +92,34 @@ BF_TARGET_TILES_BF16 void BF_TILES(lora_shrink_amx)(const T* x, int64_t ldx, int
   DenormalGuard ftz;
   constexpr bool split = sizeof(T) == 4;
   const int64_t steps = (K + 31) / 32;
-  thread_local std::vector<uint16_t> hi, lo;
-  // bf16 rows with K a multiple of 32 are already A tile rows.
+  // bf16 rows with K a multiple of 32 are already A tile rows; others are split a chunk of steps at a time, into
+  // rows that stay in L1 (hi and lo of 16 rows: 16 KB) until the chunk's steps have read them.
   const bool direct = !split && K % 32 == 0;
-  const uint16_t *a_hi = reinterpret_cast<const uint16_t*>(x), *a_lo = nullptr;
-  int64_t ld = ldx * 2;  // bytes between A tile rows
-  if (!direct) {
-    ld = steps * 64;
-    hi.resize(rows * steps * 32);
-    lo.resize(split ? rows * steps * 32 : 0);
-    split_rows(x, ldx, K, rows, steps * 32, hi.data(), lo.data());
-    a_hi = hi.data(), a_lo = lo.data();
-  }
+  const int64_t chunk = direct ? steps : kShrinkChunkSteps;
+  alignas(64) static thread_local uint16_t hi[16 * kShrinkChunkSteps * 32], lo[16 * kShrinkChunkSteps * 32];
+  const int64_t ld = direct ? ldx * 2 : chunk * 64;  // bytes between A tile rows
+  const uint16_t *a_hi = direct ? reinterpret_cast<const uint16_t*>(x) : hi, *a_lo = lo;
+  int64_t a0 = 0;  // step st's A tile rows at a_hi (a_lo) + (st - a0) * 32
+  // Steps [c0, c1) of x's rows as A tile rows.
+  const auto stage = [&](int64_t c0, int64_t c1) {
+    if (direct) return;
+    a0 = c0;
+    split_rows(x + c0 * 32, ldx, std::min(K, c1 * 32) - c0 * 32, rows, chunk * 32, hi, lo);
+  };
   amx_load_tile_config(rows);
   if (R == 16) {  // one rank group: three C tiles by turns over the steps, summed ((c0 + c1) + c2) at the end
     BF_TILE_ZERO(0);
     BF_TILE_ZERO(1);
     BF_TILE_ZERO(2);
-    for (int64_t st = 0; st < steps; ++st) {
-      switch (st % 3) {
-        case 0: BF_LORA_SHRINK_TURN(0, 4, 5); break;
-        case 1: BF_LORA_SHRINK_TURN(1, 6, 4); break;
-        default: BF_LORA_SHRINK_TURN(2, 5, 6); break;
+    for (int64_t c0 = 0; c0 < steps; c0 += chunk) {
+      const int64_t c1 = std::min(steps, c0 + chunk);
+      stage(c0, c1);
+      for (int64_t st = c0; st < c1; ++st) {
+        switch (st % 3) {
+          case 0: BF_LORA_SHRINK_TURN(0, 4, 5); break;
+          case 1: BF_LORA_SHRINK_TURN(1, 6, 4); break;
+          default: BF_LORA_SHRINK_TURN(2, 5, 6); break;
+        }
       }
     }
     alignas(64) float c[3][16 * 16];
@@ -125,17 +134,21 @@ BF_TARGET_TILES_BF16 void BF_TILES(lora_shrink_amx)(const T* x, int64_t ldx, int
     BF_TILE_RELEASE();
     return;
   }
-  for (int64_t g0 = 0; g0 < R / 16; g0 += 3) {
+  for (int64_t g0 = 0; g0 < R / 16; g0 += 3) {  // past three rank groups each chunk is split again
     const int64_t groups = std::min<int64_t>(3, R / 16 - g0);
     BF_TILE_ZERO(0);
     BF_TILE_ZERO(1);
     BF_TILE_ZERO(2);
-    for (int64_t st = 0; st < steps; ++st) {
-      BF_TILE_LOADD(3, a_hi + st * 32, ld);
-      if (split) BF_TILE_LOADD(7, a_lo + st * 32, ld);
-      BF_LORA_SHRINK_GROUP(0, 0);
-      BF_LORA_SHRINK_GROUP(1, 1);
-      BF_LORA_SHRINK_GROUP(2, 2);
+    for (int64_t c0 = 0; c0 < steps; c0 += chunk) {
+      const int64_t c1 = std::min(steps, c0 + chunk);
+      stage(c0, c1);
+      for (int64_t st = c0; st < c1; ++st) {
+        BF_TILE_LOADD(3, a_hi + (st - a0) * 32, ld);
+        if (split) BF_TILE_LOADD(7, a_lo + (st - a0) * 32, ld);
+        BF_LORA_SHRINK_GROUP(0, 0);
+        BF_LORA_SHRINK_GROUP(1, 1);
+        BF_LORA_SHRINK_GROUP(2, 2);
+      }
     }
     BF_TILE_STORED(0, s + 16 * g0, lds * 4);
     if (groups > 1) BF_TILE_STORED(1, s + 16 * (g0 + 1), lds * 4);
