@@ -24,6 +24,7 @@ from .padding import unpad
 from .profiling import stage
 from .sentence import read_json
 from .tokenization import token_budget_batches, unpadded
+from .workers import ordered_map, plan
 
 HEAD_FILES = {"sparse": "sparse_linear.pt", "colbert": "colbert_linear.pt"}
 # The special tokens FlagEmbedding drops from the lexical weights (M3Embedder's _process_token_weights), with
@@ -224,7 +225,8 @@ class BGEM3(nn.Module):
 
     def encode(self, sentences, *, batch_size: int = 256, batch_tokens: int | None = None,
                max_length: int | None = None, return_dense: bool = True, return_sparse: bool = True,
-               return_colbert_vecs: bool = False, show_progress_bar: bool | None = None, adapter=None):
+               return_colbert_vecs: bool = False, show_progress_bar: bool | None = None, adapter=None,
+               workers: int | None = None):
         """FlagEmbedding's `BGEM3FlagModel.encode`: sentences (a string or a list) -> {'dense_vecs': (N, H) float32
         NumPy, 'lexical_weights': [{str(token id): np.float32 weight}], 'colbert_vecs': [(n_tokens - 1, D) float32
         NumPy]}, None for an output not asked for; one string gives one vector, dict and array. max_length: tokens
@@ -232,7 +234,10 @@ class BGEM3(nn.Module):
         with batch_tokens as many as fit that many padded tokens (`tokenization.token_budget_batches`); the outputs
         do not depend on the batching. Unlike FlagEmbedding's default, sparse weights are on by default.
         show_progress_bar: None shows a bar on a terminal for 8 batches or more. adapter: a LoRA adapter's name
-        (`self.encoder.load_adapter`) for every text, or one name or None per text (None: `encoder.default_adapter`)."""
+        (`self.encoder.load_adapter`) for every text, or one name or None per text (None: `encoder.default_adapter`).
+        workers: threads that each run their own batches, heads and outputs included, on a share of the cores, as
+        `Encoder.encode`'s (`bertfast.workers`; None: one per torch thread, on the cpu backend); the same bits
+        whatever the workers."""
         if not (return_dense or return_sparse or return_colbert_vecs):
             raise ValueError("ask for at least one of return_dense, return_sparse, return_colbert_vecs")
         if batch_size < 1:
@@ -255,25 +260,32 @@ class BGEM3(nn.Module):
             batches = [order[s:s + batch_size] for s in range(0, len(texts), batch_size)]
         else:
             batches = [np.array(rows) for rows in token_budget_batches(lengths.tolist(), batch_tokens)]
-        if show_progress_bar or (show_progress_bar is None and len(batches) >= 8):
-            from tqdm.auto import tqdm
+        workers, threads = plan(self.encoder.device, len(batches), workers, self.encoder.backend)
 
-            batches = tqdm(batches, desc="Batches", unit="batch", disable=None if show_progress_bar is None else False)
-        for rows in batches:
+        def run(rows):
             width = int(lengths[rows[0]])
             ids = np.zeros((len(rows), width), dtype=np.int64)
             mask = np.zeros((len(rows), width), dtype=np.int64)
             for r, i in enumerate(rows):
                 ids[r, :lengths[i]] = encodings[i].ids
                 mask[r, :lengths[i]] = 1
-            out = self.encode_tokens(torch.from_numpy(ids), torch.from_numpy(mask), return_dense=return_dense,
-                                     return_sparse=return_sparse, return_colbert_vecs=return_colbert_vecs,
-                                     adapter_ids=None if adapters is None else [adapters[i] for i in rows])
+            return rows, self.encode_tokens(torch.from_numpy(ids), torch.from_numpy(mask), return_dense=return_dense,
+                                            return_sparse=return_sparse, return_colbert_vecs=return_colbert_vecs,
+                                            adapter_ids=None if adapters is None else [adapters[i] for i in rows])
+
+        # The results are gathered in NumPy: a torch op here would spin its OpenMP team on the workers' cores.
+        results = ordered_map(run, batches, workers, threads)
+        if show_progress_bar or (show_progress_bar is None and len(batches) >= 8):
+            from tqdm.auto import tqdm
+
+            results = tqdm(results, total=len(batches), desc="Batches", unit="batch",
+                           disable=None if show_progress_bar is None else False)
+        for rows, out in results:
             if return_dense:
                 dense[rows] = out["dense_vecs"]
-            for name, results in (("lexical_weights", lexical), ("colbert_vecs", colbert)):
+            for name, store in (("lexical_weights", lexical), ("colbert_vecs", colbert)):
                 for i, value in zip(rows, out[name] or ()):
-                    results[i] = value
+                    store[i] = value
         if single:
             return {"dense_vecs": None if dense is None else dense[0],
                     "lexical_weights": None if lexical is None else lexical[0],

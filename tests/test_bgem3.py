@@ -172,15 +172,18 @@ CASES = [pytest.param(None, id="fp32"), pytest.param(torch.bfloat16, id="bf16"),
 
 @pytest.mark.parametrize("dtype", CASES)
 def test_batch_invariant(isa, m3_path, texts, dtype):
-    """A text alone gives the bits it gets inside a batch of all the texts and in batches under a token budget (cpu
-    backend, on every tier), and the sparse weights do not depend on whether ColBERT vectors are asked for."""
+    """A text alone gives the bits it gets inside a batch of all the texts, in batches under a token budget and in
+    batches of 7 on one or three worker threads (cpu backend, on every tier), and the sparse weights do not depend on
+    whether ColBERT vectors are asked for."""
     ours = BGEM3.from_pretrained(m3_path, backend="cpu", dtype=dtype)
     batch = ours.encode(texts, batch_size=len(texts), **ALL)
     sparse_only = ours.encode(texts, batch_size=len(texts), return_dense=False)
-    budget = ours.encode(texts, batch_tokens=300, **ALL)  # batches under a token budget
-    assert np.array_equal(budget["dense_vecs"], batch["dense_vecs"])
-    assert budget["lexical_weights"] == batch["lexical_weights"]
-    assert all(np.array_equal(a, b) for a, b in zip(budget["colbert_vecs"], batch["colbert_vecs"]))
+    for other in (ours.encode(texts, batch_tokens=300, workers=1, **ALL),  # batches under a token budget
+                  ours.encode(texts, batch_size=7, workers=1, **ALL),
+                  ours.encode(texts, batch_size=7, workers=3, **ALL)):
+        assert np.array_equal(other["dense_vecs"], batch["dense_vecs"])
+        assert other["lexical_weights"] == batch["lexical_weights"]
+        assert all(np.array_equal(a, b) for a, b in zip(other["colbert_vecs"], batch["colbert_vecs"], strict=True))
     for i in (0, 5, 17, len(texts) - 3, len(texts) - 1):
         alone = ours.encode([texts[i]], **ALL)
         assert np.array_equal(alone["dense_vecs"][0], batch["dense_vecs"][i])
@@ -222,3 +225,5 @@ def test_errors(tmp_path, m3_path, texts):
         ours.encode(texts, batch_size=0)
     with pytest.raises(ValueError, match="batch_tokens must be >= 1"):
         ours.encode(texts, batch_tokens=0)
+    with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+        ours.encode(texts, workers=0)
