@@ -26,6 +26,7 @@ from torch import nn
 from .config import ConfigError
 from .encoder import Encoder
 from .sentence import Dense, read_dense, read_json, resolve_prompt
+from .workers import ordered_map, plan
 
 # The tokenizer's special tokens the rules read: the query padding (the first present) and [UNK].
 SPECIAL_TOKENS = ("mask_token", "eos_token", "pad_token", "unk_token")
@@ -283,13 +284,16 @@ class ColBERT(nn.Module):
 
     def encode(self, sentences, *, is_query: bool = True, prompt_name: str | None = None, prompt: str | None = None,
                batch_size: int = 32, show_progress_bar: bool | None = None, convert_to_numpy: bool = True,
-               convert_to_tensor: bool = False, normalize_embeddings: bool = True, adapter=None):
+               convert_to_tensor: bool = False, normalize_embeddings: bool = True, adapter=None,
+               workers: int | None = None):
         """Per text its (tokens, dim) float32 token vectors, as PyLate's `ColBERT.encode`: sentences (a string or a
         list of strings) -> a list of NumPy arrays (convert_to_tensor=True or convert_to_numpy=False: torch tensors);
         one string -> one array. is_query: the query rules (prefix, expansion), else the document's (prefix,
         skiplist). prompt / prompt_name prepend a prompt as PyLate does. adapter: a LoRA adapter's name
         (`self.encoder.load_adapter`) for every text, or one name or None per text (None: `encoder.default_adapter`).
-        Batches of batch_size texts, longest first; a text's vectors do not depend on its batch."""
+        Batches of batch_size texts, longest first; a text's vectors do not depend on its batch. workers: threads
+        that each run their own batches on a share of the cores, as `Encoder.encode`'s (`bertfast.workers`; None: one
+        per torch thread, on the cpu backend); the same bits whatever the workers."""
         single = isinstance(sentences, str)
         texts = [sentences] if single else list(sentences)
         bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
@@ -305,19 +309,27 @@ class ColBERT(nn.Module):
         if text:
             texts = [text + t for t in texts]
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        batches = range(0, len(texts), batch_size)
-        if show_progress_bar:
-            from tqdm.auto import tqdm
+        starts = range(0, len(texts), batch_size)
+        workers, threads = plan(self.encoder.device, len(starts), workers, self.encoder.backend)
+        numpy = convert_to_numpy and not convert_to_tensor
 
-            batches = tqdm(batches, desc=f"Encoding {'queries' if is_query else 'documents'}", unit="batch")
-        out = [None] * len(texts)
-        for start in batches:
+        def run(start):
             group = order[start:start + batch_size]
             vectors = self.embed_tokens(*self.tokenize([texts[i] for i in group], is_query), is_query=is_query,
                                         normalize=normalize_embeddings,
                                         adapter_ids=None if adapters is None else [adapters[i] for i in group])
+            return group, [v.cpu().numpy() if numpy else v for v in vectors]
+
+        results = ordered_map(run, starts, workers, threads)
+        if show_progress_bar:
+            from tqdm.auto import tqdm
+
+            results = tqdm(results, total=len(starts), desc=f"Encoding {'queries' if is_query else 'documents'}",
+                           unit="batch")
+        out = [None] * len(texts)
+        for group, vectors in results:
             for i, v in zip(group, vectors):
-                out[i] = v.cpu().numpy() if convert_to_numpy and not convert_to_tensor else v
+                out[i] = v
         return out[0] if single else out
 
 

@@ -25,6 +25,7 @@ from .kernels.activation import apply as activation
 from .padding import unpad
 from .sentence import read_json, resolve_prompt
 from .tasks import TOKENS
+from .workers import ordered_map, plan
 
 POOLINGS = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
@@ -244,13 +245,16 @@ class SparseEncoder(TaskAdapters, nn.Module):
 
     def encode(self, texts, *, prompt_name: str | None = None, prompt: str | None = None, batch_size: int = 32,
                max_active_dims: int | None = None, convert_to_tensor: bool = True,
-               convert_to_sparse_tensor: bool = True, show_progress_bar: bool | None = None, adapter=None):
+               convert_to_sparse_tensor: bool = True, show_progress_bar: bool | None = None, adapter=None,
+               workers: int | None = None):
         """Sparse embeddings as sentence-transformers' `SparseEncoder.encode` makes them: texts (a string or a list)
         -> a (N, vocab) torch sparse COO tensor (one string: (vocab,)); convert_to_sparse_tensor=False: dense;
         convert_to_tensor=False: a list of 1-D tensors. max_active_dims keeps each vector's largest values (None:
         the checkpoint's max_active_dims, if any). prompt / prompt_name prepend a prompt, as sentence-transformers.
         adapter: a LoRA adapter's name (`load_adapter`) for every text, or one name or None per text (None:
-        `default_adapter`). Batches of batch_size texts, longest first; a vector does not depend on its batch."""
+        `default_adapter`). Batches of batch_size texts, longest first; a vector does not depend on its batch.
+        workers: threads that each run their own batches on a share of the cores, as `Encoder.encode`'s
+        (`bertfast.workers`; None: one per torch thread, on the cpu backend); the same bits whatever the workers."""
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
         if batch_size < 1:
@@ -262,24 +266,33 @@ class SparseEncoder(TaskAdapters, nn.Module):
         if prefix:
             texts = [prefix + t for t in texts]
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        batches = range(0, len(texts), batch_size)
-        if show_progress_bar:
-            from tqdm.auto import tqdm
+        starts = range(0, len(texts), batch_size)
+        workers, threads = plan(self.encoder.device, len(starts), workers, self.encoder.backend)
 
-            batches = tqdm(batches, desc="Batches", unit="batch")
-        pieces, dense = [None] * len(texts), []  # pieces[i]: text i's (columns, values), columns ascending
-        for start in batches:
+        def run(start):
+            """A batch's rows, and per row its (columns, values), columns ascending (or the dense rows)."""
             group = order[start:start + batch_size]
             vectors = top_k(self.embed_tokens(*self.encoder.tokenize([texts[i] for i in group]),
                                               adapter_ids=None if adapters is None else [adapters[i] for i in group]),
                             k)
+            if not convert_to_sparse_tensor:
+                return group, vectors
+            r, c = vectors.nonzero(as_tuple=True)  # row-major: each row's columns ascending
+            counts = torch.bincount(r, minlength=len(group)).tolist()
+            return group, list(zip(c.split(counts), vectors[r, c].split(counts)))
+
+        results = ordered_map(run, starts, workers, threads)
+        if show_progress_bar:
+            from tqdm.auto import tqdm
+
+            results = tqdm(results, total=len(starts), desc="Batches", unit="batch")
+        pieces, dense = [None] * len(texts), []  # pieces[i]: text i's (columns, values), columns ascending
+        for group, got in results:
             if convert_to_sparse_tensor:
-                r, c = vectors.nonzero(as_tuple=True)  # row-major: each row's columns ascending
-                counts = torch.bincount(r, minlength=len(group)).tolist()
-                for i, cols, vals in zip(group, c.split(counts), vectors[r, c].split(counts)):
-                    pieces[i] = (cols, vals)
+                for i, piece in zip(group, got):
+                    pieces[i] = piece
             else:
-                dense.append((group, vectors))
+                dense.append((group, got))
         if convert_to_sparse_tensor:
             # Rows in text order, columns ascending in each: coalesced as built (coalesce() sorted them again: a
             # quarter of a dense-ish encode's time).

@@ -145,12 +145,16 @@ def test_key_mask_matches_transformers(family, backend):
 
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16, "int8"], ids=["fp32", "bf16", "int8"])
 def test_batch_invariant(written_model, isa, dtype):
-    """A text alone equals the same text inside a batch of 44, bit for bit, queries and documents (cpu backend)."""
+    """A text alone equals the same text inside a batch of 44 and in batches of 5 on one or three worker threads, bit
+    for bit, queries and documents (cpu backend)."""
     ours = bertfast.ColBERT.from_pretrained(written_model, backend="cpu", dtype=dtype)
     for is_query in (True, False):
         batch = ours.encode(TEXTS, is_query=is_query, batch_size=len(TEXTS))
         for i in (0, 5, 41):
             assert np.array_equal(ours.encode([TEXTS[i]], is_query=is_query)[0], batch[i])
+        for workers in (1, 3):
+            spread = ours.encode(TEXTS, is_query=is_query, batch_size=5, workers=workers)
+            assert all(np.array_equal(a, b) for a, b in zip(spread, batch, strict=True))
 
 
 def test_low_precision(written_model):
@@ -233,6 +237,8 @@ def test_errors(written_model, tiny_text_model, tmp_path, minilm_path):
         ours.encode(["a", 3])
     with pytest.raises(ValueError, match="batch_size must be a positive integer"):
         ours.encode(["a"], batch_size=0)
+    with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+        ours.encode(["a"], workers=0)
     with pytest.raises(TypeError, match="is_query must be True or False"):
         ours.encode(["a"], is_query="yes")
     with pytest.raises(ValueError, match="prompt name 'nope'"):

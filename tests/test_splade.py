@@ -207,11 +207,20 @@ def test_optimize_sparse_encoder(splade_model, texts):
     check_parity(model.encode(texts), theirs)
 
 
-def test_batch_invariant_encode(splade_model, texts):
-    ours = bertfast.SparseEncoder.from_pretrained(splade_model, backend="cpu")
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16, "int8"], ids=["fp32", "bf16", "int8"])
+def test_batch_invariant_encode(splade_model, texts, isa, dtype):
+    """A text alone equals the same text in a batch of 40 and in batches of 6 on one or three worker threads, bit for
+    bit, dense and sparse (cpu backend, every tier)."""
+    ours = bertfast.SparseEncoder.from_pretrained(splade_model, backend="cpu", dtype=dtype)
     batch = ours.encode(texts, convert_to_sparse_tensor=False, batch_size=40)
     for i in (0, 17):
         assert torch.equal(ours.encode([texts[i]], convert_to_sparse_tensor=False)[0], batch[i])
+    for workers in (1, 3):
+        assert torch.equal(ours.encode(texts, convert_to_sparse_tensor=False, batch_size=6, workers=workers), batch)
+        sparse = ours.encode(texts, batch_size=6, workers=workers)
+        assert sparse.is_coalesced() and torch.equal(sparse.to_dense(), batch)
+    with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+        ours.encode(texts, workers=0)
 
 
 def test_low_precision(splade_model, texts):
