@@ -176,10 +176,11 @@ def _prepared_layer(dtype, hidden, heads, inter, act="gelu", seed=0, quantize=No
 # "long": 210 rows, past the 16-row chunks of the int8 layer's fused LayerNorm + quantization and split over threads.
 # fp32's QKV GEMM, attention and output GEMM by groups of whole sequences of up to 192 rows (kQkvRows, layer.cpp):
 # "long" in two groups, "191" in one, "96" in two (146 | 93 rows), "387" ("alone") a sequence past 192 rows in a
-# group of its own. int8's whole layer by groups of up to 96 rows (kInt8GroupRows): "96" in three (exactly 96 | 50,
-# whose next sequence would make 97 | 93), "ragged" in one of at most 16 rows (kStreamRows: the codes' other form),
-# "long", "191", "387" and "alone" a sequence past 96 rows alone; within a group the FFN's row chunks (kFfnRows = 96):
-# one of at most 191 rows ("191"'s 100), two of 125 ("alone"), four of 96-97 ("387").
+# group of its own. int8's whole layer off the amx tiers by groups of up to 96 rows (int8_groups): "96" in three
+# (exactly 96 | 50, whose next sequence would make 97 | 93), "ragged" in one of at most 16 rows (kStreamRows: the codes'
+# other form), "long", "191", "387" and "alone" a sequence past 96 rows alone; within a group the FFN's row chunks of
+# 96 to 191: one of at most 191 rows ("191"'s 100), two of 125 ("alone"), four of 96-97 ("387"). The amx tiers'
+# groups of 256: test_int8_layer_groups.
 @pytest.mark.parametrize("lengths", [[1], [5, 0, 12, 1], [130, 3, 77], [100, 91], [60, 36, 50, 47, 46], [387, 20],
                                      [20, 250, 30]],
                          ids=["one-token", "ragged", "long", "191", "96", "387", "alone"])
@@ -232,6 +233,22 @@ def test_whole_layer_position_bias_by_groups(isa, quantize):
     assert not torch.equal(whole, run_layer(backend, x, layer, *args))  # the bias counts
 
 
+@pytest.mark.parametrize("quantize", [None, "int8"], ids=["fp32", "int8"])
+def test_int8_layer_groups(isa, quantize):
+    """The native layer's groups of whole sequences and FFN chunks (int8: up to 256 rows and chunks of 256 to 511 on
+    the amx tiers, 96 and 96 to 191 elsewhere; fp32: up to 192, kQkvRows) never change a bit: the whole layer equals
+    the ops composed one by one on a batch whose groups end exactly at 256 and 96 rows, with a sequence past both
+    alone (its FFN in two chunks of 300 on the amx tiers, six of 100 elsewhere)."""
+    backend, layer, cfg = _prepared_layer(torch.float32, 96, 3, 384, quantize=quantize)
+    # amx: 100 + 156 | 1 | 600 | 40 + 216; elsewhere: 100 | 156 | 1 | 600 | 40 | 216
+    lengths = [100, 156, 1, 600, 40, 216]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    x = torch.randn(int(cu[-1]), 96, generator=torch.Generator().manual_seed(4))
+    args = (cu, max(lengths), cfg.num_attention_heads, cfg.head_dim ** -0.5, cfg.layer_norm_eps, cfg.activation)
+    assert backend.whole_layer(x, layer) is not None
+    assert torch.equal(run_layer(backend, x, layer, *args), compose_layer(backend, x, layer, *args))
+
+
 def test_int8_layer_carry(isa):
     """An int8 layer's output quantized as it is normalized and left in a LayerCarry for the next layer's QKV GEMM
     (csrc/bindings/layer.h): on every tier the same bits as the next layer quantizing its input itself, and taken only
@@ -240,8 +257,8 @@ def test_int8_layer_carry(isa):
 
     backend, layer, cfg = _prepared_layer(torch.float32, 96, 3, 384, quantize="int8")
     whole = backend._whole[id(layer)]
-    # Groups of whole sequences of up to 96 rows (kInt8GroupRows): 60 + 36 | 3 | 200 alone | 2, groups of at most 16
-    # rows (kStreamRows: on avx512_vnni the codes' other form); 200's FFN in two chunks of 100 rows (kFfnRows = 96).
+    # Groups of whole sequences of up to 96 rows off the amx tiers (int8_groups): 60 + 36 | 3 | 200 alone | 2, groups
+    # of at most 16 rows (kStreamRows: on avx512_vnni the codes' other form); 200's FFN in two chunks of 100 rows.
     lengths = [60, 36, 3, 200, 2]
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     x = torch.randn(int(cu[-1]), 96, generator=torch.Generator().manual_seed(2))

@@ -133,9 +133,12 @@ class Layer {
     // The scratch in one block (empty_activation: from 1 MB the cache's): the float work, then under int8 the operand
     // codes' scales and zero points, then the codes, 64-byte aligned. As three allocations of their own from torch's
     // allocator, a layer call spent more time outside its stages (benchmarks/results/embed-cpu).
-    const int64_t numel = bc::layer_work_numel(T, H, I), rows8 = config_.int8 ? bc::int8_codes_rows(T) : 0;
+    bc::LayerConfig config = config_;
+    config.groups = bc::int8_groups(bc::active_isa());
+    const int64_t ffn = config.groups.ffn;
+    const int64_t numel = bc::layer_work_numel(T, H, I), rows8 = config.int8 ? bc::int8_codes_rows(T, ffn) : 0;
     const int64_t codes_at = (numel + 2 * rows8 + 15) / 16 * 16;
-    at::Tensor work = empty_activation({codes_at + (config_.int8 ? (bc::int8_codes_numel(T, H, I) + 3) / 4 : 0)},
+    at::Tensor work = empty_activation({codes_at + (config.int8 ? (bc::int8_codes_numel(T, H, I, ffn) + 3) / 4 : 0)},
                                        x.options());
     float* const tail = ptr<float>(work) + numel;
     const bc::Int8Scratch q8 = config_.int8 ? bc::Int8Scratch{reinterpret_cast<int8_t*>(ptr<float>(work) + codes_at),
@@ -145,7 +148,7 @@ class Layer {
     // before out's are written)
     const int32_t* cu = cu_seqlens.data_ptr<int32_t>();
     const bool carrying = carry != nullptr && config_.int8;
-    std::vector<uint8_t> forms = carrying ? bc::int8_code_forms(cu, B, H) : std::vector<uint8_t>();
+    std::vector<uint8_t> forms = carrying ? bc::int8_code_forms(cu, B, H, config.groups.group) : std::vector<uint8_t>();
     const bool carried = carrying && carry->holds(x, cu, B, forms);
     if (carrying && !carried) {
       carry->q = at::empty({T, H}, x.options().dtype(at::kChar));
@@ -172,7 +175,7 @@ class Layer {
                                      ptr<float>(w_.attn_ln_bias),
                                      ptr<float>(w_.ffn_ln_weight),
                                      ptr<float>(w_.ffn_ln_bias)};
-        bc::encoder_layer<T_>(ptr<float>(x), T, cu, B, float(scale), w, config_, ptr<float>(work), q8,
+        bc::encoder_layer<T_>(ptr<float>(x), T, cu, B, float(scale), w, config, ptr<float>(work), q8,
                               ptr<float>(out), bias.table ? &bias : nullptr, carried ? &codes : nullptr,
                               carrying ? &codes : nullptr, lora.has_value() ? &layer_lora : nullptr);
       });

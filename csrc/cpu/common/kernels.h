@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/common/activation.h"
+#include "cpu/common/isa.h"
 #include "cpu/common/types.h"
 
 namespace bertfast {
@@ -239,11 +240,22 @@ struct LayerWeights {
   const float *attn_ln_weight, *attn_ln_bias, *ffn_ln_weight, *ffn_ln_bias;
 };
 // A layer's sizes and options.
+// int8's layer runs by groups of whole sequences of at most `group` tokens (one longer sequence in a group of its own),
+// its FFN in chunks of `ffn` to 2 x ffn - 1 rows (fewer only where the group has fewer) (layer.cpp). Every op is per
+// row or per sequence, so neither changes a bit.
+struct Int8Groups {
+  int64_t group, ffn;
+};
+// On the amx tiers 256 and 256, the AMX GEMM's work item (kAmxMaxItemRows): it streams each weight sub-panel from L3
+// once an item, so a 96-row group paid that once per 96 rows. Elsewhere 96 and 96: a group's q, k, v (MiniLM: 96 x
+// 1,152 fp32, 432 KiB) and a chunk's GELU output stay in a 1 MiB L2 beside the weights.
+Int8Groups int8_groups(Isa isa);
 struct LayerConfig {
   int64_t hidden, intermediate, heads;  // hidden = heads * head_dim
   float eps;
   Activation act;
   bool int8;  // int8 GEMMs with x quantized per token (T = float), attention's products in bf16
+  Int8Groups groups{96, 96};  // int8's (int8_groups of the call's tier)
 };
 // A layer call's LoRA terms: per GEMM its rows' operands before their shrink (the call's tokens' rows), which the
 // layer computes on the GEMM's own input as the op-by-op path does (lora_shrink_term), or null where no adapter of the
@@ -251,34 +263,30 @@ struct LayerConfig {
 struct LayerLora {
   const LoraSlot *qkv, *attn_out, *ffn_in, *ffn_out;
 };
-// Scratch: work, layer_work_numel(T, H, I) floats; under int8 also codes, int8_codes_numel(T, H, I) int8 (a GEMM
-// operand's T rows of up to H, then one FFN chunk's rows of I), with a scale and a zero point per row (int8_codes_rows).
+// Scratch: work, layer_work_numel(T, H, I) floats; under int8 also codes, int8_codes_numel(T, H, I, ffn) int8 (a
+// GEMM operand's T rows of up to H, then one FFN chunk's rows of I), with a scale and a zero point per row
+// (int8_codes_rows).
 constexpr int64_t layer_work_numel(int64_t tokens, int64_t hidden, int64_t intermediate) {
   return tokens * (5 * hidden + intermediate);
 }
-// int8's FFN runs in chunks of at least kFfnRows rows (fewer only where the call has fewer), each below 2 x kFfnRows:
-// the GELU output of a chunk is quantized and multiplied while it is in the core's L2 (layer.cpp).
-constexpr int64_t kFfnRows = 96;
-// fp32's QKV GEMM, attention and output GEMM run by groups of whole sequences of at most kQkvRows tokens, int8's
-// whole layer by groups of at most kInt8GroupRows (layer.cpp; one longer sequence in a group of its own). int8's are
-// smaller: its group's q, k, v (MiniLM: 96 x 1,152 fp32, 432 KiB) then stay in a 1 MiB L2 beside the QKV weights
-// (442 KiB); fp32's weights are 4x the bytes, read once a group.
+// fp32's QKV GEMM, attention and output GEMM run by groups of whole sequences of at most kQkvRows tokens (layer.cpp;
+// one longer sequence in a group of its own); fp32's weights are 4x int8's bytes, read once a group.
 constexpr int64_t kQkvRows = 192;
-constexpr int64_t kInt8GroupRows = 96;
-constexpr int64_t int8_codes_rows(int64_t tokens) {  // the operand's T rows, then a chunk's GELU output
-  return tokens + (tokens < 2 * kFfnRows ? tokens : 2 * kFfnRows);
+constexpr int64_t int8_codes_rows(int64_t tokens, int64_t ffn) {  // the operand's T rows, then a chunk's GELU output
+  return tokens + (tokens < 2 * ffn ? tokens : 2 * ffn);
 }
-constexpr int64_t int8_codes_numel(int64_t tokens, int64_t hidden, int64_t intermediate) {
-  return tokens * hidden + (tokens < 2 * kFfnRows ? tokens : 2 * kFfnRows) * intermediate;
+constexpr int64_t int8_codes_numel(int64_t tokens, int64_t hidden, int64_t intermediate, int64_t ffn) {
+  return tokens * hidden + (tokens < 2 * ffn ? tokens : 2 * ffn) * intermediate;
 }
 struct Int8Scratch {
   int8_t* q;
   float* scale;
   int32_t* zp;
 };
-// Per token, whether its group's QKV GEMM takes the codes unsigned (int8_unsigned_codes of the group's rows): the form
-// encoder_layer's out_codes are written in, which its x_codes must have been.
-std::vector<uint8_t> int8_code_forms(const int32_t* cu_seqlens, int64_t batch, int64_t hidden);
+// Per token, whether its group's QKV GEMM takes the codes unsigned (int8_unsigned_codes of the group's rows, groups of
+// at most `group` tokens: LayerConfig::groups): the form encoder_layer's out_codes are written in, which its x_codes
+// must have been.
+std::vector<uint8_t> int8_code_forms(const int32_t* cu_seqlens, int64_t batch, int64_t hidden, int64_t group);
 // out (T, H) = the layer applied to x (T, H), sequences delimited by cu_seqlens; x and out fp32 (the residual
 // stream) whatever T, the GEMMs' operand type. int8 only, each optional (T rows, H codes a row): x_codes, x's codes
 // as the previous call's out_codes wrote them for the same cu_seqlens and tier (its QKV GEMM then quantizes nothing);

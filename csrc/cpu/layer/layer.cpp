@@ -23,8 +23,10 @@
 namespace bertfast {
 namespace cpu {
 
+Int8Groups int8_groups(Isa isa) { return amx_kernels(isa) ? Int8Groups{256, 256} : Int8Groups{96, 96}; }
+
 // The end of the group of whole sequences from sequence b0 on: as many as fit in max_rows tokens (kQkvRows for fp32,
-// kInt8GroupRows for int8), at least one.
+// LayerConfig::groups for int8), at least one.
 static int64_t group_end(const int32_t* cu, int64_t batch, int64_t b0, int64_t max_rows) {
   int64_t b1 = b0 + 1;
   while (b1 < batch && cu[b1 + 1] - cu[b0] <= max_rows) ++b1;
@@ -77,15 +79,15 @@ struct GroupView {
   }
 };
 
-std::vector<uint8_t> int8_code_forms(const int32_t* cu, int64_t batch, int64_t H) {
+std::vector<uint8_t> int8_code_forms(const int32_t* cu, int64_t batch, int64_t H, int64_t group) {
   std::vector<uint8_t> form(size_t(cu[batch]));
-  for_each_group(cu, batch, kInt8GroupRows, [&](int64_t, int64_t, int64_t t0, int64_t rows) {
+  for_each_group(cu, batch, group, [&](int64_t, int64_t, int64_t t0, int64_t rows) {
     std::fill(form.begin() + t0, form.begin() + t0 + rows, uint8_t(int8_unsigned_codes(rows, H)));
   });
   return form;
 }
 
-// int8's FFN on a group's rows: in chunks of rows (kFfnRows) from `mid` (the group's attention block output,
+// int8's FFN on a group's rows: in chunks of rows (c.groups.ffn) from `mid` (the group's attention block output,
 // normalized in place, and its codes in q8: int8_attention_group) into `out`, whose rows are normalized (out's
 // LayerNorm) and, with out_codes, quantized for the next layer's QKV GEMM as the FFN-out GEMM finishes them (from L2,
 // where a pass in the next layer read them from L3), in the group's form (flip): the next layer's groups are this
@@ -95,13 +97,13 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
                      int64_t t0) {
   const int64_t H = c.hidden, I = c.intermediate;
   const bool flip = int8_unsigned_codes(T_, H);  // the group's form: mid's codes (int8_attention_group), out's
-  // The FFN in chunks of kFfnRows to 2 x kFfnRows - 1 rows: a chunk's GELU output (at most 191 x I fp32, MiniLM's
-  // 1.1 MiB) is quantized and multiplied from L2 rather than written out for all T rows and read back from L3; its
-  // rows are quantized as the FFN-in GEMM finishes them (int8_linear_then: 48 rows, 288 KiB for MiniLM), since a
-  // whole chunk's no longer fits in a 1 MiB L2 beside the weights.
+  // The FFN in chunks of c.groups.ffn to 2 x c.groups.ffn - 1 rows: a chunk's GELU output (off the amx tiers at most
+  // 191 x I fp32, MiniLM's 1.1 MiB) is quantized and multiplied from L2 rather than written out for all T rows and read
+  // back from L3; its rows are quantized as the FFN-in GEMM finishes them (int8_linear_then: 48 rows, 288 KiB for
+  // MiniLM), since a whole chunk's no longer fits in a 1 MiB L2 beside the weights.
   // Every row gets the same arithmetic whatever its chunk; a chunk has more than 16 rows when T has, so its
   // GEMMs take T's path and the codes int8_attention_group wrote are in the form they multiply (flip).
-  const int64_t chunks = std::max<int64_t>(1, T_ / kFfnRows);
+  const int64_t chunks = std::max<int64_t>(1, T_ / c.groups.ffn);
   const Int8Scratch g8 = codes_from(q8, T_, H);  // a chunk's GELU output, quantized
   float* act = inner;  // a chunk's GELU output: the same rows of the buffer for every chunk, so they stay in L2
   for (int64_t part = 0; part < chunks; ++part) {
@@ -138,7 +140,7 @@ static void int8_ffn(float* mid, int64_t T_, const LayerWeights<float>& w, const
   }
 }
 
-// int8's attention block on a group of whole sequences (group_end: up to kInt8GroupRows tokens, or one longer sequence
+// int8's attention block on a group of whole sequences (group_end: up to c.groups.group tokens, or one longer sequence
 // alone), x its rows: the QKV GEMM, the attention, and the output GEMM (+ the residual x) into mid, whose rows are then
 // normalized in place (the attention LayerNorm) and quantized into q8 as the GEMM finishes them (int8_linear_then),
 // for the FFN (int8_ffn), in the group's form (flip). The row blocks' codes go where the QKV GEMM's own were,
@@ -281,7 +283,7 @@ void encoder_layer(const float* x, int64_t tokens, const int32_t* cu_seqlens, in
       // stay in L2 from one op to the next and from one group to the next; only x, out and the codes carried
       // between layers (x_codes, out_codes) are the layer's T rows. Every op is per row or per sequence, so a
       // row's bits do not depend on its group.
-      return for_each_group(cu_seqlens, batch, kInt8GroupRows, [&](int64_t b0, int64_t b1, int64_t t0, int64_t rows) {
+      return for_each_group(cu_seqlens, batch, c.groups.group, [&](int64_t b0, int64_t b1, int64_t t0, int64_t rows) {
         const GroupView view(cu_seqlens, b0, b1, bias, c.heads);
         const Int8Scratch in_codes = x_codes != nullptr ? codes_from(*x_codes, t0, H) : Int8Scratch{};
         const Int8Scratch out8 = out_codes != nullptr ? codes_from(*out_codes, t0, H) : Int8Scratch{};
