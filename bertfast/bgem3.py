@@ -4,8 +4,8 @@ A BGE-M3 checkpoint is an XLM-R model directory plus two heads FlagEmbedding sav
 (H -> 1) and `colbert_linear.pt` (H -> D). From the last hidden states: dense = the CLS token's state, normalized;
 a token's lexical weight = relu(sparse_linear(state)), kept per token id as its max over the text, ids of the cls,
 eos, pad and unk tokens dropped; ColBERT vectors = colbert_linear over every token after CLS, normalized. Both heads
-run as one fp32 GEMM over the packed tokens (the backend's `linear`; the encoder in its own dtype), so every output
-of a text depends on that text alone (cpu backend: bit for bit).
+run as one GEMM over the packed tokens (`HeadLinear`: bf16 where the cpu backend's engine is, else fp32; fp32 out),
+so every output of a text depends on that text alone (cpu backend: bit for bit).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .encoder import Encoder
+from .head_linear import HeadLinear
 from .loading import LoadError
-from .padding import unpad
 from .profiling import stage
 from .sentence import read_json
 from .tokenization import token_budget_batches, unpadded
@@ -129,21 +129,18 @@ class BGEM3(nn.Module):
     def __init__(self, encoder: Encoder, sparse, colbert, unused_ids, normalize_embeddings: bool = True):
         super().__init__()
         self.encoder, self.unused_ids, self.normalize_embeddings = encoder, tuple(unused_ids), normalize_embeddings
-        backend = encoder.engine.backend
         (sparse_w, sparse_b), (colbert_w, colbert_b) = sparse, colbert
         self.colbert_dim = colbert_w.shape[0]
         # [colbert; sparse]: one GEMM gives both heads; the sparse row alone where ColBERT is not asked for
-        self.heads = backend.pack(torch.cat([colbert_w, sparse_w]).to(encoder.device).contiguous())
-        self.heads_bias = torch.cat([colbert_b, sparse_b]).to(encoder.device)
-        self.sparse = backend.pack(sparse_w.to(encoder.device).contiguous())
-        self.sparse_bias = sparse_b.to(encoder.device)
+        self.heads = HeadLinear(encoder, torch.cat([colbert_w, sparse_w]), torch.cat([colbert_b, sparse_b]))
+        self.sparse = HeadLinear(encoder, sparse_w, sparse_b)
         self._tokenizers = {}
 
     @classmethod
     def from_pretrained(cls, path, *, backend: str = "auto", dtype=None, normalize_embeddings: bool = True):
         """A BGE-M3 directory (config.json and weights of an XLM-R model, its tokenizer, sparse_linear.pt,
         colbert_linear.pt). dtype as `Encoder.from_pretrained` (None, "auto", torch.bfloat16, "int8") sets the
-        encoder's; the heads run in fp32."""
+        encoder's; the heads run in bf16 under a bf16 engine on the cpu backend, else in fp32 (`HeadLinear`)."""
         path = os.fspath(path)
         check_heads(path)  # before the model: a plain XLM-R directory fails at once
         encoder = Encoder.from_pretrained(path, backend=backend, dtype=dtype, add_pooling_layer=False)
@@ -191,26 +188,22 @@ class BGEM3(nn.Module):
         and ColBERT vectors normalized when normalize (None: the model's normalize_embeddings). adapter_ids: as
         `Encoder.forward`'s (LoRA adapters of `self.encoder.load_adapter`). A row's outputs depend on it (and its
         adapter) alone."""
-        mask = attention_mask.to(self.encoder.device)
-        if mask.shape[0] and int(mask.sum(1).min()) == 0:
+        if attention_mask.shape[0] and int(attention_mask.sum(1).min()) == 0:
             raise ValueError("every row needs at least one real token (its CLS)")
-        last = self.encoder._run(input_ids, attention_mask, None, None, False, pool=False, stream=True,
-                                 adapter_ids=adapter_ids)[0]
+        last, cu_seqlens = self.encoder._run_packed(input_ids, attention_mask, adapter_ids=adapter_ids)
         with stage("bgem3 heads"):
-            x, _, cu_seqlens, _ = unpad(last, mask)
-            x = x.float().contiguous()
+            x = last.float().contiguous()
             first = cu_seqlens[:-1].long()
             dense = x.index_select(0, first)
             weights = vectors = None
-            backend = self.encoder.engine.backend
             if colbert:
-                out = backend.linear(x, self.heads, self.heads_bias)
+                out = self.heads(x)
                 rest = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
                 rest[first] = False
                 vectors = out[rest, :self.colbert_dim]
                 weights = torch.relu(out[:, self.colbert_dim]) if sparse else None
             elif sparse:
-                weights = torch.relu(backend.linear(x, self.sparse, self.sparse_bias)[:, 0])
+                weights = torch.relu(self.sparse(x)[:, 0])
             if self.normalize_embeddings if normalize is None else normalize:
                 dense = F.normalize(dense, dim=-1)
                 vectors = None if vectors is None else F.normalize(vectors, dim=-1)

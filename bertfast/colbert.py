@@ -25,6 +25,7 @@ from torch import nn
 
 from .config import ConfigError
 from .encoder import Encoder
+from .head_linear import HeadLinear
 from .sentence import Dense, read_dense, read_json, resolve_prompt
 from .workers import ordered_map, plan
 
@@ -163,24 +164,23 @@ class ColBERT(nn.Module):
             tok.no_padding()
             tok.enable_truncation(max_length=length - (prefix_id is not None))
             self._tokenizers[is_query] = tok
-        self.dense = []  # (packed weight, bias, act, residual: None | "input" | packed projection)
+        self.dense = []  # (HeadLinear, act, residual: None | "input" | HeadLinear projection)
         for d in dense:
             if d.activation not in _DENSE_ACTIVATIONS:
                 raise ConfigError(f"ColBERT: a Dense activation {d.activation!r} is not supported "
                                   f"({', '.join(_DENSE_ACTIVATIONS)})")
             residual = None
             if d.use_residual:
-                residual = "input" if d.residual is None else self.backend.pack(d.residual.float().contiguous())
-            self.dense.append((self.backend.pack(d.weight.float().contiguous()),
-                               None if d.bias is None else d.bias.float().contiguous(),
-                               _DENSE_ACTIVATIONS[d.activation], residual))
+                residual = "input" if d.residual is None else HeadLinear(encoder, d.residual)
+            self.dense.append((HeadLinear(encoder, d.weight, d.bias), _DENSE_ACTIVATIONS[d.activation], residual))
         self.dim = dense[-1].weight.shape[0]
 
     @classmethod
     def from_pretrained(cls, path, *, backend: str = "auto", dtype=None):
         """A PyLate ColBERT directory (modules.json: Transformer then Dense; config_sentence_transformers.json's
         ColBERT keys; the tokenizer with the prefix tokens). backend and dtype as `Encoder.from_pretrained`
-        (None, "auto", torch.bfloat16, "int8"): the encoder's; the projection runs in fp32."""
+        (None, "auto", torch.bfloat16, "int8"): the encoder's; the projection runs as `HeadLinear` (bf16 under a bf16
+        engine on the cpu backend, else fp32)."""
         path = os.fspath(path)
         config, dense = read_colbert_config(path)
         special = {name: _special_token(path, name) for name in SPECIAL_TOKENS}
@@ -275,9 +275,9 @@ class ColBERT(nn.Module):
         if not is_query and self.skiplist:
             keep = keep & ~torch.isin(input_ids, torch.tensor(self.skiplist, device=input_ids.device))
         x = last[keep.to(last.device)].float().contiguous()  # [T, H] the kept tokens, row by row
-        for weight, bias, act, residual in self.dense:
-            res = x if residual == "input" else None if residual is None else self.backend.linear(x, residual, None)
-            x = self.backend.linear(x, weight, bias, act, res)
+        for linear, act, residual in self.dense:
+            res = x if residual == "input" else None if residual is None else residual(x)
+            x = linear(x, act, res)
         if normalize:
             x = F.normalize(x, p=2, dim=1)
         return list(x.split(keep.sum(1).tolist()))

@@ -249,6 +249,16 @@ class Encoder(nn.Module):
         return self.engine.forward(ids, mask, types, positions, output_hidden_states, pool=pool, stream=stream,
                                    key_mask=key_mask, adapters=adapters)
 
+    def _run_packed(self, input_ids, attention_mask, token_type_ids=None, adapter_ids=None):
+        """check_inputs -> Engine.forward_packed: (the real tokens' last states (T, H) in the residual stream's dtype,
+        row-major, cu_seqlens (B + 1,) int32), never padded back to (B, S, H)."""
+        where = self.device
+        if where.type == "cuda":  # checked and packed on the host, as `_run`
+            where = torch.device("cpu")
+            input_ids, attention_mask, token_type_ids, _ = to_host(input_ids, attention_mask, token_type_ids, None)
+        ids, mask, types, _ = check_inputs(self.config, input_ids, attention_mask, token_type_ids, None, False, where)
+        return self.engine.forward_packed(ids, mask, types, adapters=self._row_adapters(adapter_ids, ids.shape[0]))
+
     @property
     def tokenizer(self):
         if self._tokenizer is None:
@@ -404,10 +414,7 @@ class Encoder(nn.Module):
         if self.device.type == "cpu" and cfg.pools_packed(modes, prompt_length):
             # Pooled straight from the packed tokens, in one native call a mode: padding a batch back to (N, S, H)
             # and pooling it in torch ops costs several times more.
-            ids, mask, types, _ = check_inputs(self.config, input_ids, attention_mask, types, None, False,
-                                               self.device)
-            last, cu_seqlens = self.engine.forward_packed(ids, mask, types,
-                                                          adapters=self._row_adapters(adapter_ids, ids.shape[0]))
+            last, cu_seqlens = self._run_packed(input_ids, attention_mask, types, adapter_ids)
             with stage("pooling"):
                 return cfg.embed_packed(last.float(), cu_seqlens, pooling=modes, normalize=normalize,
                                         truncate_dim=truncate_dim)

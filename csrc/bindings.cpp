@@ -68,9 +68,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_linear", &pack_linear, "pack a (N, K) weight for `linear`", py::arg("weight"));
   m.def("linear", &linear,
         "act(x @ w.T + bias + lora) + residual on a packed weight (streaming at small M; fp32 blocked at large M); "
-        "act in none|gelu|gelu_tanh|relu|tanh|silu; lora: a LoraTerm (the rows' LoRA terms) or None",
+        "act in none|gelu|gelu_tanh|relu|tanh|silu; lora: a LoraTerm (the rows' LoRA terms) or None; float_out: "
+        "a float32 output from a bf16 weight (as a float32 residual gives)",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
-        py::arg("act") = "none", py::arg("residual") = py::none(), py::arg("lora") = py::none());
+        py::arg("act") = "none", py::arg("residual") = py::none(), py::arg("lora") = py::none(),
+        py::arg("float_out") = false);
   py::class_<LoraOperands>(m, "LoraTerm",
                            "the LoRA terms of one linear call, added in its epilogue before the activation: row m "
                            "adds s[m] . bt of factor index[m] (none where it is -1); s (M, R) float32 (lora_shrink), "

@@ -164,6 +164,7 @@ def test_low_precision(written_model):
     for is_query in (True, False):
         truth = torch.from_numpy(np.concatenate(oracle(written_model, texts, is_query))).double()
         bf16 = bertfast.ColBERT.from_pretrained(written_model, backend="cpu", dtype=torch.bfloat16)
+        assert all(linear.bf16 for linear, _, _ in bf16.dense)  # the projections in bf16 too (HeadLinear)
         ours = torch.from_numpy(np.concatenate(bf16.encode(texts, is_query=is_query)))
         torch_bf16 = bertfast.ColBERT.from_pretrained(written_model, backend="torch", dtype=torch.bfloat16)
         ref = torch.from_numpy(np.concatenate(torch_bf16.encode(texts, is_query=is_query)))

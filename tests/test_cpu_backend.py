@@ -155,6 +155,30 @@ def test_large_m_bf16_linear_row_blocks(isa, rows, shape, residual):
     assert ((out.double() - ref).abs() / (ref.abs() + 1)).max().item() < 1e-2
 
 
+@pytest.mark.parametrize("rows", [1, 7, 40, 300])
+def test_bf16_linear_float_out(isa, rows):
+    """float_out: a bf16 weight's fp32 output without a residual (the heads of a bf16 engine, `HeadLinear`), at
+    streaming and blocked row counts (and past an AMX item's 256 rows): the same bits as the fp32-residual path with a
+    zero residual, not rounded to bf16, each row as alone; a wrong operand type is an error."""
+    from bertfast.backends.cpu import linear
+
+    g = torch.Generator().manual_seed(rows)
+    w = linear.PackedLinear((torch.randn(257, 256, generator=g) * 0.1).bfloat16())  # 257: a partial last panel
+    b = torch.randn(257, generator=g).bfloat16()
+    x = torch.randn(rows, 256, generator=g)
+    backend = CpuBackend()
+    for act in ("none", "relu"):
+        out = backend.linear(x, w, b, act, float_out=True)
+        assert out.dtype == torch.float32 and out.shape == (rows, 257)
+        assert torch.equal(out, backend.linear(x, w, b, act, torch.zeros(rows, 257)))
+        assert torch.equal(out[:1], backend.linear(x[:1], w, b, act, float_out=True))
+    assert not torch.equal(out, out.bfloat16().float())
+    with pytest.raises(ValueError, match="float_out is for a bf16 weight"):
+        backend.linear(x, linear.PackedLinear(torch.randn(257, 256, generator=g)), None, float_out=True)
+    with pytest.raises(ValueError, match="float_out takes a float32 residual"):
+        backend.linear(x, w, b, residual=torch.zeros(rows, 257).bfloat16(), float_out=True)
+
+
 # ----------------------------------------------------------------------------------------------
 # A layer run whole in C++ (`_C.Layer`) vs the same layer op by op
 

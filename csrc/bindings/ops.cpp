@@ -239,7 +239,7 @@ at::Tensor pack_linear(const at::Tensor& weight) {
 
 at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
                   const c10::optional<at::Tensor>& bias, const std::string& act,
-                  const c10::optional<at::Tensor>& residual, const LoraOperands* lora) {
+                  const c10::optional<at::Tensor>& residual, const LoraOperands* lora, bool float_out) {
   check_float(x_in, "x");
   check_float(packed, "packed weight");
   BF_CHECK(x_in.dim() == 2, "x must be (rows, in_features), got ", x_in.sizes());
@@ -248,8 +248,10 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_
   const int64_t M = x_in.size(0), K = x_in.size(1), N = out_features;
   BF_CHECK(N > 0 && K > 0, "in_features and out_features must be positive, got ", K, " and ", N);
   // bf16 weights take fp32 x (the residual stream of a bf16 forward), rounded to bf16 once here (to_bf16), and
-  // an fp32 residual, which makes the output fp32 (linear_packed_wide).
+  // an fp32 residual, which makes the output fp32 (linear_packed_wide), as float_out does without one.
   const bool widen_x = packed.scalar_type() == at::kBFloat16 && x_in.scalar_type() == at::kFloat;
+  BF_CHECK(!float_out || packed.scalar_type() == at::kBFloat16, "float_out is for a bf16 weight, got ",
+           packed.scalar_type());
   at::Tensor x = x_in;
   if (widen_x) {
     x = empty_activation({M, K}, packed.options());
@@ -260,9 +262,11 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_
   check_packed(packed, x, N, K, "packed weight");
   const bc::Activation a = activation(act);
   const at::Tensor b = optional_operand(bias, x, {N}, Layout::Contiguous, "bias");
-  const bool wide = x.scalar_type() == at::kBFloat16 && residual.has_value() &&
-                    residual->scalar_type() == at::kFloat;
-  const at::Tensor r = optional_operand(residual, wide ? *residual : x,
+  const bool wide = x.scalar_type() == at::kBFloat16 &&
+                    (float_out || (residual.has_value() && residual->scalar_type() == at::kFloat));
+  BF_CHECK(!float_out || !residual.has_value() || residual->scalar_type() == at::kFloat,
+           "float_out takes a float32 residual, got ", residual.has_value() ? residual->scalar_type() : at::kFloat);
+  const at::Tensor r = optional_operand(residual, wide && residual.has_value() ? *residual : x,
                                         {M, N}, Layout::Rows, "residual");
   cpu::LoraTerm term;
   if (lora != nullptr) term = lora->term(M, N);

@@ -50,7 +50,7 @@ at::Tensor glu(const at::Tensor& h, const std::string& act);
 at::Tensor pack_linear(const at::Tensor& weight);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                   const c10::optional<at::Tensor>& bias, const std::string& act,
-                  const c10::optional<at::Tensor>& residual, const LoraOperands* lora);
+                  const c10::optional<at::Tensor>& residual, const LoraOperands* lora, bool float_out);
 at::Tensor sparse_pool(const at::Tensor& x, const at::Tensor& packed, int64_t vocab,
                        const c10::optional<at::Tensor>& bias, const at::Tensor& cu_seqlens, const std::string& pooling,
                        const std::string& activation);

@@ -97,10 +97,12 @@ class CpuBackend(Backend):
         return Precision(torch.float32, (torch.bfloat16,) if isa.active_cap() in BF16_SLOWER_TIERS else ())
 
     # --- ops (shapes in bertfast.reference) ---
-    def linear(self, x, weight, bias, act: str = "none", residual=None, gated: bool = False, addend=None):
+    def linear(self, x, weight, bias, act: str = "none", residual=None, gated: bool = False, addend=None,
+               float_out: bool = False):
         """act(x @ weight.T + bias + addend) + residual. x: (M, K); weight: (N, K), PackedLinear or QuantLinear
         (int8 GEMM, fp32 x); bias: (N,) or None; addend: the rows' LoRA terms (`lora`) or None, computed in the
-        GEMM's epilogue before the activation (a row's bits still depend on that row alone).
+        GEMM's epilogue before the activation (a row's bits still depend on that row alone); float_out: an fp32
+        output from a bf16 weight (`linear.linear`: the heads of a bf16 engine, `head_linear`).
 
         gated: weight (2N, K) rows [a; b], bias (2N,) or None -> act(x @ a.T + bias_a) * (x @ b.T + bias_b), (M, N):
         the GEMM as for any linear (no activation), then the native gate (`_C.glu`)."""
@@ -113,7 +115,7 @@ class CpuBackend(Backend):
             return _C.glu(self.linear(x, weight, bias, addend=addend), act)
         if isinstance(weight, quant.QuantLinear):
             return quant.linear(x, weight, bias, act, residual, addend)
-        return linear.linear(x, weight, bias, act, residual, addend)
+        return linear.linear(x, weight, bias, act, residual, addend, float_out=float_out)
 
     def pack(self, weight):
         return linear.PackedLinear(weight.contiguous())

@@ -40,16 +40,16 @@ def packed(weight) -> PackedLinear:
     return weight if isinstance(weight, PackedLinear) else PackedLinear(weight)
 
 
-def linear(x, weight, bias, act: str = "none", residual=None, addend=None):
+def linear(x, weight, bias, act: str = "none", residual=None, addend=None, float_out: bool = False):
     """act(x @ weight.T + bias + addend) + residual on the extension's GEMM. x: (M, K) fp32/bf16; weight: PackedLinear
     or (N, K) of x's dtype; bias: (N,) or None; residual: (M, N) or None; addend: a `_C.LoraTerm` (`lora.term`) or
     None, added in fp32 before the activation. bf16 weights also take fp32 x (rounded to bf16 once, as
     x.to(torch.bfloat16) would) and an fp32 residual, which makes the output fp32: the residual stream of a bf16
-    forward (`CpuBackend.stream_dtype`)."""
+    forward (`CpuBackend.stream_dtype`); float_out makes it fp32 without one (a head on the stream)."""
     w = packed(weight)
     if x.dim() != 2 or x.shape[1] != w.in_features:
         raise ValueError(f"x must be (M, {w.in_features}), got {tuple(x.shape)}")
     if x.dtype != w.dtype and not (w.dtype == torch.bfloat16 and x.dtype == torch.float32):
         raise ValueError(f"x has dtype {x.dtype} but the weight has {w.dtype}")
     activation.check(act)
-    return _C.linear(x, w.packed, w.out_features, bias, act, residual, lora=addend)
+    return _C.linear(x, w.packed, w.out_features, bias, act, residual, lora=addend, float_out=float_out)
