@@ -255,5 +255,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "or 'bfloat16', on `tier`", py::arg("dtype"), py::arg("k"), py::arg("tier"));
   t.def("position_scores_path", &position_scores_path,
         "choose_position_scores's path (its enum's name) for a call of `position_scores` with head dim head_dim: "
-        "dtype 'float32' or 'bfloat16', on `tier`", py::arg("dtype"), py::arg("head_dim"), py::arg("tier"));
+        "dtype 'float32' or 'bfloat16', on `tier` with or without AVX-512 BF16", py::arg("dtype"), py::arg("head_dim"),
+        py::arg("tier"), py::arg("avx512_bf16") = true);
 }

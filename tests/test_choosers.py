@@ -127,21 +127,27 @@ SPARSE_POOL = [
     ("float32", 37, "portable", "Portable"),
 ]
 
-# (dtype, head_dim, tier) -> path. Thresholds: bf16 on AMX tiles where head_dim % kAmxK (32) == 0 on the AMX tiers;
-# AVX-512 register blocks from avx512_vnni up, the plain loops compiled for AVX2 on avx2; bf16 elsewhere widened.
+# (dtype, head_dim, tier, AVX-512 BF16) -> path. Thresholds: bf16 on AMX tiles where head_dim % kAmxK (32) == 0 on
+# the AMX tiers, else on vdpbf16ps where AVX-512 BF16 is there and head_dim is even; AVX-512 register blocks from
+# avx512_vnni up, the plain loops compiled for AVX2 on avx2; bf16 elsewhere widened.
 POSITION_SCORES = [
-    ("bfloat16", 64, "amx", "Amx"),
-    ("bfloat16", 32, "amx_emulated", "AmxEmulated"),
-    ("bfloat16", 96, "amx_emulated", "AmxEmulated"),
-    ("bfloat16", 48, "amx", "Avx512"),
-    ("bfloat16", 24, "amx_emulated", "Avx512"),
-    ("bfloat16", 64, "avx512_vnni", "Avx512"),
-    ("bfloat16", 64, "avx2", "Avx2"),
-    ("bfloat16", 64, "portable", "Portable"),
-    ("float32", 64, "amx", "Avx512"),
-    ("float32", 64, "amx_emulated", "Avx512"),
-    ("float32", 64, "avx2", "Avx2"),
-    ("float32", 33, "portable", "Portable"),
+    ("bfloat16", 64, "amx", True, "Amx"),
+    ("bfloat16", 32, "amx_emulated", True, "AmxEmulated"),
+    ("bfloat16", 96, "amx_emulated", True, "AmxEmulated"),
+    ("bfloat16", 48, "amx", True, "Avx512Bf16"),
+    ("bfloat16", 24, "amx_emulated", True, "Avx512Bf16"),
+    ("bfloat16", 25, "amx", True, "Avx512"),
+    ("bfloat16", 64, "avx512_vnni", True, "Avx512Bf16"),
+    ("bfloat16", 2, "avx512_vnni", True, "Avx512Bf16"),
+    ("bfloat16", 63, "avx512_vnni", True, "Avx512"),
+    ("bfloat16", 64, "avx512_vnni", False, "Avx512"),
+    ("bfloat16", 64, "avx2", True, "Avx2"),
+    ("bfloat16", 64, "portable", True, "Portable"),
+    ("float32", 64, "amx", True, "Avx512"),
+    ("float32", 64, "amx_emulated", True, "Avx512"),
+    ("float32", 64, "avx512_vnni", True, "Avx512"),
+    ("float32", 64, "avx2", True, "Avx2"),
+    ("float32", 33, "portable", True, "Portable"),
 ]
 
 
@@ -168,7 +174,7 @@ def test_chooser_table(chooser, row):
     (INT8, {"AmxStream", "AmxStreamEmulated", "AmxBlocked", "AmxBlockedEmulated", "VnniStream", "VnniBlocked",
             "AvxVnni", "Avx2", "Portable"}),
     (SPARSE_POOL, {"Portable", "Avx512", "WidePortable", "WideAvx512", "Amx", "AmxEmulated"}),
-    (POSITION_SCORES, {"Portable", "Avx2", "Avx512", "Amx", "AmxEmulated"}),
+    (POSITION_SCORES, {"Portable", "Avx2", "Avx512", "Avx512Bf16", "Amx", "AmxEmulated"}),
 ], ids=["attention", "gemm", "int8", "sparse_pool", "position_scores"])
 def test_every_path_has_a_row(table, paths):
     assert {row[-1] for row in table} == paths

@@ -83,6 +83,39 @@ def test_native_position_scores(isa, dtype, lengths, d, rows, alone):
         assert torch.equal(_C.position_scores(q[lo:hi], pos, 0.125), ours[lo:hi])
 
 
+def vdpbf16ps_model(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x (M, K) bf16 times w (N, K) bf16 transposed, K even, as VDPBF16PS accumulates in the Intel SDM: per pair of K
+    in order, the odd product then the even added to the fp32 accumulator, each add rounded once (a product of two
+    bf16 is exact in fp32); denormal inputs read as zero."""
+    tiny = torch.finfo(torch.float32).tiny
+    a, b = (torch.where(t.float().abs() < tiny, 0.0, t.float()) for t in (x, w))
+    acc = torch.zeros(x.shape[0], w.shape[0])
+    for p in range(0, x.shape[1], 2):
+        acc = acc + a[:, p + 1, None] * b[None, :, p + 1]
+        acc = acc + a[:, p, None] * b[None, :, p]
+    return acc
+
+
+@needs_cpu
+def test_native_position_scores_on_vdpbf16ps():
+    """bf16 position scores on AVX-512 BF16 off the tiles (Zen 4/5's avx512_vnni tier; an amx tier's head dims that
+    are not a multiple of 32): the SDM model's bits, so vdpbf16ps and not the widened fp32 blocks ran them, across
+    6-token blocks, 192-token chunks and 64-column chunks; within the fp32 tolerance of the fp64 tables."""
+    from bertfast import _C
+
+    if not _C.has_avx512_bf16():
+        pytest.skip("this CPU has no AVX-512 BF16")
+    lengths, heads, d, rows = [200, 3, 190], 3, 40, 130
+    assert _C.testing.position_scores_path("bfloat16", d, _C.isa()) == "Avx512Bf16"
+    qkv, (pos, _), _, _ = _terms(lengths, heads, d, rows, 3, torch.bfloat16)
+    q = qkv[:, 0]
+    ours = _C.position_scores(q, pos, 0.125)
+    model = torch.stack([vdpbf16ps_model(q[:, h], pos.view(rows, heads, d)[:, h]) for h in range(heads)], 1)
+    assert torch.equal(ours, model * 0.125)
+    expected, _ = disentangled.tables(q.double(), q.double(), pos.double(), None, 0.125)
+    assert rel_err(ours, expected) <= TABLE[torch.float32]
+
+
 def _index_and_positions(lengths, width, buckets, max_relative, holes=False):
     """A DistanceIndex over `width` columns (log buckets past buckets / 2), cu_seqlens and each row's columns:
     consecutive from an offset (left padding), or with holes (every fifth column skipped)."""

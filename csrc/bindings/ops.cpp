@@ -407,8 +407,10 @@ std::string sparse_pool_path(const std::string& dtype, int64_t k, const std::str
   return bc::sparse_pool_path_name(bc::choose_sparse_pool({is_bf16_named(dtype), k, tier_named(tier)}));
 }
 
-std::string position_scores_path(const std::string& dtype, int64_t head_dim, const std::string& tier) {
-  return bc::position_scores_path_name(bc::choose_position_scores({is_bf16_named(dtype), head_dim, tier_named(tier)}));
+std::string position_scores_path(const std::string& dtype, int64_t head_dim, const std::string& tier,
+                                 bool avx512_bf16) {
+  return bc::position_scores_path_name(
+      bc::choose_position_scores({is_bf16_named(dtype), head_dim, tier_named(tier), avx512_bf16}));
 }
 
 std::tuple<int64_t, int64_t, bool> amx_blocking() {

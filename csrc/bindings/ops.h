@@ -79,7 +79,8 @@ std::string gemm_path(const std::string& dtype, int64_t m, int64_t k, const std:
                       const std::string& amx_gemm);
 std::string int8_path(int64_t m, int64_t k, const std::string& tier, bool avx_vnni, const std::string& amx_gemm);
 std::string sparse_pool_path(const std::string& dtype, int64_t k, const std::string& tier);
-std::string position_scores_path(const std::string& dtype, int64_t head_dim, const std::string& tier);
+std::string position_scores_path(const std::string& dtype, int64_t head_dim, const std::string& tier,
+                                 bool avx512_bf16);
 // int8 dynamic quantization
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, bool flip);
 at::Tensor pack_int8(const at::Tensor& weight);

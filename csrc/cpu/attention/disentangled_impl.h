@@ -15,6 +15,7 @@ enum class PositionScoresPath : int {
   Portable,     // fp32 dot products in plain loops, bf16 widened (disentangled.cpp)
   Avx2,         // the same loops compiled for AVX2 + FMA
   Avx512,       // fp32 AVX-512 register blocks of 6 tokens x 64 columns, bf16 widened
+  Avx512Bf16,   // bf16: the same blocks, one vdpbf16ps per pair of head dims (disentangled.cpp)
   Amx,          // bf16 on AMX tiles: per head a blocked AMX GEMM of x against the packed rows (disentangled_amx.cpp)
   AmxEmulated,  // the same with the tiles emulated (the amx_emulated tier)
 };
@@ -26,6 +27,7 @@ struct PositionScoresCall {
   bool bf16;
   int64_t head_dim;
   Isa isa;
+  bool avx512_bf16;  // AVX-512 BF16 present and not hidden (has_avx512_bf16())
 };
 PositionScoresPath choose_position_scores(const PositionScoresCall& call);
 
