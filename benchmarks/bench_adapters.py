@@ -12,7 +12,8 @@ adapter active on its rows, padded as transformers runs them). `mixed` is checke
 timed (fp32: within 1e-4 of the largest value). Timed interleaved in one process
 (`bertfast.tools.bench.measure.interleaved`), medians; mixed/base also as the median of the rounds' own ratios (a
 round's two calls run back to back: a drift of the host's speed moves both). Also the bytes of the tensors the loaded
-adapters hold, and the resident memory loading them adds.
+adapters hold, and the resident memory loading them adds, before and after glibc's malloc_trim (the heap keeps the
+loads' freed transient buffers resident until then).
 --fp32-lora (bf16 or int8 on an AMX tier): also `mixed-fp32-lora`, the same adapters loaded again with
 BERTFAST_LORA_TILES=0 (their shrink and terms in fp32 instead of on the tiles), timed in the same rounds.
 Targets (issue 59): mixed <= 1.15x base, peft >= 4x mixed.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
 import dataclasses
 import json
 import os
@@ -47,6 +49,15 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, 
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def trimmed_rss_bytes() -> int | None:
+    """rss_bytes after glibc's malloc_trim(0) hands the heap's free pages back; None without glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return None
+    return rss_bytes()
 
 
 def tensor_bytes(obj, seen=None) -> int:
@@ -120,17 +131,19 @@ def main() -> None:
         else:
             enc = bertfast.Encoder.from_hf(copy.deepcopy(model).to(device), dtype=DTYPES[args.dtype], backend=backend)
         names = [f"a{i}" for i in range(args.adapters)]
-        before = rss_bytes()
+        before = trimmed_rss_bytes() or rss_bytes()
         for name, path in zip(names, paths):
             enc.load_adapter(name, path)
         added = rss_bytes() - before
+        trimmed = trimmed_rss_bytes()
+        trimmed = "" if trimmed is None else f", {(trimmed - before) / 2**20:.1f} MiB after malloc_trim"
         held = tensor_bytes([enc._adapters[name] for name in names])
         file_bytes = sum(os.path.getsize(os.path.join(p, "adapter_model.safetensors")) for p in paths)
         where = (f"cpu tier {bertfast.cpu_info()['active']}, torch threads {torch.get_num_threads()}" if device == "cpu"
                  else f"{torch.cuda.get_device_name()}, backend triton")
         print(f"{where}, {args.layers} layers, {args.adapters} adapters of rank {args.rank}, {args.dtype}")
         print(f"memory: the adapters hold {held / 2**20:.1f} MiB of tensors (their safetensors files: "
-              f"{file_bytes / 2**20:.1f} MiB); loading them added {added / 2**20:.1f} MiB resident")
+              f"{file_bytes / 2**20:.1f} MiB); loading them added {added / 2**20:.1f} MiB resident{trimmed}")
         fp32_names = []
         if args.fp32_lora:
             if device != "cpu" or args.dtype == "fp32":
